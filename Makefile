@@ -1,0 +1,32 @@
+# bert_jax: `make demo` runs the main job, `make test` the tests (both install first).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# Until the pretraining demo lands: show the paper models and their published sizes.
+demo: install
+	$(BIN)/bert-jax info --config configs/bert_pretrain.py:base
+	$(BIN)/bert-jax info --config configs/wmt.py:base
+
+test: install
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q tests
+
+lint: install
+	$(BIN)/ruff check bert_jax configs tests
+
+bench: install
+	@echo "no benchmarks yet"
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""bert_jax: the Transformer and BERT in JAX/Flax NNX."""

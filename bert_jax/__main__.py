@@ -1,0 +1,5 @@
+"""`python -m bert_jax`."""
+
+from bert_jax.main import run
+
+run()

@@ -1,0 +1,175 @@
+"""BERT (Devlin et al. 2019): embeddings, encoder, pooler and the task heads.
+
+Every task model holds the shared encoder as `.bert`, so a pretraining checkpoint's
+`bert` subtree initialises any fine-tuning model. Shape suffixes as in layers.py.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bert_jax.layers import ACTIVATIONS, Array, ModelConfig, dense, dropout, embed, layer_norm
+from bert_jax.layers import attention_mask as make_attention_mask
+from bert_jax.transformer import Encoder
+
+
+class BertEmbeddings(nnx.Module):
+    """Token + segment (token type) + learned position embeddings, LayerNorm, dropout."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.word = embed(cfg, cfg.vocab_size, ("vocab", "embed"), rngs=rngs)
+        self.position = embed(cfg, cfg.max_len, (None, "embed"), rngs=rngs)
+        self.token_type = (embed(cfg, cfg.type_vocab_size, (None, "embed"), rngs=rngs)
+                           if cfg.type_vocab_size else None)
+        self.norm = layer_norm(cfg, rngs=rngs)
+        self.dropout_rate = cfg.dropout_rate
+
+    def __call__(self, ids_BT: Array, token_type_ids_BT: Array, positions_BT: Array,
+                 rng: Array | None) -> Array:
+        x_BTD = self.word(ids_BT)
+        if self.token_type is not None:
+            x_BTD = x_BTD + self.token_type(token_type_ids_BT)
+        x_BTD = x_BTD + self.position(positions_BT)
+        return dropout(self.norm(x_BTD), self.dropout_rate, rng)
+
+
+class BertModel(nnx.Module):
+    """The BERT encoder: embeddings, Transformer encoder, optional [CLS] pooler."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, use_pooler: bool | None = None):
+        self.embeddings = BertEmbeddings(cfg, rngs=rngs)
+        self.encoder = Encoder(cfg, rngs=rngs)
+        use_pooler = cfg.use_pooler if use_pooler is None else use_pooler
+        self.pooler = (dense(cfg, cfg.emb_dim, cfg.emb_dim, ("embed", "mlp"), rngs=rngs)
+                       if use_pooler else None)
+
+    def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
+                 attention_mask: Array | None = None, *, segment_ids: Array | None = None,
+                 positions: Array | None = None, rng: Array | None = None,
+                 return_hidden: bool = False) -> dict[str, Array]:
+        """Inputs are [B, T] int arrays. token_type_ids: segment A/B (0/1);
+        attention_mask: 1 for real tokens, 0 for padding (the HF convention);
+        segment_ids: packed-sequence ids (0 = padding), instead of attention_mask;
+        positions: per-token positions (restart at 0 in each packed sequence).
+
+        Returns sequence_output [B,T,D], pooled_output [B,D] (with a pooler) and, with
+        return_hidden, hidden_states [L+1,B,T,D]: the embeddings then every layer's output.
+        """
+        r = jax.random.split(rng) if rng is not None else (None, None)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+        if segment_ids is None:
+            segment_ids = (jnp.ones_like(input_ids) if attention_mask is None
+                           else attention_mask.astype(jnp.int32))
+        x_BTD = self.embeddings(input_ids, token_type_ids, positions, r[0])
+        mask = make_attention_mask(segment_ids, segment_ids)
+        seq_BTD, _, hidden_LBTD = self.encoder(x_BTD, mask, rng=r[1], return_hidden=return_hidden)
+        out = {"sequence_output": seq_BTD}
+        if self.pooler is not None:
+            out["pooled_output"] = jnp.tanh(self.pooler(seq_BTD[:, 0]))
+        if return_hidden:
+            out["hidden_states"] = jnp.concatenate([x_BTD[None], hidden_LBTD], axis=0)
+        return out
+
+
+class MaskedLMHead(nnx.Module):
+    """dense + activation + LayerNorm, then the decoder tied to the token embeddings + bias."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.transform = dense(cfg, cfg.emb_dim, cfg.emb_dim, ("embed", "mlp"), rngs=rngs)
+        self.norm = layer_norm(cfg, rngs=rngs)
+        self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.float32), out_sharding=("vocab",))
+        self.activation = cfg.activation
+
+    def __call__(self, x_BPD: Array, word_embeddings: nnx.Embed) -> Array:
+        h_BPD = self.norm(ACTIVATIONS[self.activation](self.transform(x_BPD)))
+        return word_embeddings.attend(h_BPD).astype(jnp.float32) + self.bias[...]
+
+
+class BertForPreTraining(nnx.Module):
+    """MLM + next-sentence prediction."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
+        self.mlm = MaskedLMHead(cfg, rngs=rngs)
+        self.nsp = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs)
+
+    def __call__(self, input_ids: Array, *, masked_positions: Array | None = None,
+                 rng: Array | None = None, **inputs) -> dict[str, Array]:
+        """With masked_positions [B, P], MLM logits [B,P,V] only at those positions (the
+        vocabulary projection is the costly part); else at every position [B,T,V]."""
+        out = self.bert(input_ids, rng=rng, **inputs)
+        seq_BTD = out["sequence_output"]
+        if masked_positions is not None:  # [B, P]
+            seq_BTD = jnp.take_along_axis(seq_BTD, masked_positions[..., None], axis=1)
+        return {"mlm_logits": self.mlm(seq_BTD, self.bert.embeddings.word),
+                "nsp_logits": self.nsp(out["pooled_output"]).astype(jnp.float32)}
+
+
+class BertForSequenceClassification(nnx.Module):
+    """Pooled [CLS] -> dropout -> dense: num_labels classes, or a regression when 1."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
+        self.classifier = dense(cfg, cfg.emb_dim, cfg.num_labels, ("embed", None), rngs=rngs)
+        self.dropout_rate = cfg.dropout_rate
+
+    def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
+                 ) -> dict[str, Array]:
+        r = jax.random.split(rng) if rng is not None else (None, None)
+        pooled_BD = self.bert(input_ids, rng=r[0], **inputs)["pooled_output"]
+        logits = self.classifier(dropout(pooled_BD, self.dropout_rate, r[1]))
+        return {"logits": logits.astype(jnp.float32)}
+
+
+class BertForTokenClassification(nnx.Module):
+    """Per-token tags: sequence output -> dropout -> dense."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.bert = BertModel(cfg, rngs=rngs, use_pooler=False)
+        self.classifier = dense(cfg, cfg.emb_dim, cfg.num_labels, ("embed", None), rngs=rngs)
+        self.dropout_rate = cfg.dropout_rate
+
+    def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
+                 ) -> dict[str, Array]:
+        r = jax.random.split(rng) if rng is not None else (None, None)
+        seq_BTD = self.bert(input_ids, rng=r[0], **inputs)["sequence_output"]
+        logits = self.classifier(dropout(seq_BTD, self.dropout_rate, r[1]))
+        return {"logits": logits.astype(jnp.float32)}
+
+
+class BertForQuestionAnswering(nnx.Module):
+    """Span QA: start and end logits from one dense layer (the start/end vectors)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.bert = BertModel(cfg, rngs=rngs, use_pooler=False)
+        self.qa = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs)
+
+    def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
+                 ) -> dict[str, Array]:
+        seq_BTD = self.bert(input_ids, rng=rng, **inputs)["sequence_output"]
+        logits_BT2 = self.qa(seq_BTD).astype(jnp.float32)
+        return {"start_logits": logits_BT2[..., 0], "end_logits": logits_BT2[..., 1]}
+
+
+class BertForMultipleChoice(nnx.Module):
+    """One score per choice from its pooled [CLS]; softmax over choices in the loss."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
+        self.classifier = dense(cfg, cfg.emb_dim, 1, ("embed", None), rngs=rngs)
+        self.dropout_rate = cfg.dropout_rate
+
+    def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
+                 ) -> dict[str, Array]:
+        """Inputs are [B, C, T]; returns logits [B, C]."""
+        B, C, T = input_ids.shape
+        flat = {k: None if v is None else v.reshape(B * C, T) for k, v in inputs.items()}
+        r = jax.random.split(rng) if rng is not None else (None, None)
+        pooled = self.bert(input_ids.reshape(B * C, T), rng=r[0], **flat)["pooled_output"]
+        logits = self.classifier(dropout(pooled, self.dropout_rate, r[1]))
+        return {"logits": logits.reshape(B, C).astype(jnp.float32)}

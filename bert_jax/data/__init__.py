@@ -1,0 +1,1 @@
+"""Input pipelines: tokenization and feature building for BERT."""

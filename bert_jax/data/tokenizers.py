@@ -1,0 +1,217 @@
+"""BERT WordPiece tokenization from a vocab.txt, matching the reference BertTokenizer exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import unicodedata
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+VOCAB_NAME, CONFIG_NAME = "vocab.txt", "tokenizer_config.json"
+# The reference's CJK ideograph blocks (google-research/bert tokenization._is_chinese_char).
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Encoded:
+    """One example: wordpieces with [CLS]/[SEP], their ids and segment (token type) ids."""
+
+    tokens: list[str]
+    input_ids: list[int]
+    token_type_ids: list[int]
+
+
+def load_vocab(path: str | Path) -> list[str]:
+    """Reads vocab.txt: one token per line, id = line number."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"BERT vocab file not found: {path}")
+    # As HF load_vocab: text-mode readlines (universal newlines, so \r\n and \r end a line but
+    # \x0b, \x1c, \u2028 ... do not, unlike str.splitlines) and only the "\n" is stripped.
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f.readlines()]
+
+
+def _is_punctuation(c: str) -> bool:
+    """Unicode P* or any ASCII non-alphanumeric symbol, e.g. $ + ^ `."""
+    cp = ord(c)
+    return (33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
+            or unicodedata.category(c).startswith("P"))
+
+
+def reference_basic_tokenize(text: str, lowercase: bool, strip_accents: bool | None = None,
+                             chinese: bool = True) -> list[str]:
+    """The reference BasicTokenizer in Python (HF BertTokenizer's, i.e. with NFC)."""
+    chars = []
+    for c in text:
+        category = unicodedata.category(c)
+        if c in "\0\ufffd" or (category[0] == "C" and c not in "\t\n\r"):  # C*: control etc.
+            continue
+        if c in " \t\n\r" or category == "Zs":
+            chars.append(" ")
+        elif chinese and any(lo <= ord(c) <= hi for lo, hi in _CJK):
+            chars += (" ", c, " ")
+        else:
+            chars.append(c)
+    words = []
+    for word in unicodedata.normalize("NFC", "".join(chars)).split():
+        if lowercase:
+            word = word.lower()  # per word, so Greek final sigma depends on the whole word
+        if strip_accents or (strip_accents is None and lowercase):
+            word = "".join(c for c in unicodedata.normalize("NFD", word)
+                           if unicodedata.category(c) != "Mn")
+        piece = ""
+        for c in word:
+            if _is_punctuation(c):
+                words += [piece, c] if piece else [c]
+                piece = ""
+            else:
+                piece += c
+        if piece:
+            words.append(piece)
+    return words
+
+
+@functools.cache
+def _rust_may_differ(c: str) -> bool:
+    """Whether the Rust normalizer may treat this character unlike Python's unicodedata."""
+    # Rust's Unicode tables are older than Python's and miss Cn (unassigned); for characters
+    # already in Unicode 3.2 with an unchanged category the two agree (checked per code point).
+    old = unicodedata.ucd_3_2_0.category(c)
+    return old == "Cn" or old != unicodedata.category(c)
+
+
+class WordPieceTokenizer:
+    """BERT WordPiece tokenizer: Rust `tokenizers` fast path, Python reference for rare text."""
+
+    def __init__(self, vocab: list[str], *, lowercase: bool, strip_accents: bool | None = None,
+                 tokenize_chinese_chars: bool = True, source: str = "vocab") -> None:
+        self.vocab = list(vocab)
+        self.vocab_size = len(self.vocab)  # rows an embedding needs (= HF's len(vocab) w/o dups)
+        self.lowercase, self.strip_accents = lowercase, strip_accents
+        self.tokenize_chinese_chars = tokenize_chinese_chars
+        # Later duplicates win, as in HF's OrderedDict-based load_vocab.
+        self._ids = {tok: i for i, tok in enumerate(self.vocab)}
+        for tok in SPECIAL_TOKENS:
+            if tok not in self._ids:
+                raise ValueError(f"{source}: vocab has no special token {tok!r}")
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self._ids[t] for t in SPECIAL_TOKENS)
+        tok = Tokenizer(models.WordPiece(self._ids, unk_token="[UNK]",
+                                         max_input_chars_per_word=100))
+        # HF's BertTokenizer NFC-normalizes after cleaning and CJK spacing, before lower/strip;
+        # the Rust BertNormalizer does not, so it is split around an NFC step.
+        tok.normalizer = normalizers.Sequence([
+            normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=tokenize_chinese_chars,
+                                       strip_accents=False, lowercase=False),
+            normalizers.NFC(),
+            normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=False,
+                                       strip_accents=strip_accents, lowercase=lowercase)])
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        self._tok = tok  # no post-processor: encode() adds [CLS]/[SEP] itself
+
+    @classmethod
+    def from_vocab(cls, vocab_file: str | Path, *, lowercase: bool,
+                   strip_accents: bool | None = None,
+                   tokenize_chinese_chars: bool = True) -> WordPieceTokenizer:
+        """Loads a BERT vocab.txt; strip_accents=None means "same as lowercase"."""
+        return cls(load_vocab(vocab_file), lowercase=lowercase, strip_accents=strip_accents,
+                   tokenize_chinese_chars=tokenize_chinese_chars, source=str(vocab_file))
+
+    @classmethod
+    def from_pretrained_dir(cls, directory: str | Path) -> WordPieceTokenizer:
+        """Loads vocab.txt and the HF tokenizer_config.json options (lowercase if absent)."""
+        directory = Path(directory)
+        config_path = directory / CONFIG_NAME
+        config = json.loads(config_path.read_text("utf-8")) if config_path.is_file() else {}
+        if not config.get("do_basic_tokenize", True):
+            raise ValueError(f"{config_path}: do_basic_tokenize=false is not supported")
+        return cls.from_vocab(directory / VOCAB_NAME, lowercase=config.get("do_lower_case", True),
+                              strip_accents=config.get("strip_accents"),
+                              tokenize_chinese_chars=config.get("tokenize_chinese_chars", True))
+
+    def save(self, directory: str | Path) -> None:
+        """Writes vocab.txt and an HF-style tokenizer_config.json."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / VOCAB_NAME, "w", encoding="utf-8", newline="\n") as f:
+            f.writelines(tok + "\n" for tok in self.vocab)
+        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
+                  "strip_accents": self.strip_accents,
+                  "tokenize_chinese_chars": self.tokenize_chinese_chars,
+                  **dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
+                             SPECIAL_TOKENS))}
+        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", "utf-8")
+
+    def _fast_ok(self, text: str) -> bool:
+        """Whether the Rust pipeline is known to give the reference result for this text."""
+        if text.isascii():
+            return True
+        if self.lowercase and "Σ" in text:  # Python's lower() has the final-sigma rule, Rust not
+            return False
+        return not any(map(_rust_may_differ, set(text)))
+
+    def basic_tokenize(self, text: str) -> list[str]:
+        """Words after cleaning, lowercasing/accent stripping and punctuation splitting."""
+        if not self._fast_ok(text):
+            return reference_basic_tokenize(text, self.lowercase, self.strip_accents,
+                                            self.tokenize_chinese_chars)
+        normalized = self._tok.normalizer.normalize_str(text)
+        return [w for w, _ in self._tok.pre_tokenizer.pre_tokenize_str(normalized)]
+
+    def _pieces(self, texts: list[str]) -> list[tuple[list[str], list[int]]]:
+        """Wordpieces and ids per text: batched in Rust, rare texts via the Python reference."""
+        out: list = [None] * len(texts)
+        fast = [i for i, text in enumerate(texts) if self._fast_ok(text)]
+        encodings = self._tok.encode_batch([texts[i] for i in fast], add_special_tokens=False)
+        for i, enc in zip(fast, encodings):
+            out[i] = (enc.tokens, enc.ids)
+        for i, text in enumerate(texts):
+            if out[i] is None:
+                pieces = [p for w in self.basic_tokenize(text) for p in self._tok.model.tokenize(w)]
+                out[i] = ([p.value for p in pieces], [p.id for p in pieces])
+        return out
+
+    def tokenize(self, text: str) -> list[str]:
+        """Wordpieces of one text, without special tokens."""
+        return self._pieces([text])[0][0]
+
+    def tokenize_batch(self, texts: list[str]) -> list[list[str]]:
+        """Wordpieces of many texts (parallel in Rust)."""
+        return [tokens for tokens, _ in self._pieces(list(texts))]
+
+    def tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        """Vocab ids; tokens not in the vocab map to [UNK] like the reference."""
+        return [self._ids.get(tok, self.unk_id) for tok in tokens]
+
+    def ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        """Vocab tokens; an id outside the vocab is an error rather than a silent [UNK]."""
+        ids = [int(i) for i in ids]
+        if bad := [i for i in ids if not 0 <= i < self.vocab_size]:
+            raise ValueError(f"token ids {bad[:5]} outside vocab of size {self.vocab_size}")
+        return [self.vocab[i] for i in ids]
+
+    def encode(self, text_a: str, text_b: str | None = None,
+               max_length: int | None = None) -> Encoded:
+        """[CLS] A [SEP] (B [SEP]), truncated to max_length as in BERT's run_classifier."""
+        (_, ids_a), (_, ids_b) = self._pieces([text_a, text_b or ""])
+        n_special = 2 if text_b is None else 3
+        if max_length is not None:
+            if max_length < n_special:
+                raise ValueError(f"max_length={max_length} < {n_special} special tokens")
+            # Closed form of the original _truncate_seq_pair (= HF "longest_first"): pop from the
+            # longer sequence, from B on ties; a single sequence (B empty) is cut to the budget.
+            budget = max_length - n_special
+            len_a = min(len(ids_a), max(-(-budget // 2), budget - len(ids_b)))
+            ids_a, ids_b = ids_a[:len_a], ids_b[:budget - len_a]
+        input_ids = [self.cls_id, *ids_a, self.sep_id]
+        if text_b is not None:
+            input_ids += [*ids_b, self.sep_id]
+        token_type_ids = [0] * (len(ids_a) + 2) + [1] * (len(input_ids) - len(ids_a) - 2)
+        return Encoded([self.vocab[i] for i in input_ids], input_ids, token_type_ids)

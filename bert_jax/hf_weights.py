@@ -1,0 +1,217 @@
+"""Read Hugging Face checkpoint weights into numpy, without torch and without running pickle code."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pickle
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import safetensors.numpy
+
+__all__ = ["load_hf_weights"]
+
+# Looked up in this order: safetensors is safe and fast; .bin is the fallback for old repos.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+_TORCH_STORAGE_DTYPES = {
+    "FloatStorage": np.float32,
+    "HalfStorage": np.float16,
+    "BFloat16Storage": ml_dtypes.bfloat16,
+    "DoubleStorage": np.float64,
+    "LongStorage": np.int64,
+    "IntStorage": np.int32,
+    "ShortStorage": np.int16,
+    "CharStorage": np.int8,
+    "ByteStorage": np.uint8,
+    "BoolStorage": np.bool_,
+}
+
+_SAFETENSORS_DTYPES = {
+    "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+def load_hf_weights(model_dir: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Return {name: array} for the weights in a Hugging Face model directory, names unchanged."""
+    model_dir = Path(model_dir)
+    for name in WEIGHT_FILES:
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        if name.endswith(".index.json"):
+            return _load_sharded(path, _load_safetensors if "safetensors" in name else _load_torch_zip)
+        return _load_safetensors(path) if name.endswith(".safetensors") else _load_torch_zip(path)
+    raise FileNotFoundError(f"No weights in {model_dir}: looked for {', '.join(WEIGHT_FILES)}")
+
+
+def _load_sharded(index_path: Path, load_one) -> dict[str, np.ndarray]:
+    """Load every shard listed in an HF *.index.json weight_map and check all names arrived."""
+    try:
+        weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{index_path}: not a valid sharded-checkpoint index ({e})") from e
+    out: dict[str, np.ndarray] = {}
+    for shard in sorted(set(weight_map.values())):
+        out.update(load_one(index_path.parent / shard))
+    missing = sorted(set(weight_map) - set(out))
+    if missing:
+        raise ValueError(f"{index_path}: tensors listed in weight_map but absent from shards: {missing[:5]}")
+    return out
+
+
+def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Load a .safetensors file; fall back to our own parser if this safetensors lacks bf16."""
+    try:
+        return safetensors.numpy.load_file(path)
+    except (TypeError, ValueError, KeyError, safetensors.SafetensorError):
+        # Old safetensors releases map dtypes via np.dtype("bfloat16"), which numpy rejects;
+        # our parser also turns a corrupt file into a ValueError that names it.
+        return _read_safetensors_raw(path)
+
+
+def _read_safetensors_raw(path: Path) -> dict[str, np.ndarray]:
+    """Parse safetensors by hand: u64-LE header length, JSON header, then raw little-endian bytes."""
+    data = Path(path).read_bytes()
+    try:
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+    except (struct.error, ValueError) as e:
+        raise ValueError(f"{path}: not a safetensors file ({e})") from e
+    body = memoryview(data)[8 + n:]
+    out = {}
+    try:
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            if info["dtype"] not in _SAFETENSORS_DTYPES:
+                raise ValueError(f"tensor {name!r} has unsupported dtype {info['dtype']}")
+            dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]]).newbyteorder("<")
+            start, end = info["data_offsets"]
+            arr = np.frombuffer(body[start:end], dtype=dtype).reshape(info["shape"])
+            out[name] = arr.astype(dtype.newbyteorder("="), copy=True)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: malformed safetensors file ({e})") from e
+    return out
+
+
+class _StorageType:
+    """Stand-in for a torch.*Storage class: only the element dtype matters to us."""
+
+    def __init__(self, dtype: Any) -> None:
+        self.dtype = np.dtype(dtype)
+
+
+def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
+                       backward_hooks=None, metadata=None) -> np.ndarray:
+    """Numpy version of torch._utils._rebuild_tensor_v2: strided view of storage, then a copy."""
+    size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
+    if len(size) != len(stride) or any(s < 0 for s in size + stride) or storage_offset < 0:
+        raise pickle.UnpicklingError(f"bad tensor geometry size={size} stride={stride}")
+    # as_strided does no bounds checking, so a hostile pickle could otherwise read stray memory.
+    if all(size):
+        last = storage_offset + sum((n - 1) * s for n, s in zip(size, stride))
+        if last >= storage.size:
+            raise pickle.UnpicklingError(f"tensor view exceeds its storage ({last} >= {storage.size})")
+    base = storage[storage_offset:] if storage_offset < storage.size else storage[:0]
+    view = np.lib.stride_tricks.as_strided(
+        base, shape=size, strides=tuple(s * storage.itemsize for s in stride), writeable=False)
+    # Copy so views of a shared storage do not alias each other or the zip buffer.
+    return np.array(view, copy=True, order="C")
+
+
+def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, state=None) -> np.ndarray:
+    """nn.Parameter wrapper carries nothing we need beyond the tensor itself."""
+    return data
+
+
+# The only globals a plain state dict pickle references, mapped to numpy stand-ins.
+_ALLOWED_GLOBALS = {
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch", "UntypedStorage"): _StorageType(np.uint8),
+    ("torch.storage", "UntypedStorage"): _StorageType(np.uint8),
+    **{("torch", k): _StorageType(v) for k, v in _TORCH_STORAGE_DTYPES.items()},
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler for torch zip checkpoints that only resolves state-dict globals, to numpy stand-ins."""
+
+    def __init__(self, file, zf: zipfile.ZipFile, prefix: str, path: Path, big_endian: bool):
+        super().__init__(file)
+        self._zf, self._prefix, self._path, self._big = zf, prefix, path, big_endian
+        self._storages: dict[str, np.ndarray] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        """Resolve only allow-listed globals; anything else could execute code."""
+        try:
+            return _ALLOWED_GLOBALS[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(
+                f"{self._path}: refusing forbidden global '{module}.{name}' in pickle; "
+                "only plain tensor state dicts can be loaded") from None
+
+    def persistent_load(self, pid: Any) -> np.ndarray:
+        """Turn ('storage', type, key, location, numel) into a flat numpy array from data/<key>."""
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                and isinstance(pid[1], _StorageType)):
+            raise pickle.UnpicklingError(f"{self._path}: unsupported persistent id {pid!r}")
+        _, stype, key, _location, numel = pid
+        key = str(key)
+        if key not in self._storages:
+            try:
+                buf = self._zf.read(f"{self._prefix}/data/{key}")
+            except KeyError:
+                raise pickle.UnpicklingError(f"{self._path}: storage data/{key} missing") from None
+            dtype = stype.dtype
+            if len(buf) < numel * dtype.itemsize:
+                raise pickle.UnpicklingError(f"{self._path}: storage data/{key} is truncated")
+            arr = np.frombuffer(buf, dtype=dtype, count=int(numel))
+            if self._big and dtype.itemsize > 1:
+                # Swap via a same-width uint view: works for ml_dtypes.bfloat16 too.
+                uint = np.dtype(f"u{dtype.itemsize}")
+                arr = arr.view(uint).byteswap().view(dtype)
+            self._storages[key] = arr
+        return self._storages[key]
+
+
+def _load_torch_zip(path: Path) -> dict[str, np.ndarray]:
+    """Load a torch.save zip archive (torch>=1.6) as numpy, refusing any non-state-dict pickle."""
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            legacy = f.read(1) == b"\x80"  # a bare pickle stream: the pre-1.6 torch.save format
+        kind = "the legacy (pre-1.6) torch.save format" if legacy else "not a torch zip archive"
+        raise ValueError(
+            f"{path}: {kind}; re-save it with torch>=1.6 (torch.save) or convert it to "
+            "safetensors (safetensors.torch.save_file) and load that instead")
+    with zipfile.ZipFile(path) as zf:
+        pkls = [n for n in zf.namelist() if n.endswith("data.pkl") and n.count("/") == 1]
+        if len(pkls) != 1:
+            raise ValueError(f"{path}: expected one <prefix>/data.pkl in the archive, found {pkls}")
+        prefix = pkls[0].split("/")[0]
+        try:
+            big = zf.read(f"{prefix}/byteorder").strip() == b"big"
+        except KeyError:
+            big = False  # archives from before the byteorder record were always little-endian
+        with zf.open(pkls[0]) as f:
+            obj = _RestrictedUnpickler(f, zf, prefix, path, big).load()
+    if not isinstance(obj, dict) or not all(
+            isinstance(k, str) and isinstance(v, np.ndarray) for k, v in obj.items()):
+        raise ValueError(f"{path}: expected a flat {{name: tensor}} state dict")
+    return dict(obj)

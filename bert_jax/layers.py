@@ -1,0 +1,318 @@
+"""Building blocks: attention, feed-forward, embeddings, positions, masks, the layer stack.
+
+Shape suffixes used in all model code: B batch, T query length, S key length,
+D model width (emb_dim), N heads, K head dim, F feed-forward width (mlp_dim),
+V vocabulary, L layers, P predicted positions, C choices.
+
+Parameters carry logical axis names (t5x vocabulary: embed, mlp, heads, kv, vocab,
+layers); `sharding.py` maps them onto mesh axes. No physical mesh axis appears here.
+Dropout is functional: every call takes `rng` (a PRNG key) and is deterministic when
+`rng is None`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Array = jax.Array
+Cache = dict[str, Array]
+
+REMAT_POLICIES = {
+    "none": None,  # no rematerialisation
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of every model in the library (BERT defaults)."""
+
+    vocab_size: int = 30522
+    emb_dim: int = 768  # d_model / hidden_size
+    num_layers: int = 12  # encoder layers (or decoder layers of a decoder-only LM)
+    num_decoder_layers: int = 0  # encoder-decoder only
+    num_heads: int = 12
+    head_dim: int = 64  # d_k = d_v
+    mlp_dim: int = 3072  # d_ff / intermediate_size
+    max_len: int = 512  # learned position table size (sinusoidal: no limit)
+    type_vocab_size: int = 2  # BERT segment A/B embeddings; 0 = none
+    dropout_rate: float = 0.1  # embeddings, residual branches, heads
+    attention_dropout_rate: float = 0.1  # on the attention probabilities
+    activation: str = "gelu"  # relu | gelu (exact erf, as BERT) | gelu_tanh
+    layer_norm_eps: float = 1e-12
+    norm: str = "post"  # post: LN(x + f(x)) (paper, BERT); pre: x + f(LN(x)) (GPT-2)
+    positions: str = "learned"  # learned | sinusoidal
+    initializer: str = "truncated_normal"  # truncated_normal (BERT) | xavier_uniform (Vaswani)
+    initializer_range: float = 0.02
+    share_embeddings: bool = True  # encoder-decoder: source and target share one table
+    tie_output: bool = True  # output projection = embedding table transposed
+    scale_embeddings: bool = False  # multiply embeddings by sqrt(emb_dim) (paper 3.4)
+    use_pooler: bool = True  # BERT [CLS] pooler
+    num_labels: int = 2  # classification heads; 1 = regression
+    scan_layers: bool = False  # lax.scan over layers (compile time independent of depth)
+    remat_policy: str = "none"  # one of REMAT_POLICIES
+    dtype: str = "float32"  # compute dtype; parameters stay float32
+
+    def __post_init__(self):
+        choices = {
+            "activation": ("relu", "gelu", "gelu_tanh"),
+            "norm": ("post", "pre"),
+            "positions": ("learned", "sinusoidal"),
+            "initializer": ("truncated_normal", "xavier_uniform"),
+            "remat_policy": tuple(REMAT_POLICIES),
+            "dtype": ("float32", "bfloat16"),
+        }
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"model.{name}={getattr(self, name)!r}; choose one of {valid}")
+
+    @property
+    def compute_dtype(self) -> Any:
+        return jnp.dtype(self.dtype)
+
+
+def kernel_init(cfg: ModelConfig) -> nnx.Initializer:
+    if cfg.initializer == "truncated_normal":
+        # BERT's truncated_normal(stddev) truncates at 2 stddev.
+        return nnx.initializers.truncated_normal(cfg.initializer_range)
+    return nnx.initializers.xavier_uniform()
+
+
+def embed_init(cfg: ModelConfig) -> nnx.Initializer:
+    if cfg.initializer == "truncated_normal":
+        return nnx.initializers.truncated_normal(cfg.initializer_range)
+    # Scaled by sqrt(d) at lookup (paper 3.4), so unit-variance rows end up ~N(0, d).
+    return nnx.initializers.normal(cfg.emb_dim**-0.5)
+
+
+def dense(cfg: ModelConfig, in_features, out_features, axes: tuple, *, rngs: nnx.Rngs,
+          axis=-1, use_bias: bool = True) -> nnx.LinearGeneral:
+    """A LinearGeneral whose kernel and bias carry logical axis names."""
+    n_out = 1 if isinstance(out_features, int) else len(out_features)
+    return nnx.LinearGeneral(
+        in_features, out_features, axis=axis, use_bias=use_bias,
+        dtype=cfg.compute_dtype, kernel_init=kernel_init(cfg), rngs=rngs,
+        kernel_metadata={"out_sharding": axes},
+        bias_metadata={"out_sharding": axes[-n_out:]},
+    )
+
+
+def layer_norm(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    # use_fast_variance=False: E[(x-mu)^2], the reference formula (E[x^2]-mu^2 loses digits).
+    return nnx.LayerNorm(
+        cfg.emb_dim, epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype,
+        use_fast_variance=False, rngs=rngs,
+        scale_metadata={"out_sharding": ("embed",)}, bias_metadata={"out_sharding": ("embed",)},
+    )
+
+
+def embed(cfg: ModelConfig, num: int, axes: tuple, *, rngs: nnx.Rngs) -> nnx.Embed:
+    return nnx.Embed(num, cfg.emb_dim, dtype=cfg.compute_dtype, embedding_init=embed_init(cfg),
+                     embedding_metadata={"out_sharding": axes}, rngs=rngs)
+
+
+def dropout(x: Array, rate: float, rng: Array | None) -> Array:
+    """Inverted dropout; identity when rng is None (deterministic) or rate is 0."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+def split_rng(rng: Array | None, n: int) -> list[Array | None]:
+    return [None] * n if rng is None else list(jax.random.split(rng, n))
+
+
+ACTIVATIONS = {
+    "relu": jax.nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
+def sinusoidal_positions(positions: Array, dim: int) -> Array:
+    """Paper 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same)."""
+    inv_freq = 10000.0 ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+    angles = positions[..., None].astype(jnp.float32) * inv_freq
+    table = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # interleave sin, cos
+    return table.reshape(*positions.shape, -1)[..., :dim]
+
+
+def attention_mask(q_segments_BT: Array, kv_segments_BS: Array, *, causal: bool = False,
+                   q_offset: Array | int = 0) -> Array:
+    """Boolean mask [B, 1, T, S]: True where query t may attend to key s.
+
+    Segment id 0 marks padding; other ids mark (packed) sequences, which never see each
+    other. Padding queries see every real key, as in the reference BERT, so that no row
+    is empty. Causal masks use absolute indices (query t sits at q_offset + t).
+    """
+    q = q_segments_BT[:, None, :, None]
+    k = kv_segments_BS[:, None, None, :]
+    mask = (k != 0) & ((q == k) | (q == 0))
+    if causal:
+        q_idx = q_offset + jnp.arange(q_segments_BT.shape[1])
+        k_idx = jnp.arange(kv_segments_BS.shape[1])
+        mask = mask & (k_idx[None, :] <= q_idx[:, None])[None, None]
+    return mask
+
+
+def dot_product_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, mask_B1TS: Array,
+                          dropout_rate: float, rng: Array | None) -> Array:
+    """softmax(QK^T / sqrt(d_k)) V with a boolean mask and dropout on the probabilities."""
+    if rng is None or dropout_rate == 0.0:
+        # XLA on CPU/TPU, cuDNN flash attention when asked for on GPU.
+        return jax.nn.dot_product_attention(q_BTNK, k_BSNK, v_BSNK, mask=mask_B1TS)
+    # Dropout on the probabilities needs them materialised: spell the softmax out.
+    scale = 1.0 / math.sqrt(q_BTNK.shape[-1])
+    logits_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTNK, k_BSNK).astype(jnp.float32) * scale
+    logits_BNTS = jnp.where(mask_B1TS, logits_BNTS, jnp.finfo(jnp.float32).min)
+    probs_BNTS = dropout(jax.nn.softmax(logits_BNTS, axis=-1), dropout_rate, rng)
+    return jnp.einsum("bnts,bsnk->btnk", probs_BNTS.astype(v_BSNK.dtype), v_BSNK)
+
+
+class Attention(nnx.Module):
+    """Multi-head attention (self or encoder-decoder) with an optional key/value cache."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, N, K = cfg.emb_dim, cfg.num_heads, cfg.head_dim
+        self.query = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
+        self.key = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
+        self.value = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
+        self.out = dense(cfg, (N, K), D, ("heads", "kv", "embed"), axis=(-2, -1), rngs=rngs)
+        self.dropout_rate = cfg.attention_dropout_rate
+
+    def __call__(self, x_BTD: Array, kv_BSD: Array, mask_B1TS: Array, *, rng: Array | None = None,
+                 cache: Cache | None = None, cache_index: Array | None = None
+                 ) -> tuple[Array, Cache | None]:
+        q_BTNK = self.query(x_BTD)
+        k_BSNK, v_BSNK = self.key(kv_BSD), self.value(kv_BSD)
+        if cache is not None:
+            # Incremental decoding: write this step's keys/values at cache_index, then
+            # attend over the whole cache (the mask hides the slots not written yet).
+            start = (0, cache_index, 0, 0)
+            k_BSNK = jax.lax.dynamic_update_slice(cache["key"], k_BSNK.astype(cache["key"].dtype), start)
+            v_BSNK = jax.lax.dynamic_update_slice(cache["value"], v_BSNK.astype(cache["value"].dtype), start)
+            cache = {"key": k_BSNK, "value": v_BSNK}
+        out_BTNK = dot_product_attention(q_BTNK, k_BSNK, v_BSNK, mask_B1TS, self.dropout_rate, rng)
+        return self.out(out_BTNK), cache
+
+
+class FeedForward(nnx.Module):
+    """Position-wise FFN: act(x W_i + b_i) W_o + b_o."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.wi = dense(cfg, cfg.emb_dim, cfg.mlp_dim, ("embed", "mlp"), rngs=rngs)
+        self.wo = dense(cfg, cfg.mlp_dim, cfg.emb_dim, ("mlp", "embed"), rngs=rngs)
+        self.activation = cfg.activation
+
+    def __call__(self, x_BTD: Array) -> Array:
+        return self.wo(ACTIVATIONS[self.activation](self.wi(x_BTD)))
+
+
+class Block(nnx.Module):
+    """One Transformer layer: self-attention, optional cross-attention, FFN; each sublayer
+    wrapped in dropout + residual + LayerNorm (post-LN or pre-LN)."""
+
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs):
+        self.attention = Attention(cfg, rngs=rngs)
+        self.attention_norm = layer_norm(cfg, rngs=rngs)
+        self.cross_attention = Attention(cfg, rngs=rngs) if cross_attention else None
+        self.cross_attention_norm = layer_norm(cfg, rngs=rngs) if cross_attention else None
+        self.mlp = FeedForward(cfg, rngs=rngs)
+        self.mlp_norm = layer_norm(cfg, rngs=rngs)
+        self.pre_norm = cfg.norm == "pre"
+        self.dropout_rate = cfg.dropout_rate
+
+    def _residual(self, x, norm, fn, rng):
+        if self.pre_norm:
+            return x + dropout(fn(norm(x)), self.dropout_rate, rng)
+        return norm(x + dropout(fn(x), self.dropout_rate, rng))
+
+    def __call__(self, x_BTD: Array, mask_B1TS: Array, *, encoded_BSD: Array | None = None,
+                 cross_mask_B1TS: Array | None = None, rng: Array | None = None,
+                 cache: Cache | None = None, cache_index: Array | None = None
+                 ) -> tuple[Array, Cache | None]:
+        r = split_rng(rng, 5)
+        new_cache = None
+
+        def self_attention(h):
+            nonlocal new_cache
+            out, new_cache = self.attention(h, h, mask_B1TS, rng=r[0], cache=cache,
+                                            cache_index=cache_index)
+            return out
+
+        x_BTD = self._residual(x_BTD, self.attention_norm, self_attention, r[1])
+        if self.cross_attention is not None:
+            x_BTD = self._residual(
+                x_BTD, self.cross_attention_norm,
+                lambda h: self.cross_attention(h, encoded_BSD, cross_mask_B1TS, rng=r[2])[0], r[3])
+        x_BTD = self._residual(x_BTD, self.mlp_norm, self.mlp, r[4])
+        return x_BTD, new_cache
+
+
+class Stack(nnx.Module):
+    """num_layers Blocks whose parameters are stacked on a leading 'layers' axis.
+
+    The same parameters run either unrolled (a Python loop) or under lax.scan
+    (`scan_layers`), with an optional remat policy, so checkpoints do not depend on
+    how the stack is executed.
+    """
+
+    def __init__(self, cfg: ModelConfig, num_layers: int, *, cross_attention: bool,
+                 rngs: nnx.Rngs):
+        @nnx.split_rngs(splits=num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make(rngs):
+            return Block(cfg, cross_attention=cross_attention, rngs=rngs)
+
+        self.layers = make(rngs)
+        self.final_norm = layer_norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
+        self.num_layers = num_layers
+        self.scan = cfg.scan_layers
+        self.remat_policy = cfg.remat_policy
+
+    def __call__(self, x_BTD: Array, mask_B1TS: Array, *, encoded_BSD: Array | None = None,
+                 cross_mask_B1TS: Array | None = None, rng: Array | None = None,
+                 cache: Cache | None = None, cache_index: Array | None = None,
+                 return_hidden: bool = False) -> tuple[Array, Cache | None, Array | None]:
+        """Returns (output, updated cache, per-layer outputs [L, B, T, D] if return_hidden)."""
+        graphdef, params = nnx.split(self.layers)
+        rngs_L = None if rng is None else jax.random.split(rng, self.num_layers)
+
+        def body(h_BTD, xs):
+            layer_params, layer_rng, layer_cache = xs
+            block = nnx.merge(graphdef, layer_params)
+            h_BTD, layer_cache = block(h_BTD, mask_B1TS, encoded_BSD=encoded_BSD,
+                                       cross_mask_B1TS=cross_mask_B1TS, rng=layer_rng,
+                                       cache=layer_cache, cache_index=cache_index)
+            return h_BTD, (layer_cache, h_BTD if return_hidden else None)
+
+        if self.remat_policy != "none":
+            body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy],
+                                  prevent_cse=not self.scan)
+        xs = (params, rngs_L, cache)
+        if self.scan:
+            x_BTD, (cache, hidden_LBTD) = jax.lax.scan(body, x_BTD, xs)
+        else:
+            ys = []
+            for i in range(self.num_layers):
+                x_BTD, y = body(x_BTD, jax.tree.map(lambda a, i=i: a[i], xs))
+                ys.append(y)
+            cache, hidden_LBTD = jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else (None, None)
+        if self.final_norm is not None:
+            x_BTD = self.final_norm(x_BTD)
+        return x_BTD, cache, hidden_LBTD
+
+
+def init_cache(cfg: ModelConfig, num_layers: int, batch: int, max_len: int) -> Cache:
+    """Empty self-attention key/value cache for incremental decoding: [L, B, S, N, K]."""
+    shape = (num_layers, batch, max_len, cfg.num_heads, cfg.head_dim)
+    return {"key": jnp.zeros(shape, cfg.compute_dtype), "value": jnp.zeros(shape, cfg.compute_dtype)}

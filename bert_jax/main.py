@@ -1,0 +1,115 @@
+"""The `bert-jax` command line.
+
+  bert-jax info --config configs/bert_pretrain.py:base [--config.model.dtype=bfloat16]
+  bert-jax convert hf:<hf_dir> <out_dir> [--head bert_classification]
+  bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "get_config(arg) file: path.py:arg")
+_HEAD = flags.DEFINE_string("head", None, "convert: our model name for the converted weights "
+                            "(default: from the checkpoint's architectures)")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features: converted or training dir")
+_INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "
+                             "(`A ||| B` for pairs)")
+_OUTPUT = flags.DEFINE_string("output", None, "features: output JSON-lines file")
+_LAYERS = flags.DEFINE_string("layers", "-1,-2,-3,-4", "features: encoder layers to output")
+_MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "features: tokens per example")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "features: examples per batch")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", None, "info: sequence length for FLOPs "
+                                "(default: config.data.max_seq_length)")
+
+COMMANDS = ("info", "convert", "features")
+
+
+def _require(flag, command: str):
+    if flag.value is None:
+        raise app.UsageError(f"`bert-jax {command}` needs --{flag.name}")
+    return flag.value
+
+
+def cmd_info(args: list[str]) -> None:
+    """Prints the model, its parameter count per module and total, and FLOPs per token."""
+    from bert_jax import models
+
+    config = _require(_CONFIG, "info")
+    model_cfg = config.model.to_dict()
+    seq_len = _SEQ_LEN.value or config.get("data", {}).get("max_seq_length", model_cfg.get(
+        "max_len", 512))
+    model = models.abstract_model(model_cfg)
+    counts = models.param_counts(model)
+    total = counts.pop("total")
+    print(f"model: {model_cfg['name']} ({type(model).__name__})")
+    print("config: " + ", ".join(f"{k}={v}" for k, v in sorted(model_cfg.items()) if k != "name"))
+    width = max(len(k) for k in counts)
+    print(f"\n{'module':<{width}}  {'parameters':>13}  {'share':>6}")
+    for name, n in counts.items():
+        print(f"{name:<{width}}  {n:>13,}  {100 * n / total:>5.1f}%")
+    print(f"{'total':<{width}}  {total:>13,}  ({total / 1e6:.1f}M)")
+    print(f"\nforward FLOPs per token at sequence length {seq_len} (training ~3x):")
+    for name, value in models.flops_per_token(model_cfg, seq_len).items():
+        print(f"  {name}: {value / 1e6:,.1f} MFLOPs")
+
+
+def cmd_convert(args: list[str]) -> None:
+    """Converts a public checkpoint into a bert_jax checkpoint directory."""
+    from bert_jax import convert
+
+    if len(args) != 2 or not args[0].startswith("hf:"):
+        raise app.UsageError("usage: bert-jax convert hf:<huggingface_dir> <out_dir>")
+    report = convert.convert_hf(args[0][3:], args[1], _HEAD.value)
+    print(f"converted {args[0]} -> {report['out']} as {report['model']}")
+    if report["missing"]:
+        print("not in the checkpoint (freshly initialised): " + ", ".join(report["missing"]))
+    if report["unused"]:
+        print("in the checkpoint but unused by this model: " + ", ".join(report["unused"]))
+
+
+def cmd_features(args: list[str]) -> None:
+    """Writes contextual token vectors of chosen layers, one JSON line per input line."""
+    from bert_jax import features
+
+    try:
+        layers = [int(x) for x in _LAYERS.value.split(",")]
+    except ValueError:
+        raise app.UsageError(f"--layers={_LAYERS.value!r}: expected integers like -1,-2") from None
+    n = features.extract_features(
+        _require(_CHECKPOINT, "features"), _require(_INPUT, "features"),
+        _require(_OUTPUT, "features"), layers=layers, max_seq_length=_MAX_SEQ_LENGTH.value,
+        batch_size=_BATCH_SIZE.value)
+    print(json.dumps({"lines": n, "output": _OUTPUT.value, "layers": layers}))
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2 or argv[1] not in COMMANDS:
+        raise app.UsageError(f"usage: bert-jax <command> [flags]; commands: {', '.join(COMMANDS)}")
+    try:
+        globals()[f"cmd_{argv[1]}"](argv[2:])
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"bert-jax {argv[1]}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing with one clear line (not a traceback) for a bad flag or override."""
+    try:
+        return flags.FLAGS(argv)
+    except Exception as e:  # noqa: BLE001 (config overrides raise AttributeError, TypeError...)
+        print(f"bert-jax: bad flag: {e}\nRun `bert-jax --help` for the flags.", file=sys.stderr)
+        sys.exit(2)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+    run()

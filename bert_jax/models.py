@@ -1,0 +1,131 @@
+"""Model registry: config -> model, named sizes, parameter counts and FLOPs per token."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from bert_jax.bert import (
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+from bert_jax.layers import ModelConfig
+from bert_jax.transformer import DecoderLM, EncoderDecoder
+
+MODELS = {
+    "bert": BertModel,
+    "bert_pretraining": BertForPreTraining,
+    "bert_classification": BertForSequenceClassification,  # num_labels=1: regression
+    "bert_tagging": BertForTokenClassification,
+    "bert_span": BertForQuestionAnswering,
+    "bert_choice": BertForMultipleChoice,
+    "transformer": EncoderDecoder,
+    "decoder_lm": DecoderLM,
+}
+
+# (layers, hidden); heads = hidden / 64, FFN = 4 * hidden. tiny..medium are the
+# "Well-Read Students" miniatures released with BERT; base and large are the paper's.
+BERT_SIZES = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512),
+              "base": (12, 768), "large": (24, 1024)}
+
+# Paper Table 3: (N, d_model, d_ff, h, dropout).
+TRANSFORMER_SIZES = {"base": (6, 512, 2048, 8, 0.1), "big": (6, 1024, 4096, 16, 0.3)}
+
+
+def _all_fields(**fields) -> dict[str, Any]:
+    """Every ModelConfig field (so any of them can be overridden from the command line)."""
+    return dataclasses.asdict(ModelConfig(**fields))
+
+
+def bert_model_fields(size: str) -> dict[str, Any]:
+    """ModelConfig fields of a named BERT size (vocab 30522, 512 positions, 2 segments)."""
+    if size not in BERT_SIZES:
+        raise ValueError(f"unknown BERT size {size!r}; choose one of {sorted(BERT_SIZES)}")
+    layers, hidden = BERT_SIZES[size]
+    return _all_fields(vocab_size=30522, emb_dim=hidden, num_layers=layers, num_heads=hidden // 64,
+                head_dim=64, mlp_dim=4 * hidden, max_len=512, type_vocab_size=2,
+                dropout_rate=0.1, attention_dropout_rate=0.1, activation="gelu",
+                layer_norm_eps=1e-12, norm="post", positions="learned",
+                initializer="truncated_normal", initializer_range=0.02)
+
+
+def transformer_model_fields(size: str, vocab_size: int = 37000) -> dict[str, Any]:
+    """ModelConfig fields of the paper's Transformer base/big (shared 37k BPE vocabulary)."""
+    if size not in TRANSFORMER_SIZES:
+        raise ValueError(f"unknown Transformer size {size!r}; choose one of "
+                         f"{sorted(TRANSFORMER_SIZES)}")
+    layers, d_model, d_ff, heads, rate = TRANSFORMER_SIZES[size]
+    return _all_fields(vocab_size=vocab_size, emb_dim=d_model, num_layers=layers,
+                num_decoder_layers=layers, num_heads=heads, head_dim=d_model // heads,
+                mlp_dim=d_ff, type_vocab_size=0, dropout_rate=rate, attention_dropout_rate=rate,
+                activation="relu", layer_norm_eps=1e-6, norm="post", positions="sinusoidal",
+                initializer="xavier_uniform", share_embeddings=True, tie_output=True,
+                scale_embeddings=True, use_pooler=False)
+
+
+def split_model_config(model_cfg: Mapping[str, Any]) -> tuple[str, ModelConfig]:
+    """(`name`, ModelConfig) from a config's `model` section; unknown keys are errors."""
+    fields = dict(model_cfg)
+    name = fields.pop("name", None)
+    if name not in MODELS:
+        raise ValueError(f"model.name={name!r}; choose one of {sorted(MODELS)}")
+    valid = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(fields) - valid)
+    if unknown:
+        raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {sorted(valid)}")
+    return name, ModelConfig(**fields)
+
+
+def create_model(model_cfg: Mapping[str, Any], *, seed: int = 0) -> nnx.Module:
+    """A freshly initialised model. Parameters carry logical axis names but are not
+    sharded here: sharding is the train loop's job (sharding.py)."""
+    name, cfg = split_model_config(model_cfg)
+    with nnx.use_eager_sharding(False):
+        return MODELS[name](cfg, rngs=nnx.Rngs(params=seed))
+
+
+def abstract_model(model_cfg: Mapping[str, Any]) -> nnx.Module:
+    """The model with ShapeDtypeStruct leaves: shapes and metadata without any compute."""
+    return nnx.eval_shape(lambda: create_model(model_cfg))
+
+
+def param_counts(model: nnx.Module, depth: int = 2) -> dict[str, int]:
+    """Parameter count per module path (up to `depth` levels) plus 'total'."""
+    counts: dict[str, int] = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
+        keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        keys = [k for k in keys if k != "value"]
+        name = "/".join(keys[:depth])
+        counts[name] = counts.get(name, 0) + int(np.prod(leaf.shape))
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def flops_per_token(model_cfg: Mapping[str, Any], seq_len: int) -> dict[str, float]:
+    """Forward matmul FLOPs per token at sequence length seq_len (2 per multiply-add;
+    training ~3x). Attention scores count 2 * 2 * seq_len * heads * head_dim per layer."""
+    name, c = split_model_config(model_cfg)
+    nk = c.num_heads * c.head_dim
+    attn = 2 * 4 * c.emb_dim * nk + 2 * 2 * seq_len * nk  # projections + QK^T and AV
+    ffn = 2 * 2 * c.emb_dim * c.mlp_dim
+    logits = 2 * c.emb_dim * c.vocab_size
+    if name == "transformer":
+        dec_layers = c.num_decoder_layers or c.num_layers
+        out = {"encoder_per_source_token": c.num_layers * (attn + ffn),
+               "decoder_per_target_token": dec_layers * (2 * attn + ffn) + logits}
+    elif name == "decoder_lm":
+        out = {"decoder_per_token": c.num_layers * (attn + ffn) + logits}
+    else:
+        out = {"encoder_per_token": c.num_layers * (attn + ffn)}
+        if name == "bert_pretraining":  # MLM transform + vocabulary projection
+            out["mlm_head_per_predicted_token"] = 2 * c.emb_dim * c.emb_dim + logits
+    return {k: float(v) for k, v in out.items()}

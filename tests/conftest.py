@@ -1,0 +1,48 @@
+"""Test setup: 8 simulated CPU devices (set before jax is imported) and the shared data."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    """../shared/data beside the checkout, or $BERT_JAX_SHARED_DATA."""
+    return Path(os.environ.get("BERT_JAX_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = shared_data_dir()
+    if not (path / "README.md").is_file():
+        pytest.skip(f"shared data not found at {path} (set BERT_JAX_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def english_lines(shared_data) -> list[str]:
+    """Real English sentences: the first paragraphs of a Gutenberg book."""
+    text = (shared_data / "text" / "gutenberg").glob("*.txt")
+    book = sorted(text)[0].read_text(encoding="utf-8", errors="replace")
+    paras = [" ".join(p.split()) for p in book.split("\n\n")]
+    return [p for p in paras if 40 < len(p) < 400][:400]
+
+
+@pytest.fixture(scope="session")
+def wordpiece_vocab(tmp_path_factory, english_lines) -> Path:
+    """An uncased WordPiece vocab.txt trained on real text (no public vocab offline)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    out = tmp_path_factory.mktemp("vocab")
+    tok = BertWordPieceTokenizer(lowercase=True)
+    tok.train_from_iterator(english_lines, vocab_size=1500, min_frequency=1,
+                            special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.save_model(str(out))
+    return out / "vocab.txt"

@@ -1,0 +1,285 @@
+"""Tests for bert_jax.hf_weights: torch-free, pickle-safe loading of HF checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shlex
+import zipfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from bert_jax import hf_weights
+from bert_jax.hf_weights import load_hf_weights
+
+TIED = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+
+
+def _assert_same(got: np.ndarray, t) -> None:
+    """Bitwise equality of a loaded array with a torch tensor (bf16 compared as float32)."""
+    import torch
+
+    t = t.detach().cpu()
+    assert got.shape == tuple(t.shape)
+    assert got.flags.c_contiguous
+    if t.dtype == torch.bfloat16:
+        assert got.dtype == ml_dtypes.bfloat16
+        assert got.astype(np.float32).tobytes() == t.float().numpy().tobytes()
+    else:
+        exp = t.numpy()
+        assert got.dtype == exp.dtype
+        assert got.tobytes() == np.ascontiguousarray(exp).tobytes()
+
+
+def _assert_all_same(got: dict, sd: dict) -> None:
+    assert set(got) == set(sd)
+    for k, t in sd.items():
+        _assert_same(got[k], t)
+
+
+@pytest.fixture
+def state_dict():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(20, generator=g)
+    lin = torch.nn.Linear(5, 3)
+    sd = {
+        "f32": torch.randn(3, 4, generator=g),
+        "f16": torch.randn(2, 3, generator=g).half(),
+        "bf16": torch.randn(4, 2, generator=g).bfloat16(),
+        "f64": torch.randn(3, generator=g).double(),
+        "i64": torch.arange(-5, 7, dtype=torch.int64).reshape(3, 4),
+        "i32": torch.arange(6, dtype=torch.int32),
+        "i8": torch.tensor([-128, 0, 127], dtype=torch.int8),
+        "u8": torch.tensor([0, 1, 255], dtype=torch.uint8),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+        "shared_a": base[2:8],  # two views into one storage at different offsets
+        "shared_b": base[10:16].view(2, 3),
+        "transposed": torch.randn(3, 5, generator=g).t(),  # non-contiguous
+        "strided": base[1::3],
+        "param": torch.nn.Parameter(torch.ones(2, 2)),
+    }
+    sd.update({f"linear.{k}": v for k, v in lin.state_dict().items()})
+    return sd
+
+
+def test_pytorch_bin(tmp_path, state_dict):
+    import torch
+
+    torch.save(state_dict, tmp_path / "pytorch_model.bin")
+    _assert_all_same(load_hf_weights(tmp_path), state_dict)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64"])
+def test_pytorch_bin_big_endian(tmp_path, dtype):
+    torch = pytest.importorskip("torch")
+    t = torch.arange(12, dtype=getattr(torch, dtype)).reshape(3, 4) * 3 - 7
+    sd = {"x": t, "xt": t.t(), "s": t[1, 2]}
+    torch.save(sd, tmp_path / "le.bin")
+    # Rewrite the archive the way a big-endian host would have written it.
+    itemsize = t.element_size()
+    with zipfile.ZipFile(tmp_path / "le.bin") as src, \
+            zipfile.ZipFile(tmp_path / "pytorch_model.bin", "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name.endswith("/byteorder"):
+                data = b"big"
+            elif "/data/" in name:
+                data = np.frombuffer(data, f"<u{itemsize}").astype(f">u{itemsize}").tobytes()
+            dst.writestr(name, data)
+    _assert_all_same(load_hf_weights(tmp_path), sd)
+
+
+def test_pytorch_bin_sharded(tmp_path, state_dict):
+    import torch
+
+    names = sorted(state_dict)
+    shards = {"pytorch_model-00001-of-00002.bin": names[::2],
+              "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for fname, keys in shards.items():
+        torch.save({k: state_dict[k] for k in keys}, tmp_path / fname)
+    weight_map = {k: f for f, keys in shards.items() for k in keys}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _assert_all_same(load_hf_weights(tmp_path), state_dict)
+
+
+def _contiguous(sd: dict) -> dict:
+    return {k: v.detach().contiguous().clone() for k, v in sd.items()}
+
+
+def test_safetensors(tmp_path, state_dict):
+    from safetensors.torch import save_file
+
+    save_file(_contiguous(state_dict), tmp_path / "model.safetensors")
+    _assert_all_same(load_hf_weights(tmp_path), state_dict)
+
+
+def test_safetensors_sharded(tmp_path, state_dict):
+    from safetensors.torch import save_file
+
+    sd = _contiguous(state_dict)
+    names = sorted(sd)
+    shards = {"model-00001-of-00002.safetensors": names[:5],
+              "model-00002-of-00002.safetensors": names[5:]}
+    for fname, keys in shards.items():
+        save_file({k: sd[k] for k in keys}, tmp_path / fname)
+    weight_map = {k: f for f, keys in shards.items() for k in keys}
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    _assert_all_same(load_hf_weights(tmp_path), state_dict)
+
+    # A name the index promises but no shard holds is an error, not a silent omission.
+    weight_map["ghost"] = "model-00001-of-00002.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ValueError, match="ghost"):
+        load_hf_weights(tmp_path)
+
+
+def _numpy_tensors() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "f32": rng.standard_normal((3, 4)).astype(np.float32),
+        "f16": rng.standard_normal(5).astype(np.float16),
+        "bf16": rng.standard_normal((2, 3)).astype(ml_dtypes.bfloat16),
+        "i64": np.arange(-3, 3, dtype=np.int64),
+        "u8": np.arange(4, dtype=np.uint8),
+        "bool": np.array([True, False]),
+        "scalar": np.array(2.5, dtype=np.float32),
+    }
+
+
+def test_safetensors_raw_parser_matches_library(tmp_path, monkeypatch):
+    arrays = _numpy_tensors()
+    path = tmp_path / "model.safetensors"
+    safetensors.numpy.save_file(arrays, path, metadata={"format": "np"})
+    raw = hf_weights._read_safetensors_raw(path)
+    assert set(raw) == set(arrays)
+    for k, a in arrays.items():
+        assert raw[k].dtype == a.dtype and raw[k].shape == a.shape
+        assert raw[k].tobytes() == a.tobytes()
+
+    # Simulate an old safetensors that cannot map BF16: load_hf_weights must fall back.
+    def no_bf16(_path):
+        raise TypeError("data type 'bfloat16' not understood")
+
+    monkeypatch.setattr(safetensors.numpy, "load_file", no_bf16)
+    got = load_hf_weights(tmp_path)
+    assert got["bf16"].dtype == ml_dtypes.bfloat16
+    assert got["bf16"].tobytes() == arrays["bf16"].tobytes()
+
+
+def test_safetensors_preferred_over_bin(tmp_path):
+    safetensors.numpy.save_file({"w": np.ones(2, np.float32)}, tmp_path / "model.safetensors")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"never read")
+    assert load_hf_weights(tmp_path)["w"].tolist() == [1.0, 1.0]
+
+
+class _Evil:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+def _write_torch_like_zip(path: Path, payload: bytes) -> None:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("archive/data.pkl", payload)
+        zf.writestr("archive/byteorder", "little")
+        zf.writestr("archive/version", "3\n")
+
+
+def test_malicious_pickle_rejected_without_torch(tmp_path):
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps({"w": _Evil(marker)}, protocol=2)
+    _write_torch_like_zip(tmp_path / "pytorch_model.bin", payload)
+    with pytest.raises(pickle.UnpicklingError, match=r"forbidden global 'posix\.system'") as e:
+        load_hf_weights(tmp_path)
+    assert "pytorch_model.bin" in str(e.value)
+    assert not marker.exists()
+    # Sanity check that the payload is live: a plain unpickler runs it.
+    pickle.loads(payload)
+    assert marker.exists()
+
+
+def test_malicious_torch_save_rejected(tmp_path, state_dict):
+    import torch
+
+    marker = tmp_path / "pwned"
+    torch.save({**state_dict, "evil": _Evil(marker)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(pickle.UnpicklingError, match="forbidden global"):
+        load_hf_weights(tmp_path)
+    assert not marker.exists()
+
+
+def test_rebuild_rejects_out_of_bounds_view():
+    storage = np.zeros(4, np.float32)
+    with pytest.raises(pickle.UnpicklingError, match="exceeds"):
+        hf_weights._rebuild_tensor_v2(storage, 2, (3,), (1,))
+    with pytest.raises(pickle.UnpicklingError, match="exceeds"):
+        hf_weights._rebuild_tensor_v2(storage, 0, (2, 2), (1, 4))
+    assert hf_weights._rebuild_tensor_v2(storage, 4, (0,), (1,)).shape == (0,)
+
+
+def test_legacy_torch_format(tmp_path, state_dict):
+    import torch
+
+    torch.save(state_dict, tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    with pytest.raises(ValueError, match=r"legacy \(pre-1\.6\).*safetensors") as e:
+        load_hf_weights(tmp_path)
+    assert "pytorch_model.bin" in str(e.value)
+
+
+def test_garbage_files(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"hello, not a checkpoint")
+    with pytest.raises(ValueError, match="not a torch zip archive"):
+        load_hf_weights(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage12345")
+    with pytest.raises(ValueError, match="model.safetensors"):
+        load_hf_weights(tmp_path)
+
+
+def test_empty_dir(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        load_hf_weights(tmp_path)
+    msg = str(e.value)
+    assert str(tmp_path) in msg
+    assert all(name in msg for name in hf_weights.WEIGHT_FILES)
+
+
+def test_transformers_bert_for_pretraining(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=37, vocab_size=99)
+    model = transformers.BertForPreTraining(config).eval()
+    sd = model.state_dict()
+
+    # transformers 5 ignores safe_serialization=False and always writes safetensors, so the
+    # .bin is written the way transformers 4 did it: torch.save of the state dict (the tied
+    # decoder weight then shares its storage with the word embeddings).
+    (bin_dir := tmp_path / "bin").mkdir()
+    torch.save(sd, bin_dir / "pytorch_model.bin")
+    st_dir, sharded_dir = tmp_path / "st", tmp_path / "sharded"
+    model.save_pretrained(st_dir)
+    model.save_pretrained(sharded_dir, max_shard_size="20KB")
+    assert (st_dir / "model.safetensors").is_file()
+    assert (sharded_dir / "model.safetensors.index.json").is_file()
+    assert len(list(sharded_dir.glob("model-*.safetensors"))) >= 2
+
+    loaded = {d.name: load_hf_weights(d) for d in (bin_dir, st_dir, sharded_dir)}
+    _assert_all_same(loaded["bin"], sd)
+    for name in ("st", "sharded"):
+        got = loaded[name]
+        assert set(got) <= set(sd) and set(sd) - set(got) <= TIED  # tied weights stored once
+        for k, a in got.items():
+            _assert_same(a, sd[k])
+    assert set(loaded["st"]) == set(loaded["sharded"])

@@ -1,0 +1,255 @@
+"""WordPieceTokenizer against the reference slow BertTokenizer on real text, uncased and cased."""
+
+import json
+import unicodedata
+
+import pytest
+
+from bert_jax.data.tokenizers import WordPieceTokenizer, load_vocab, reference_basic_tokenize
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()  # longest_first warns on every pair call
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+CASES = {"uncased": True, "cased": False}  # name -> lowercase
+
+
+def reference(vocab_file, lowercase: bool, strip_accents=None):
+    """The slow, pure-Python BertTokenizer (google-research/bert semantics plus NFC)."""
+    try:  # transformers 5: BertTokenizer is the Rust one, the Python one is kept as Legacy
+        from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy as Slow
+    except ImportError:  # transformers 4: BertTokenizer is the Python one
+        from transformers import BertTokenizer as Slow
+    return Slow(str(vocab_file), do_lower_case=lowercase, strip_accents=strip_accents)
+
+
+def _need(path):
+    if not path.exists():
+        pytest.skip(f"shared data file missing: {path}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def squad(shared_data):
+    data = json.loads(_need(shared_data / "squad" / "dev-v1.1.json").read_text("utf-8"))
+    paras = [p for article in data["data"] for p in article["paragraphs"]]
+    return [p["context"] for p in paras], [q["question"] for p in paras for q in p["qas"]]
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, squad) -> list[str]:
+    """A few thousand real lines plus edge cases built from them."""
+    books = sorted(_need(shared_data / "text" / "gutenberg").glob("*.txt"))
+    lines = []
+    for book in books:  # raw lines, so empty ones and indented verse are in
+        lines += book.read_text("utf-8", errors="replace").splitlines()[200:2200:10]
+    wiki = _need(shared_data / "text" / "wikitext2" / "valid.txt").read_text("utf-8").splitlines()
+    lines += wiki[:1200]
+    conll = _need(shared_data / "ner" / "conll2003" / "valid.txt").read_text("utf-8")
+    lines += [" ".join(row.split()[0] for row in s.splitlines())
+              for s in conll.split("\n\n")[1:400] if s.strip()]
+    contexts, questions = squad
+    odd = [c for c in contexts if not c.isascii()]
+    lines += odd + contexts[:150] + [q for q in questions if not q.isascii()] + questions[:400]
+    lines += [c.upper() for c in odd if any("α" <= ch <= "ω" for ch in c)]  # final sigma
+    lines += [unicodedata.normalize("NFD", c) for c in odd[:60]]  # decomposed accents
+    lines += ["".join(c.split())[:300] for c in contexts[:20]]  # words longer than 100 chars
+    lines += [c.replace(" ", "\t", 5).replace(" ", "\x00", 2).replace(" ", "\u200b", 2)
+              .replace(" ", "\xa0", 2).replace(" ", "\x07\u2028\x85", 1).replace("e", "e\ufffd", 3)
+              + " \U0001F600 \u0378 \ue000 \u1734 \u2e55" for c in contexts[:40]]
+    lines += ["", " ", "\t\n", "\x00", "a" * 100, "a" * 101, "ΟΔΟΣ.", "ΟΔΟΣ'S ΟΔΟΣ"]
+    assert not any(s in line for line in lines for s in SPECIALS)  # see test_special_token_text
+    return lines
+
+
+def _train_vocab(path, lines, lowercase: bool, extra_text: list[str]):
+    from tokenizers import BertWordPieceTokenizer
+
+    trainer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)
+    trainer.train_from_iterator(lines, vocab_size=4000, special_tokens=SPECIALS,
+                                show_progress=False)
+    vocab = trainer.get_vocab()
+    tokens = sorted(vocab, key=vocab.get)
+    assert tokens[:5] == SPECIALS
+    # Accented and CJK characters (every other one, so unknown ones stay [UNK]).
+    words = [w for t in extra_text for w in reference_basic_tokenize(t, lowercase)]
+    chars = sorted({c for w in words for c in w if not c.isascii()})[::2]
+    tokens += [t for c in chars for t in (c, "##" + c) if t not in vocab]
+    path.write_text("".join(t + "\n" for t in tokens), "utf-8")
+    return path
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def vocab(request, tmp_path_factory, shared_data, squad):
+    lowercase = CASES[request.param]
+    books = sorted(_need(shared_data / "text" / "gutenberg").glob("*.txt"))
+    lines = [line for book in books[:6]
+             for line in book.read_text("utf-8", errors="replace").splitlines()[:6000]]
+    extra = [t for t in squad[0] + squad[1] if not t.isascii()]
+    path = tmp_path_factory.mktemp(request.param) / "vocab.txt"
+    return _train_vocab(path, lines, lowercase, extra), lowercase
+
+
+def test_tokenize_matches_reference(vocab, corpus):
+    vocab_file, lowercase = vocab
+    ours = WordPieceTokenizer.from_vocab(vocab_file, lowercase=lowercase)
+    ref = reference(vocab_file, lowercase)
+    expected = [ref.tokenize(t, split_special_tokens=True) for t in corpus]
+    got = ours.tokenize_batch(corpus)
+    bad = [(t, g, e) for t, g, e in zip(corpus, got, expected) if g != e]
+    assert not bad, bad[:3]
+    assert [ours.tokenize(t) for t in corpus[::7]] == expected[::7]
+    # Both code paths and the interesting inputs were really exercised.
+    slow = sum(not ours._fast_ok(t) for t in corpus)
+    assert 50 < slow < len(corpus) // 10
+    flat = [p for pieces in got for p in pieces]
+    assert flat.count("[UNK]") > 50 and sum(not p.isascii() for p in flat) > 500
+    assert any(any("\u4e00" <= c <= "\u9fff" for c in p) for p in flat)
+    assert ours.vocab_size == ref.vocab_size and ours.lowercase == lowercase
+
+
+def test_strip_accents_options_match_reference(vocab, squad):
+    vocab_file, lowercase = vocab
+    texts = [t for t in squad[0] if not t.isascii()][:150]
+    texts += [unicodedata.normalize("NFD", t) for t in texts[:50]]
+    for strip in (True, False):
+        ours = WordPieceTokenizer.from_vocab(vocab_file, lowercase=lowercase, strip_accents=strip)
+        ref = reference(vocab_file, lowercase, strip_accents=strip)
+        assert ours.tokenize_batch(texts) == [ref.tokenize(t) for t in texts]
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_basic_tokenize_over_all_code_points(lowercase):
+    """Rust fast path and Python fallback against the reference, each code point in context."""
+    from transformers.models.bert.tokenization_bert_legacy import BasicTokenizer
+
+    ref = BasicTokenizer(do_lower_case=lowercase)
+    ours = WordPieceTokenizer(SPECIALS, lowercase=lowercase)
+    points = [*range(0x30000), *range(0xE0000, 0xE1000), 0xF0000, 0x10FFFD]
+    chars = [chr(i) for i in points if not 0xD800 <= i < 0xE000]
+    fast = [c for c in chars if ours._fast_ok(c)]
+    assert len(fast) > 50_000
+    fast = fast[::2]
+    for context in ("A{}b", "x{}\u0301y"):
+        text = " ".join(context.format(c) for c in fast)
+        assert ours._fast_ok(text)
+        assert ours.basic_tokenize(text) == ref.tokenize(text), context
+        text = " ".join(context.format(c) for c in chars[::17])  # mostly the Python fallback
+        assert ours.basic_tokenize(text) == ref.tokenize(text), context
+
+
+@pytest.mark.parametrize("max_length", [None, 6, 32, 128, 384])
+def test_encode_matches_reference(vocab, squad, corpus, max_length):
+    vocab_file, lowercase = vocab
+    ours = WordPieceTokenizer.from_vocab(vocab_file, lowercase=lowercase)
+    ref = reference(vocab_file, lowercase)
+    contexts, questions = squad
+    pairs = list(zip(questions[::250], contexts[::50]))
+    pairs += list(zip(contexts[5::50], questions[9::250]))  # longer first
+    pairs += list(zip(corpus[::151], corpus[7::151])) + [("", ""), ("a", "")]
+    trunc = dict(truncation="longest_first", max_length=max_length) if max_length else {}
+    for a, b in pairs:
+        for args in ((a, b), (a,)):
+            want = ref(*args, split_special_tokens=True, return_token_type_ids=True, **trunc)
+            got = ours.encode(*args, max_length=max_length)
+            assert got.input_ids == want["input_ids"], args
+            assert got.token_type_ids == want["token_type_ids"], args
+            assert got.tokens == ours.ids_to_tokens(got.input_ids)
+            if max_length:
+                assert len(got.input_ids) <= max_length
+
+
+def _truncate_seq_pair(tokens_a, tokens_b, max_length):
+    """Verbatim from google-research/bert run_classifier.py."""
+    while True:
+        total_length = len(tokens_a) + len(tokens_b)
+        if total_length <= max_length:
+            break
+        if len(tokens_a) > len(tokens_b):
+            tokens_a.pop()
+        else:
+            tokens_b.pop()
+
+
+def test_truncation_is_truncate_seq_pair(vocab):
+    """Every small length combination against the original run_classifier truncation."""
+    ours = WordPieceTokenizer.from_vocab(vocab[0], lowercase=vocab[1])
+    for n_a in range(10):
+        for n_b in range(10):
+            for max_length in range(3, 24):
+                a, b = ["the"] * n_a, ["and"] * n_b
+                _truncate_seq_pair(a, b, max_length - 3)
+                want = ["[CLS]", *a, "[SEP]", *b, "[SEP]"]
+                enc = ours.encode(" ".join(["the"] * n_a), " ".join(["and"] * n_b), max_length)
+                assert enc.tokens == want, (n_a, n_b, max_length)
+                assert enc.token_type_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+            a = ["the"] * n_a
+            want = ["[CLS]", *a[:max(n_b, 2) - 2], "[SEP]"]
+            assert ours.encode(" ".join(a), max_length=max(n_b, 2)).tokens == want
+    with pytest.raises(ValueError, match="max_length"):
+        ours.encode("a", "b", max_length=2)
+    with pytest.raises(ValueError, match="max_length"):
+        ours.encode("a", max_length=1)
+
+
+def test_ids_match_reference(vocab):
+    vocab_file, lowercase = vocab
+    ours = WordPieceTokenizer.from_vocab(vocab_file, lowercase=lowercase)
+    ref = reference(vocab_file, lowercase)
+    tokens = load_vocab(vocab_file)[::13] + ["no-such-token", "[MASK]"]
+    assert ours.tokens_to_ids(tokens) == ref.convert_tokens_to_ids(tokens)
+    ids = list(range(0, ours.vocab_size, 7))
+    assert ours.ids_to_tokens(ids) == ref.convert_ids_to_tokens(ids)
+    specials = [ours.pad_id, ours.unk_id, ours.cls_id, ours.sep_id, ours.mask_id]
+    assert specials == ref.convert_tokens_to_ids(SPECIALS) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="outside vocab"):
+        ours.ids_to_tokens([ours.vocab_size])
+
+
+def test_special_token_text(vocab):
+    """Raw text never yields special tokens (like google-research/bert, unlike HF's trie)."""
+    ours = WordPieceTokenizer.from_vocab(vocab[0], lowercase=vocab[1])
+    ref = reference(*vocab)
+    assert ours.tokenize("a [SEP] b") == ours.tokenize("a [ SEP ] b")
+    assert "[SEP]" not in ours.tokenize("a [SEP] b")
+    assert "[SEP]" in ref.tokenize("a [SEP] b", split_special_tokens=True)
+
+
+def test_vocab_file_lines_like_hf(tmp_path):
+    from transformers.models.bert.tokenization_bert import load_vocab as hf_load_vocab
+
+    path = tmp_path / "vocab.txt"
+    path.write_bytes("\n".join([*SPECIALS, "a ", "b\r", "c\x0bd", "e\u2028f", "", "a ", "é"])
+                     .encode("utf-8"))
+    tokens = load_vocab(path)
+    assert {t: i for i, t in enumerate(tokens)} == dict(hf_load_vocab(str(path)))
+    assert "a " in tokens and "c\x0bd" in tokens and tokens[-1] == "é"
+
+
+def test_save_round_trip(tmp_path, vocab):
+    vocab_file, lowercase = vocab
+    ours = WordPieceTokenizer.from_vocab(vocab_file, lowercase=lowercase, strip_accents=True)
+    ours.save(tmp_path / "tok")
+    config = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text("utf-8"))
+    assert config["do_lower_case"] is lowercase and config["strip_accents"] is True
+    back = WordPieceTokenizer.from_pretrained_dir(tmp_path / "tok")
+    assert (back.lowercase, back.strip_accents, back.vocab) == (lowercase, True, ours.vocab)
+    assert (tmp_path / "tok" / "vocab.txt").read_bytes() == vocab_file.read_bytes()
+    text = "Crème Brûlée, NAÏVE café 東京!"
+    assert back.tokenize(text) == ours.tokenize(text)
+    (tmp_path / "tok" / "tokenizer_config.json").unlink()  # HF default: do_lower_case=True
+    assert WordPieceTokenizer.from_pretrained_dir(tmp_path / "tok").lowercase is True
+
+
+def test_missing_special_token(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(t for t in SPECIALS if t != "[MASK]") + "\nhello\n", "utf-8")
+    with pytest.raises(ValueError, match=r"vocab\.txt.*\[MASK\]"):
+        WordPieceTokenizer.from_vocab(path, lowercase=True)
+
+
+def test_missing_vocab_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        WordPieceTokenizer.from_vocab(tmp_path / "nope.txt", lowercase=True)
+    with pytest.raises(FileNotFoundError, match="vocab.txt"):
+        WordPieceTokenizer.from_pretrained_dir(tmp_path)
