@@ -6,14 +6,17 @@ checkpoint takes either; tokenizer files (vocab.txt, ...) sit in `<dir>` itself.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
 from bert_jax import models
+from bert_jax.config import ConfigError
 
 
 def checkpoint_dir(directory: str | os.PathLike) -> Path:
@@ -76,3 +79,83 @@ def load_model(directory: str | os.PathLike, step: int | None = None,
     graphdef, state = nnx.split(model)
     nnx.replace_by_pure_dict(state, params)
     return model_cfg, nnx.merge(graphdef, state)
+
+
+class TrainCheckpointer:
+    """A training run's checkpoints: Composite items `params`, `opt_state` (StandardSave),
+    `data` (iterator position) and `config` (JsonSave) under `<workdir>/checkpoints/<step>`.
+    Saves are async (the call returns once arrays are copied to host); the newest
+    `keep` are kept, and older ones are deleted only after a newer save is complete."""
+
+    def __init__(self, workdir: str | os.PathLike, keep: int):
+        # epath: local paths and gs:// alike.
+        self.path = epath.Path(workdir if "://" in str(workdir) else Path(workdir).absolute())
+        self.path = self.path / "checkpoints"
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                               enable_async_checkpointing=True)
+        handlers = {"params": ocp.StandardCheckpointHandler(),
+                    "opt_state": ocp.StandardCheckpointHandler(),
+                    "data": ocp.JsonCheckpointHandler(), "config": ocp.JsonCheckpointHandler()}
+        self.manager = ocp.CheckpointManager(self.path, options=options, item_handlers=handlers)
+
+    def save(self, step: int, params, opt_state, data_state: dict, config: dict) -> None:
+        self.manager.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+            data=ocp.args.JsonSave(data_state), config=ocp.args.JsonSave(config)), force=True)
+
+    def restore_latest(self, abstract_params, abstract_opt_state):
+        """(step, params, opt_state, data_state) of the newest checkpoint that restores, or
+        None. A checkpoint that fails to restore (truncated, corrupt) is renamed
+        `<step>.unreadable` (kept for inspection, out of Orbax's way) and the previous
+        one is tried."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                metadata = self.manager.item_metadata(step)
+            except Exception:  # noqa: BLE001 (unreadable metadata: handled by restore below)
+                metadata = None
+            if metadata is not None and metadata["params"] is not None:
+                self._check_fits(step, metadata, abstract_params, abstract_opt_state)
+            try:
+                out = self.manager.restore(step, args=ocp.args.Composite(
+                    params=ocp.args.StandardRestore(abstract_params),
+                    opt_state=ocp.args.StandardRestore(abstract_opt_state),
+                    data=ocp.args.JsonRestore()))
+            except Exception as e:  # noqa: BLE001 (any failure means: not usable)
+                bad = self.path / str(step)
+                print(f"warning: checkpoint {bad} cannot be restored ({type(e).__name__}: "
+                      f"{str(e)[:300]}); renamed to {bad}.unreadable, trying the previous one",
+                      file=sys.stderr)
+                if jax.process_index() == 0:
+                    bad.rename(bad.with_name(f"{step}.unreadable"))
+                self.manager.reload()
+                continue
+            return step, out["params"], out["opt_state"], dict(out["data"])
+        return None
+
+    def _check_fits(self, step: int, metadata, abstract_params, abstract_opt_state) -> None:
+        """A readable checkpoint whose arrays do not match the config is the user's config
+        change, not corruption: stop with the differences instead of skipping it."""
+        def shapes(tree) -> dict[str, tuple]:
+            return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path):
+                    tuple(x.shape) for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+        where = f"{self.path}/{step}"
+        saved, wanted = shapes(metadata["params"]), shapes(abstract_params)
+        if saved != wanted:
+            diff = sorted(set(saved.items()) ^ set(wanted.items()))[:6]
+            raise ConfigError(
+                f"checkpoint {where} holds a different model than this config (differing "
+                f"params, checkpoint vs config: {diff}); train in a new --workdir, or use the "
+                f"config stored in {where}/config")
+        if metadata["opt_state"] is not None and sorted(
+                shapes(metadata["opt_state"]).values()) != sorted(shapes(abstract_opt_state).values()):
+            raise ConfigError(
+                f"checkpoint {where}: its optimizer state does not fit the optimizer "
+                f"of this config (was optimizer.name changed?); "
+                f"train in a new --workdir, or use the config stored in {where}/config")
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.close()

@@ -1,5 +1,6 @@
 """The `bert-jax` command line.
 
+  bert-jax train --config configs/bert_pretrain.py:tiny --workdir <dir> [--config.train.steps=100]
   bert-jax info --config configs/bert_pretrain.py:base [--config.model.dtype=bfloat16]
   bert-jax convert hf:<hf_dir> <out_dir> [--head bert_classification]
   bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]
@@ -16,6 +17,7 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "get_config(arg) file: path.py:arg")
 _HEAD = flags.DEFINE_string("head", None, "convert: our model name for the converted weights "
                             "(default: from the checkpoint's architectures)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "train: run directory (rerun to resume)")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features: converted or training dir")
 _INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "
                              "(`A ||| B` for pairs)")
@@ -26,13 +28,38 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "features: examples per batc
 _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "info: sequence length for FLOPs "
                                 "(default: config.data.max_seq_length)")
 
-COMMANDS = ("info", "convert", "features")
+COMMANDS = ("train", "info", "convert", "features")
 
 
 def _require(flag, command: str):
     if flag.value is None:
         raise app.UsageError(f"`bert-jax {command}` needs --{flag.name}")
     return flag.value
+
+
+def maybe_initialize_distributed() -> None:
+    """jax.distributed.initialize() when launched as one of several processes: Cloud TPU pod
+    slices, SLURM, or JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID set by hand."""
+    import os
+
+    import jax
+
+    env = os.environ
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize(env["JAX_COORDINATOR_ADDRESS"],
+                                   int(env["JAX_NUM_PROCESSES"]), int(env["JAX_PROCESS_ID"]))
+    elif int(env.get("SLURM_NTASKS", "1")) > 1 or "," in env.get("TPU_WORKER_HOSTNAMES", ""):
+        jax.distributed.initialize()  # auto-detected from the cluster environment
+
+
+def cmd_train(args: list[str]) -> None:
+    """Trains (or resumes) the config in --workdir; metrics go to <workdir>/metrics.jsonl."""
+    maybe_initialize_distributed()
+    from bert_jax import train
+
+    summary = train.train_and_evaluate(_require(_CONFIG, "train"), _require(_WORKDIR, "train"))
+    print(json.dumps({k: summary[k] for k in ("step", "preempted")}
+                     | {"metrics": summary.get("metrics"), "eval": summary.get("eval")}))
 
 
 def cmd_info(args: list[str]) -> None:
@@ -102,8 +129,25 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except Exception as e:  # noqa: BLE001 (config overrides raise AttributeError, TypeError...)
-        print(f"bert-jax: bad flag: {e}\nRun `bert-jax --help` for the flags.", file=sys.stderr)
+        print(f"bert-jax: bad flag: {_explain_flag_error(argv) or e}\n"
+              "Run `bert-jax --help` for the flags.", file=sys.stderr)
         sys.exit(2)
+
+
+def _explain_flag_error(argv: list[str]) -> str | None:
+    """Re-applies --config and its overrides with our loader, whose errors name the key and
+    the valid choices (ml_collections' own messages do not always)."""
+    from bert_jax import config as config_lib
+
+    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
+    if spec is None:
+        return None
+    try:
+        config_lib.load(spec, overrides)
+    except Exception as e:  # noqa: BLE001 (the message is what we want)
+        return str(e)
+    return None
 
 
 def run() -> None:

@@ -144,6 +144,7 @@ def test_shape_mismatch_names_the_tensor(wordpiece_vocab, tmp_path):
     cfg = (src / "config.json").read_text().replace('"intermediate_size": 96',
                                                     '"intermediate_size": 80')
     (src / "config.json").write_text(cfg)
-    with pytest.raises(ValueError, match=r"mlp/wi/\w+ \(checkpoint tensor bert.encoder.layer.0.intermediate.dense"):
+    expected = r"mlp/wi/\w+ \(checkpoint tensor bert.encoder.layer.0.intermediate.dense"
+    with pytest.raises(ValueError, match=expected):
         convert.convert_hf(src, tmp_path / "out")
     assert not (tmp_path / "out" / "checkpoints").exists()

@@ -1,0 +1,180 @@
+"""Run configs: loading `file.py:arg` with `--config.x.y=v` overrides, the training defaults
+every config starts from, and validation that fails before anything compiles.
+
+Config files (configs/*.py) define `get_config(arg)`; they call `training_defaults()` and
+then set `model`, `data` and whatever differs from the defaults.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import ml_collections
+
+# t5x vocabulary -> mesh axes. A logical axis maps to one mesh axis, several, or None
+# (replicated). Params: embed over fsdp (ZeRO-3 style), mlp/heads/vocab over tensor
+# (Megatron style); activations: batch over data and fsdp.
+DEFAULT_AXIS_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("vocab", "tensor"),
+    ("kv", None),
+    ("length", None),
+    ("layers", None),
+)
+
+DTYPES = ("float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key and the fix."""
+
+
+def training_defaults() -> ml_collections.ConfigDict:
+    """The keys every training config has, with the defaults of a small CPU run."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0  # parameter init, dropout and data order
+    c.dtype = "float32"  # compute dtype: float32 | bfloat16 (params and optimizer stay float32)
+    c.init_from = ""  # checkpoint dir (bert-jax convert output or workdir) to start from
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.name = "adamw"  # adam | adamw | lamb | sgd
+    c.optimizer.learning_rate = 1e-4  # peak (rsqrt_paper: the paper's scale factor)
+    c.optimizer.b1 = 0.9
+    c.optimizer.b2 = 0.999
+    c.optimizer.eps = 1e-6
+    c.optimizer.weight_decay = 0.01  # decoupled; not on LayerNorm params or biases
+    c.optimizer.grad_clip_norm = 1.0  # global-norm clipping; 0 = off
+
+    c.schedule = ml_collections.ConfigDict()
+    c.schedule.name = "warmup_linear"  # rsqrt_paper | warmup_rsqrt | warmup_linear | constant | cosine
+    c.schedule.warmup_steps = 10  # linear warmup from 0
+    c.schedule.final_fraction = 0.0  # cosine: final lr as a fraction of the peak
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 100  # total optimizer steps
+    c.train.batch_size = 32  # global, over all hosts and microbatches
+    c.train.grad_accum_steps = 1  # microbatches per step (a scan; same result as one batch)
+    c.train.log_every = 10  # steps between metrics.jsonl lines
+    c.train.eval_every = 0  # steps between evaluations (0: only at the end)
+    c.train.eval_steps = 10  # batches per evaluation (0: the whole eval split)
+    c.train.checkpoint_every = 50  # steps between checkpoints (and one at the end)
+    c.train.keep_checkpoints = 3  # newest K kept
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1  # -1: all devices left after the other axes
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+    c.logical_axis_rules = DEFAULT_AXIS_RULES
+    return c
+
+
+def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """`path.py[:arg]` -> get_config(arg), then `key.path=value` overrides applied in order."""
+    path, _, arg = spec.partition(":")
+    if not Path(path).is_file():
+        raise ConfigError(f"--config={spec}: no such file {path}")
+    module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r}: expected --config.key=value")
+        set_value(config, key, value)
+    return config
+
+
+def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
+    """Sets `key` (dotted) from its command-line text, typed like the current value."""
+    *parents, leaf = key.split(".")
+    node, where = config, "config"
+    for name in parents + [leaf]:
+        if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+            valid = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+            raise ConfigError(f"unknown config key {key!r}: {where} has no {name!r}; "
+                              f"valid keys there: {valid}")
+        if name != leaf:
+            node, where = node[name], f"{where}.{name}"
+    old = node[leaf]
+    try:
+        node[leaf] = _parse_like(old, text)
+    except (ValueError, SyntaxError) as e:
+        raise ConfigError(f"--config.{key}={text!r}: expected a {type(old).__name__} "
+                          f"like the default {old!r} ({e})") from None
+
+
+def _parse_like(old, text: str):
+    import ast
+
+    if isinstance(old, bool):
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise ValueError("not a boolean")
+    if isinstance(old, int):
+        return int(text)
+    if isinstance(old, float):
+        return float(text)
+    if isinstance(old, str) or old is None:
+        return text
+    value = ast.literal_eval(text)  # tuples, lists, dicts
+    if not isinstance(value, type(old)):
+        raise ValueError(f"got a {type(value).__name__}")
+    return value
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
+    """Mesh axis sizes with the (at most one) -1 filled in; errors name the keys."""
+    sizes = {axis: int(mesh_cfg[axis]) for axis in ("data", "fsdp", "tensor")}
+    fill = [a for a, n in sizes.items() if n == -1]
+    bad = [a for a, n in sizes.items() if n == 0 or n < -1]
+    if bad or len(fill) > 1:
+        raise ConfigError(f"mesh {sizes}: sizes must be positive, with at most one -1 (fill)")
+    fixed = math.prod(n for n in sizes.values() if n != -1)
+    if fill:
+        if num_devices % fixed:
+            raise ConfigError(f"mesh {sizes}: {num_devices} devices are not divisible by the "
+                              f"fixed axes' product {fixed}")
+        sizes[fill[0]] = num_devices // fixed
+    if math.prod(sizes.values()) != num_devices:
+        raise ConfigError(f"mesh {sizes} needs {math.prod(sizes.values())} devices but "
+                          f"{num_devices} exist; set mesh.data=-1 to use them all")
+    return sizes
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1) -> None:
+    """Checks that need no compile: choices, positivity, mesh and batch divisibility."""
+    from bert_jax import optim
+
+    choices = {"optimizer.name": (config.optimizer.name, optim.OPTIMIZERS),
+               "schedule.name": (config.schedule.name, optim.SCHEDULES),
+               "dtype": (config.dtype, DTYPES)}
+    for key, (value, valid) in choices.items():
+        if value not in valid:
+            raise ConfigError(f"{key}={value!r}; choose one of {list(valid)}")
+    t = config.train
+    for key in ("steps", "batch_size", "grad_accum_steps", "log_every", "checkpoint_every",
+                "keep_checkpoints"):
+        if t[key] < 1:
+            raise ConfigError(f"train.{key}={t[key]} must be >= 1")
+    sizes = mesh_shape(config.mesh, num_devices)
+    shards = sizes["data"] * sizes["fsdp"]
+    if t.batch_size % t.grad_accum_steps:
+        raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by "
+                          f"train.grad_accum_steps={t.grad_accum_steps}")
+    micro = t.batch_size // t.grad_accum_steps
+    if micro % shards:
+        raise ConfigError(
+            f"microbatch train.batch_size/grad_accum_steps={micro} is not divisible by the batch "
+            f"shards mesh.data*mesh.fsdp={shards}; change the batch size or the mesh")
+    if t.batch_size % num_processes:
+        raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by the "
+                          f"{num_processes} processes (each loads an equal share)")

@@ -1,0 +1,146 @@
+"""Optax optimizers and learning-rate schedules from the run config.
+
+A schedule maps optax's update count `c` (0-based: the update being computed is number
+c + 1) to that update's learning rate. Two step conventions, each the one its paper uses:
+  rsqrt_paper, warmup_rsqrt:       n = c + 1, as Vaswani et al.'s step_num (starts at 1)
+  warmup_linear, constant, cosine: c, as BERT's `global_step` (read before its increment),
+                                   so a warmup's first update has lr 0
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS = ("adam", "adamw", "lamb", "sgd")
+SCHEDULES = ("rsqrt_paper", "warmup_rsqrt", "warmup_linear", "constant", "cosine")
+# Schedules that end at train.steps, so a warmup longer than the run is a config mistake.
+_DECAYING = ("warmup_linear", "cosine")
+# BERT's exclude_from_weight_decay drops LayerNorm and bias; what is left is these leaves.
+_DECAYED_LEAVES = ("kernel", "embedding")
+
+
+def _warmup(c: jax.Array, warmup: int) -> jax.Array:
+    """BERT's linear warmup factor c / warmup, 1 from c == warmup on (1 when warmup == 0)."""
+    return jnp.minimum(c / warmup, 1.0) if warmup else jnp.ones_like(c)
+
+
+def make_schedule(schedule_cfg, learning_rate: float, total_steps: int,
+                  d_model: int | None = None) -> optax.Schedule:
+    """Update count -> learning rate for `schedule_cfg.name` (formulas in each branch)."""
+    name, warmup = schedule_cfg["name"], schedule_cfg["warmup_steps"]
+    lr, total = float(learning_rate), int(total_steps)
+    if name not in SCHEDULES:
+        raise ValueError(f"schedule.name={name!r}; choose one of {list(SCHEDULES)}")
+    if not isinstance(warmup, numbers.Integral) or warmup < 0:
+        raise ValueError(f"schedule.warmup_steps={warmup!r} must be an integer >= 0")
+    if lr < 0:
+        raise ValueError(f"optimizer.learning_rate={lr} must be >= 0")
+    warmup = int(warmup)
+    if name in ("rsqrt_paper", "warmup_rsqrt") and warmup < 1:
+        raise ValueError(f"schedule.warmup_steps={warmup} must be >= 1 for schedule.name={name!r} "
+                         f"(its formula divides by it)")
+    if name in _DECAYING:
+        if total < 1:
+            raise ValueError(f"train.steps={total} must be >= 1 (schedule {name!r} decays to it)")
+        if warmup > total:
+            raise ValueError(f"schedule.warmup_steps={warmup} exceeds train.steps={total}: "
+                             f"schedule {name!r} would never reach its peak or decay")
+
+    if name == "rsqrt_paper":
+        if d_model is None:
+            raise ValueError("schedule.name='rsqrt_paper' needs d_model (config.model.emb_dim)")
+        scale = lr * d_model**-0.5
+
+        def schedule(count):
+            # Vaswani et al. eq. (3): lrate = d_model^-0.5 * min(n^-0.5, n * warmup^-1.5).
+            n = jnp.asarray(count, jnp.float32) + 1.0
+            return scale * jnp.minimum(n**-0.5, n * warmup**-1.5)
+
+    elif name == "warmup_rsqrt":
+        def schedule(count):
+            # lr * n / warmup up to n == warmup (exactly lr there), then lr * sqrt(warmup / n).
+            n = jnp.asarray(count, jnp.float32) + 1.0
+            return lr * jnp.minimum(n / warmup, jnp.sqrt(warmup / n))
+
+    elif name == "warmup_linear":
+        def schedule(count):
+            # BERT optimization.py: lr * c / warmup while c < warmup, else polynomial_decay
+            # (power 1, no cycle) lr * (1 - min(c, total) / total). Not rescaled after the
+            # warmup, so the value jumps down to lr * (1 - warmup / total) at c == warmup.
+            c = jnp.asarray(count, jnp.float32)
+            decay = lr * (1.0 - jnp.minimum(c, total) / total)
+            return jnp.where(c < warmup, lr * c / max(warmup, 1), decay)
+
+    elif name == "constant":
+        def schedule(count):
+            return lr * _warmup(jnp.asarray(count, jnp.float32), warmup)
+
+    else:  # cosine
+        final = float(schedule_cfg.get("final_fraction", 0.0) or 0.0)
+        if not 0.0 <= final <= 1.0:
+            raise ValueError(f"schedule.final_fraction={final} must be in [0, 1]")
+
+        def schedule(count):
+            # BERT-style warmup to lr at c == warmup, then half a cosine down to
+            # lr * final_fraction at c == total (and held there after).
+            c = jnp.asarray(count, jnp.float32)
+            progress = jnp.clip((c - warmup) / max(total - warmup, 1), 0.0, 1.0)
+            cosine = final + (1.0 - final) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+            return lr * jnp.where(c < warmup, _warmup(c, warmup), cosine)
+
+    return schedule
+
+
+def _last_key(path: tuple) -> Any:
+    """The name of a leaf's last path entry (dict key or attribute), or None."""
+    if not path:
+        return None
+    last = path[-1]
+    return getattr(last, "key", getattr(last, "name", None))
+
+
+def decay_mask(params: Any) -> Any:
+    """True for leaves named 'kernel' or 'embedding' (weight-decayed), False for the rest."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: _last_key(p) in _DECAYED_LEAVES, params)
+
+
+def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformation:
+    """The optimizer proper for `opt.name`, before gradient clipping."""
+    name, wd = opt["name"], float(opt["weight_decay"] or 0.0)
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer.name={name!r}; choose one of {list(OPTIMIZERS)}")
+    if wd < 0:
+        raise ValueError(f"optimizer.weight_decay={wd} must be >= 0")
+    if name in ("adam", "sgd") and wd:
+        raise ValueError(f"optimizer.weight_decay={wd} with optimizer.name={name!r}, which has "
+                         f"no weight decay: set it to 0, or use optimizer.name='adamw'")
+    b1, b2, eps = float(opt["b1"]), float(opt["b2"]), float(opt["eps"])
+    if name == "adam":
+        return optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+    if name == "adamw":
+        # optax scales the decay by the learning rate, as BERT's AdamWeightDecayOptimizer does.
+        return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=decay_mask)
+    if name == "lamb":
+        return optax.lamb(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=decay_mask)
+    return optax.sgd(schedule, momentum=b1 or None)
+
+
+def make_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(optax transformation, schedule) from config.optimizer, .schedule, .train.steps."""
+    opt = config.optimizer
+    d_model = config.model.get("emb_dim") if config.schedule["name"] == "rsqrt_paper" else None
+    schedule = make_schedule(config.schedule, opt["learning_rate"], config.train.steps, d_model)
+    clip = opt.get("grad_clip_norm") or 0.0
+    if clip < 0:
+        raise ValueError(f"optimizer.grad_clip_norm={clip} must be >= 0 (0 = no clipping)")
+    # identity() keeps the state's tree structure independent of clipping, so a checkpoint
+    # restores whether or not grad_clip_norm changed between runs.
+    first: optax.GradientTransformation = (optax.clip_by_global_norm(float(clip)) if clip
+                                           else optax.identity())
+    return optax.chain(first, _base_optimizer(opt, schedule)), schedule
+

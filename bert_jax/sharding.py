@@ -1,0 +1,101 @@
+"""Device mesh, logical-axis rules and the shardings of train state and batches.
+
+Model parameters carry logical axis names (`out_sharding` metadata, e.g. ('embed', 'mlp'));
+the config's `logical_axis_rules` map each name to mesh axes ('data', 'fsdp', 'tensor').
+Nothing else in the codebase names a mesh axis except the batch sharding here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from bert_jax.config import mesh_shape
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ('data', 'fsdp', 'tensor') mesh with Auto axes (so logical rules and XLA's sharding
+    propagation apply; jax.make_mesh defaults to Explicit)."""
+    devices = list(devices if devices is not None else jax.devices())
+    sizes = mesh_shape(mesh_cfg, len(devices))
+    return jax.make_mesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES,
+                         axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], rules, mesh: Mesh
+                    ) -> PartitionSpec:
+    """PartitionSpec of an array with logical `axes`. A mesh axis is used once per array;
+    a dimension not divisible by its mesh axes stays replicated (e.g. a 2-way segment table
+    on an 8-way fsdp axis)."""
+    table = dict((name, target) for name, target in rules)
+    used: set[str] = set()
+    spec = []
+    for name, dim in zip(axes, shape, strict=True):
+        target = table.get(name) if name is not None else None
+        targets = (target,) if isinstance(target, str) else tuple(target or ())
+        targets = tuple(t for t in targets if t not in used and mesh.shape[t] > 1)
+        if targets and dim % math.prod(mesh.shape[t] for t in targets) == 0:
+            used.update(targets)
+            spec.append(targets[0] if len(targets) == 1 else targets)
+        else:
+            spec.append(None)
+    return PartitionSpec(*spec)
+
+
+def _nest(items: list[tuple[tuple[str, ...], Any]]) -> dict:
+    out: dict = {}
+    for keys, value in items:
+        node = out
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return out
+
+
+def param_shardings(params_state: nnx.State, mesh: Mesh, rules) -> dict:
+    """Pure-dict tree of NamedShardings for an nnx.Param State (abstract or concrete)."""
+    items = []
+    leaves = jax.tree_util.tree_leaves_with_path(
+        params_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    for path, var in leaves:
+        keys = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+        axes = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
+        items.append((keys, NamedSharding(mesh, logical_to_spec(axes, var.shape, rules, mesh))))
+    return _nest(items)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 1) -> NamedSharding:
+    """Leading (example) axis split over data and fsdp; the rest replicated."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def global_batch(local: dict[str, np.ndarray], mesh: Mesh, num_processes: int
+                 ) -> dict[str, jax.Array]:
+    """Global arrays from this host's share of the batch (every host passes its own rows)."""
+    out = {}
+    for name, x in local.items():
+        shape = (x.shape[0] * num_processes, *x.shape[1:])
+        out[name] = jax.make_array_from_process_local_data(
+            batch_sharding(mesh, x.ndim), x, shape)
+    return out
+
+
+def bytes_per_device(abstract_tree, shardings_tree) -> int:
+    """Bytes one device holds of a tree (from shapes and shardings; nothing allocated)."""
+    total = 0
+    for x, s in zip(jax.tree.leaves(abstract_tree), jax.tree.leaves(shardings_tree), strict=True):
+        total += math.prod(s.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+    return total
