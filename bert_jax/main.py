@@ -55,11 +55,14 @@ def maybe_initialize_distributed() -> None:
 def cmd_train(args: list[str]) -> None:
     """Trains (or resumes) the config in --workdir; metrics go to <workdir>/metrics.jsonl."""
     maybe_initialize_distributed()
+    import jax
+
     from bert_jax import train
 
     summary = train.train_and_evaluate(_require(_CONFIG, "train"), _require(_WORKDIR, "train"))
-    print(json.dumps({k: summary[k] for k in ("step", "preempted")}
-                     | {"metrics": summary.get("metrics"), "eval": summary.get("eval")}))
+    if jax.process_index() == 0:
+            print(json.dumps({k: summary[k] for k in ("step", "preempted")}
+                         | {"metrics": summary.get("metrics"), "eval": summary.get("eval")}))
 
 
 def cmd_info(args: list[str]) -> None:

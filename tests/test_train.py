@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -82,6 +83,29 @@ def test_single_device_gives_the_same_losses(reference, tmp_path):
                                rtol=2e-5)
 
 
+def test_two_processes_give_the_same_losses(reference, tmp_path):
+    """Multi-host as on a pod: 2 processes x 4 devices, each loading half of every batch."""
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for i in range(2):
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+                   JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+                   JAX_PROCESS_ID=str(i))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "bert_jax", "train", f"--config={CONFIG}", f"--workdir={tmp_path}",
+             *SMALL, "--config.train.steps=12", "--config.train.checkpoint_every=4"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    got = losses(tmp_path)
+    np.testing.assert_allclose([got[s] for s in range(1, 13)], [reference[s] for s in range(1, 13)],
+                               rtol=2e-5)
+    assert steps_on_disk(tmp_path) == [4, 8, 12]
+
+
 def test_losses_fall_and_metrics_are_complete(tmp_path):
     config = small_config("--config.train.steps=40", "--config.train.eval_every=20",
                           "--config.train.checkpoint_every=20")
@@ -126,6 +150,23 @@ def test_gradient_accumulation_equals_one_big_batch():
     for key in ("loss", "masked_lm_accuracy", "next_sentence_loss", "grad_norm"):
         np.testing.assert_allclose(m4[key], m1[key], rtol=1e-5, err_msg=key)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p4, p1)
+
+
+def test_bfloat16_compute_keeps_float32_state():
+    config = small_config("--config.model.dropout_rate=0.0", "--config.model.attention_dropout_rate=0.0")
+    local = next(pipelines.make(config, "train"))
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        config.dtype = dtype
+        mesh, tx, state_sh, step = _step_inputs(config, 1)
+        with jax.set_mesh(mesh):
+            state, m = step(train.init_state(config, tx, state_sh), sharding.global_batch(local, mesh, 1))
+        leaves = jax.tree.leaves((state["params"], state["opt_state"]))
+        assert {x.dtype for x in leaves if x.ndim} == {np.dtype("float32")}, dtype
+        assert m["loss"].dtype == np.float32
+        out[dtype] = float(m["loss"])
+    assert out["bfloat16"] != out["float32"]  # bf16 really was used ...
+    np.testing.assert_allclose(out["bfloat16"], out["float32"], rtol=2e-2)  # ... to bf16 precision
 
 
 def _wait_for_step(workdir, proc, step, timeout=300):
