@@ -14,10 +14,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# Until the pretraining demo lands: show the paper models and their published sizes.
+# The main job, offline: corpus -> WordPiece vocab -> tiny BERT pretraining -> restore + eval.
 demo: install
-	$(BIN)/bert-jax info --config configs/bert_pretrain.py:base
-	$(BIN)/bert-jax info --config configs/wmt.py:base
+	$(BIN)/python -m bert_jax.demo demo_out
 
 test: install
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q tests
@@ -26,7 +25,7 @@ lint: install
 	$(BIN)/ruff check bert_jax configs tests
 
 bench: install
-	@echo "no benchmarks yet"
+	$(BIN)/python -m bert_jax.bench data
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache demo_out

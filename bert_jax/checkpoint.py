@@ -5,6 +5,7 @@ checkpoint takes either; tokenizer files (vocab.txt, ...) sit in `<dir>` itself.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
-from flax import nnx
+from flax import nnx, traverse_util
 
 from bert_jax import models
 from bert_jax.config import ConfigError
@@ -87,21 +88,30 @@ class TrainCheckpointer:
     Saves are async (the call returns once arrays are copied to host); the newest
     `keep` are kept, and older ones are deleted only after a newer save is complete."""
 
-    def __init__(self, workdir: str | os.PathLike, keep: int):
+    def __init__(self, workdir: str | os.PathLike, keep: int, best_metric: str | None = None):
         # epath: local paths and gs:// alike.
         self.path = epath.Path(workdir if "://" in str(workdir) else Path(workdir).absolute())
         self.path = self.path / "checkpoints"
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=True)
+        if best_metric:  # keep the newest `keep` and the best by best_metric (higher is better)
+            policy, metric = ocp.checkpoint_managers, (lambda m: m[best_metric])
+            options = ocp.CheckpointManagerOptions(
+                create=True, enable_async_checkpointing=True, best_fn=metric, best_mode="max",
+                preservation_policy=policy.AnyPreservationPolicy([
+                    policy.LatestN(n=keep),
+                    policy.BestN(get_metric_fn=metric, n=1, keep_checkpoints_without_metrics=False)]))
         handlers = {"params": ocp.StandardCheckpointHandler(),
                     "opt_state": ocp.StandardCheckpointHandler(),
                     "data": ocp.JsonCheckpointHandler(), "config": ocp.JsonCheckpointHandler()}
         self.manager = ocp.CheckpointManager(self.path, options=options, item_handlers=handlers)
 
-    def save(self, step: int, params, opt_state, data_state: dict, config: dict) -> None:
+    def save(self, step: int, params, opt_state, data_state: dict, config: dict,
+             metrics: dict | None = None) -> None:
         self.manager.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-            data=ocp.args.JsonSave(data_state), config=ocp.args.JsonSave(config)), force=True)
+            data=ocp.args.JsonSave(data_state), config=ocp.args.JsonSave(config)),
+            metrics=metrics, force=True)
 
     def restore_latest(self, abstract_params, abstract_opt_state):
         """(step, params, opt_state, data_state) of the newest checkpoint that restores, or
@@ -159,3 +169,56 @@ class TrainCheckpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+# Model fields that must agree for pretrained weights to fit (dropout, dtype, scan, heads may differ).
+ARCHITECTURE_FIELDS = ("vocab_size", "emb_dim", "num_layers", "num_heads", "head_dim", "mlp_dim",
+                       "max_len", "type_vocab_size", "activation", "norm", "positions")
+
+
+def _params_metadata(directory: str | os.PathLike) -> tuple[int, dict[tuple[str, ...], Any]]:
+    """(latest step, {param path: shape/dtype metadata}) without reading any array."""
+    with ocp.CheckpointManager(checkpoint_dir(directory), options=ocp.CheckpointManagerOptions(
+            read_only=True), item_handlers={"params": ocp.StandardCheckpointHandler()}) as mngr:
+        step = _resolve_step(mngr, directory, None)
+        tree = mngr.item_metadata(step)["params"]
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    return step, {tuple(str(getattr(k, "key", k)) for k in path): x for path, x in leaves}
+
+
+def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abstract_params: dict,
+                    mesh) -> tuple[dict, list[str], list[str]]:
+    """Weights for `config.init_from`: every parameter of our model (`abstract_params`: shapes
+    with target shardings) that the checkpoint in `directory` (a `bert-jax convert` output or a
+    training workdir) also has, restored sharded onto `mesh`. Returns (params found, our
+    parameters not found (fresh heads), checkpoint parameters not used). A differing
+    architecture is a ConfigError naming the fields."""
+    from bert_jax import sharding
+
+    def complete(cfg: dict) -> dict:  # stored configs may leave out fields at their defaults
+        name, fields = models.split_model_config(cfg)
+        return {"name": name, **dataclasses.asdict(fields)}
+
+    source_cfg, model_cfg = complete(read_config(directory)["model"]), complete(model_cfg)
+    diff = [k for k in ARCHITECTURE_FIELDS if model_cfg[k] != source_cfg[k]]
+    if diff:
+        found = "; ".join(f"model.{k}: config {model_cfg[k]!r}, checkpoint {source_cfg[k]!r}" for k in diff)
+        fix = " ".join(f"--config.model.{k}={source_cfg[k]}" for k in diff)
+        raise ConfigError(f"init_from={directory}: the checkpoint's model differs from this config "
+                          f"({found}); use the checkpoint's sizes: {fix}")
+    step, theirs = _params_metadata(directory)
+    # A bare encoder (model.name=bert) holds at its root what our task models hold under `bert`.
+    rename = (lambda k: ("bert", *k)) if source_cfg["name"] == "bert" else (lambda k: k)
+    ours = traverse_util.flatten_dict(abstract_params)
+    for k, meta in theirs.items():
+        if rename(k) in ours and tuple(meta.shape) != ours[rename(k)].shape:
+            raise ConfigError(f"init_from={directory}: parameter {'/'.join(rename(k))} has shape "
+                              f"{tuple(meta.shape)} in the checkpoint but {ours[rename(k)].shape} here")
+    # Unused arrays (e.g. the MLM head) are read replicated and dropped.
+    target = traverse_util.unflatten_dict({k: ours[rename(k)] if rename(k) in ours else jax.ShapeDtypeStruct(
+        tuple(m.shape), m.dtype, sharding=sharding.replicated(mesh)) for k, m in theirs.items()})
+    source = traverse_util.flatten_dict(restore_params(directory, target, step))
+    found = {rename(k): v for k, v in source.items() if rename(k) in ours}
+    fresh = sorted("/".join(k) for k in ours if k not in found)
+    unused = sorted("/".join(k) for k in theirs if rename(k) not in ours)
+    return traverse_util.unflatten_dict(found), fresh, unused

@@ -1,6 +1,11 @@
 """The `bert-jax` command line.
 
   bert-jax train --config configs/bert_pretrain.py:tiny --workdir <dir> [--config.train.steps=100]
+  bert-jax eval --config configs/bert_pretrain.py:tiny --workdir <dir> [--step latest|best|all|N]
+               [--split dev|test|<file>]   (fine-tuning tasks; predictions in <dir>/eval/step_N/)
+  bert-jax sweep --config configs/sweeps/glue.py:mrpc --workdir <dir> [--print_commands]
+  bert-jax vocab --input 'books/*.txt' --size 8192 --type wordpiece --out <dir>
+  bert-jax prepare --config configs/bert_pretrain.py:base --out <dir>   (array_record shards)
   bert-jax info --config configs/bert_pretrain.py:base [--config.model.dtype=bfloat16]
   bert-jax convert hf:<hf_dir> <out_dir> [--head bert_classification]
   bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]
@@ -10,8 +15,9 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "get_config(arg) file: path.py:arg")
@@ -28,7 +34,18 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "features: examples per batc
 _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "info: sequence length for FLOPs "
                                 "(default: config.data.max_seq_length)")
 
-COMMANDS = ("train", "info", "convert", "features")
+_OUT = flags.DEFINE_string("out", None, "vocab, prepare: output directory")
+_SIZE = flags.DEFINE_integer("size", 30522, "vocab: vocabulary size (at most)")
+_TYPE = flags.DEFINE_enum("type", "wordpiece", ["wordpiece", "sentencepiece"], "vocab: kind")
+_SP_MODEL = flags.DEFINE_enum("sp_model_type", "unigram", ["unigram", "bpe"],
+                              "vocab: SentencePiece algorithm")
+_LOWERCASE = flags.DEFINE_boolean("lowercase", True, "vocab: lowercase (uncased) vocabulary")
+_STEP = flags.DEFINE_string("step", "latest", "eval: latest, best, all or a checkpoint step")
+_SPLIT = flags.DEFINE_string("split", None, "eval (fine-tuning): dev (default), test, or a file path")
+_PRINT_COMMANDS = flags.DEFINE_boolean("print_commands", False, "sweep: print one `bert-jax train` "
+                                       "command per trial (for a cluster scheduler) instead of running")
+
+COMMANDS = ("train", "eval", "sweep", "vocab", "prepare", "info", "convert", "features")
 
 
 def _require(flag, command: str):
@@ -63,6 +80,70 @@ def cmd_train(args: list[str]) -> None:
     if jax.process_index() == 0:
             print(json.dumps({k: summary[k] for k in ("step", "preempted")}
                          | {"metrics": summary.get("metrics"), "eval": summary.get("eval")}))
+
+
+def cmd_eval(args: list[str]) -> None:
+    """Evaluates saved checkpoints on the validation split; prints one JSON line each."""
+    maybe_initialize_distributed()
+    from bert_jax import evaluate
+
+    for result in evaluate.evaluate_checkpoints(
+            _require(_CONFIG, "eval"), _require(_WORKDIR, "eval"), _STEP.value, _SPLIT.value):
+        print(json.dumps(result))
+
+
+def cmd_sweep(args: list[str]) -> None:
+    """Runs every trial of a sweep config (skipping finished ones), then writes results.csv/.md."""
+    from bert_jax import sweep
+
+    try:
+        result = sweep.run_sweep(_require(_CONFIG, "sweep"), _require(_WORKDIR, "sweep"),
+                                 _PRINT_COMMANDS.value)
+    except sweep.TrialsFailed as e:
+        print(f"bert-jax sweep: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    if not _PRINT_COMMANDS.value:
+        print(Path(result["results"]).read_text())
+
+
+def _text_lines(spec: str):
+    """Lines of comma-separated file globs, or of a TFDS dataset's `text` (tfds:name[:split])."""
+    if spec.startswith("tfds:"):
+        import tensorflow_datasets as tfds
+
+        name, _, split = spec[5:].partition(":")
+        source = tfds.data_source(name, split=split or "train")
+        for i in range(len(source)):
+            text = source[i]["text"]
+            yield from (text.decode() if isinstance(text, bytes) else text).splitlines()
+        return
+    from bert_jax.data.documents import expand
+
+    for path in expand(spec):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            yield from f
+
+
+def cmd_vocab(args: list[str]) -> None:
+    """Trains a WordPiece or SentencePiece vocabulary on text files or a TFDS dataset."""
+    from bert_jax.data import vocab
+
+    out = vocab.train_vocab(_text_lines(_require(_INPUT, "vocab")), size=_SIZE.value,
+                            kind=_TYPE.value, out_dir=_require(_OUT, "vocab"),
+                            lowercase=_LOWERCASE.value, sp_model_type=_SP_MODEL.value)
+    tok = vocab.load_tokenizer(out)
+    print(json.dumps({"out": str(out), "kind": tok.kind, "vocab_size": tok.vocab_size}))
+
+
+def cmd_prepare(args: list[str]) -> None:
+    """Tokenizes the config's corpus into array_record shards for data.name=array_record."""
+    from bert_jax.data import documents
+
+    out = _require(_OUT, "prepare")
+    counts = documents.prepare(_require(_CONFIG, "prepare"), out)
+    print(json.dumps({"out": out, "documents": counts}))
+    print(f"train with: --config.data.name=array_record --config.data.train_files='{out}/train-*' "
+          f"--config.data.eval_files='{out}/validation-*'")
 
 
 def cmd_info(args: list[str]) -> None:
@@ -118,6 +199,8 @@ def cmd_features(args: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if not flags.FLAGS["verbosity"].present:  # libraries' INFO lines (Orbax: dozens a save) off
+        logging.set_verbosity(logging.WARNING)
     if len(argv) < 2 or argv[1] not in COMMANDS:
         raise app.UsageError(f"usage: bert-jax <command> [flags]; commands: {', '.join(COMMANDS)}")
     try:

@@ -12,7 +12,9 @@ import datetime
 import json
 import math
 import os
+import re
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any, TextIO
 
 import jax
 import numpy as np
+from etils import epath
 
 METRICS_FILE = "metrics.jsonl"
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -84,9 +87,16 @@ class MetricsWriter:
         self._bar_len = 0  # characters of progress bar now on screen; 0: none
         if not enabled:  # other processes of a multi-host run: no files, no output
             return
+        self._remote = None
         if "://" in str(workdir):
-            raise ValueError(f"workdir={workdir}: metrics.jsonl needs a local directory "
-                             "(appends and os.replace do not exist on object stores)")
+            # Object stores (gs://) have no appends: write to a local mirror and copy the
+            # files over after each write (they are small).
+            self._remote = epath.Path(str(workdir))
+            workdir = Path(tempfile.gettempdir()) / "bert_jax_metrics" / re.sub(
+                r"[^\w.-]+", "_", str(workdir))
+            workdir.mkdir(parents=True, exist_ok=True)
+            if (self._remote / METRICS_FILE).exists():
+                (workdir / METRICS_FILE).write_text((self._remote / METRICS_FILE).read_text())
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -122,6 +132,7 @@ class MetricsWriter:
         self._tb.add_event(self._event_pb2.Event(wall_time=time.time(), step=int(step),
                                                  summary=self._summary_pb2.Summary(value=values)))
         self._tb.flush()  # writes come every log_every steps: cheap, and TensorBoard stays live
+        self._sync()
         train = {k: float(v) for k, v in metrics.items() if not k.startswith("eval/")}
         evals = {k: float(v) for k, v in metrics.items() if k.startswith("eval/")}
         if train:
@@ -171,6 +182,15 @@ class MetricsWriter:
         self.stream.write(line + "\n")
         self.stream.flush()
 
+    def _sync(self) -> None:
+        """Copies metrics.jsonl and the event files to a remote workdir."""
+        if self._remote is None:
+            return
+        self._remote.mkdir(parents=True, exist_ok=True)
+        for f in self.path.parent.iterdir():
+            if f.name == METRICS_FILE or f.name.startswith("events.out.tfevents"):
+                (self._remote / f.name).write_bytes(f.read_bytes())
+
     def close(self) -> None:
         """Flushes and closes the files; ends the progress bar's line."""
         if self._file is None:
@@ -181,6 +201,7 @@ class MetricsWriter:
             self._bar_len = 0
         self._file.close()
         self._tb.close()
+        self._sync()
         self._file = self._tb = None
 
     def __enter__(self) -> MetricsWriter:

@@ -62,31 +62,81 @@ class Pretraining:
         return {"masked_lm": mlm_sum, "next_sentence": nsp_sum}, metrics
 
 
-class Classification:
-    """Sentence / pair classification (cross-entropy), or regression (MSE) when the model
-    has one output."""
+class _FineTuning:
+    """A task head's objective, split so evaluation can keep the model outputs:
+    `forward` (model outputs) then `loss` (terms and metrics of those outputs)."""
 
     def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
-        return {"classification": jnp.sum(_example_weight(batch))}
+        return {"task": jnp.sum(_example_weight(batch))}
+
+    def forward(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
+                ) -> dict[str, Array]:
+        return model(batch["input_ids"], rng=rng, **_bert_inputs(batch))
 
     def __call__(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
                  ) -> tuple[Terms, Metrics]:
-        logits_BC = model(batch["input_ids"], rng=rng, **_bert_inputs(batch))["logits"]
-        w_B = _example_weight(batch)
+        return self.loss(self.forward(model, batch, rng), batch)
+
+
+class Classification(_FineTuning):
+    """Sentence / pair classification (cross-entropy), or regression (MSE) when the model
+    has one output."""
+
+    def loss(self, out: dict[str, Array], batch: dict[str, Array]) -> tuple[Terms, Metrics]:
+        logits_BC, w_B = out["logits"], _example_weight(batch)
         n = jnp.sum(w_B)
         if logits_BC.shape[-1] == 1:
             err_B = (logits_BC[:, 0] - batch["label_ids"].astype(jnp.float32)) ** 2
             loss_sum = jnp.sum(err_B * w_B)
-            return {"classification": loss_sum}, {"loss_mse": (loss_sum, n)}
+            return {"task": loss_sum}, {"loss_mse": (loss_sum, n)}
         ce_B, ok_B = _cross_entropy(logits_BC, batch["label_ids"])
         loss_sum = jnp.sum(ce_B * w_B)
-        return ({"classification": loss_sum},
-                {"classification_loss": (loss_sum, n), "accuracy": (jnp.sum(ok_B * w_B), n)})
+        return {"task": loss_sum}, {"accuracy": (jnp.sum(ok_B * w_B), n)}
+
+
+class MultipleChoice(Classification):
+    """One score per choice ([B, C, T] inputs), softmax cross-entropy over the choices."""
+
+
+class Tagging(_FineTuning):
+    """Token tags: cross-entropy at the positions with label_weights > 0 (first sub-tokens),
+    averaged over those positions."""
+
+    def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
+        return {"task": jnp.sum(self._w(batch))}
+
+    @staticmethod
+    def _w(batch: dict[str, Array]) -> Array:
+        return batch["label_weights"].astype(jnp.float32) * _example_weight(batch)[:, None]
+
+    def loss(self, out: dict[str, Array], batch: dict[str, Array]) -> tuple[Terms, Metrics]:
+        w_BT = self._w(batch)
+        ce_BT, ok_BT = _cross_entropy(out["logits"], batch["label_ids"])
+        n = jnp.sum(w_BT)
+        return {"task": jnp.sum(ce_BT * w_BT)}, {"token_accuracy": (jnp.sum(ok_BT * w_BT), n)}
+
+
+class SpanQA(_FineTuning):
+    """SQuAD: (start cross-entropy + end cross-entropy) / 2 over the sequence positions, as
+    the original run_squad.py."""
+
+    def loss(self, out: dict[str, Array], batch: dict[str, Array]) -> tuple[Terms, Metrics]:
+        if "start_positions" not in batch:  # evaluation features: scored by the official script
+            return {}, {}
+        w_B = _example_weight(batch)
+        start_B, start_ok = _cross_entropy(out["start_logits"], batch["start_positions"])
+        end_B, end_ok = _cross_entropy(out["end_logits"], batch["end_positions"])
+        n = jnp.sum(w_B)
+        return ({"task": jnp.sum((start_B + end_B) / 2 * w_B)},
+                {"span_accuracy": (jnp.sum(start_ok * end_ok * w_B), n)})
 
 
 OBJECTIVES = {
     "bert_pretraining": Pretraining,
     "bert_classification": Classification,
+    "bert_choice": MultipleChoice,
+    "bert_tagging": Tagging,
+    "bert_span": SpanQA,
 }
 
 

@@ -4,7 +4,7 @@ metrics, checkpoints, preemption.
 State is a dict {params, opt_state, step}: params a plain nested dict of float32 arrays
 (the model is rebuilt from it with `nnx.merge` inside the step), sharded by the logical
 axis rules; the batch is sharded over ('data', 'fsdp'). Read top to bottom:
-train_step -> eval_step -> init/restore -> train_and_evaluate.
+train_step -> init/restore -> train_and_evaluate (evaluation: evaluate.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bert_jax import checkpoint, models, objectives, optim, sharding
+from bert_jax import checkpoint, evaluate, models, objectives, optim, sharding, tasks
 from bert_jax import config as config_lib
 from bert_jax.data import pipelines
 from bert_jax.metrics import MetricsWriter, mfu, peak_flops_per_device
@@ -81,26 +81,6 @@ def train_step(state: dict, batch: dict[str, Array], *, graphdef, objective, tx,
     return {"params": params, "opt_state": opt_state, "step": step + 1}, out
 
 
-def eval_step(params: dict, batch: dict[str, Array], *, graphdef, objective) -> dict:
-    """Sums (not means) of the loss terms, their weights and the metrics on one batch."""
-    terms, metrics = objective(nnx.merge(graphdef, params), batch, None)
-    return {"terms": terms, "weights": objective.weights(batch), "metrics": metrics}
-
-
-def run_eval(eval_fn, params, config, mesh) -> dict[str, float]:
-    """Objective metrics over `train.eval_steps` batches of the validation split."""
-    pipeline = pipelines.make(config, "validation", num_batches=config.train.eval_steps or None)
-    total = None
-    for local in pipeline:
-        sums = eval_fn(params, sharding.global_batch(local, mesh, jax.process_count()))
-        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-    total = jax.device_get(total)
-    out = {"eval/loss": float(sum(total["terms"][k] / max(total["weights"][k], 1e-12)
-                                  for k in total["terms"]))}
-    out.update({f"eval/{k}": float(s / max(n, 1e-12)) for k, (s, n) in total["metrics"].items()})
-    return out
-
-
 def model_config(config) -> dict[str, Any]:
     """The model section with the run's compute dtype (`dtype` is set once, at top level)."""
     return {**config.model.to_dict(), "dtype": config.dtype}
@@ -121,18 +101,50 @@ def abstract_state(config, tx, mesh):
     return graphdef, state, state_sh
 
 
-def init_state(config, tx, state_sh) -> dict:
-    """Fresh parameters (from config.seed) and optimizer state, created already sharded."""
-    def init():
+def init_state(config, tx, state_sh, pretrained: dict | None = None) -> dict:
+    """Fresh parameters (from config.seed), with those in `pretrained` (a subtree of the
+    params) taking their place, and a fresh optimizer state; created already sharded."""
+    def init(pretrained):
         model = models.create_model(model_config(config), seed=config.seed)
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        params = _overlay(params, pretrained)
         return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
-    return jax.jit(init, out_shardings=state_sh)()
+    return jax.jit(init, out_shardings=state_sh)(pretrained or {})
+
+
+def _overlay(tree: dict, new: dict) -> dict:
+    return {k: (_overlay(v, new[k]) if isinstance(v, dict) else new[k]) if k in new else v
+            for k, v in tree.items()}
+
+
+def _pretrained(config, abstract_params, mesh) -> dict:
+    """The config.init_from weights that fit this model (task heads stay fresh);
+    `abstract_params` carry the target shardings."""
+    found, fresh, unused = checkpoint.load_pretrained(
+        config.init_from, model_config(config), abstract_params, mesh)
+    _print0(f"init_from {config.init_from}: {len(jax.tree.leaves(found))} tensors loaded"
+            + (f"; freshly initialised: {', '.join(fresh)}" if fresh else "")
+            + (f"; not used: {', '.join(unused)}" if unused else ""))
+    return found
 
 
 def _with_shardings(tree, shardings):
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         tree, shardings)
+
+
+def phase_config(config, step: int):
+    """(phase index, the config with that phase's data lengths, the step where it ends) for
+    `config.data.phases` = ((first step, max_seq_length, max_predictions_per_seq), ...)."""
+    phases = tuple(config.data.get("phases") or ())
+    if not phases:
+        return 0, config, config.train.steps
+    index = max(i for i, p in enumerate(phases) if step >= p[0])
+    phase_cfg = config.copy_and_resolve_references()
+    phase_cfg.data.max_seq_length = int(phases[index][1])
+    phase_cfg.data.max_predictions_per_seq = int(phases[index][2])
+    end = phases[index + 1][0] if index + 1 < len(phases) else config.train.steps
+    return index, phase_cfg, min(end, config.train.steps)
 
 
 def model_flops_per_step(config, batch: dict) -> float:
@@ -171,6 +183,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     """Trains `config` in `workdir`, resuming from its latest good checkpoint if any.
     Returns a summary (final step, last metrics, last eval, whether preempted)."""
     config_lib.validate(config, jax.device_count(), jax.process_count())
+    task = tasks.from_config(config)  # None for pretraining data
+    if task is not None:
+        config = tasks.resolve_steps(config, task)
     objective = objectives.for_model(config.model.name)
     tx, schedule = optim.make_optimizer(config)
     mesh = sharding.make_mesh(config.mesh)
@@ -182,49 +197,60 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     # Outside set_mesh: under a mesh, nnx.eval_shape takes logical names for mesh axes.
     graphdef, abstract, state_sh = abstract_state(config, tx, mesh)
     with jax.set_mesh(mesh):
-        ckpt = checkpoint.TrainCheckpointer(workdir, keep=t.keep_checkpoints)
-        pipeline = pipelines.make(config, "train")
+        best_metric = f"eval/{task.main_metric}" if task else None
+        ckpt = checkpoint.TrainCheckpointer(workdir, keep=t.keep_checkpoints, best_metric=best_metric)
         restored = ckpt.restore_latest(_with_shardings(abstract["params"], state_sh["params"]),
                                        _with_shardings(abstract["opt_state"], state_sh["opt_state"]))
         if restored:
             start, params, opt_state, data_state = restored
-            pipeline.set_state(data_state)
             step0 = jax.device_put(jnp.int32(start), state_sh["step"])
             state = {"params": params, "opt_state": opt_state, "step": step0}
             _print0(f"resumed from {ckpt.path}/{start}")
         else:
-            start, state = 0, init_state(config, tx, state_sh)
+            pretrained = _pretrained(config, _with_shardings(abstract["params"], state_sh["params"]),
+                                     mesh) if config.init_from else None
+            start, state, data_state = 0, init_state(config, tx, state_sh, pretrained), {}
         if start >= t.steps:
             _print0(f"already trained: checkpoint step {start} >= train.steps={t.steps}")
             ckpt.close()
             return {"step": start, "preempted": False}
 
-        first = sharding.global_batch(next(pipeline), mesh, jax.process_count())
-        batch_sh = jax.tree.map(lambda x: x.sharding, first)
         step_fn = jax.jit(
             functools.partial(train_step, graphdef=graphdef, objective=objective, tx=tx,
                               schedule=schedule, accum=t.grad_accum_steps, mesh=mesh,
                               dropout_key=jax.random.key(config.seed + 1)),
-            in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, sharding.replicated(mesh)),
-            donate_argnums=0)
-        eval_fn = jax.jit(functools.partial(eval_step, graphdef=graphdef, objective=objective))
-        t0 = time.perf_counter()
-        compiled = step_fn.lower(state, first).compile()
-        flops = model_flops_per_step(config, first)
+            out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
+        evaluator = evaluate.make_evaluator(config, graphdef, objective, mesh, task)
         peak, peak_source = peak_flops_per_device()
         # Simulated CPU devices share one measured host peak; real accelerators each have theirs.
         num_peaks = 1 if jax.devices()[0].platform == "cpu" else jax.device_count()
         n_params = sum(x.size for x in jax.tree.leaves(abstract["params"]))
         _print0(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
-                f"({jax.process_count()} processes); mesh {dict(mesh.shape)}\n"
+                f"({jax.process_count()} processes); mesh {dict(mesh.shape)}; peak "
+                f"{peak / 1e12:.2f} TFLOP/s per device ({peak_source})\n"
                 f"model: {config.model.name}, {n_params:,} parameters; state "
-                f"{sharding.bytes_per_device(abstract, state_sh) / 2**20:,.1f} MiB per device\n"
-                f"step: batch {t.batch_size} x {first['input_ids'].shape[1:]} in "
-                f"{t.grad_accum_steps} microbatch(es), {flops / 1e9:,.2f} model GFLOPs; "
-                f"compiled in {time.perf_counter() - t0:.1f}s; peak {peak / 1e12:.2f} TFLOP/s "
-                f"per device ({peak_source})")
+                f"{sharding.bytes_per_device(abstract, state_sh) / 2**20:,.1f} MiB per device")
 
-        tokens = first["input_ids"].size
+        phase: dict[str, Any] = {}
+
+        def start_phase(step: int, saved: dict) -> None:
+            """Data pipeline and compiled step of the sequence-length phase at `step`."""
+            index, phase_cfg, end = phase_config(config, step)
+            pipeline = pipelines.make(phase_cfg, "train", task=task)
+            if saved and saved.get("phase") == index:
+                pipeline.set_state(saved["pipeline"])
+            first = sharding.global_batch(next(pipeline), mesh, jax.process_count())
+            t0 = time.perf_counter()
+            compiled = step_fn.lower(state, first).compile()
+            flops = model_flops_per_step(config, first)
+            phase.update(index=index, config=phase_cfg, end=end, pipeline=pipeline, batch=first,
+                         compiled=compiled, flops=flops, tokens=first["input_ids"].size)
+            _print0(f"phase {index} from step {step}: batch {t.batch_size} x "
+                    f"{first['input_ids'].shape[1:]} in {t.grad_accum_steps} microbatch(es), "
+                    f"{flops / 1e9:,.2f} model GFLOPs per step; compiled in "
+                    f"{time.perf_counter() - t0:.1f}s")
+
+        start_phase(start, data_state)
         writer = MetricsWriter(workdir, enabled=jax.process_index() == 0, total_steps=t.steps,
                                resume_step=start)
         summary: dict[str, Any] = {"step": start, "preempted": False}
@@ -245,36 +271,42 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
                 rate = (step - clock["step"]) / max(now - clock["time"], 1e-9)
                 clock.update(time=now, step=step)
                 line = {k: float(v) for k, v in m.items()}
-                line.update(steps_per_sec=rate, tokens_per_sec=rate * tokens,
-                            mfu=mfu(flops, 1 / rate, num_peaks, peak))
+                line.update(steps_per_sec=rate, tokens_per_sec=rate * phase["tokens"],
+                            mfu=mfu(phase["flops"], 1 / rate, num_peaks, peak))
                 writer.write(step, line)
                 summary["metrics"] = line
 
-        pending, batch, step = None, first, start
+        pending, step = None, start
         try:
             with _Preemption() as preemption:
                 while step < t.steps:
-                    if batch is None:
-                        batch = sharding.global_batch(next(pipeline), mesh, jax.process_count())
-                    state, metrics = compiled(state, batch)
-                    batch, step = None, step + 1
+                    if step == phase["end"]:
+                        start_phase(step, {})
+                    batch = phase.pop("batch", None) or sharding.global_batch(
+                        next(phase["pipeline"]), mesh, jax.process_count())
+                    state, metrics = phase["compiled"](state, batch)
+                    step += 1
                     if pending is not None:  # the previous step: done by now, or nearly
                         finish(*pending)
                     pending = (step, metrics)
                     preempted = preemption.requested.is_set() or (
                         jax.process_count() > 1 and ckpt.manager.reached_preemption(step))
-                    evaluate = t.eval_every and step % t.eval_every == 0 or step == t.steps
-                    save = step % t.checkpoint_every == 0 or step == t.steps or preempted
-                    if evaluate or save:
+                    do_eval = t.eval_every and step % t.eval_every == 0 or step == t.steps
+                    # Fine-tuning saves at every evaluation, so the best one can be kept.
+                    save = (step % t.checkpoint_every == 0 or step == t.steps or preempted
+                            or (do_eval and task is not None))
+                    if do_eval or save:
                         finish(*pending)
                         pending = None
-                    if evaluate:
-                        summary["eval"] = run_eval(eval_fn, state["params"], config, mesh)
+                    if do_eval:
+                        summary["eval"] = evaluator.run(state["params"], phase["config"])
                         writer.write(step, summary["eval"])
                     if save:
-                        ckpt.save(step, state["params"], state["opt_state"], pipeline.get_state(),
-                                  config_json)
-                    if evaluate or save:  # keep their time out of the next tokens/s
+                        data_state = {"phase": phase["index"],
+                                      "pipeline": phase["pipeline"].get_state()}
+                        ckpt.save(step, state["params"], state["opt_state"], data_state, config_json,
+                                  metrics=summary["eval"] if do_eval and task else None)
+                    if do_eval or save:  # keep their time out of the next tokens/s
                         clock.update(time=time.perf_counter(), step=step)
                     if preempted:
                         _print0(f"SIGTERM: saved checkpoint {ckpt.path}/{step}; exiting")
@@ -287,4 +319,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
             ckpt.close()
             writer.close()
         summary["step"] = step
+        summary.update(steps=t.steps, best_metric=best_metric)
+        if jax.process_index() == 0 and "://" not in workdir:  # sweeps read it to skip finished runs
+            (Path(workdir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         return summary

@@ -1,12 +1,17 @@
-"""BERT pretraining (MLM + NSP) at the paper's sizes and the released miniatures.
+"""BERT pretraining (MLM + NSP), the paper's setup (Devlin et al. 2019, A.2).
 
-Variants (`arg`): tiny, mini, small, medium, base (L12 H768 A12, 110M), large (L24 H1024
-A16, 340M). Inspect or train one:
-
+Variants (`arg`):
+  base   L12 H768 A12 (110M) on 16 Cloud TPU chips (4x4 v3 slice: mesh data=16):
+           bert-jax train --config configs/bert_pretrain.py:base --workdir gs://BUCKET/bert_base \\
+             --config.data.tokenizer=gs://BUCKET/vocab --config.data.train_files='gs://BUCKET/shards/*'
+  large  L24 H1024 A16 (340M) on 64 chips (8x8 v3 slice: mesh data=8, fsdp=8), same flags.
+  tiny, mini, small, medium: the released miniatures; `tiny` is sized for a CPU:
+           bert-jax train --config configs/bert_pretrain.py:tiny --workdir /tmp/bert_tiny \\
+             --config.data.tokenizer=/tmp/vocab --config.data.train_files='books/*.txt'
+The paper's schedule: batch 256, 1M steps, 90% at length 128 (20 predictions) then 10% at
+512 (80 predictions), Adam lr 1e-4, b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01, 10k
+warmup steps then linear decay, dropout 0.1, GELU. Inspect a model:
   bert-jax info --config configs/bert_pretrain.py:base
-  bert-jax train --config configs/bert_pretrain.py:tiny --workdir /tmp/bert_tiny
-
-Until the text pipeline lands the data is synthetic (bert_jax/data/synthetic.py).
 """
 
 import ml_collections
@@ -15,30 +20,61 @@ from bert_jax import config as config_lib
 from bert_jax import models
 
 
+def data_defaults() -> ml_collections.ConfigDict:
+    d = ml_collections.ConfigDict()
+    d.name = "text"  # text | array_record (bert-jax prepare) | tfds | synthetic
+    d.train_files = ""  # comma-separated globs (text, array_record)
+    d.eval_files = ""  # held-out files; empty: every heldout_every-th document
+    d.heldout_every = 100  # without eval files/split: hold out 1 document in N for eval
+    d.text_format = "paragraphs"  # paragraphs (ordinary text) | sentences (one per line)
+    d.tfds_name = ""  # e.g. wikipedia/20230601.en (read with tfds.data_source)
+    d.tfds_train_split = "train"
+    d.tfds_eval_split = ""  # empty: hold out documents of the train split
+    d.tfds_data_dir = ""
+    d.tokenizer = ""  # directory with vocab.txt (WordPiece) or spm.model (SentencePiece)
+    d.max_seq_length = 128
+    d.max_predictions_per_seq = 20
+    d.masked_lm_prob = 0.15
+    d.short_seq_prob = 0.1  # fraction of instances with a shorter random target length
+    d.whole_word_masking = False
+    d.dupe_factor = 0  # static masking: N fixed maskings cycled; 0: dynamic (new each epoch)
+    d.shuffle_window = 1000  # instances shuffled within windows of this size
+    d.worker_count = 0  # grain worker processes (0: in the training process)
+    # Sequence-length phases: ((first step, max_seq_length, max_predictions_per_seq), ...);
+    # empty: one phase with the values above.
+    d.phases = ()
+    return d
+
+
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = config_lib.training_defaults()
     config.model = ml_collections.ConfigDict(
         dict(name="bert_pretraining", **models.bert_model_fields(arg)))
-    config.data = ml_collections.ConfigDict()
-    config.data.name = "synthetic"
-    config.data.max_seq_length = 128  # the paper's first phase (90% of steps)
-    config.data.max_predictions_per_seq = 20
-
-    # The paper: batch 256, Adam lr 1e-4 (b1 0.9, b2 0.999), weight decay 0.01, 10k warmup
-    # steps then linear decay, 1M steps.
+    config.data = data_defaults()
     config.train.batch_size = 256
     config.train.steps = 1_000_000
     config.train.log_every = 100
+    config.train.eval_every = 10_000
+    config.train.eval_steps = 100
     config.train.checkpoint_every = 10_000
+    config.train.keep_checkpoints = 5
     config.schedule.warmup_steps = 10_000
-    if arg in ("tiny", "mini"):  # a CPU-sized run
-        config.model.vocab_size = 1024
+    config.data.phases = ((0, 128, 20), (900_000, 512, 80))
+    if arg == "base":
+        config.mesh.data = 16
+    elif arg == "large":
+        config.mesh.data, config.mesh.fsdp = 8, 8
+    else:  # the miniatures: a CPU-sized run
+        config.model.vocab_size = 8192
+        config.data.phases = ()
         config.data.max_seq_length = 64
         config.data.max_predictions_per_seq = 10
         config.train.batch_size = 32
-        config.train.steps = 200
+        config.train.steps = 300
         config.train.log_every = 10
-        config.train.checkpoint_every = 50
-        config.schedule.warmup_steps = 20
+        config.train.eval_every = 100
+        config.train.eval_steps = 4
+        config.train.checkpoint_every = 100
+        config.schedule.warmup_steps = 30
         config.optimizer.learning_rate = 1e-3
     return config

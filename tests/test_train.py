@@ -23,7 +23,7 @@ from bert_jax.data import pipelines
 
 CONFIG = "configs/bert_pretrain.py:tiny"
 # Small and fast: ~0.1 s/step on 2 CPU cores.
-SMALL = ["--config.train.batch_size=16", "--config.data.max_seq_length=32",
+SMALL = ["--config.data.name=synthetic", "--config.train.batch_size=16", "--config.data.max_seq_length=32",
          "--config.data.max_predictions_per_seq=5", "--config.model.vocab_size=256",
          "--config.train.log_every=1", "--config.schedule.warmup_steps=5"]
 
@@ -196,8 +196,8 @@ def test_kill_9_then_resume_gives_identical_losses(reference, tmp_path):
     assert [got[s] for s in range(1, 13)] == [reference[s] for s in range(1, 13)]  # bitwise
 
     other = tmp_path / "other_mesh"
-    train_cli(other, "--config.train.steps=12", "--config.mesh.data=2", "--config.mesh.fsdp=2",
-              "--config.mesh.tensor=2")
+    # ... on 4 devices instead of 8, as (data 2, fsdp 2) instead of data 8.
+    train_cli(other, "--config.train.steps=12", "--config.mesh.fsdp=2", devices=4)
     got = losses(other)
     np.testing.assert_allclose([got[s] for s in range(1, 13)],
                                [reference[s] for s in range(1, 13)], rtol=2e-5)
@@ -270,3 +270,24 @@ def test_impossible_config_fails_before_compile(tmp_path, overrides, message):
     proc = train_cli(tmp_path, *overrides, check=False)
     assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not (tmp_path / "checkpoints").exists()
+
+
+
+@pytest.mark.parametrize("keep,accuracies,kept,best", [
+    (1, [0.5, 0.75, 0.6, 0.75, 0.7], [4, 5], 4),   # the best of two tied steps is the later
+    (2, [0.5, 0.75, 0.6, 0.75, 0.75], [4, 5], 5),  # both kept and tied: the later one
+])
+def test_best_checkpoint_is_kept_and_ties_go_to_the_later_step(tmp_path, keep, accuracies, kept, best):
+    """keep=K latest plus the best by the task metric: Orbax's BestN and `eval --step best`
+    agree, also when evaluations tie (a CI run had 0.75 at both steps 300 and 375)."""
+    from bert_jax import checkpoint, evaluate
+    params, opt_state = {"w": np.zeros(2, np.float32)}, {"m": np.zeros(2, np.float32)}
+    ckpt = checkpoint.TrainCheckpointer(tmp_path, keep=keep, best_metric="eval/accuracy")
+    for step, acc in enumerate(accuracies, start=1):
+        ckpt.save(step, params, opt_state, {}, {}, metrics={"eval/accuracy": acc})
+        ckpt.manager.wait_until_finished()
+    ckpt.manager.close()
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == kept
+    assert evaluate.chosen_steps(str(tmp_path), "best", "eval/accuracy") == [best]
+    assert evaluate.chosen_steps(str(tmp_path), "latest") == [5]
+    assert evaluate.chosen_steps(str(tmp_path), "all") == kept

@@ -1,21 +1,186 @@
-"""`config.data` -> an iterator of host-local numpy batches with get_state()/set_state()."""
+"""`config.data` -> an iterator of host-local numpy batches with get_state()/set_state().
+
+Pretraining pipeline (grain): this host's documents (every process_count-th, so hosts are
+disjoint and together complete) -> shuffled each epoch -> each document turned into
+instances by the create_pretraining_data algorithm with an rng fixed by (seed, document,
+epoch) -> window shuffle -> batches. Every stage is checkpointable, so the iterator state
+saved with a checkpoint resumes the exact stream.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
+import grain
 import jax
+import numpy as np
+from grain.experimental import FlatMapIterDataset, FlatMapTransform, WindowShuffleIterDataset
 
 from bert_jax.data.synthetic import SyntheticPretraining
 
-SOURCES = ("synthetic",)
+SOURCES = ("synthetic", "text", "array_record", "tfds")
 
 
-def make(config, split: str, *, batch_size: int | None = None, num_batches: int | None = None):
-    """The data pipeline of `config.data` for `split`, reading only this host's share."""
+@dataclasses.dataclass
+class _Instances(FlatMapTransform):
+    """(epoch, k) -> feature dicts of the k-th document of the split."""
+
+    docs: object  # random access: docs[doc_ids[k]]
+    doc_ids: np.ndarray
+    tokenizer: object
+    data: dict
+    seed: int
+    max_fan_out: int = 100_000
+
+    def __post_init__(self):
+        # Whole-word masking: whether each vocabulary id starts a word.
+        self.starts_word = (self.tokenizer.word_starts(np.arange(self.tokenizer.vocab_size))
+                            if self.data["whole_word_masking"] else None)
+
+    def flat_map(self, element):
+        from bert_jax.data import pretraining
+
+        epoch, k = element
+        d = self.data
+        # Static masking: dupe_factor fixed maskings, cycled; dynamic (0): new ones each epoch.
+        rng = pretraining.document_rng(self.seed, int(self.doc_ids[k]),
+                                       epoch % d["dupe_factor"] if d["dupe_factor"] else epoch)
+        instances = pretraining.create_instances(
+            self.docs[int(self.doc_ids[k])], int(k), num_docs=len(self.doc_ids),
+            get_doc=lambda j: self.docs[int(self.doc_ids[j])],
+            max_seq_length=d["max_seq_length"], short_seq_prob=d["short_seq_prob"], rng=rng)
+        tok = self.tokenizer
+        return [pretraining.to_features(
+            inst, cls_id=tok.cls_id, sep_id=tok.sep_id, max_seq_length=d["max_seq_length"],
+            max_predictions_per_seq=d["max_predictions_per_seq"], rng=rng,
+            vocab_size=tok.vocab_size, mask_id=tok.mask_id,
+            # As the original: [UNK] may be predicted; [CLS], [SEP], [MASK], padding never.
+            special_ids={tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id},
+            masked_lm_prob=d["masked_lm_prob"], starts_word=self.starts_word)
+            for inst in instances]
+
+
+class PretrainingPipeline:
+    """Batches of BERT pretraining features for this host. Training streams repeat forever;
+    evaluation streams make one pass and pad the last batch (example_weight 0)."""
+
+    def __init__(self, docs, doc_ids: np.ndarray, tokenizer, data: dict, *, seed: int,
+                 batch_size: int, train: bool, process_index: int = 0, process_count: int = 1,
+                 num_batches: int | None = None):
+        local = np.arange(process_index, len(doc_ids), process_count)  # positions in doc_ids
+        if len(local) == 0:
+            raise ValueError(f"process {process_index} of {process_count} got no documents "
+                             f"({len(doc_ids)} in the split)")
+        if not train and process_count > 1 and num_batches is None:
+            raise ValueError("multi-host evaluation needs a fixed number of batches on every "
+                             "host: set train.eval_steps > 0")
+        n = len(local)
+        positions = grain.MapDataset.source(local)
+        if train:
+            positions = positions.shuffle(seed).repeat(None)
+        ds = positions.map_with_index(lambda i, k: (i // n, int(k))).to_iter_dataset()
+        ds = FlatMapIterDataset(ds, _Instances(docs, np.asarray(doc_ids), tokenizer, data, seed))
+        if train and data["shuffle_window"] > 1:
+            ds = WindowShuffleIterDataset(ds, window_size=data["shuffle_window"], seed=seed)
+        ds = ds.batch(batch_size, drop_remainder=train)
+        if data["worker_count"] > 0:
+            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=data["worker_count"]))
+        self.batch_size, self.train, self.num_batches = batch_size, train, num_batches
+        self.iterator = iter(ds)
+        self.produced, self._template = 0, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self.num_batches is not None and self.produced >= self.num_batches:
+            raise StopIteration
+        try:
+            batch = next(self.iterator)
+        except StopIteration:
+            if self.train or self.num_batches is None or self._template is None:
+                raise
+            # This host ran out first: all-padding batches keep the hosts in step.
+            batch = {k: v[:0] for k, v in self._template.items()}
+        self.produced += 1
+        if self.train:
+            return batch
+        self._template = batch
+        rows = len(batch["input_ids"])
+        pad = self.batch_size - rows
+        batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) if pad else v
+                 for k, v in batch.items()}
+        batch["example_weight"] = (np.arange(self.batch_size) < rows).astype(np.float32)
+        return batch
+
+    def get_state(self) -> dict:
+        return {"grain": self.iterator.get_state(), "produced": self.produced}
+
+    def set_state(self, state: dict) -> None:
+        self.iterator.set_state(state["grain"])
+        self.produced = int(state["produced"])
+
+
+def _split_doc_ids(num_docs: int, split: str, heldout_every: int, has_own_split: bool
+                   ) -> np.ndarray:
+    """Documents of `split`; without a separate eval source every `heldout_every`-th
+    document is held out for evaluation."""
+    ids = np.arange(num_docs)
+    if has_own_split or heldout_every <= 0:
+        return ids
+    held = ids % heldout_every == heldout_every - 1
+    return ids[held] if split == "validation" else ids[~held]
+
+
+def open_documents(config, split: str, tokenizer):
+    """(random-access documents, ids of the split's documents) for config.data."""
+    from bert_jax.data import documents
+
     d = config.data
+    if d.name == "tfds":
+        own = bool(d.tfds_eval_split)
+        name = d.tfds_eval_split if split == "validation" and own else d.tfds_train_split
+        docs = documents.TfdsDocuments(d.tfds_name, name, tokenizer, d.tfds_data_dir)
+    else:
+        own = bool(d.eval_files)
+        files = documents.expand(d.eval_files if split == "validation" and own else d.train_files)
+        docs = (documents.TextDocuments(files, d.text_format, tokenizer) if d.name == "text"
+                else documents.ArrayRecordDocuments(files))
+    ids = _split_doc_ids(len(docs), split, d.heldout_every, own)
+    if len(ids) < 2:
+        raise ValueError(f"data: the {split} split has {len(ids)} documents; NSP needs >= 2")
+    return docs, ids
+
+
+def make(config, split: str, *, batch_size: int | None = None, num_batches: int | None = None,
+         task=None):
+    """The data pipeline of `config.data` for `split` ('train' or 'validation'), reading
+    only this host's share; fine-tuning data comes from `task` (tasks.from_config)."""
+    d = config.data
+    global_batch = batch_size or config.train.batch_size
+    if task is not None:
+        from bert_jax.data.finetune import FeaturePipeline
+
+        return FeaturePipeline(task.features("train" if split == "train" else task.eval_splits[0]),
+                               batch_size=global_batch, train=split == "train", seed=config.seed,
+                               process_index=jax.process_index(),
+                               process_count=jax.process_count(), num_batches=num_batches)
     if d.name not in SOURCES:
-        raise ValueError(f"data.name={d.name!r}; choose one of {list(SOURCES)}")
-    return SyntheticPretraining(
-        vocab_size=config.model.vocab_size, seq_len=d.max_seq_length,
-        max_predictions=d.max_predictions_per_seq, batch_size=batch_size or config.train.batch_size,
-        seed=config.seed, split=split, process_index=jax.process_index(),
-        process_count=jax.process_count(), num_batches=num_batches)
+        raise ValueError(f"data.name={d.name!r}; choose one of {list(SOURCES)} (fine-tuning: "
+                         "glue, squad, ner, swag)")
+    if d.name == "synthetic":
+        return SyntheticPretraining(
+            vocab_size=config.model.vocab_size, seq_len=d.max_seq_length,
+            max_predictions=d.max_predictions_per_seq, batch_size=global_batch,
+            seed=config.seed, split=split, process_index=jax.process_index(),
+            process_count=jax.process_count(), num_batches=num_batches)
+    from bert_jax.data import vocab
+
+    tokenizer = vocab.load_tokenizer(d.tokenizer)
+    tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
+    docs, ids = open_documents(config, split, tokenizer)
+    return PretrainingPipeline(
+        docs, ids, tokenizer, d.to_dict(), seed=config.seed,
+        batch_size=global_batch // jax.process_count(), train=split == "train",
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        num_batches=num_batches)

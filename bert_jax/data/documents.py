@@ -1,0 +1,161 @@
+"""Random-access tokenized documents (a document = a list of int32 sentence arrays) from
+text files, `bert-jax prepare` array_record shards, or a TFDS dataset.
+
+Text files are tokenized into memory when opened (fine up to a few GB of text); beyond
+that, `bert-jax prepare` writes array_record shards that are read record by record.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from bert_jax.data import pretraining
+
+Document = list[np.ndarray]
+
+
+def expand(patterns: str) -> list[str]:
+    """Comma-separated globs -> sorted file list; a pattern matching nothing is an error."""
+    files: list[str] = []
+    for pattern in filter(None, (p.strip() for p in patterns.split(","))):
+        matched = sorted(glob.glob(pattern))
+        if not matched:
+            raise FileNotFoundError(f"no file matches {pattern!r}")
+        files.extend(matched)
+    return files
+
+
+def encode_document(tokenizer, sentences: Sequence[str]) -> Document:
+    return [ids for ids in tokenizer.encode_batch(list(sentences)) if len(ids)]
+
+
+def serialize(doc: Document) -> bytes:
+    """[n, len_1..len_n, ids...] as int32 bytes (one array_record record per document)."""
+    lengths = [len(s) for s in doc]
+    return np.concatenate([[len(doc)], lengths, *doc]).astype(np.int32).tobytes()
+
+
+def deserialize(record: bytes) -> Document:
+    a = np.frombuffer(record, np.int32)
+    n = int(a[0])
+    return np.split(a[1 + n:], np.cumsum(a[1:n])) if n else []
+
+
+class TextDocuments:
+    """Documents of plain text files (`fmt`: 'sentences' = one sentence per line and blank
+    lines between documents, the original BERT format; 'paragraphs' = ordinary text)."""
+
+    def __init__(self, files: Sequence[str], fmt: str, tokenizer):
+        self.docs: list[Document] = []
+        for path in files:
+            for sentences in pretraining.iter_documents(path, fmt):
+                doc = encode_document(tokenizer, sentences)
+                if doc:
+                    self.docs.append(doc)
+        if not self.docs:
+            raise ValueError(f"no documents with text in {list(files)}")
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def __getitem__(self, i: int) -> Document:
+        return self.docs[i]
+
+
+class ArrayRecordDocuments:
+    """Pre-tokenized documents written by `bert-jax prepare`."""
+
+    def __init__(self, files: Sequence[str]):
+        import grain
+
+        self.source = grain.sources.ArrayRecordDataSource(list(files))
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> Document:
+        return deserialize(self.source[i])
+
+
+class TfdsDocuments:
+    """A TFDS text dataset through `tfds.data_source` (array_record; no TensorFlow): each
+    record's `text` field split into paragraphs (lines) and sentences, tokenized on access."""
+
+    def __init__(self, name: str, split: str, tokenizer, data_dir: str | None = None,
+                 field: str = "text"):
+        import tensorflow_datasets as tfds
+
+        self.source = tfds.data_source(name, split=split, data_dir=data_dir or None)
+        self.tokenizer, self.field = tokenizer, field
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> Document:
+        text = self.source[i][self.field]
+        text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        sentences = [s for para in text.split("\n") for s in pretraining.split_sentences(para)]
+        return encode_document(self.tokenizer, sentences)
+
+
+def write_array_record(docs, path: str | Path) -> int:
+    """Writes documents (an iterable of Document) to one array_record file; returns count."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    writer = ArrayRecordWriter(str(path), "group_size:1")
+    n = 0
+    for doc in docs:
+        writer.write(serialize(doc))
+        n += 1
+    writer.close()
+    return n
+
+
+def _source_documents(config, tokenizer):
+    """Tokenized documents of config.data's text files or TFDS split, streamed in order."""
+    d = config.data
+    if d.name == "tfds":
+        source = TfdsDocuments(d.tfds_name, d.tfds_train_split, tokenizer, d.tfds_data_dir)
+        yield from (source[i] for i in range(len(source)))
+        return
+    for path in expand(d.train_files):
+        for sentences in pretraining.iter_documents(path, d.text_format):
+            doc = encode_document(tokenizer, sentences)
+            if doc:
+                yield doc
+
+
+def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[str, int]:
+    """Tokenizes config.data's corpus once into array_record shards `train-NNNNN` and (every
+    data.heldout_every-th document) `validation-NNNNN`; returns documents per split."""
+    from bert_jax.data import vocab
+
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = vocab.load_tokenizer(config.data.tokenizer)
+    every = config.data.heldout_every
+    buffers: dict[str, list[Document]] = {"train": [], "validation": []}
+    counts = {"train": 0, "validation": 0}
+    shards = {"train": 0, "validation": 0}
+
+    def flush(split: str) -> None:
+        if buffers[split]:
+            write_array_record(buffers[split], out / f"{split}-{shards[split]:05d}.array_record")
+            shards[split] += 1
+            buffers[split] = []
+
+    for i, doc in enumerate(_source_documents(config, tokenizer)):
+        split = "validation" if every > 0 and i % every == every - 1 else "train"
+        buffers[split].append(doc)
+        counts[split] += 1
+        if len(buffers[split]) >= docs_per_shard:
+            flush(split)
+    flush("train")
+    flush("validation")
+    return counts

@@ -1,0 +1,80 @@
+"""Batches of encoded fine-tuning features (numpy arrays held in memory) for the train loop.
+
+Training: each epoch is a permutation of all examples drawn from (seed, epoch); global batch
+i is rows [i*B, (i+1)*B) of the concatenated permutations, and each host takes its contiguous
+share of those rows, so the stream is the same for any number of hosts and the state saved
+with a checkpoint (the number of batches produced) resumes it exactly.
+Evaluation: one pass in order, the last batch padded with `example_weight` 0 rows; every host
+walks the same batches (their shares), so multi-host evaluation stays in step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class FeaturePipeline:
+    """Iterator of host-local batches (dicts of numpy arrays) with get_state()/set_state()."""
+
+    def __init__(self, features: dict[str, np.ndarray], *, batch_size: int, train: bool, seed: int,
+                 process_index: int = 0, process_count: int = 1, num_batches: int | None = None):
+        self.features = features
+        self.num_examples = len(next(iter(features.values())))
+        if self.num_examples == 0:
+            raise ValueError("no examples to batch")
+        if batch_size % process_count:
+            raise ValueError(f"batch size {batch_size} is not divisible by {process_count} processes")
+        self.batch_size, self.train, self.seed = batch_size, train, seed
+        self.local = batch_size // process_count
+        self.offset = process_index * self.local
+        self.num_batches = num_batches if num_batches is not None else (
+            None if train else math.ceil(self.num_examples / batch_size))
+        self.produced = 0
+        self._perm_epoch, self._perm = -1, None
+
+    def __iter__(self):
+        return self
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if epoch != self._perm_epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._perm, self._perm_epoch = rng.permutation(self.num_examples), epoch
+        return self._perm
+
+    def _rows(self, start: int, stop: int) -> np.ndarray:
+        """Example indices of global stream positions [start, stop)."""
+        n = self.num_examples
+        if not self.train:
+            return np.arange(start, min(stop, n))
+        pos = np.arange(start, stop)
+        return np.concatenate([self._epoch_order(int(e))[pos[pos // n == e] % n]
+                               for e in np.unique(pos // n)])
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self.num_batches is not None and self.produced >= self.num_batches:
+            raise StopIteration
+        start = self.produced * self.batch_size + self.offset
+        rows = self._rows(start, start + self.local)
+        self.produced += 1
+        batch = {k: v[rows] for k, v in self.features.items()}
+        if self.train:
+            return batch
+        pad = self.local - len(rows)
+        if pad:
+            batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)])
+                     for k, v in batch.items()}
+        batch["example_weight"] = (np.arange(self.local) < len(rows)).astype(np.float32)
+        return batch
+
+    def get_state(self) -> dict:
+        return {"produced": self.produced}
+
+    def set_state(self, state: dict) -> None:
+        self.produced = int(state["produced"])
+
+    @property
+    def epoch(self) -> float:
+        """Epochs consumed so far (training)."""
+        return self.produced * self.batch_size / self.num_examples

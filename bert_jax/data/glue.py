@@ -1,0 +1,274 @@
+"""GLUE: readers for the original TSV files and for TFDS, and BERT sentence(-pair) features.
+
+Columns are found by header name (as TFDS and HF do), so one layout covers a task's train, dev
+and test files; a file without its task's label column is a test file (labels None).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bert_jax.data.vocab import Tokenizer
+
+
+@dataclass(frozen=True)
+class Example:
+    """One sentence or sentence pair; label None in unlabeled (test) files."""
+    guid: str
+    text_a: str
+    text_b: str | None
+    label: str | float | None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Where a GLUE task's files are, how their columns read, and how TFDS names the same data."""
+    directory: str  # as the GLUE download script names it
+    files: dict[str, str]  # split (train/dev/test) -> file name
+    labels: tuple[str, ...] | None  # class names as the TSVs write them; None: regression (stsb)
+    text_a: str  # header names of the columns
+    text_b: str | None
+    label: str
+    tfds_name: str
+    tfds_text: tuple[str, str | None]  # TFDS feature names of text_a, text_b
+    tfds_labels: tuple[str, ...] | None  # our label for each TFDS class id (TFDS's own order)
+    columns: tuple[str, ...] | None = None  # names of the columns of headerless files (CoLA)
+    test_header: tuple[str, ...] | None = None  # the header that marks a headerless task's test file
+
+
+_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
+_BINARY = ("0", "1")
+_NLI = ("contradiction", "entailment", "neutral")  # original BERT order; TFDS's differs
+_ENTAIL = ("entailment", "not_entailment")
+_MNLI = dict(labels=_NLI, text_a="sentence1", text_b="sentence2", label="gold_label",
+             tfds_name="mnli", tfds_text=("premise", "hypothesis"),
+             tfds_labels=("entailment", "neutral", "contradiction"))
+
+TASKS: dict[str, TaskSpec] = {
+    "cola": TaskSpec("CoLA", _FILES, _BINARY, "sentence", None, "label", "cola", ("sentence", None),
+                     _BINARY, columns=("source", "label", "original_label", "sentence"),
+                     test_header=("index", "sentence")),
+    "sst2": TaskSpec("SST-2", _FILES, _BINARY, "sentence", None, "label", "sst2", ("sentence", None),
+                     _BINARY),
+    "mrpc": TaskSpec("MRPC", _FILES, _BINARY, "#1 String", "#2 String", "Quality", "mrpc",
+                     ("sentence1", "sentence2"), _BINARY),
+    "stsb": TaskSpec("STS-B", _FILES, None, "sentence1", "sentence2", "score", "stsb",
+                     ("sentence1", "sentence2"), None),
+    "qqp": TaskSpec("QQP", _FILES, _BINARY, "question1", "question2", "is_duplicate", "qqp",
+                    ("question1", "question2"), _BINARY),
+    "mnli": TaskSpec("MNLI", {"train": "train.tsv", "dev": "dev_matched.tsv", "test": "test_matched.tsv"},
+                     **_MNLI),
+    "mnli_mismatched": TaskSpec("MNLI", {"dev": "dev_mismatched.tsv", "test": "test_mismatched.tsv"},
+                                **_MNLI),
+    "qnli": TaskSpec("QNLI", _FILES, _ENTAIL, "question", "sentence", "label", "qnli",
+                     ("question", "sentence"), _ENTAIL),
+    "rte": TaskSpec("RTE", _FILES, _ENTAIL, "sentence1", "sentence2", "label", "rte",
+                    ("sentence1", "sentence2"), _ENTAIL),
+    "wnli": TaskSpec("WNLI", _FILES, _BINARY, "sentence1", "sentence2", "label", "wnli",
+                     ("sentence1", "sentence2"), _BINARY),  # TFDS: not_entailment, entailment
+    # The diagnostic set is test-only and scored by an MNLI model, hence MNLI's labels.
+    "ax": TaskSpec("diagnostic", {"test": "diagnostic.tsv"}, **_MNLI),
+}
+_TFDS_SPLITS = {"dev": "validation"}  # our split names that TFDS spells differently
+_MNLI_SPLITS = {"mnli": "matched", "mnli_mismatched": "mismatched"}
+_STSB_RANGE = (0.0, 5.0)
+
+
+class GlueFormatError(ValueError):
+    """A malformed row in a task file: names the file, line, field, what was found and expected."""
+
+
+def task_spec(task: str) -> TaskSpec:
+    """The TaskSpec of a task name; a ValueError lists the valid names."""
+    if task not in TASKS:
+        raise ValueError(f"unknown GLUE task {task!r}; expected one of {', '.join(TASKS)}")
+    return TASKS[task]
+
+
+def task_path(glue_dir: str | Path, task: str, split: str) -> Path:
+    """The file of a split (train/dev/test) of a task under the GLUE download directory."""
+    spec = task_spec(task)
+    if split not in spec.files:
+        raise ValueError(f"GLUE task {task!r} has no split {split!r}; it has {', '.join(spec.files)}")
+    return Path(glue_dir) / spec.directory / spec.files[split]
+
+
+@dataclass
+class RowErrors:
+    """Raises `error` on the first bad row of a file, or counts bad rows when skipping (shared by readers)."""
+    path: Path
+    skip: bool
+    error: type[ValueError] = GlueFormatError
+    count: int = 0
+    first: str = ""
+
+    def __call__(self, line: int, what: str, found: Any, expected: str) -> None:
+        message = f"{self.path}:{line}: {what}: found {found!r}, expected {expected}"
+        if not self.skip:
+            raise self.error(f"{message}. Fix the file or set data.skip_bad_rows=True to skip such rows")
+        self.count += 1
+        self.first = self.first or message
+
+    def report(self, reader: str) -> None:
+        if self.count:
+            print(f"{reader}: skipped {self.count} malformed row(s) of {self.path} (first: {self.first})",
+                  file=sys.stderr)
+
+
+def _label(spec: TaskSpec, raw: str, line: int, bad: RowErrors) -> str | float | None:
+    """The checked label of a row, or None after reporting it to bad."""
+    if spec.labels is not None:
+        if raw in spec.labels:
+            return raw
+        bad(line, f"label column {spec.label!r}", raw, f"one of {', '.join(spec.labels)}")
+        return None
+    lo, hi = _STSB_RANGE
+    try:
+        score = float(raw)
+    except ValueError:
+        score = math.nan
+    if lo <= score <= hi:  # False for nan and inf too
+        return score
+    bad(line, f"score column {spec.label!r}", raw, f"a number from {lo:g} to {hi:g}")
+    return None
+
+
+def read_glue(task: str, path: str | Path, *, skip_bad_rows: bool = False) -> list[Example]:
+    """Examples of a GLUE task file in its original layout; unlabeled test files give label None."""
+    spec, path = task_spec(task), Path(path)
+    bad = RowErrors(path, skip_bad_rows)
+    # utf-8-sig drops MRPC's byte order mark; QUOTE_NONE because GLUE text has unbalanced quotes.
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        first = next(rows, None)
+        if first is None:
+            raise GlueFormatError(f"{path}: empty file, expected a GLUE {task} file")
+        if spec.columns is not None and tuple(first) != spec.test_header:
+            header, data_rows = list(spec.columns), [first]  # headerless: the first row is data
+        else:
+            header, data_rows = first, []
+        wanted = [spec.text_a] + ([spec.text_b] if spec.text_b else [])
+        if missing := [c for c in wanted if c not in header]:
+            raise GlueFormatError(f"{path}:1: header lacks column(s) {missing}: found {header}, expected "
+                                  f"a GLUE {task} file with columns {wanted + [spec.label]}")
+        ia, ib = header.index(spec.text_a), header.index(spec.text_b) if spec.text_b else None
+        il = header.index(spec.label) if spec.label in header else None  # None: a test file
+        examples: list[Example] = []
+        for i, row in enumerate(itertools.chain(data_rows, rows)):  # i: the row's index in the file
+            line = rows.line_num  # QUOTE_NONE: one record per line
+            if len(row) != len(header):
+                bad(line, "row", f"{len(row)} tab-separated columns", f"{len(header)} ({' | '.join(header)})")
+                continue
+            label = None
+            if il is not None and (label := _label(spec, row[il], line, bad)) is None:
+                continue
+            examples.append(Example(f"{path.stem}-{i}", row[ia],
+                                    row[ib] if ib is not None else None, label))
+    bad.report("read_glue")
+    return examples
+
+
+def _tfds_split(task: str, split: str) -> str:
+    """TFDS's split name for ours (dev -> validation; MNLI's matched/mismatched suffix)."""
+    split = _TFDS_SPLITS.get(split, split)
+    if task in _MNLI_SPLITS and split in ("validation", "test"):
+        return f"{split}_{_MNLI_SPLITS[task]}"
+    return split
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _tfds_record_to_example(task: str, index: int, record: dict[str, Any]) -> Example:
+    """Our Example of one TFDS glue record (text as bytes, label a class id; -1 means unlabeled)."""
+    spec = task_spec(task)
+    name_a, name_b = spec.tfds_text
+    raw = record["label"]
+    if spec.tfds_labels is None:  # stsb: a float score, -1 in the test split
+        label = None if float(raw) == -1 else float(raw)
+    else:
+        label = None if int(raw) == -1 else spec.tfds_labels[int(raw)]
+    return Example(f"{spec.tfds_name}-{index}", _text(record[name_a]),
+                   _text(record[name_b]) if name_b else None, label)
+
+
+def read_glue_tfds(task: str, split: str, data_dir: str | None = None) -> list[Example]:
+    """Examples of a prepared TFDS glue dataset (split train/dev/test or a TFDS split name); no TF needed."""
+    import tensorflow_datasets as tfds  # slow imports, needed only here
+    import tensorflow_datasets.text.glue  # noqa: F401  registers the builder (tfds imports text/ lazily)
+
+    name = f"glue/{task_spec(task).tfds_name}"
+    try:  # download=False: preparing GLUE needs TensorFlow and the network, never wanted at read time
+        source = tfds.data_source(name, split=_tfds_split(task, split), data_dir=data_dir, download=False)
+    except (NotImplementedError, FileNotFoundError) as e:  # tfds says "not supported" when data is absent
+        where = data_dir or "$TFDS_DATA_DIR or ~/tensorflow_datasets"
+        raise FileNotFoundError(
+            f"no prepared TFDS {name} in array_record format under {where}; prepare it once with "
+            f"`tfds build {name} --file_format=array_record` (needs TensorFlow and the network), "
+            "or read the GLUE TSV files with read_glue") from e
+    return [_tfds_record_to_example(task, i, record) for i, record in enumerate(source)]
+
+
+def truncate_seq_pair(a: Sequence, b: Sequence | None, max_length: int) -> tuple[Sequence, Sequence | None]:
+    """Drops last tokens, always from the longer side (b on a tie), until len(a) + len(b) <= max_length.
+
+    The original BERT _truncate_seq_pair, in closed form; b None truncates a alone.
+    """
+    if b is None:
+        return a[:max_length], None
+    if len(a) + len(b) <= max_length:
+        return a, b
+    short = min(len(a), len(b))
+    if max_length - short >= short:  # only the longer side loses tokens
+        keep_a, keep_b = (max_length - short, short) if len(a) > len(b) else (short, max_length - short)
+    else:  # both shrink to half, a keeping the odd token since b is popped first on a tie
+        keep_a, keep_b = (max_length + 1) // 2, max_length // 2
+    return a[:keep_a], b[:keep_b]
+
+
+def pack_pairs(ids_a: Sequence[np.ndarray], ids_b: Sequence[np.ndarray | None], tokenizer: Tokenizer,
+               max_seq_length: int) -> dict[str, np.ndarray]:
+    """[CLS] a [SEP] (b [SEP]) rows, truncated and padded: input_ids, input_mask, segment_ids [N, T]."""
+    n = len(ids_a)
+    input_ids = np.full((n, max_seq_length), tokenizer.pad_id, np.int32)
+    input_mask = np.zeros((n, max_seq_length), np.int32)
+    segment_ids = np.zeros((n, max_seq_length), np.int32)
+    cls, sep = [tokenizer.cls_id], [tokenizer.sep_id]
+    for i, (a, b) in enumerate(zip(ids_a, ids_b)):
+        a, b = truncate_seq_pair(a, b, max_seq_length - (2 if b is None else 3))
+        first = np.concatenate([cls, a, sep])
+        row = first if b is None else np.concatenate([first, b, sep])
+        input_ids[i, :row.size] = row
+        input_mask[i, :row.size] = 1
+        segment_ids[i, first.size:row.size] = 1
+    return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+
+
+def encode(examples: Sequence[Example], tokenizer: Tokenizer, max_seq_length: int,
+           labels: tuple[str, ...] | None) -> dict[str, np.ndarray]:
+    """BERT features of examples; label_ids are class indices into labels, or scores when labels is None."""
+    if max_seq_length < 3:
+        raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] and two [SEP]")
+    ids_a = tokenizer.encode_batch([e.text_a for e in examples])
+    encoded_b = iter(tokenizer.encode_batch([e.text_b for e in examples if e.text_b is not None]))
+    ids_b = [None if e.text_b is None else next(encoded_b) for e in examples]
+    features = pack_pairs(ids_a, ids_b, tokenizer, max_seq_length)
+    if labels is None:
+        features["label_ids"] = np.array([0.0 if e.label is None else float(e.label) for e in examples],
+                                         np.float32)
+        return features
+    index = {name: i for i, name in enumerate(labels)}
+    if unknown := {e.label for e in examples} - set(index) - {None}:
+        raise ValueError(f"encode: labels {sorted(map(str, unknown))} not in the task's labels {labels}")
+    features["label_ids"] = np.array([0 if e.label is None else index[e.label] for e in examples], np.int32)
+    return features

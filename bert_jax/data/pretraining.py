@@ -1,0 +1,289 @@
+"""BERT pretraining examples (Google's create_pretraining_data.py), one document at a time.
+
+Every output is a pure function of (seed, document index, epoch): draw
+`rng = document_rng(seed, doc_index, epoch)`, pass it to `create_instances`, then to
+`to_features` for each instance, in that order. Static masking (the original's dupe_factor)
+is epoch = copy index in range(dupe_factor); dynamic masking is epoch = pass over the data.
+Random-next segments read other documents through `get_doc(index)`, so memory is bounded by
+a few documents. The original shuffles all instances before writing; a pipeline shuffles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import re
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+TokenizedDocument = list[np.ndarray]  # int32 token ids per sentence; no empty sentences
+FORMATS = ("sentences", "paragraphs")
+
+# A period after these (lowercased, with the period) does not end a sentence. "no.", "etc."
+# and "a.m." are left out: in books they end sentences more often than not.
+_ABBREVIATIONS = frozenset(
+    "mr. mrs. ms. messrs. dr. st. jr. sr. prof. rev. gen. col. capt. lt. sgt. mt. hon. gov. "
+    "e.g. i.e. vs. cf. viz. fig.".split())
+# Terminator run, closing quotes/brackets, whitespace; then what may open a sentence.
+_BOUNDARY = re.compile(r"""([.!?]+)['"’”)\]_]*\s+(?=['"‘“(\[_]*[A-Z0-9])""")
+_OPENERS = "'\"‘“([_"
+_INITIAL = re.compile(r"[A-HJ-Z]")  # "G. K. Chesterton"; "I." usually ends a sentence
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Sentences of one paragraph: whitespace collapsed, split after . ! ? before a capital."""
+    text = " ".join(paragraph.split())
+    sentences, start = [], 0
+    for m in _BOUNDARY.finditer(text):
+        if m.group(1) == ".":
+            word = text[max(start, text.rfind(" ", start, m.start()) + 1):m.start()]
+            word = word.lstrip(_OPENERS)
+            if (word + ".").lower() in _ABBREVIATIONS or _INITIAL.fullmatch(word):
+                continue
+        sentences.append(text[start:m.end()].rstrip())
+        start = m.end()
+    if start < len(text):
+        sentences.append(text[start:])
+    return sentences
+
+
+def _open_text(path: str | Path) -> TextIO:
+    """A text stream over a plain or gzipped file; undecodable bytes become U+FFFD."""
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _blocks(lines: Iterable[str]) -> Iterator[list[str]]:
+    """Runs of stripped non-blank lines, separated by blank (or whitespace-only) lines."""
+    block: list[str] = []
+    for line in lines:
+        if line := line.strip():
+            block.append(line)
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def iter_documents(path: str | Path, fmt: str = "sentences", *,
+                   doc_sentences: int = 32) -> Iterator[list[str]]:
+    """Streams documents (lists of sentences) from a text file, plain or .gz.
+
+    "sentences": the original format, one sentence per line, blank lines between documents.
+    "paragraphs": ordinary prose, paragraphs separated by blank lines; each paragraph's lines
+    are joined and split into sentences, and a document is a run of whole paragraphs closed
+    at the first paragraph end where it holds >= doc_sentences sentences, so a book becomes
+    many documents (NSP needs random segments from other documents). Empty ones are skipped.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r}; choose one of {list(FORMATS)}")
+    with _open_text(path) as f:
+        if fmt == "sentences":
+            yield from _blocks(f)
+            return
+        doc: list[str] = []
+        for block in _blocks(f):
+            doc += split_sentences(" ".join(block))
+            if len(doc) >= doc_sentences:
+                yield doc
+                doc = []
+        if doc:
+            yield doc
+
+
+def tokenize_document(sentences: Iterable[str], tokenizer: Any) -> TokenizedDocument:
+    """Token ids per sentence (a WordPieceTokenizer), dropping empty ones like the original."""
+    pieces = tokenizer.tokenize_batch(list(sentences))
+    return [np.asarray(tokenizer.tokens_to_ids(p), np.int32) for p in pieces if p]
+
+
+def word_starts_from_tokens(tokens: list[str]) -> np.ndarray:
+    """True where a wordpiece starts a word ('##' pieces continue one); of a vocab: per id."""
+    return np.array([not t.startswith("##") for t in tokens], bool)
+
+
+def document_rng(seed: int, doc_index: int, epoch: int) -> np.random.Generator:
+    """The generator for one document in one epoch (or one dupe_factor copy)."""
+    return np.random.default_rng((seed, doc_index, epoch))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Instance:
+    """One NSP pair before masking; is_random_next: B is a random segment of another doc."""
+
+    tokens_a: np.ndarray
+    tokens_b: np.ndarray
+    is_random_next: bool
+
+
+def _trim(x: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Keeps n tokens, each removed one taken from the front or the back with prob 1/2."""
+    front = int(rng.binomial(len(x) - n, 0.5)) if len(x) > n else 0
+    return x[front:front + n]
+
+
+def truncate_seq_pair(a: np.ndarray, b: np.ndarray, max_num_tokens: int,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The original truncation: drop from the longer side (B on ties), at a random end."""
+    if len(a) + len(b) <= max_num_tokens:
+        return a, b
+    # Closed form of the original pop-one-at-a-time loop; which side loses a token does not
+    # depend on the rng, and the front/back coin flips sum to a binomial count per side.
+    len_a = min(len(a), max(-(-max_num_tokens // 2), max_num_tokens - len(b)))
+    return _trim(a, len_a, rng), _trim(b, max_num_tokens - len_a, rng)
+
+
+def _random_segment(doc_index: int, num_docs: int, get_doc: Callable[[int], TokenizedDocument],
+                    target_length: int, rng: np.random.Generator) -> np.ndarray:
+    """Sentences from a random start in a random other document, up to target_length."""
+    for _ in range(10):  # the original's retries: with one document it ends up using itself
+        other = int(rng.integers(num_docs))
+        if other != doc_index:
+            break
+    doc = get_doc(other)
+    if not doc:
+        raise ValueError(f"document {other} is empty; skip empty documents when indexing")
+    pieces, n = [], 0
+    for sentence in doc[int(rng.integers(len(doc))):]:
+        pieces.append(sentence)
+        n += len(sentence)
+        if n >= target_length:
+            break
+    return np.concatenate(pieces)
+
+
+def create_instances(doc: TokenizedDocument, doc_index: int, *, num_docs: int,
+                     get_doc: Callable[[int], TokenizedDocument], max_seq_length: int,
+                     short_seq_prob: float, rng: np.random.Generator) -> list[Instance]:
+    """NSP instances of one document, as the original create_instances_from_document."""
+    max_num_tokens = max_seq_length - 3  # room for [CLS] A [SEP] B [SEP]
+    # Mostly fill the sequence (padding is wasted compute) but sometimes aim short, so that
+    # pretraining also sees fine-tuning's short inputs; chosen once per document, as originally.
+    target = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target = int(rng.integers(2, max_num_tokens, endpoint=True))
+    instances: list[Instance] = []
+    chunk: list[np.ndarray] = []
+    length, i = 0, 0
+    while i < len(doc):
+        chunk.append(doc[i])
+        length += len(doc[i])
+        if i == len(doc) - 1 or length >= target:
+            a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
+            a = np.concatenate(chunk[:a_end])
+            is_random_next = len(chunk) == 1 or rng.random() < 0.5
+            if is_random_next:
+                b = _random_segment(doc_index, num_docs, get_doc, target - len(a), rng)
+                i -= len(chunk) - a_end  # the unused sentences start the next chunk
+            else:
+                b = np.concatenate(chunk[a_end:])
+            a, b = truncate_seq_pair(a, b, max_num_tokens, rng)
+            instances.append(Instance(a, b, is_random_next))
+            chunk, length = [], 0
+        i += 1
+    return instances
+
+
+def _random_ids(n: int, vocab_size: int, special: np.ndarray, rng: np.random.Generator,
+                random_token_ids: np.ndarray | None) -> np.ndarray:
+    """n uniform ids from random_token_ids, or else from the vocab's non-special ids."""
+    if random_token_ids is not None:
+        return np.asarray(random_token_ids)[rng.integers(len(random_token_ids), size=n)]
+    # The r-th non-special id, without building the (vocab-sized) list of them.
+    r = rng.integers(vocab_size - len(special), size=n)
+    for s in special:  # ascending
+        r += r >= s
+    return r
+
+
+def _whole_word_positions(candidates: np.ndarray, word_starts: np.ndarray, special: np.ndarray,
+                          num_to_predict: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions of randomly chosen whole words, a word only if it fits in the budget."""
+    # A special token also ends a word: unlike the original, a '##' piece starting B (cut by
+    # truncation) does not join the last word of A across the [SEP].
+    after_special = np.concatenate([[True], special[:-1]])
+    bounds = np.flatnonzero((word_starts | after_special)[candidates])
+    sizes = np.diff(bounds, append=len(candidates))
+    chosen, n = [], 0
+    for g in rng.permutation(len(bounds)):
+        if n >= num_to_predict:
+            break
+        if n + sizes[g] <= num_to_predict:
+            chosen.append(candidates[bounds[g]:bounds[g] + sizes[g]])
+            n += sizes[g]
+    return np.concatenate(chosen) if chosen else candidates[:0]
+
+
+def mask_instance(tokens: np.ndarray, *, rng: np.random.Generator, vocab_size: int,
+                  special_ids: Iterable[int], mask_id: int, max_predictions_per_seq: int,
+                  masked_lm_prob: float = 0.15, word_starts: np.ndarray | None = None,
+                  random_token_ids: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """BERT's masked LM on one sequence -> (masked ids, sorted positions, original ids).
+
+    Chooses min(max_predictions_per_seq, max(1, round(len(tokens) * masked_lm_prob))) non-
+    special positions (len counts [CLS]/[SEP], as the original); whole words when word_starts
+    is given. Of those: 80% [MASK], 10% a random id (random_token_ids, default every
+    non-special id; the original drew from the whole vocab), 10% unchanged.
+    """
+    tokens = np.asarray(tokens)
+    special_set = {int(s) for s in special_ids} | {int(mask_id)}
+    special = (tokens[:, None] == np.array(list(special_set))).any(1)  # a few ids: beats isin
+    candidates = np.flatnonzero(~special)
+    num_to_predict = min(max_predictions_per_seq, max(1, int(round(len(tokens) * masked_lm_prob))))
+    if word_starts is None:
+        positions = rng.permutation(candidates)[:num_to_predict]
+    else:
+        positions = _whole_word_positions(candidates, np.asarray(word_starts, bool), special,
+                                          num_to_predict, rng)
+    positions = np.sort(positions)
+    labels = tokens[positions]
+    masked = tokens.copy()
+    u = rng.random(len(positions))  # one draw, same odds as the original's two coin flips
+    masked[positions[u < 0.8]] = mask_id
+    replace = positions[u >= 0.9]
+    in_vocab = np.array(sorted(s for s in special_set if 0 <= s < vocab_size), np.int64)
+    masked[replace] = _random_ids(len(replace), vocab_size, in_vocab, rng, random_token_ids)
+    return masked, positions.astype(np.int32), labels
+
+
+def to_features(instance: Instance, *, rng: np.random.Generator, cls_id: int, sep_id: int,
+                max_seq_length: int, max_predictions_per_seq: int, vocab_size: int,
+                special_ids: Iterable[int], mask_id: int, masked_lm_prob: float = 0.15,
+                starts_word: np.ndarray | None = None,
+                random_token_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Masks `[CLS] A [SEP] B [SEP]` and pads it into the trainer's batch features.
+
+    starts_word: per vocab id, whether it starts a word (`word_starts_from_tokens(vocab)`),
+    for whole-word masking; None masks single wordpieces. Padding is id 0, as the original.
+    """
+    a, b = instance.tokens_a, instance.tokens_b
+    tokens = np.concatenate([[cls_id], a, [sep_id], b, [sep_id]]).astype(np.int32)
+    n, p = len(tokens), max_predictions_per_seq
+    if n > max_seq_length:
+        raise ValueError(f"instance has {n} tokens > max_seq_length={max_seq_length}")
+    masked, positions, labels = mask_instance(
+        tokens, rng=rng, vocab_size=vocab_size, special_ids=special_ids, mask_id=mask_id,
+        max_predictions_per_seq=p, masked_lm_prob=masked_lm_prob,
+        word_starts=None if starts_word is None else np.asarray(starts_word)[tokens],
+        random_token_ids=random_token_ids)
+    k = len(positions)
+    features = {
+        "input_ids": np.zeros(max_seq_length, np.int32),
+        "input_mask": (np.arange(max_seq_length) < n).astype(np.int32),
+        "segment_ids": np.zeros(max_seq_length, np.int32),
+        "masked_lm_positions": np.zeros(p, np.int32),
+        "masked_lm_ids": np.zeros(p, np.int32),
+        "masked_lm_weights": (np.arange(p) < k).astype(np.float32),
+        "next_sentence_labels": np.array(int(instance.is_random_next), np.int32),  # 1 = random
+    }
+    features["input_ids"][:n] = masked
+    features["segment_ids"][len(a) + 2:n] = 1
+    features["masked_lm_positions"][:k] = positions
+    features["masked_lm_ids"][:k] = labels
+    return features

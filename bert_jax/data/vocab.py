@@ -1,0 +1,243 @@
+"""Trains WordPiece or SentencePiece vocabularies and loads either behind one Tokenizer."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import sentencepiece as spm
+from tokenizers import Tokenizer as RustTokenizer
+from tokenizers import models, normalizers, pre_tokenizers, trainers
+
+from bert_jax.data.tokenizers import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
+
+META_NAME, SPM_NAME = "bert_jax_tokenizer.json", "spm.model"
+SP_SPACE = "\u2581"  # "▁": SentencePiece's marker for a preceding space, i.e. a word start
+Kind = Literal["wordpiece", "sentencepiece"]
+
+
+def _text_lines(inputs: Iterable[str]) -> Iterator[str]:
+    """The non-blank lines, with at least one checked up front (trainers fail obscurely on none)."""
+    if isinstance(inputs, str | Path):  # iterating a path or a str would train on its characters
+        raise TypeError(f"train_vocab: inputs must be an iterable of text lines, got {inputs!r}")
+    lines = (line for line in inputs if line.strip())
+    first = next(lines, None)
+    if first is None:
+        raise ValueError("train_vocab: no text to train on (inputs are empty or all blank)")
+    return itertools.chain([first], lines)
+
+
+def _train_wordpiece(lines: Iterator[str], size: int, out_dir: Path, lowercase: bool) -> int:
+    """Writes vocab.txt (+ HF tokenizer_config.json); returns the vocab size (may be < size)."""
+    tok = RustTokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    # NFC first because WordPieceTokenizer (like HF's BertTokenizer) composes before lowercasing,
+    # so the vocab holds the forms it will look up; lowercase + strip accents is BERT uncased.
+    tok.normalizer = normalizers.Sequence([
+        normalizers.NFC(), normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)])
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # min_frequency and limit_alphabet as in tokenizers' BertWordPieceTokenizer.
+    trainer = trainers.WordPieceTrainer(vocab_size=size, min_frequency=2, limit_alphabet=1000,
+                                        special_tokens=list(SPECIAL_TOKENS),
+                                        continuing_subword_prefix="##", show_progress=False)
+    tok.train_from_iterator(lines, trainer)
+    vocab = tok.get_vocab()
+    if len(vocab) > size:  # the trainer keeps every character even past vocab_size
+        raise ValueError(f"train_vocab: size={size} is too small for this text: the "
+                         f"{len(SPECIAL_TOKENS)} special tokens and its characters (alone and "
+                         f"'##'-prefixed) already need {len(vocab)}; use size > {len(vocab)}")
+    tokens = sorted(vocab, key=vocab.get)
+    WordPieceTokenizer(tokens, lowercase=lowercase).save(out_dir)
+    return len(tokens)
+
+
+def _train_sentencepiece(lines: Iterator[str], size: int, out_dir: Path, lowercase: bool,
+                         model_type: str) -> int:
+    """Writes spm.model and spm.vocab; returns the vocab size (may be < size)."""
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=lines, model_prefix=str(out_dir / "spm"), model_type=model_type,
+            vocab_size=size, hard_vocab_limit=False,  # size is a maximum, as for WordPiece
+            # [PAD]=0 [UNK]=1, then [CLS] [SEP] [MASK] = 2 3 4 as control symbols: ids that
+            # sentencepiece reserves but never produces from text, so a literal "[MASK]" in the
+            # text is split like any other word (as BERT's own tokenizer does).
+            pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece=SPECIAL_TOKENS[0],
+            unk_piece=SPECIAL_TOKENS[1], control_symbols=list(SPECIAL_TOKENS[2:]),
+            # "_cf" adds case folding; it is stored in spm.model, so encoding lowercases too.
+            normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+            # Sample at most 10M lines (sentencepiece holds its input in memory) and keep
+            # paragraphs up to 64 KiB rather than dropping those over the 4 KiB default.
+            input_sentence_size=10_000_000, shuffle_input_sentence=True, max_sentence_length=1 << 16,
+            minloglevel=2)
+    except RuntimeError as e:  # e.g. "Vocabulary size is smaller than required_chars. 20 vs 42."
+        raise ValueError(f"train_vocab: sentencepiece cannot train a {model_type} vocab of "
+                         f"size={size} on this text: {str(e).split('] ')[-1]}") from e
+    return spm.SentencePieceProcessor(model_file=str(out_dir / SPM_NAME)).get_piece_size()
+
+
+def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | Path,
+                lowercase: bool = True, sp_model_type: Literal["unigram", "bpe"] = "unigram") -> Path:
+    """Trains a vocab of at most `size` tokens on text lines into out_dir; returns out_dir."""
+    if kind not in ("wordpiece", "sentencepiece"):
+        raise ValueError(f"train_vocab: kind={kind!r}, expected 'wordpiece' or 'sentencepiece'")
+    if sp_model_type not in ("unigram", "bpe"):
+        raise ValueError(f"train_vocab: sp_model_type={sp_model_type!r}, expected 'unigram' or 'bpe'")
+    if size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"train_vocab: size={size} leaves no room beside the special tokens "
+                         f"{' '.join(SPECIAL_TOKENS)}")
+    lines, out_dir = _text_lines(inputs), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if kind == "wordpiece":
+        n = _train_wordpiece(lines, size, out_dir, lowercase)
+    else:
+        n = _train_sentencepiece(lines, size, out_dir, lowercase, sp_model_type)
+    meta = {"kind": kind, "lowercase": lowercase, "vocab_size": n}
+    (out_dir / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+    return out_dir
+
+
+class Tokenizer:
+    """A vocab's ids for text, tokens for ids and word starts; built by load_tokenizer."""
+
+    def __init__(self, directory: Path, kind: Kind, pieces: list[str], lowercase: bool,
+                 ids: Sequence[int], starts: np.ndarray) -> None:
+        self.directory, self.kind, self.lowercase = directory, kind, lowercase
+        self.pieces = pieces  # token string of each id
+        self.vocab_size = len(pieces)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+        self.special_ids = set(ids)
+        self._starts = starts  # [vocab_size] bool
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.kind}, {self.vocab_size} tokens, {str(self.directory)!r})"
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text, without [CLS]/[SEP] (batched and parallel in C++/Rust)."""
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Readable text of the ids: [PAD] dropped, other special tokens shown by name."""
+        raise NotImplementedError
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids (int32) of one text, without [CLS]/[SEP]."""
+        return self.encode_batch([text])[0]
+
+    def _checked(self, ids: Iterable[int]) -> np.ndarray:
+        ids = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), np.int64)
+        if (bad := ids[(ids < 0) | (ids >= self.vocab_size)]).size:
+            raise ValueError(f"token ids {bad[:5].tolist()} outside vocab of size {self.vocab_size}")
+        return ids
+
+    def tokens(self, ids: Iterable[int]) -> list[str]:
+        """Token strings of the ids (flattened)."""
+        return [self.pieces[i] for i in self._checked(ids).ravel().tolist()]
+
+    def word_starts(self, ids: Iterable[int]) -> np.ndarray:
+        """True where a token begins a word (whole-word masking); any shape; specials are words."""
+        return self._starts[self._checked(ids)]
+
+    def check_fits(self, model_vocab_size: int, where: str) -> None:
+        """Raises unless a model embedding of model_vocab_size rows covers every id (larger is fine)."""
+        if self.vocab_size > model_vocab_size:
+            raise ValueError(
+                f"tokenizer in {self.directory} has {self.vocab_size} tokens but model.vocab_size="
+                f"{model_vocab_size} ({where}); set --config.model.vocab_size={self.vocab_size} or "
+                f"train a vocab of size <= {model_vocab_size}")
+
+
+class _WordPiece(Tokenizer):
+    """BERT WordPiece over our WordPieceTokenizer (Rust fast path, exact reference results)."""
+
+    def __init__(self, directory: Path, lowercase: bool | None) -> None:
+        vocab = load_vocab(directory / VOCAB_NAME)
+        hf = _read_json(directory / CONFIG_NAME)  # HF tokenizer_config.json, if any
+        if lowercase is None:
+            lowercase = _metadata(directory).get("lowercase", hf.get("do_lower_case"))
+        if lowercase is None:  # no stated casing: uncased unless the vocab has an uppercase token
+            lowercase = not any(t != t.lower() for t in vocab if not (t[:1] == "[" and t[-1:] == "]"))
+        self._wp = wp = WordPieceTokenizer(vocab, lowercase=lowercase, strip_accents=hf.get("strip_accents"),
+                                           tokenize_chinese_chars=hf.get("tokenize_chinese_chars", True),
+                                           source=str(directory / VOCAB_NAME))
+        starts = np.array([not t.startswith("##") for t in vocab], bool)
+        super().__init__(directory, "wordpiece", wp.vocab, lowercase,
+                         (wp.pad_id, wp.unk_id, wp.cls_id, wp.sep_id, wp.mask_id), starts)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text, without [CLS]/[SEP] (batched and parallel in Rust)."""
+        return [np.asarray(self._wp.tokens_to_ids(t), np.int32) for t in self._wp.tokenize_batch(texts)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Wordpieces joined as BERT does ("##" glued on); [PAD] dropped."""
+        return " ".join(t for t in self.tokens(ids) if t != "[PAD]").replace(" ##", "")
+
+
+class _SentencePiece(Tokenizer):
+    """A SentencePiece model with BERT's special pieces; casing is fixed inside spm.model."""
+
+    def __init__(self, directory: Path, lowercase: bool | None) -> None:
+        path = directory / SPM_NAME
+        self._sp = sp = spm.SentencePieceProcessor(model_file=str(path))
+        pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        ids = [sp.piece_to_id(t) for t in SPECIAL_TOKENS]  # an absent piece maps to unk's id
+        if missing := [t for t, i in zip(SPECIAL_TOKENS, ids) if pieces[i] != t]:
+            raise ValueError(f"{path}: sentencepiece model has no special piece(s) {missing}")
+        folds = sp.normalize("A") == sp.normalize("a")
+        if lowercase is not None and lowercase != folds:
+            raise ValueError(f"lowercase={lowercase} but {path} was trained with lowercase={folds}; "
+                             "case folding is part of a sentencepiece model, so retrain to change it")
+        # [PAD] [CLS] [SEP] [MASK] (control) count as words; [UNK] does not: it stands for
+        # unknown characters, usually inside a word after a "▁" piece.
+        starts = np.array([p.startswith(SP_SPACE) or sp.is_control(i)
+                           for i, p in enumerate(pieces)], bool)
+        super().__init__(directory, "sentencepiece", pieces, folds, ids, starts)
+        self._named = self.special_ids - {self.pad_id, self.unk_id}
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text, without [CLS]/[SEP] (batched and parallel in C++)."""
+        return [np.asarray(ids, np.int32) for ids in self._sp.encode(list(texts), out_type=int)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Detokenized text; [CLS] [SEP] [MASK] (which sentencepiece decodes to "") by name."""
+        parts, run = [], []
+        for i in self._checked(ids).ravel().tolist():
+            if i in self._named:
+                parts += [self._sp.decode(run), self.pieces[i]]
+                run = []
+            elif i != self.pad_id:
+                run.append(i)
+        return " ".join(p for p in [*parts, self._sp.decode(run)] if p)
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text("utf-8")) if path.is_file() else {}
+
+
+def _metadata(directory: Path) -> dict:
+    """Our bert_jax_tokenizer.json, or {}."""
+    meta = _read_json(directory / META_NAME)
+    return meta if "kind" in meta else {}
+
+
+def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None) -> Tokenizer:
+    """Loads the vocab in directory: vocab.txt -> WordPiece, spm.model -> SentencePiece.
+
+    WordPiece casing: `lowercase` if given, else bert_jax_tokenizer.json's, else HF tokenizer_config.json's
+    do_lower_case, else uncased iff no vocab token outside [brackets] has an uppercase letter.
+    """
+    directory = Path(directory)
+    files = {"wordpiece": VOCAB_NAME, "sentencepiece": SPM_NAME}
+    found = [kind for kind, name in files.items() if (directory / name).is_file()]
+    kind = _metadata(directory).get("kind")
+    if kind is None and len(found) == 2:
+        raise ValueError(f"{directory} has both {VOCAB_NAME} and {SPM_NAME}; add a {META_NAME} "
+                         'with "kind" to say which to use')
+    kind = kind or (found[0] if found else None)
+    if kind not in found:
+        said = f" ({META_NAME} says kind={kind!r})" if kind else ""
+        raise FileNotFoundError(f"no tokenizer in {directory}{said}: looked for {VOCAB_NAME} (WordPiece) "
+                                f"and {SPM_NAME} (SentencePiece)")
+    return _WordPiece(directory, lowercase) if kind == "wordpiece" else _SentencePiece(directory, lowercase)

@@ -1,0 +1,170 @@
+"""Evaluation: the eval steps, evaluators with a `.run(params) -> dict` protocol, and
+`bert-jax eval --config ... --workdir <dir> --step latest|best|N|all` over saved checkpoints.
+
+ObjectiveEvaluator: the objective's metrics on the validation split (pretraining: held-out
+documents). TaskEvaluator: a fine-tuning task's official metrics on its dev split(s), from
+the model outputs of every example; it can also write the task's prediction files.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from bert_jax import checkpoint, objectives, optim, sharding
+from bert_jax import config as config_lib
+from bert_jax.data import finetune, pipelines
+
+Array = jax.Array
+
+
+def eval_step(params: dict, batch: dict[str, Array], *, graphdef, objective) -> dict:
+    """Sums (not means) of the loss terms, their weights and the metrics on one batch."""
+    terms, metrics = objective(nnx.merge(graphdef, params), batch, None)
+    return {"terms": terms, "weights": objective.weights(batch), "metrics": metrics}
+
+
+def predict_step(params: dict, batch: dict[str, Array], *, graphdef, objective) -> tuple[dict, dict]:
+    """(eval_step's sums, the model outputs) on one batch of a fine-tuning task."""
+    out = objective.forward(nnx.merge(graphdef, params), batch, None)
+    terms, metrics = objective.loss(out, batch)
+    out = {**out, "example_weight": batch["example_weight"]}  # which rows are padding
+    return {"terms": terms, "weights": objective.weights(batch), "metrics": metrics}, out
+
+
+def _finish(total: dict, prefix: str) -> dict[str, float]:
+    """Loss and metrics from summed eval_step outputs."""
+    total = jax.device_get(total)
+    out = {f"{prefix}loss": float(sum(total["terms"][k] / max(total["weights"][k], 1e-12)
+                                      for k in total["terms"]))} if total["terms"] else {}
+    out.update({f"{prefix}{k}": float(s / max(n, 1e-12)) for k, (s, n) in total["metrics"].items()})
+    return out
+
+
+class ObjectiveEvaluator:
+    """The objective's metrics over `train.eval_steps` batches of the validation split."""
+
+    def __init__(self, config, graphdef, objective, mesh):
+        self.config, self.mesh = config, mesh
+        self.fn = jax.jit(functools.partial(eval_step, graphdef=graphdef, objective=objective))
+
+    def run(self, params, config=None, out_dir=None) -> dict[str, float]:
+        config = config or self.config  # pretraining: the current length phase's config
+        pipeline = pipelines.make(config, "validation", num_batches=config.train.eval_steps or None)
+        total = None
+        for local in pipeline:
+            sums = self.fn(params, sharding.global_batch(local, self.mesh, jax.process_count()))
+            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+        return _finish(total, "eval/")
+
+
+class TaskEvaluator:
+    """A fine-tuning task's loss, objective metrics and official metrics on its eval splits."""
+
+    def __init__(self, config, graphdef, objective, mesh, task):
+        self.config, self.mesh, self.task = config, mesh, task
+        self.fn = jax.jit(functools.partial(predict_step, graphdef=graphdef, objective=objective),
+                          out_shardings=sharding.replicated(mesh))  # every host gets all outputs
+
+    def outputs(self, params, split: str) -> tuple[dict, dict[str, np.ndarray]]:
+        """(summed losses and metrics, model outputs of every example of `split` in order)."""
+        pipeline = finetune.FeaturePipeline(
+            self.task.features(split), batch_size=self.config.train.batch_size, train=False,
+            seed=0, process_index=jax.process_index(), process_count=jax.process_count())
+        total, outs = None, []
+        for local in pipeline:
+            batch = sharding.global_batch(local, self.mesh, jax.process_count())
+            sums, out = self.fn(params, batch)
+            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+            out = jax.device_get(out)
+            keep = out.pop("example_weight") > 0
+            outs.append({k: v[keep] for k, v in out.items()})
+        return total, {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+
+    def run(self, params, config=None, out_dir=None, splits=None) -> dict[str, float]:
+        results: dict[str, float] = {}
+        for i, split in enumerate(splits or self.task.eval_splits):
+            prefix = "eval/" if i == 0 else f"eval/{Path(split).stem}/"
+            total, outputs = self.outputs(params, split)
+            if self.task.labeled(split):  # an unlabeled (test) file gets predictions only
+                results.update(_finish(total, prefix))
+                results.update({f"{prefix}{k}": float(v)
+                                for k, v in self.task.score(split, outputs).items() if np.isscalar(v)})
+            if out_dir is not None and jax.process_index() == 0:
+                Path(out_dir).mkdir(parents=True, exist_ok=True)
+                files = self.task.write_predictions(split, outputs, Path(out_dir))
+                print(f"predictions on {split}: {', '.join(map(str, files))}", flush=True)
+        return results
+
+
+def make_evaluator(config, graphdef, objective, mesh, task=None):
+    if task is None:
+        return ObjectiveEvaluator(config, graphdef, objective, mesh)
+    return TaskEvaluator(config, graphdef, objective, mesh, task)
+
+
+def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> list[int]:
+    """`latest`, `best`, `all` or a step number -> checkpoint steps present in workdir."""
+    path = checkpoint.checkpoint_dir(workdir)
+    with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(read_only=True)) as m:
+        steps = sorted(m.all_steps())
+        scored = {s: (m.metrics(s) or {}).get(best_metric) for s in steps} if best_metric else {}
+    if not steps:
+        raise FileNotFoundError(f"{path}: no complete checkpoint to evaluate")
+    if spec == "latest":
+        return steps[-1:]
+    if spec == "all":
+        return steps
+    if spec == "best":
+        scored = {s: v for s, v in scored.items() if v is not None}
+        if not scored:
+            raise ValueError(f"--step=best: no checkpoint in {path} has an evaluation of "
+                             f"{best_metric or 'a task metric'} (pretraining runs have no best)")
+        # Ties go to the later step, as in Orbax's BestN (which keeps only that one).
+        return [max(scored, key=lambda s: (scored[s], s))]
+    if not spec.isdigit() or int(spec) not in steps:
+        raise ValueError(f"--step={spec!r}: use latest, best, all or one of {steps}")
+    return [int(spec)]
+
+
+def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
+                         split: str | None = None) -> list[dict]:
+    """Metrics of each chosen checkpoint, written to <workdir>/eval/step_<N>.json; fine-tuning
+    tasks also write their predictions to <workdir>/eval/step_<N>/."""
+    from bert_jax import tasks, train
+
+    config_lib.validate(config, jax.device_count(), jax.process_count())
+    task = tasks.from_config(config)
+    objective = objectives.for_model(config.model.name)
+    tx, _ = optim.make_optimizer(config)
+    mesh = sharding.make_mesh(config.mesh)
+    graphdef, abstract, state_sh = train.abstract_state(config, tx, mesh)
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract["params"], state_sh["params"])
+    evaluator = make_evaluator(config, graphdef, objective, mesh, task)
+    best = f"eval/{task.main_metric}" if task else None
+    if split is not None and task is None:
+        raise ValueError("--split applies to fine-tuning tasks; pretraining evaluates held-out documents")
+    results = []
+    with jax.set_mesh(mesh):
+        for step in chosen_steps(workdir, step_spec, best):
+            params = checkpoint.restore_params(workdir, target, step)
+            out = Path(workdir) / "eval" / f"step_{step}"
+            if task is None:
+                _, phase_cfg, _ = train.phase_config(config, max(step - 1, 0))
+                metrics = evaluator.run(params, phase_cfg)
+            else:
+                metrics = evaluator.run(params, out_dir=out, splits=[split] if split else None)
+            result = {"step": step, **metrics}
+            if jax.process_index() == 0:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+            results.append(result)
+    return results

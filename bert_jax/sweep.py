@@ -1,0 +1,164 @@
+"""`bert-jax sweep`: a grid of fine-tuning runs from a sweep config, one sub-workdir per trial.
+
+A sweep config (configs/sweeps/*.py) has `base` (the run's `--config` spec), `overrides`
+(`key=value` strings applied to every trial) and `grid` ({config key: tuple of values}; the
+key `seed` marks repetitions of one setting). Each trial runs `bert-jax train` in its own
+process in `<workdir>/<trial name>`; a trial whose summary.json says it finished is skipped
+and an interrupted one resumes from its checkpoint. Then `results.csv` (a row per trial)
+and `results.md` (per setting: median and best over seeds; the best setting) are written.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+SUMMARY = "summary.json"  # written by train_and_evaluate at the end of a run
+
+
+# Appendix A.3 of the BERT paper: the fine-tuning values that "work well across all tasks".
+PAPER_A3_GRID = {"train.batch_size": (16, 32), "optimizer.learning_rate": (5e-5, 3e-5, 2e-5),
+                 "train.epochs": (2.0, 3.0, 4.0)}
+
+
+def sweep_config(base: str, grid: dict[str, tuple]) -> ml_collections.ConfigDict:
+    """A sweep config: `base` run, no overrides yet, `grid` plus seed (0,) (set more seeds with
+    --config.grid.seed='(0, 1, 2)')."""
+    sweep = ml_collections.ConfigDict()
+    sweep.base = base
+    sweep.overrides = ()  # "key=value" strings for every trial (init_from, data.data_dir, ...)
+    sweep.grid = ml_collections.ConfigDict({**grid, "seed": (0,)}, allow_dotted_keys=True)
+    return sweep
+
+
+class TrialsFailed(RuntimeError):
+    """Some trials did not finish (their logs say why); rerunning the sweep resumes them."""
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def trials(sweep) -> list[dict[str, Any]]:
+    """Every combination of the grid, in a fixed order: [{key: value, ...}, ...]."""
+    keys = sorted(sweep.grid.keys(), key=lambda k: k == "seed")  # seeds vary fastest
+    return [dict(zip(keys, values)) for values in itertools.product(*(sweep.grid[k] for k in keys))]
+
+
+def trial_name(setting: dict[str, Any]) -> str:
+    return "_".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in setting.items())
+
+
+def command(sweep, setting: dict[str, Any], workdir: Path) -> list[str]:
+    """The `bert-jax train` command line of one trial."""
+    args = [f"--config.{item}" for item in sweep.overrides]
+    args += [f"--config.{k}={_fmt(v)}" for k, v in setting.items()]
+    return [sys.executable, "-m", "bert_jax", "train", f"--config={sweep.base}",
+            f"--workdir={workdir / trial_name(setting)}", *args]
+
+
+def finished(trial_dir: Path) -> dict | None:
+    """The trial's summary if it ran to its last step, else None."""
+    path = trial_dir / SUMMARY
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if summary.get("step") == summary.get("steps") and not summary.get("preempted") else None
+
+
+def run_sweep(sweep, workdir: str, print_commands: bool = False) -> dict[str, Any]:
+    """Runs (or prints) every unfinished trial, then writes the results tables."""
+    root = Path(workdir)
+    settings = trials(sweep)
+    commands = [command(sweep, s, root) for s in settings]
+    if print_commands:
+        for cmd in commands:
+            print(shlex.join(cmd))
+        return {"trials": len(settings)}
+    root.mkdir(parents=True, exist_ok=True)
+    failed = []
+    for i, (setting, cmd) in enumerate(zip(settings, commands)):
+        trial_dir = root / trial_name(setting)
+        if finished(trial_dir):
+            print(f"[{i + 1}/{len(settings)}] {trial_dir.name}: finished before, skipped", flush=True)
+            continue
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        print(f"[{i + 1}/{len(settings)}] {trial_dir.name}: running (log: {trial_dir}/train.log)",
+              flush=True)
+        with open(trial_dir / "train.log", "a", encoding="utf-8") as log:
+            code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        if code != 0 or not finished(trial_dir):
+            failed.append(trial_dir.name)
+            print(f"    failed (exit {code}); see {trial_dir}/train.log", flush=True)
+    rows = write_results(sweep, root, settings)
+    if failed:
+        raise TrialsFailed(f"{len(failed)} trial(s) did not finish: {', '.join(failed)}; rerun the "
+                           "sweep to resume them")
+    return {"trials": len(settings), "results": str(root / "results.md"), "rows": rows}
+
+
+def _best_eval(trial_dir: Path, metric: str) -> dict[str, Any] | None:
+    """The evaluation (metrics.jsonl line) with the highest `metric`."""
+    path = trial_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    evals = [r for r in map(json.loads, path.read_text().splitlines()) if metric in r]
+    return max(evals, key=lambda r: r[metric]) if evals else None
+
+
+def write_results(sweep, root: Path, settings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """results.csv (one row per trial) and results.md (per setting and the best setting)."""
+    rows, metric = [], None
+    for setting in settings:
+        trial_dir = root / trial_name(setting)
+        summary = finished(trial_dir)
+        row: dict[str, Any] = {"trial": trial_dir.name, **setting,
+                               "status": "finished" if summary else "unfinished"}
+        if summary:
+            metric = summary["best_metric"]
+            best = _best_eval(trial_dir, metric) or {}
+            row.update({"best_step": best.get("step"), **{k: v for k, v in best.items() if k != "step"}})
+        rows.append(row)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with open(root / "results.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, columns)
+        w.writeheader()
+        w.writerows(rows)
+    (root / "results.md").write_text(_markdown(sweep, rows, metric), encoding="utf-8")
+    return rows
+
+
+def _markdown(sweep, rows: list[dict[str, Any]], metric: str | None) -> str:
+    keys = [k for k in sweep.grid.keys() if k != "seed"]
+    lines = [f"# Sweep of {sweep.base}", "", f"{len(rows)} trials; metric: {metric or 'none yet'} "
+             "(best evaluation of each trial on dev)", "", "| trial | status | best step | "
+             f"{metric} |", "|---|---|---|---|"]
+    for r in rows:
+        value = r.get(metric) if metric else None
+        lines.append(f"| {r['trial']} | {r['status']} | {r.get('best_step', '')} | "
+                     f"{'' if value is None else f'{value:.4f}'} |")
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if metric and r.get(metric) is not None:
+            groups.setdefault(tuple(r[k] for k in keys), []).append(r[metric])
+    if groups:
+        lines += ["", "## Per setting (over seeds)", "",
+                  "| " + " | ".join(keys) + " | seeds | median | best |",
+                  "|" + "---|" * (len(keys) + 3)]
+        for setting, values in groups.items():
+            lines.append("| " + " | ".join(map(_fmt, setting)) + f" | {len(values)} | "
+                         f"{statistics.median(values):.4f} | {max(values):.4f} |")
+        best = max(groups, key=lambda s: statistics.median(groups[s]))
+        lines += ["", f"Best setting by median {metric}: "
+                  + ", ".join(f"{k}={_fmt(v)}" for k, v in zip(keys, best))
+                  + f" ({statistics.median(groups[best]):.4f})"]
+    return "\n".join(lines) + "\n"

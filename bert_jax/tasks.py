@@ -1,0 +1,322 @@
+"""Fine-tuning tasks: a task's data splits -> features for the train loop, and the model's
+outputs on a split -> the official metrics and prediction files.
+
+A Task has `main_metric` (ranks checkpoints; higher is better), `eval_splits` (evaluated
+every `train.eval_every` steps; metrics of the first are `eval/<metric>`, of the others
+`eval/<split>/<metric>`), `features(split)` (numpy arrays, cached), `score(split, outputs)`
+and `write_predictions(split, outputs, out_dir)`. `split` is 'train', 'dev', 'test' or a
+file path. Outputs are the model's outputs per example in file order (padding dropped).
+Registry: TASKS, chosen by `config.data.name`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from bert_jax import config as config_lib
+from bert_jax import models, scoring
+from bert_jax.data import glue, ner, squad, swag, vocab
+
+
+class Task:
+    """What every task shares: the config's data section, the tokenizer, a features cache."""
+
+    main_metric = "accuracy"
+    eval_splits: tuple[str, ...] = ("dev",)
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        self.config, self.data = config, config.data
+        self.tokenizer = vocab.load_tokenizer(tokenizer_dir(config))
+        self.tokenizer.check_fits(config.model.vocab_size, f"tokenizer of {tokenizer_dir(config)}")
+        self._examples: dict[str, Any] = {}
+        self._features: dict[str, dict[str, np.ndarray]] = {}
+        self._meta: dict[str, Any] = {}  # per split: what maps outputs back to examples
+
+    def path(self, split: str) -> Path:
+        """The file of `split`: data.<split>_file under data.data_dir, or split itself if a path."""
+        if split not in ("train", "dev", "test"):
+            return Path(split)
+        name = self.data[f"{split}_file"]
+        if not name:
+            raise config_lib.ConfigError(f"data.{split}_file is empty: set it to the {split} file")
+        if not self.data.data_dir and not Path(name).is_absolute():
+            raise config_lib.ConfigError(
+                f"data.data_dir is empty: set --config.data.data_dir=<folder with {name}>")
+        return Path(self.data.data_dir) / name
+
+    def examples(self, split: str):
+        if split not in self._examples:
+            path = self.path(split)
+            if not path.is_file():
+                raise FileNotFoundError(f"{self.data.name} {split} file not found: {path}")
+            self._examples[split] = self.read(path)
+        return self._examples[split]
+
+    def features(self, split: str) -> dict[str, np.ndarray]:
+        if split not in self._features:
+            self._features[split], self._meta[split] = self.encode(self.examples_limited(split),
+                                                                   training=split == "train")
+        return self._features[split]
+
+    def meta(self, split: str):
+        self.features(split)
+        return self._meta[split]
+
+    def labeled(self, split: str) -> bool:
+        """Whether every example of the split has its gold label (test files have none)."""
+        return all(e.label is not None for e in self.examples(split))
+
+    def examples_limited(self, split: str):
+        """examples(split), only the first data.max_train_examples for training when > 0."""
+        examples, limit = self.examples(split), self.data.get("max_train_examples", 0)
+        return examples[:limit] if split == "train" and limit > 0 else examples
+
+    def num_train_examples(self) -> int:
+        return len(next(iter(self.features("train").values())))
+
+
+class GlueTask(Task):
+    """The nine GLUE tasks (TSV files in the GLUE layout, or TFDS `glue/<task>`)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.task = config.data.task
+        self.spec = glue.task_spec(self.task)
+        self.main_metric = scoring.MAIN_METRIC[self.task]
+        # MNLI is reported on both dev sets.
+        self.eval_splits = ("dev", "dev_mismatched") if self.task == "mnli" else ("dev",)
+
+    def _task_split(self, split: str) -> tuple[str, str]:
+        return ("mnli_mismatched", "dev") if split == "dev_mismatched" else (self.task, split)
+
+    def path(self, split: str) -> Path:
+        if split not in ("train", "dev", "test", "dev_mismatched"):
+            return Path(split)
+        if not self.data.data_dir:
+            raise config_lib.ConfigError("data.data_dir is empty: set --config.data.data_dir=<the GLUE "
+                                         f"folder holding {self.spec.directory}/>")
+        return glue.task_path(self.data.data_dir, *self._task_split(split))
+
+    def examples(self, split: str):
+        if self.data.source == "tfds" and split in ("train", "dev", "test", "dev_mismatched"):
+            if split not in self._examples:
+                self._examples[split] = glue.read_glue_tfds(*self._task_split(split),
+                                                            data_dir=self.data.data_dir or None)
+            return self._examples[split]
+        return super().examples(split)
+
+    def read(self, path: Path):
+        return glue.read_glue(self.task, path, skip_bad_rows=self.data.skip_bad_rows)
+
+    def encode(self, examples, training: bool):
+        return glue.encode(examples, self.tokenizer, self.data.max_seq_length, self.spec.labels), None
+
+    def _predictions(self, outputs) -> np.ndarray:
+        logits = outputs["logits"]
+        return logits[:, 0] if self.spec.labels is None else np.argmax(logits, -1)
+
+    def score(self, split: str, outputs) -> dict[str, float]:
+        task = self._task_split(split)[0]
+        return scoring.glue_metrics(task, self.features(split)["label_ids"], self._predictions(outputs))
+
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list[Path]:
+        """The GLUE leaderboard layout: <Task>.tsv with `index<TAB>prediction` rows."""
+        names = {"mnli": "MNLI-m", "mnli_mismatched": "MNLI-mm", "ax": "AX"}
+        task = self._task_split(split)[0]
+        out = Path(out_dir) / f"{names.get(task, self.spec.directory)}.tsv"
+        preds = self._predictions(outputs)
+        with open(out, "w", encoding="utf-8") as f:
+            f.write("index\tprediction\n")
+            for e, p in zip(self.examples(split), preds):
+                value = f"{float(p):.3f}" if self.spec.labels is None else self.spec.labels[int(p)]
+                f.write(f"{e.guid.rsplit('-', 1)[-1]}\t{value}\n")  # the row index in the file
+        return [out]
+
+
+class NerTask(Task):
+    """Token tagging (CoNLL-2003, WNUT-17, any `token ... tag` column file), entity-level F1."""
+
+    main_metric = "f1"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.labels = tuple(config.data.labels)
+        if len(self.labels) != config.model.num_labels:
+            raise config_lib.ConfigError(f"data.labels has {len(self.labels)} tags but model.num_labels="
+                                         f"{config.model.num_labels}")
+
+    def labeled(self, split: str) -> bool:
+        return all(s.tags is not None for s in self.examples(split))
+
+    def read(self, path: Path):
+        sentences = ner.read_columns(path, skip_bad_rows=self.data.skip_bad_rows)
+        if sentences and sentences[0].tags is not None:
+            ner.check_tags(sentences, self.labels, path)
+        return sentences
+
+    def encode(self, sentences, training: bool):
+        f = ner.encode(sentences, self.tokenizer, self.labels, self.data.max_seq_length)
+        keys = ("input_ids", "input_mask", "segment_ids", "label_ids", "label_weights")
+        return {k: getattr(f, k) for k in keys}, f
+
+    def _tags(self, split: str, outputs) -> list[list[str]]:
+        sentences = self.examples(split)
+        return ner.decode_predictions(self.meta(split), np.argmax(outputs["logits"], -1),
+                                      self.labels, [len(s.words) for s in sentences])
+
+    def score(self, split: str, outputs) -> dict[str, float]:
+        sentences = self.examples(split)
+        s = ner.entity_scores([x.tags for x in sentences], self._tags(split, outputs))
+        return {"precision": s["precision"], "recall": s["recall"], "f1": s["f1"]}
+
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list[Path]:
+        out = Path(out_dir) / f"{Path(self.path(split)).stem}_predictions.txt"
+        return [ner.write_tags(out, self.examples(split), self._tags(split, outputs))]
+
+
+class SwagTask(Task):
+    """SWAG four-way multiple choice (CSV or JSON lines)."""
+
+    def read(self, path: Path):
+        return swag.read_swag(path, skip_bad_rows=self.data.skip_bad_rows)
+
+    def encode(self, examples, training: bool):
+        return swag.encode(examples, self.tokenizer, self.data.max_seq_length), None
+
+    def score(self, split: str, outputs) -> dict[str, float]:
+        examples = self.examples(split)
+        return {"accuracy": scoring.accuracy([e.label for e in examples],
+                                             np.argmax(outputs["logits"], -1))}
+
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list[Path]:
+        out = Path(out_dir) / f"{Path(self.path(split)).stem}_predictions.csv"
+        with open(out, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["guid", "label", *[f"logit{i}" for i in range(swag.NUM_CHOICES)]])
+            for e, row in zip(self.examples(split), outputs["logits"]):
+                w.writerow([e.guid, int(np.argmax(row)), *[f"{x:.4f}" for x in row]])
+        return [out]
+
+
+class SquadTask(Task):
+    """SQuAD v1.1 / v2.0 span extraction; official EM / F1 (percent, as the official script)."""
+
+    main_metric = "f1"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.version_2 = bool(config.data.version_2)
+
+    def labeled(self, split: str) -> bool:
+        return all(e.answers or e.is_impossible for e in self.examples(split))
+
+    def read(self, path: Path):
+        return squad.read_squad(path, is_training=False, version_2=self.version_2,
+                                skip_bad_rows=self.data.skip_bad_rows)
+
+    def examples(self, split: str):
+        if split == "train" and split not in self._examples:  # training needs the answer spans
+            self._examples[split] = squad.read_squad(
+                self.path(split), is_training=True, version_2=self.version_2,
+                skip_bad_rows=self.data.skip_bad_rows)
+        return super().examples(split)
+
+    def encode(self, examples, training: bool):
+        d = self.data
+        f = squad.encode(examples, self.tokenizer, max_seq_length=d.max_seq_length,
+                         doc_stride=d.doc_stride, max_query_length=d.max_query_length,
+                         is_training=training)
+        keys = ["input_ids", "input_mask", "segment_ids"]
+        keys += ["start_positions", "end_positions"] if training else []
+        return {k: getattr(f, k) for k in keys}, f
+
+    def _postprocess(self, split: str, outputs):
+        examples, d = self.examples(split), self.data
+        return squad.postprocess(
+            examples, self.meta(split), outputs["start_logits"], outputs["end_logits"],
+            n_best_size=d.n_best_size, max_answer_length=d.max_answer_length,
+            version_2=self.version_2, null_score_diff_threshold=d.null_score_diff_threshold,
+            lowercase=self.tokenizer.lowercase)
+
+    def score(self, split: str, outputs) -> dict[str, float]:
+        predictions, _, _ = self._postprocess(split, outputs)
+        return squad.evaluate(self.examples(split), predictions, version_2=self.version_2)
+
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list[Path]:
+        predictions, nbest, null_odds = self._postprocess(split, outputs)
+        return [squad.write_predictions(out_dir, predictions, nbest, null_odds if self.version_2 else {})]
+
+
+TASKS = {"glue": GlueTask, "ner": NerTask, "swag": SwagTask, "squad": SquadTask}
+
+
+def tokenizer_dir(config) -> str:
+    """data.tokenizer, else the init_from checkpoint directory (a `bert-jax convert` output
+    holds its vocab.txt)."""
+    directory = config.data.get("tokenizer") or config.get("init_from")
+    if not directory:
+        raise config_lib.ConfigError("no tokenizer: set --config.data.tokenizer=<dir with vocab.txt or "
+                                     "spm.model> (or --config.init_from=<converted checkpoint>)")
+    return directory
+
+
+def from_config(config) -> Task | None:
+    """The fine-tuning task of config.data.name, or None for pretraining data."""
+    cls = TASKS.get(config.data.name)
+    return cls(config) if cls else None
+
+
+def resolve_steps(config, task: Task) -> ml_collections.ConfigDict:
+    """A copy of `config` with train.steps from train.epochs and schedule.warmup_steps from
+    schedule.warmup_fraction (when those are > 0), printed so the run shows what it did."""
+    epochs, fraction = config.train.epochs, config.schedule.warmup_fraction
+    if not epochs and not fraction:
+        return config
+    config = config.copy_and_resolve_references()
+    n = task.num_train_examples()
+    if epochs:
+        config.train.steps = max(1, math.ceil(epochs * n / config.train.batch_size))
+    if fraction:
+        config.schedule.warmup_steps = int(fraction * config.train.steps)
+    print(f"{n:,} training examples ({config.data.name}), batch {config.train.batch_size}: "
+          f"train.epochs={epochs} -> train.steps={config.train.steps}, schedule.warmup_fraction="
+          f"{fraction} -> warmup_steps={config.schedule.warmup_steps}", flush=True)
+    return config
+
+
+def finetune_defaults(model_name: str, size: str, num_labels: int, learning_rate: float = 2e-5
+                      ) -> ml_collections.ConfigDict:
+    """The BERT paper's fine-tuning setup (A.3): batch 32, 3 epochs, Adam lr 2e-5 (of
+    5e-5, 3e-5, 2e-5), 10% warmup then linear decay, dropout 0.1, evaluation on dev."""
+    config = config_lib.training_defaults()
+    config.model = ml_collections.ConfigDict(
+        dict(name=model_name, **{**models.bert_model_fields(size or "base"), "num_labels": num_labels}))
+    config.optimizer.learning_rate = learning_rate
+    config.optimizer.weight_decay = 0.01
+    config.schedule.name = "warmup_linear"
+    config.schedule.warmup_fraction = 0.1  # of train.steps; sets schedule.warmup_steps
+    config.train.batch_size = 32
+    config.train.epochs = 3.0  # > 0: sets train.steps = ceil(epochs * examples / batch_size)
+    config.train.eval_every = 0
+    config.train.eval_steps = 0  # the whole dev set
+    config.train.log_every = 50
+    config.train.checkpoint_every = 1000
+    config.train.keep_checkpoints = 1  # plus the best by the task's main metric
+    d = config.data = ml_collections.ConfigDict()
+    d.name = ""  # glue | squad | ner | swag
+    d.data_dir = ""  # folder holding the files below (GLUE: the folder with MRPC/, SST-2/, ...)
+    d.train_file, d.dev_file, d.test_file = "", "", ""
+    d.tokenizer = ""  # vocab directory; empty: config.init_from
+    d.max_seq_length = 128
+    d.skip_bad_rows = False  # True: skip malformed rows with a warning instead of stopping
+    d.max_train_examples = 0  # > 0: only the first N training examples
+    if size in ("tiny", "mini"):  # CPU-sized runs, often from scratch: a larger step size
+        config.optimizer.learning_rate = 1e-3
+        config.train.log_every = 10
+    return config

@@ -1,0 +1,29 @@
+"""GLUE fine-tuning (Devlin et al. 2019, 4.1): [CLS] A [SEP] B [SEP] -> pooled [CLS] -> classifier
+(STS-B: a regression head). Paper setup: batch 32, 3 epochs, lr picked on dev from 5e-5, 3e-5,
+2e-5 (configs/sweeps/glue.py runs that grid), 10% warmup then linear decay, dropout 0.1.
+
+Variants (`arg`): `<task>` or `<task>,<size>` with task one of cola sst2 mrpc stsb qqp mnli
+qnli rte wnli (mnli is scored on dev matched and mismatched) and size one of tiny mini small
+medium base large (default base). From a converted public checkpoint:
+  bert-jax convert hf:bert-base-uncased /ckpt/bert_base
+  bert-jax train --config configs/glue.py:mrpc --workdir /runs/mrpc \\
+    --config.init_from=/ckpt/bert_base --config.data.data_dir=/data/glue
+  bert-jax eval --config configs/glue.py:mrpc --workdir /runs/mrpc --step best --split test
+TFDS instead of the TSV files: --config.data.source=tfds (data_dir: the TFDS data dir).
+"""
+
+import ml_collections
+
+from bert_jax import tasks
+from bert_jax.data import glue
+
+
+def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
+    task, _, size = arg.partition(",")
+    spec = glue.task_spec(task)
+    config = tasks.finetune_defaults("bert_classification", size or "base",
+                                     num_labels=1 if spec.labels is None else len(spec.labels))
+    config.data.name = "glue"
+    config.data.task = task
+    config.data.source = "files"  # files (GLUE TSV layout under data_dir) | tfds (glue/<task>)
+    return config

@@ -1,0 +1,36 @@
+"""SQuAD v1.1 and v2.0 (Devlin et al. 2019, 4.2-4.3): question and paragraph packed as A/B in
+doc_stride windows; start/end vectors; n-best spans mapped back to the original text; v2.0
+predicts no answer when the [CLS] score beats the best span by null_score_diff_threshold.
+Official EM / F1; predictions.json and nbest_predictions.json (v2: null_odds.json).
+
+Variants (`arg`): `v1` (3 epochs, lr 5e-5, batch 32) or `v2` (2 epochs, lr 5e-5, batch 48),
+optionally `,<size>` (tiny ... large; default base).
+  bert-jax train --config configs/squad.py:v1 --workdir /runs/squad \\
+    --config.init_from=/ckpt/bert_base --config.data.data_dir=/data/squad
+  bert-jax eval --config configs/squad.py:v1 --workdir /runs/squad --step best
+"""
+
+import ml_collections
+
+from bert_jax import tasks
+
+
+def get_config(arg: str = "v1") -> ml_collections.ConfigDict:
+    version, _, size = arg.partition(",")
+    if version not in ("v1", "v2"):
+        raise ValueError(f"configs/squad.py:{arg}: choose v1 or v2")
+    config = tasks.finetune_defaults("bert_span", size or "base", num_labels=2, learning_rate=5e-5)
+    config.train.epochs = 3.0 if version == "v1" else 2.0
+    config.train.batch_size = 32 if version == "v1" else 48
+    d = config.data
+    d.name = "squad"
+    d.version_2 = version == "v2"
+    name = "v1.1" if version == "v1" else "v2.0"
+    d.train_file, d.dev_file, d.test_file = f"train-{name}.json", f"dev-{name}.json", ""
+    d.max_seq_length = 384
+    d.doc_stride = 128  # tokens between the starts of consecutive windows of a long paragraph
+    d.max_query_length = 64
+    d.n_best_size = 20
+    d.max_answer_length = 30
+    d.null_score_diff_threshold = 0.0  # v2: predict "" when null score - best span > this
+    return config

@@ -1,0 +1,21 @@
+"""SWAG (Devlin et al. 2019, 4.4): four [CLS] context [SEP] start + ending [SEP] sequences, one
+score each from the pooled [CLS], softmax over the four. Paper: 3 epochs, lr 2e-5, batch 16.
+Reads the swagaf CSV files (train.csv, val.csv, test.csv) or JSON lines with the same fields.
+
+Variants (`arg`): `base` (default), or another size (tiny ... large).
+  bert-jax train --config configs/swag.py --workdir /runs/swag \\
+    --config.init_from=/ckpt/bert_base --config.data.data_dir=/data/swagaf/data
+"""
+
+import ml_collections
+
+from bert_jax import tasks
+
+
+def get_config(arg: str = "base") -> ml_collections.ConfigDict:
+    config = tasks.finetune_defaults("bert_choice", arg, num_labels=1)
+    config.train.batch_size = 16
+    config.data.name = "swag"
+    config.data.train_file, config.data.dev_file, config.data.test_file = (
+        "train.csv", "val.csv", "test.csv")
+    return config

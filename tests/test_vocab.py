@@ -1,0 +1,194 @@
+"""Vocab training and load_tokenizer on real text, against a pure-Python BERT reference."""
+
+import json
+import pickle
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from bert_jax.data.tokenizers import SPECIAL_TOKENS, reference_basic_tokenize
+from bert_jax.data.vocab import META_NAME, load_tokenizer, train_vocab
+
+EXTRA = ["Café naïve résumé — “quoted” façade", "ΟΔΟΣ'S ΟΔΟΣ. Ελληνικά", "東京 tokyo 2024",
+         "don't stop-believing!!", "", "   ", "a" * 101, "[MASK] [CLS] text"]
+
+
+@pytest.fixture(scope="module")
+def lines(shared_data) -> list[str]:
+    """Raw non-blank Gutenberg lines from every book (verse, prose, headers, odd punctuation)."""
+    books = sorted((shared_data / "text" / "gutenberg").glob("*.txt"))
+    if not books:
+        pytest.skip("no Gutenberg books in shared data")
+    out = []
+    for book in books:
+        rows = [r for r in book.read_text("utf-8", errors="replace").splitlines() if r.strip()]
+        out += rows[100:1100:2]
+    return out  # ~6500 lines
+
+
+@pytest.fixture(scope="module")
+def train_text(lines, english_lines) -> list[str]:
+    return lines[::2] + english_lines
+
+
+@pytest.fixture(scope="module")
+def test_text(lines) -> list[str]:
+    return lines[1::2] + EXTRA  # held out from training, so unseen words and [UNK] occur
+
+
+def reference_wordpieces(text: str, vocab: set[str], lowercase: bool) -> list[str]:
+    """google-research/bert: basic tokenization, then greedy longest-match-first wordpieces."""
+    out = []
+    for word in reference_basic_tokenize(text, lowercase):
+        pieces, start = [], 0
+        while start < len(word) and len(word) <= 100:
+            end = len(word)
+            while end > start and ("##" * (start > 0) + word[start:end]) not in vocab:
+                end -= 1
+            if end == start:
+                break
+            pieces.append("##" * (start > 0) + word[start:end])
+            start = end
+        out += pieces if start == len(word) else ["[UNK]"]
+    return out
+
+
+def assert_reference_parity(tok, texts: list[str]) -> None:
+    vocab = set(tok.pieces)
+    got = [tok.tokens(ids) for ids in tok.encode_batch(texts)]
+    for text, tokens in zip(texts, got):
+        assert tokens == reference_wordpieces(text, vocab, tok.lowercase), text
+    n_tokens = sum(map(len, got))
+    assert n_tokens > 50_000 and sum(t == "[UNK]" for ts in got for t in ts) < n_tokens / 50
+
+
+def test_wordpiece_fixture_vocab_matches_reference(wordpiece_vocab, tmp_path, test_text):
+    shutil.copy(wordpiece_vocab, tmp_path / "vocab.txt")  # alone: casing inferred from the vocab
+    tok = load_tokenizer(tmp_path)
+    assert (tok.kind, tok.lowercase, tok.vocab_size) == ("wordpiece", True, 1500)
+    assert_reference_parity(tok, test_text)
+
+
+def test_wordpiece_bert_layout(wordpiece_vocab, tmp_path):
+    """Google's layout: [PAD] [unused0..98] [UNK] [CLS] [SEP] [MASK] ...; HF tokenizer.json beside it."""
+    vocab = wordpiece_vocab.read_text("utf-8").splitlines()[5:]
+    head = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    (tmp_path / "vocab.txt").write_text("".join(t + "\n" for t in head + vocab), "utf-8")
+    hf = {"version": "1.0", "normalizer": {"type": "BertNormalizer", "lowercase": True}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(hf), "utf-8")  # not ours: no "kind"
+    tok = load_tokenizer(tmp_path)
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 100, 101, 102, 103)
+    assert tok.lowercase and tok.vocab_size == 1599 and tok.special_ids == {0, 100, 101, 102, 103}
+    assert tok.tokens(tok.encode("The Emma!")) == ["the", "emma", "!"]
+
+
+@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
+def test_wordpiece_train_and_parity(lowercase, tmp_path, train_text, test_text):
+    out = train_vocab(iter(train_text), size=2000, kind="wordpiece", out_dir=tmp_path / "wp",
+                      lowercase=lowercase)
+    assert out == tmp_path / "wp"
+    vocab = (out / "vocab.txt").read_text("utf-8").splitlines()
+    assert vocab[:5] == list(SPECIAL_TOKENS) and len(vocab) == 2000 and len(set(vocab)) == 2000
+    assert any(t.startswith("##") for t in vocab)
+    assert any(t != t.lower() for t in vocab[5:]) == (not lowercase)
+    meta = json.loads((out / META_NAME).read_text("utf-8"))
+    assert meta == {"kind": "wordpiece", "lowercase": lowercase, "vocab_size": 2000}
+    tok = load_tokenizer(out)
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+    assert tok.special_ids == {0, 1, 2, 3, 4} and tok.lowercase == lowercase
+    assert_reference_parity(tok, test_text)
+    (out / META_NAME).unlink()
+    (out / "tokenizer_config.json").unlink()
+    assert load_tokenizer(out).lowercase == lowercase  # inferred from the vocab alone
+    assert load_tokenizer(out, lowercase=not lowercase).lowercase == (not lowercase)
+
+
+def test_wordpiece_encode_word_starts_decode(tmp_path, train_text, test_text):
+    tok = load_tokenizer(train_vocab(train_text, size=2000, kind="wordpiece", out_dir=tmp_path))
+    ids = tok.encode("Unimaginable extravagance, said Emma.")
+    assert ids.dtype == np.int32 and ids.ndim == 1
+    tokens = tok.tokens(ids)
+    assert tokens[-3:] == ["said", "emma", "."]
+    assert tok.word_starts(ids).tolist() == [not t.startswith("##") for t in tokens]
+    assert tok.decode(ids) == "unimaginable extravagance , said emma ."
+    assert tok.decode([tok.cls_id, *ids[:1], tok.mask_id, tok.sep_id, tok.pad_id]) == "[CLS] un [MASK] [SEP]"
+    assert tok.word_starts([tok.cls_id, tok.sep_id, tok.unk_id]).all()
+    assert tok.encode("").shape == (0,)
+    padded = np.stack([ids, np.zeros_like(ids)])  # word_starts keeps a batch's shape
+    assert tok.word_starts(padded).tolist() == [tok.word_starts(ids).tolist(), [True] * len(ids)]
+    clone = pickle.loads(pickle.dumps(tok))  # grain worker processes get pickled copies
+    assert np.array_equal(clone.encode("Unimaginable extravagance, said Emma."), ids)
+    batch = tok.encode_batch(test_text[:200])
+    assert all(np.array_equal(a, tok.encode(t)) for a, t in zip(batch, test_text[:200]))
+    for text, ids in zip(test_text, tok.encode_batch(test_text)):  # one start per BERT word
+        assert tok.word_starts(ids).sum() == len(reference_basic_tokenize(text, True)), text
+
+
+@pytest.mark.parametrize("model_type,lowercase", [("unigram", True), ("bpe", False)])
+def test_sentencepiece_train_round_trip(model_type, lowercase, tmp_path, train_text, test_text):
+    out = train_vocab(train_text, size=1000, kind="sentencepiece", out_dir=tmp_path,
+                      lowercase=lowercase, sp_model_type=model_type)
+    assert (out / "spm.model").is_file() and (out / "spm.vocab").is_file()
+    assert not (out / "vocab.txt").exists()
+    meta = json.loads((out / META_NAME).read_text("utf-8"))
+    assert meta == {"kind": "sentencepiece", "lowercase": lowercase, "vocab_size": 1000}
+    tok = load_tokenizer(out)
+    assert (tok.kind, tok.vocab_size, tok.lowercase) == ("sentencepiece", 1000, lowercase)
+    assert tok.tokens(range(5)) == list(SPECIAL_TOKENS)
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+    batch = tok.encode_batch(test_text)
+    assert all(a.dtype == np.int32 for a in batch)
+    assert not any(np.isin(ids, [0, 2, 3, 4]).any() for ids in batch)  # "[MASK]" text is not [MASK]
+    checked = 0
+    for text, ids in zip(test_text, batch):
+        if tok.unk_id in ids or not text.isascii():
+            continue  # [UNK] loses characters; NFKC may rewrite non-ASCII ones
+        expected = " ".join(text.split())
+        assert tok.decode(ids) == (expected.lower() if lowercase else expected)
+        starts = tok.word_starts(ids)
+        assert starts.sum() == len(text.split()) and (not len(ids) or starts[0])
+        checked += 1
+    assert checked > 3000
+    ids = tok.encode("Hello world")
+    assert tok.word_starts(ids).tolist() == [t.startswith("▁") for t in tok.tokens(ids)]
+    assert tok.decode([tok.cls_id, *ids, tok.sep_id, tok.pad_id]).lower() == "[cls] hello world [sep]"
+    assert tok.word_starts([tok.cls_id, tok.mask_id, tok.pad_id]).all()
+    assert np.array_equal(pickle.loads(pickle.dumps(tok)).encode("Hello world"), ids)
+    with pytest.raises(ValueError, match="case folding is part of a sentencepiece model"):
+        load_tokenizer(out, lowercase=not lowercase)
+
+
+def test_check_fits(wordpiece_vocab):
+    tok = load_tokenizer(wordpiece_vocab.parent)
+    tok.check_fits(1500, "ok")
+    tok.check_fits(1536, "padded")  # a larger (TPU-friendly) embedding is fine
+    msg = (f"tokenizer in {wordpiece_vocab.parent} has 1500 tokens but model.vocab_size=1024 "
+           "(configs/x.py); set --config.model.vocab_size=1500 or train a vocab of size <= 1024")
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        tok.check_fits(1024, "configs/x.py")
+    with pytest.raises(ValueError, match="outside vocab of size 1500"):
+        tok.tokens([1500])
+
+
+def test_bad_inputs(tmp_path, english_lines):
+    with pytest.raises(ValueError, match="size=30 is too small for this text"):
+        train_vocab(english_lines, size=30, kind="wordpiece", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="sentencepiece cannot train .* size=30 .*smaller than required"):
+        train_vocab(english_lines, size=30, kind="sentencepiece", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="size=5 leaves no room"):
+        train_vocab(english_lines, size=5, kind="sentencepiece", out_dir=tmp_path)
+    for empty in ([], ["", " \n"], iter([])):
+        for kind in ("wordpiece", "sentencepiece"):
+            with pytest.raises(ValueError, match="no text to train on"):
+                train_vocab(empty, size=100, kind=kind, out_dir=tmp_path)
+    with pytest.raises(TypeError, match="iterable of text lines"):
+        train_vocab("corpus.txt", size=100, kind="wordpiece", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="kind='bert'"):
+        train_vocab(english_lines, size=100, kind="bert", out_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"no tokenizer in .*: looked for vocab.txt .*spm.model"):
+        load_tokenizer(tmp_path / "empty")
+    (tmp_path / META_NAME).write_text('{"kind": "sentencepiece"}')
+    with pytest.raises(FileNotFoundError, match="kind='sentencepiece'.*spm.model"):
+        load_tokenizer(tmp_path)
