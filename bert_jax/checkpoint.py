@@ -20,8 +20,14 @@ from bert_jax import models
 from bert_jax.config import ConfigError
 
 
-def checkpoint_dir(directory: str | os.PathLike) -> Path:
-    return Path(directory).absolute() / "checkpoints"
+def workdir_path(directory: str | os.PathLike) -> epath.Path:
+    """A local folder (made absolute) or an object store URL such as gs://bucket/run, as a path
+    (pathlib.Path would turn "gs://b/run" into the local folder "gs:/b/run")."""
+    return epath.Path(directory if "://" in str(directory) else Path(directory).absolute())
+
+
+def checkpoint_dir(directory: str | os.PathLike) -> epath.Path:
+    return workdir_path(directory) / "checkpoints"
 
 
 def _manager(directory: str | os.PathLike, create: bool = False) -> ocp.CheckpointManager:
@@ -89,9 +95,7 @@ class TrainCheckpointer:
     `keep` are kept, and older ones are deleted only after a newer save is complete."""
 
     def __init__(self, workdir: str | os.PathLike, keep: int, best_metric: str | None = None):
-        # epath: local paths and gs:// alike.
-        self.path = epath.Path(workdir if "://" in str(workdir) else Path(workdir).absolute())
-        self.path = self.path / "checkpoints"
+        self.path = checkpoint_dir(workdir)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=True)
         if best_metric:  # keep the newest `keep` and the best by best_metric (higher is better)

@@ -8,14 +8,18 @@ the model outputs of every example; it can also write the task's prediction file
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import re
+import tempfile
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
 from bert_jax import checkpoint, objectives, optim, sharding
@@ -98,10 +102,29 @@ class TaskEvaluator:
                 results.update({f"{prefix}{k}": float(v)
                                 for k, v in self.task.score(split, outputs).items() if np.isscalar(v)})
             if out_dir is not None and jax.process_index() == 0:
-                Path(out_dir).mkdir(parents=True, exist_ok=True)
-                files = self.task.write_predictions(split, outputs, Path(out_dir))
+                with _local_folder(out_dir) as local:
+                    files = [epath.Path(out_dir) / Path(f).relative_to(local)
+                             for f in self.task.write_predictions(split, outputs, local)]
                 print(f"predictions on {split}: {', '.join(map(str, files))}", flush=True)
         return results
+
+
+@contextlib.contextmanager
+def _local_folder(out_dir):
+    """`out_dir` if it is local; for gs:// a temporary folder whose files are copied there after
+    (the task writers take local paths)."""
+    if "://" not in str(out_dir):
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        yield Path(out_dir)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield Path(tmp)
+        remote = epath.Path(out_dir)
+        remote.mkdir(parents=True, exist_ok=True)
+        for f in Path(tmp).rglob("*"):
+            if f.is_file():
+                (remote / f.relative_to(tmp)).parent.mkdir(parents=True, exist_ok=True)
+                (remote / f.relative_to(tmp)).write_bytes(f.read_bytes())
 
 
 def make_evaluator(config, graphdef, objective, mesh, task=None):
@@ -113,7 +136,7 @@ def make_evaluator(config, graphdef, objective, mesh, task=None):
 def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> list[int]:
     """`latest`, `best`, `all` or a step number -> checkpoint steps present in workdir."""
     path = checkpoint.checkpoint_dir(workdir)
-    with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(read_only=True)) as m:
+    with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False)) as m:
         steps = sorted(m.all_steps())
         scored = {s: (m.metrics(s) or {}).get(best_metric) for s in steps} if best_metric else {}
     if not steps:
@@ -137,7 +160,8 @@ def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> lis
 def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
                          split: str | None = None) -> list[dict]:
     """Metrics of each chosen checkpoint, written to <workdir>/eval/step_<N>.json; fine-tuning
-    tasks also write their predictions to <workdir>/eval/step_<N>/."""
+    tasks also write their predictions to <workdir>/eval/step_<N>/. A `split` other than the
+    task's dev split writes to <workdir>/eval/<split name>/ instead."""
     from bert_jax import tasks, train
 
     config_lib.validate(config, jax.device_count(), jax.process_count())
@@ -152,11 +176,15 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
     best = f"eval/{task.main_metric}" if task else None
     if split is not None and task is None:
         raise ValueError("--split applies to fine-tuning tasks; pretraining evaluates held-out documents")
+    eval_dir = checkpoint.workdir_path(workdir) / "eval"
+    if split is not None and split != task.eval_splits[0]:
+        # Another split's results go beside the dev ones, never over them: eval/<split>/.
+        eval_dir = eval_dir / re.sub(r"[^\w.-]+", "_", Path(split).stem if "/" in split else split)
     results = []
     with jax.set_mesh(mesh):
         for step in chosen_steps(workdir, step_spec, best):
             params = checkpoint.restore_params(workdir, target, step)
-            out = Path(workdir) / "eval" / f"step_{step}"
+            out = eval_dir / f"step_{step}"
             if task is None:
                 _, phase_cfg, _ = train.phase_config(config, max(step - 1, 0))
                 metrics = evaluator.run(params, phase_cfg)

@@ -2,7 +2,7 @@
 
   bert-jax train --config configs/bert_pretrain.py:tiny --workdir <dir> [--config.train.steps=100]
   bert-jax eval --config configs/bert_pretrain.py:tiny --workdir <dir> [--step latest|best|all|N]
-               [--split dev|test|<file>]   (fine-tuning tasks; predictions in <dir>/eval/step_N/)
+               [--split dev|test|<file>]   (fine-tuning: <dir>/eval/step_N/, other splits <dir>/eval/<split>/)
   bert-jax sweep --config configs/sweeps/glue.py:mrpc --workdir <dir> [--print_commands]
   bert-jax vocab --input 'books/*.txt' --size 8192 --type wordpiece --out <dir>
   bert-jax prepare --config configs/bert_pretrain.py:base --out <dir>   (array_record shards)
@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -238,7 +239,11 @@ def _explain_flag_error(argv: list[str]) -> str | None:
 
 def run() -> None:
     """Console-script entry point."""
-    app.run(main, flags_parser=_parse_flags)
+    try:
+        app.run(main, flags_parser=_parse_flags)
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import datetime
 import json
 import math
 import os
-import re
+import shutil
 import sys
 import tempfile
 import time
@@ -90,11 +90,10 @@ class MetricsWriter:
         self._remote = None
         if "://" in str(workdir):
             # Object stores (gs://) have no appends: write to a local mirror and copy the
-            # files over after each write (they are small).
+            # files over after each write (they are small). A fresh mirror per run, so no
+            # event files of an earlier run (or another process) get copied over.
             self._remote = epath.Path(str(workdir))
-            workdir = Path(tempfile.gettempdir()) / "bert_jax_metrics" / re.sub(
-                r"[^\w.-]+", "_", str(workdir))
-            workdir.mkdir(parents=True, exist_ok=True)
+            workdir = Path(tempfile.mkdtemp(prefix="bert_jax_metrics_"))
             if (self._remote / METRICS_FILE).exists():
                 (workdir / METRICS_FILE).write_text((self._remote / METRICS_FILE).read_text())
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -202,6 +201,8 @@ class MetricsWriter:
         self._file.close()
         self._tb.close()
         self._sync()
+        if self._remote is not None:
+            shutil.rmtree(self.path.parent, ignore_errors=True)
         self._file = self._tb = None
 
     def __enter__(self) -> MetricsWriter:

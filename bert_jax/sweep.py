@@ -58,12 +58,13 @@ def trial_name(setting: dict[str, Any]) -> str:
     return "_".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in setting.items())
 
 
-def command(sweep, setting: dict[str, Any], workdir: Path) -> list[str]:
+def command(sweep, setting: dict[str, Any], workdir: str | Path) -> list[str]:
     """The `bert-jax train` command line of one trial."""
     args = [f"--config.{item}" for item in sweep.overrides]
     args += [f"--config.{k}={_fmt(v)}" for k, v in setting.items()]
+    # Joined as text: Path("gs://b/sweep") would become the local folder "gs:/b/sweep".
     return [sys.executable, "-m", "bert_jax", "train", f"--config={sweep.base}",
-            f"--workdir={workdir / trial_name(setting)}", *args]
+            f"--workdir={str(workdir).rstrip('/')}/{trial_name(setting)}", *args]
 
 
 def finished(trial_dir: Path) -> dict | None:
@@ -79,11 +80,15 @@ def run_sweep(sweep, workdir: str, print_commands: bool = False) -> dict[str, An
     """Runs (or prints) every unfinished trial, then writes the results tables."""
     root = Path(workdir)
     settings = trials(sweep)
-    commands = [command(sweep, s, root) for s in settings]
+    commands = [command(sweep, s, workdir) for s in settings]
     if print_commands:
         for cmd in commands:
             print(shlex.join(cmd))
         return {"trials": len(settings)}
+    if "://" in workdir:
+        raise ValueError(f"--workdir={workdir}: a sweep keeps its trial logs and results tables on "
+                         "local disk; give a local --workdir, or use --print_commands to launch "
+                         "the trials with gs:// workdirs on a cluster")
     root.mkdir(parents=True, exist_ok=True)
     failed = []
     for i, (setting, cmd) in enumerate(zip(settings, commands)):

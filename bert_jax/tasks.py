@@ -32,7 +32,11 @@ class Task:
 
     def __init__(self, config: ml_collections.ConfigDict):
         self.config, self.data = config, config.data
-        self.tokenizer = vocab.load_tokenizer(tokenizer_dir(config))
+        try:
+            self.tokenizer = vocab.load_tokenizer(tokenizer_dir(config))
+        except FileNotFoundError as e:
+            raise config_lib.ConfigError(f"{e}; set --config.data.tokenizer=<the directory of the "
+                                         "vocabulary the checkpoint was trained with>") from None
         self.tokenizer.check_fits(config.model.vocab_size, f"tokenizer of {tokenizer_dir(config)}")
         self._examples: dict[str, Any] = {}
         self._features: dict[str, dict[str, np.ndarray]] = {}
@@ -258,7 +262,7 @@ TASKS = {"glue": GlueTask, "ner": NerTask, "swag": SwagTask, "squad": SquadTask}
 
 def tokenizer_dir(config) -> str:
     """data.tokenizer, else the init_from checkpoint directory (a `bert-jax convert` output
-    holds its vocab.txt)."""
+    and a training workdir hold their tokenizer files)."""
     directory = config.data.get("tokenizer") or config.get("init_from")
     if not directory:
         raise config_lib.ConfigError("no tokenizer: set --config.data.tokenizer=<dir with vocab.txt or "

@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint, evaluate, models, objectives, optim, sharding, tasks
 from bert_jax import config as config_lib
-from bert_jax.data import pipelines
+from bert_jax.data import pipelines, vocab
 from bert_jax.metrics import MetricsWriter, mfu, peak_flops_per_device
 
 Array = jax.Array
@@ -192,6 +192,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     t = config.train
     if "://" not in workdir:
         Path(workdir).mkdir(parents=True, exist_ok=True)
+        tokenizer = config.data.get("tokenizer") or config.get("init_from")
+        if jax.process_index() == 0 and tokenizer and "://" not in tokenizer and Path(tokenizer).is_dir():
+            vocab.copy_tokenizer(tokenizer, workdir)  # the workdir can then be an init_from
     config_json = json.loads(config.to_json())
 
     # Outside set_mesh: under a mesh, nnx.eval_shape takes logical names for mesh axes.
@@ -320,6 +323,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
             writer.close()
         summary["step"] = step
         summary.update(steps=t.steps, best_metric=best_metric)
-        if jax.process_index() == 0 and "://" not in workdir:  # sweeps read it to skip finished runs
-            (Path(workdir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        if jax.process_index() == 0:  # sweeps read it to skip finished runs
+            (checkpoint.workdir_path(workdir) / "summary.json").write_text(
+                json.dumps(summary, indent=1) + "\n")
         return summary

@@ -95,10 +95,17 @@ def test_mrpc_beats_majority_and_predicts_test(shared_data, task_vocab, tmp_path
     assert best["eval/accuracy"] > majority, best
     assert {"eval/f1", "eval/acc_and_f1"} <= set(best)
     # The unlabeled test file: predictions in the leaderboard layout, no metrics.
+    [dev] = evaluate.evaluate_checkpoints(config, str(tmp_path), "latest")
     [result] = evaluate.evaluate_checkpoints(config, str(tmp_path), "latest", "test")
-    assert set(result) == {"step"}
-    rows = (tmp_path / "eval" / f"step_{result['step']}" / "MRPC.tsv").read_text().splitlines()
+    assert set(result) == {"step"} and result["step"] == dev["step"]
+    step = result["step"]
+    rows = (tmp_path / "eval" / "test" / f"step_{step}" / "MRPC.tsv").read_text().splitlines()
     assert len(rows) == 1 + 1725 and rows[1].split("\t")[0] == "0"
+    # The test split's results sit beside the dev ones of the same step, not over them.
+    assert json.loads((tmp_path / "eval" / "test" / f"step_{step}.json").read_text()) == result
+    assert json.loads((tmp_path / "eval" / f"step_{step}.json").read_text()) == dev
+    assert "eval/accuracy" in dev
+    assert len((tmp_path / "eval" / f"step_{step}" / "MRPC.tsv").read_text().splitlines()) == 1 + 408
 
 
 def test_ner_conll_trains_and_writes_tags(shared_data, task_vocab, tmp_path):

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import collections
+import heapq
 import itertools
 import json
+import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import sentencepiece as spm
-from tokenizers import Tokenizer as RustTokenizer
-from tokenizers import models, normalizers, pre_tokenizers, trainers
+from tokenizers import normalizers, pre_tokenizers
 
 from bert_jax.data.tokenizers import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
 
@@ -31,27 +33,85 @@ def _text_lines(inputs: Iterable[str]) -> Iterator[str]:
     return itertools.chain([first], lines)
 
 
-def _train_wordpiece(lines: Iterator[str], size: int, out_dir: Path, lowercase: bool) -> int:
-    """Writes vocab.txt (+ HF tokenizer_config.json); returns the vocab size (may be < size)."""
-    tok = RustTokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+def _train_wordpiece(lines: Iterator[str], size: int, out_dir: Path, lowercase: bool,
+                     min_frequency: int = 2, limit_alphabet: int = 1000) -> int:
+    """Writes vocab.txt (+ HF tokenizer_config.json); returns the vocab size (may be < size).
+
+    The algorithm of tokenizers' WordPieceTrainer (BPE over words split the BERT way, with
+    '##' on word-internal symbols; its min_frequency and limit_alphabet defaults), written
+    out here because that trainer breaks ties between equally frequent pairs in hash-map
+    order, so its vocab changed from run to run. Here ties go to the smaller pair (as
+    strings): the same text always gives the same vocab.txt."""
     # NFC first because WordPieceTokenizer (like HF's BertTokenizer) composes before lowercasing,
     # so the vocab holds the forms it will look up; lowercase + strip accents is BERT uncased.
-    tok.normalizer = normalizers.Sequence([
+    normalizer = normalizers.Sequence([
         normalizers.NFC(), normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)])
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    # min_frequency and limit_alphabet as in tokenizers' BertWordPieceTokenizer.
-    trainer = trainers.WordPieceTrainer(vocab_size=size, min_frequency=2, limit_alphabet=1000,
-                                        special_tokens=list(SPECIAL_TOKENS),
-                                        continuing_subword_prefix="##", show_progress=False)
-    tok.train_from_iterator(lines, trainer)
-    vocab = tok.get_vocab()
-    if len(vocab) > size:  # the trainer keeps every character even past vocab_size
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    word_counts: collections.Counter[str] = collections.Counter()
+    for line in lines:
+        word_counts.update(w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)))
+    char_counts: collections.Counter[str] = collections.Counter()
+    for word, n in word_counts.items():
+        for ch in word:
+            char_counts[ch] += n
+    alphabet = set(sorted(char_counts, key=lambda c: (-char_counts[c], c))[:limit_alphabet])
+    # Words with a character outside the alphabet are [UNK] anyway: left out.
+    words = [[w[0]] + ["##" + c for c in w[1:]] for w in sorted(word_counts) if set(w) <= alphabet]
+    counts = [word_counts["".join(s).replace("##", "")] for s in words]
+    vocab = list(SPECIAL_TOKENS) + sorted({s for syms in words for s in syms} - set(SPECIAL_TOKENS))
+    if len(vocab) > size:
         raise ValueError(f"train_vocab: size={size} is too small for this text: the "
                          f"{len(SPECIAL_TOKENS)} special tokens and its characters (alone and "
                          f"'##'-prefixed) already need {len(vocab)}; use size > {len(vocab)}")
-    tokens = sorted(vocab, key=vocab.get)
-    WordPieceTokenizer(tokens, lowercase=lowercase).save(out_dir)
-    return len(tokens)
+    known = set(vocab)
+    pair_counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    where: dict[tuple[str, str], set[int]] = collections.defaultdict(set)  # words with the pair
+    for i, syms in enumerate(words):
+        for pair in zip(syms, syms[1:]):
+            pair_counts[pair] += counts[i]
+            where[pair].add(i)
+    heap = [(-n, a, b) for (a, b), n in pair_counts.items()]
+    heapq.heapify(heap)
+    while len(vocab) < size and heap:
+        n, a, b = heapq.heappop(heap)
+        if -n != pair_counts.get((a, b)):
+            continue  # stale: the pair's count changed and was pushed again
+        if -n < min_frequency:
+            break
+        merged = a + b.removeprefix("##")
+        if merged not in known:
+            vocab.append(merged)
+            known.add(merged)
+        changed = set()
+        for i in where.pop((a, b)):
+            syms, c = words[i], counts[i]
+            out, j = [], 0
+            while j < len(syms):
+                if j + 1 < len(syms) and syms[j] == a and syms[j + 1] == b:
+                    out.append(merged)
+                    j += 2
+                else:
+                    out.append(syms[j])
+                    j += 1
+            if len(out) == len(syms):
+                continue
+            for pair in zip(syms, syms[1:]):
+                pair_counts[pair] -= c
+                changed.add(pair)
+            for pair in zip(out, out[1:]):
+                pair_counts[pair] += c
+                where[pair].add(i)
+                changed.add(pair)
+            words[i] = out
+        pair_counts.pop((a, b), None)
+        changed.discard((a, b))
+        for pair in sorted(changed):
+            if pair_counts[pair] > 0:
+                heapq.heappush(heap, (-pair_counts[pair], *pair))
+            else:
+                pair_counts.pop(pair)
+    WordPieceTokenizer(vocab, lowercase=lowercase).save(out_dir)
+    return len(vocab)
 
 
 def _train_sentencepiece(lines: Iterator[str], size: int, out_dir: Path, lowercase: bool,
@@ -220,6 +280,22 @@ def _metadata(directory: Path) -> dict:
     """Our bert_jax_tokenizer.json, or {}."""
     meta = _read_json(directory / META_NAME)
     return meta if "kind" in meta else {}
+
+
+TOKENIZER_FILES = (VOCAB_NAME, CONFIG_NAME, META_NAME, SPM_NAME, "spm.vocab")
+
+
+def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
+    """Copies the tokenizer files in src (those of TOKENIZER_FILES present) into dst, so a
+    training workdir, like a `bert-jax convert` output, carries its tokenizer and can be
+    given as init_from. Files already in dst are kept. Returns the names copied."""
+    src, dst = Path(src), Path(dst)
+    if src.resolve() == dst.resolve():
+        return []
+    copied = [n for n in TOKENIZER_FILES if (src / n).is_file() and not (dst / n).exists()]
+    for name in copied:
+        shutil.copyfile(src / name, dst / name)
+    return copied
 
 
 def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None) -> Tokenizer:
