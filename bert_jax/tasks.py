@@ -260,10 +260,15 @@ class SquadTask(Task):
 TASKS = {"glue": GlueTask, "ner": NerTask, "swag": SwagTask, "squad": SquadTask}
 
 
-def tokenizer_dir(config) -> str:
+def tokenizer_source(config) -> str:
     """data.tokenizer, else the init_from checkpoint directory (a `bert-jax convert` output
-    and a training workdir hold their tokenizer files)."""
-    directory = config.data.get("tokenizer") or config.get("init_from")
+    and a training workdir hold their tokenizer files), else ""."""
+    return config.data.get("tokenizer") or config.get("init_from") or ""
+
+
+def tokenizer_dir(config) -> str:
+    """tokenizer_source, required."""
+    directory = tokenizer_source(config)
     if not directory:
         raise config_lib.ConfigError("no tokenizer: set --config.data.tokenizer=<dir with vocab.txt or "
                                      "spm.model> (or --config.init_from=<converted checkpoint>)")

@@ -192,7 +192,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     t = config.train
     if "://" not in workdir:
         Path(workdir).mkdir(parents=True, exist_ok=True)
-        tokenizer = config.data.get("tokenizer") or config.get("init_from")
+        tokenizer = tasks.tokenizer_source(config)
         if jax.process_index() == 0 and tokenizer and "://" not in tokenizer and Path(tokenizer).is_dir():
             vocab.copy_tokenizer(tokenizer, workdir)  # the workdir can then be an init_from
     config_json = json.loads(config.to_json())

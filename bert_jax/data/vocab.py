@@ -56,8 +56,9 @@ def _train_wordpiece(lines: Iterator[str], size: int, out_dir: Path, lowercase: 
             char_counts[ch] += n
     alphabet = set(sorted(char_counts, key=lambda c: (-char_counts[c], c))[:limit_alphabet])
     # Words with a character outside the alphabet are [UNK] anyway: left out.
-    words = [[w[0]] + ["##" + c for c in w[1:]] for w in sorted(word_counts) if set(w) <= alphabet]
-    counts = [word_counts["".join(s).replace("##", "")] for s in words]
+    kept = [w for w in sorted(word_counts) if set(w) <= alphabet]
+    words = [[w[0]] + ["##" + c for c in w[1:]] for w in kept]
+    counts = [word_counts[w] for w in kept]
     vocab = list(SPECIAL_TOKENS) + sorted({s for syms in words for s in syms} - set(SPECIAL_TOKENS))
     if len(vocab) > size:
         raise ValueError(f"train_vocab: size={size} is too small for this text: the "
