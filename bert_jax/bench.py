@@ -15,12 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bert_jax import config as config_lib
+from bert_jax.data import documents, pipelines, vocab
+from bert_jax.demo import build_corpus
+
 
 def bench_data(text: str | None, seconds: float, seq_len: int = 128) -> dict:
-    from bert_jax import config as config_lib
-    from bert_jax.data import documents, pipelines, vocab
-    from bert_jax.demo import build_corpus
-
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
     configs = Path(__file__).parents[1] / "configs" / "bert_pretrain.py"

@@ -6,11 +6,21 @@ Every task model holds the shared encoder as `.bert`, so a pretraining checkpoin
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax.layers import ACTIVATIONS, Array, ModelConfig, dense, dropout, embed, layer_norm
+from bert_jax.layers import (
+    ACTIVATIONS,
+    Array,
+    ModelConfig,
+    dense,
+    dropout,
+    embed,
+    layer_flops_per_token,
+    layer_norm,
+    logits_flops_per_token,
+    split_rng,
+)
 from bert_jax.layers import attention_mask as make_attention_mask
 from bert_jax.transformer import Encoder
 
@@ -35,8 +45,16 @@ class BertEmbeddings(nnx.Module):
         return dropout(self.norm(x_BTD), self.dropout_rate, rng)
 
 
+def encoder_flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+    """Forward matmul FLOPs per token of the encoder (embeddings and heads are negligible)."""
+    return {"encoder_per_token": cfg.num_layers * layer_flops_per_token(cfg, seq_len)}
+
+
 class BertModel(nnx.Module):
     """The BERT encoder: embeddings, Transformer encoder, optional [CLS] pooler."""
+
+    encoder_path: tuple[str, ...] = ()  # where a BertModel's parameters sit in this model
+    flops_per_token = staticmethod(encoder_flops_per_token)
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, use_pooler: bool | None = None):
         self.embeddings = BertEmbeddings(cfg, rngs=rngs)
@@ -57,7 +75,7 @@ class BertModel(nnx.Module):
         Returns sequence_output [B,T,D], pooled_output [B,D] (with a pooler) and, with
         return_hidden, hidden_states [L+1,B,T,D]: the embeddings then every layer's output.
         """
-        r = jax.random.split(rng) if rng is not None else (None, None)
+        r = split_rng(rng, 2)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         if positions is None:
@@ -76,6 +94,13 @@ class BertModel(nnx.Module):
         return out
 
 
+class BertTask(nnx.Module):
+    """A task model: the encoder as `.bert` plus a head."""
+
+    encoder_path: tuple[str, ...] = ("bert",)
+    flops_per_token = staticmethod(encoder_flops_per_token)
+
+
 class MaskedLMHead(nnx.Module):
     """dense + activation + LayerNorm, then the decoder tied to the token embeddings + bias."""
 
@@ -90,8 +115,15 @@ class MaskedLMHead(nnx.Module):
         return word_embeddings.attend(h_BPD).astype(jnp.float32) + self.bias[...]
 
 
-class BertForPreTraining(nnx.Module):
+class BertForPreTraining(BertTask):
     """MLM + next-sentence prediction."""
+
+    @staticmethod
+    def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+        """The encoder's, plus the MLM head's per predicted token (transform + vocabulary)."""
+        return {**encoder_flops_per_token(cfg, seq_len),
+                "mlm_head_per_predicted_token": 2 * cfg.emb_dim * cfg.emb_dim
+                + logits_flops_per_token(cfg)}
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
@@ -110,7 +142,7 @@ class BertForPreTraining(nnx.Module):
                 "nsp_logits": self.nsp(out["pooled_output"]).astype(jnp.float32)}
 
 
-class BertForSequenceClassification(nnx.Module):
+class BertForSequenceClassification(BertTask):
     """Pooled [CLS] -> dropout -> dense: num_labels classes, or a regression when 1."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -120,13 +152,13 @@ class BertForSequenceClassification(nnx.Module):
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:
-        r = jax.random.split(rng) if rng is not None else (None, None)
+        r = split_rng(rng, 2)
         pooled_BD = self.bert(input_ids, rng=r[0], **inputs)["pooled_output"]
         logits = self.classifier(dropout(pooled_BD, self.dropout_rate, r[1]))
         return {"logits": logits.astype(jnp.float32)}
 
 
-class BertForTokenClassification(nnx.Module):
+class BertForTokenClassification(BertTask):
     """Per-token tags: sequence output -> dropout -> dense."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -136,13 +168,13 @@ class BertForTokenClassification(nnx.Module):
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:
-        r = jax.random.split(rng) if rng is not None else (None, None)
+        r = split_rng(rng, 2)
         seq_BTD = self.bert(input_ids, rng=r[0], **inputs)["sequence_output"]
         logits = self.classifier(dropout(seq_BTD, self.dropout_rate, r[1]))
         return {"logits": logits.astype(jnp.float32)}
 
 
-class BertForQuestionAnswering(nnx.Module):
+class BertForQuestionAnswering(BertTask):
     """Span QA: start and end logits from one dense layer (the start/end vectors)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -156,7 +188,7 @@ class BertForQuestionAnswering(nnx.Module):
         return {"start_logits": logits_BT2[..., 0], "end_logits": logits_BT2[..., 1]}
 
 
-class BertForMultipleChoice(nnx.Module):
+class BertForMultipleChoice(BertTask):
     """One score per choice from its pooled [CLS]; softmax over choices in the loss."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -169,7 +201,7 @@ class BertForMultipleChoice(nnx.Module):
         """Inputs are [B, C, T]; returns logits [B, C]."""
         B, C, T = input_ids.shape
         flat = {k: None if v is None else v.reshape(B * C, T) for k, v in inputs.items()}
-        r = jax.random.split(rng) if rng is not None else (None, None)
+        r = split_rng(rng, 2)
         pooled = self.bert(input_ids.reshape(B * C, T), rng=r[0], **flat)["pooled_output"]
         logits = self.classifier(dropout(pooled, self.dropout_rate, r[1]))
         return {"logits": logits.reshape(B, C).astype(jnp.float32)}

@@ -6,41 +6,57 @@ checkpoint takes either; tokenizer files (vocab.txt, ...) sit in `<dir>` itself.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
-from flax import nnx, traverse_util
+from flax import traverse_util
 
-from bert_jax import models
+from bert_jax import models, sharding, trees
 from bert_jax.config import ConfigError
+from bert_jax.paths import workdir_path
 
-
-def workdir_path(directory: str | os.PathLike) -> epath.Path:
-    """A local folder (made absolute) or an object store URL such as gs://bucket/run, as a path
-    (pathlib.Path would turn "gs://b/run" into the local folder "gs:/b/run")."""
-    return epath.Path(directory if "://" in str(directory) else Path(directory).absolute())
+log = logging.getLogger(__name__)
 
 
 def checkpoint_dir(directory: str | os.PathLike) -> epath.Path:
     return workdir_path(directory) / "checkpoints"
 
 
-def _manager(directory: str | os.PathLike, create: bool = False) -> ocp.CheckpointManager:
+def manager(directory: str | os.PathLike, *, create: bool = False, read_only: bool = False,
+            options: ocp.CheckpointManagerOptions | None = None,
+            item_handlers: dict | None = None) -> ocp.CheckpointManager:
+    """The Orbax manager of `<directory>/checkpoints` (every command builds its manager here).
+    Without `create`, a directory with no checkpoints/ folder is an error naming it."""
     path = checkpoint_dir(directory)
     if not create and not path.is_dir():
         raise FileNotFoundError(
             f"{directory}: no checkpoints/ folder; expected a workdir or a `bert-jax convert` output")
-    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=create))
+    options = options or ocp.CheckpointManagerOptions(create=create, read_only=read_only)
+    return ocp.CheckpointManager(path, options=options, item_handlers=item_handlers)
+
+
+def best_step(scores: dict[int, float | None]) -> int | None:
+    """The step with the highest score (None scores ignored); ties go to the later step, as
+    Orbax's BestN keeps (TrainCheckpointer's policy) do."""
+    scored = {s: v for s, v in scores.items() if v is not None}
+    return max(scored, key=lambda s: (scored[s], s)) if scored else None
+
+
+def _best_metric_policy(best_metric: str, keep: int):
+    """Keep the newest `keep` checkpoints and the best one by `best_metric` (higher is better)."""
+    policy, metric = ocp.checkpoint_managers, (lambda m: m[best_metric])
+    return policy.AnyPreservationPolicy([
+        policy.LatestN(n=keep),
+        policy.BestN(get_metric_fn=metric, n=1, keep_checkpoints_without_metrics=False)])
 
 
 def save_params(directory: str | os.PathLike, step: int, params: dict, config: dict) -> None:
     """Writes params + config as checkpoint `step` (blocking until it is complete)."""
-    with _manager(directory, create=True) as mngr:
+    with manager(directory, create=True) as mngr:
         mngr.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                                 config=ocp.args.JsonSave(config)))
         mngr.wait_until_finished()
@@ -59,7 +75,7 @@ def _resolve_step(mngr: ocp.CheckpointManager, directory, step: int | None) -> i
 
 def read_config(directory: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
     """The run config stored with a checkpoint (latest step by default)."""
-    with _manager(directory) as mngr:
+    with manager(directory) as mngr:
         step = _resolve_step(mngr, directory, step)
         return mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
@@ -67,25 +83,10 @@ def read_config(directory: str | os.PathLike, step: int | None = None) -> dict[s
 def restore_params(directory: str | os.PathLike, abstract_params: dict,
                    step: int | None = None) -> dict:
     """Params restored onto the shapes, dtypes and shardings of `abstract_params`."""
-    with _manager(directory) as mngr:
+    with manager(directory) as mngr:
         step = _resolve_step(mngr, directory, step)
         args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
         return mngr.restore(step, args=args)["params"]
-
-
-def load_model(directory: str | os.PathLike, step: int | None = None,
-               model_cfg: dict[str, Any] | None = None) -> tuple[dict[str, Any], nnx.Module]:
-    """(model config, model with restored parameters); `model_cfg` overrides the stored one
-    (e.g. to run with a different dtype or scan setting)."""
-    if model_cfg is None:
-        model_cfg = read_config(directory, step)["model"]
-    model = models.abstract_model(model_cfg)
-    abstract = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
-    params = restore_params(directory, abstract, step)
-    graphdef, state = nnx.split(model)
-    nnx.replace_by_pure_dict(state, params)
-    return model_cfg, nnx.merge(graphdef, state)
 
 
 class TrainCheckpointer:
@@ -98,17 +99,14 @@ class TrainCheckpointer:
         self.path = checkpoint_dir(workdir)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=True)
-        if best_metric:  # keep the newest `keep` and the best by best_metric (higher is better)
-            policy, metric = ocp.checkpoint_managers, (lambda m: m[best_metric])
+        if best_metric:
             options = ocp.CheckpointManagerOptions(
-                create=True, enable_async_checkpointing=True, best_fn=metric, best_mode="max",
-                preservation_policy=policy.AnyPreservationPolicy([
-                    policy.LatestN(n=keep),
-                    policy.BestN(get_metric_fn=metric, n=1, keep_checkpoints_without_metrics=False)]))
+                create=True, enable_async_checkpointing=True, best_fn=lambda m: m[best_metric],
+                best_mode="max", preservation_policy=_best_metric_policy(best_metric, keep))
         handlers = {"params": ocp.StandardCheckpointHandler(),
                     "opt_state": ocp.StandardCheckpointHandler(),
                     "data": ocp.JsonCheckpointHandler(), "config": ocp.JsonCheckpointHandler()}
-        self.manager = ocp.CheckpointManager(self.path, options=options, item_handlers=handlers)
+        self.manager = manager(workdir, create=True, options=options, item_handlers=handlers)
 
     def save(self, step: int, params, opt_state, data_state: dict, config: dict,
              metrics: dict | None = None) -> None:
@@ -136,9 +134,8 @@ class TrainCheckpointer:
                     data=ocp.args.JsonRestore()))
             except Exception as e:  # noqa: BLE001 (any failure means: not usable)
                 bad = self.path / str(step)
-                print(f"warning: checkpoint {bad} cannot be restored ({type(e).__name__}: "
-                      f"{str(e)[:300]}); renamed to {bad}.unreadable, trying the previous one",
-                      file=sys.stderr)
+                log.warning(f"warning: checkpoint {bad} cannot be restored ({type(e).__name__}: "
+                            f"{str(e)[:300]}); renamed to {bad}.unreadable, trying the previous one")
                 if jax.process_index() == 0:
                     bad.rename(bad.with_name(f"{step}.unreadable"))
                 self.manager.reload()
@@ -150,8 +147,8 @@ class TrainCheckpointer:
         """A readable checkpoint whose arrays do not match the config is the user's config
         change, not corruption: stop with the differences instead of skipping it."""
         def shapes(tree) -> dict[str, tuple]:
-            return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path):
-                    tuple(x.shape) for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+            return {"/".join(trees.key_names(path)): tuple(x.shape)
+                    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
         where = f"{self.path}/{step}"
         saved, wanted = shapes(metadata["params"]), shapes(abstract_params)
@@ -182,12 +179,12 @@ ARCHITECTURE_FIELDS = ("vocab_size", "emb_dim", "num_layers", "num_heads", "head
 
 def _params_metadata(directory: str | os.PathLike) -> tuple[int, dict[tuple[str, ...], Any]]:
     """(latest step, {param path: shape/dtype metadata}) without reading any array."""
-    with ocp.CheckpointManager(checkpoint_dir(directory), options=ocp.CheckpointManagerOptions(
-            read_only=True), item_handlers={"params": ocp.StandardCheckpointHandler()}) as mngr:
+    with manager(directory, read_only=True,
+                 item_handlers={"params": ocp.StandardCheckpointHandler()}) as mngr:
         step = _resolve_step(mngr, directory, None)
         tree = mngr.item_metadata(step)["params"]
     leaves = jax.tree_util.tree_leaves_with_path(tree)
-    return step, {tuple(str(getattr(k, "key", k)) for k in path): x for path, x in leaves}
+    return step, {trees.key_names(path): x for path, x in leaves}
 
 
 def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abstract_params: dict,
@@ -197,8 +194,6 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abs
     training workdir) also has, restored sharded onto `mesh`. Returns (params found, our
     parameters not found (fresh heads), checkpoint parameters not used). A differing
     architecture is a ConfigError naming the fields."""
-    from bert_jax import sharding
-
     def complete(cfg: dict) -> dict:  # stored configs may leave out fields at their defaults
         name, fields = models.split_model_config(cfg)
         return {"name": name, **dataclasses.asdict(fields)}
@@ -211,8 +206,12 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abs
         raise ConfigError(f"init_from={directory}: the checkpoint's model differs from this config "
                           f"({found}); use the checkpoint's sizes: {fix}")
     step, theirs = _params_metadata(directory)
-    # A bare encoder (model.name=bert) holds at its root what our task models hold under `bert`.
-    rename = (lambda k: ("bert", *k)) if source_cfg["name"] == "bert" else (lambda k: k)
+    # Each model holds the encoder at its own path (the bare encoder at its root, task models
+    # under `bert`): a checkpoint parameter under its encoder path moves to ours.
+    theirs_at, ours_at = models.encoder_path(source_cfg["name"]), models.encoder_path(model_cfg["name"])
+
+    def rename(k: tuple[str, ...]) -> tuple[str, ...]:
+        return ours_at + k[len(theirs_at):] if k[:len(theirs_at)] == theirs_at else k
     ours = traverse_util.flatten_dict(abstract_params)
     for k, meta in theirs.items():
         if rename(k) in ours and tuple(meta.shape) != ours[rename(k)].shape:

@@ -7,12 +7,18 @@ then set `model`, `data` and whatever differs from the defaults.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import ml_collections
+
+from bert_jax.layers import DTYPES
+
+MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes, in order
+BATCH_AXES = ("data", "fsdp")  # the axes the examples of a batch are split over
 
 # t5x vocabulary -> mesh axes. A logical axis maps to one mesh axis, several, or None
 # (replicated). Params: embed over fsdp (ZeRO-3 style), mlp/heads/vocab over tensor
@@ -28,7 +34,6 @@ DEFAULT_AXIS_RULES = (
     ("layers", None),
 )
 
-DTYPES = ("float32", "bfloat16")
 
 
 class ConfigError(ValueError):
@@ -55,9 +60,12 @@ def training_defaults() -> ml_collections.ConfigDict:
     c.schedule.name = "warmup_linear"  # rsqrt_paper | warmup_rsqrt | warmup_linear | constant | cosine
     c.schedule.warmup_steps = 10  # linear warmup from 0
     c.schedule.final_fraction = 0.0  # cosine: final lr as a fraction of the peak
+    c.schedule.warmup_fraction = 0.0  # > 0: warmup_steps = fraction * train.steps (fine-tuning: 0.1)
 
     c.train = ml_collections.ConfigDict()
-    c.train.steps = 100  # total optimizer steps
+    c.train.steps = 100  # total optimizer steps (fine-tuning: 0 = from train.epochs)
+    c.train.epochs = 0.0  # fine-tuning: > 0 with train.steps=0 sets steps = ceil(epochs * examples / batch)
+    c.train.label_smoothing = 0.0  # sequence targets (transformer, decoder_lm): mass spread over the vocab
     c.train.batch_size = 32  # global, over all hosts and microbatches
     c.train.grad_accum_steps = 1  # microbatches per step (a scan; same result as one batch)
     c.train.log_every = 10  # steps between metrics.jsonl lines
@@ -68,8 +76,8 @@ def training_defaults() -> ml_collections.ConfigDict:
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1  # -1: all devices left after the other axes
-    c.mesh.fsdp = 1
-    c.mesh.tensor = 1
+    c.mesh.fsdp = 1  # parameters and optimizer state split over these devices (ZeRO-3 style)
+    c.mesh.tensor = 1  # matmuls split over these devices (Megatron style)
     c.logical_axis_rules = DEFAULT_AXIS_RULES
     return c
 
@@ -111,8 +119,6 @@ def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
 
 
 def _parse_like(old, text: str):
-    import ast
-
     if isinstance(old, bool):
         if text.lower() in ("true", "1", "yes"):
             return True
@@ -133,7 +139,7 @@ def _parse_like(old, text: str):
 
 def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
     """Mesh axis sizes with the (at most one) -1 filled in; errors name the keys."""
-    sizes = {axis: int(mesh_cfg[axis]) for axis in ("data", "fsdp", "tensor")}
+    sizes = {axis: int(mesh_cfg[axis]) for axis in MESH_AXES}
     fill = [a for a, n in sizes.items() if n == -1]
     bad = [a for a, n in sizes.items() if n == 0 or n < -1]
     if bad or len(fill) > 1:
@@ -151,20 +157,22 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1) -> None:
-    """Checks that need no compile: choices, positivity, mesh and batch divisibility."""
-    from bert_jax import optim
-
-    choices = {"optimizer.name": (config.optimizer.name, optim.OPTIMIZERS),
-               "schedule.name": (config.schedule.name, optim.SCHEDULES),
-               "dtype": (config.dtype, DTYPES)}
-    for key, (value, valid) in choices.items():
-        if value not in valid:
-            raise ConfigError(f"{key}={value!r}; choose one of {list(valid)}")
+    """Checks that need no compile: dtype, positivity, mesh and batch divisibility. (Each
+    choice is checked by its owner: model fields by ModelConfig, optimizer and schedule by
+    optim.make_optimizer.)"""
+    if config.dtype not in DTYPES:
+        raise ConfigError(f"dtype={config.dtype!r}; choose one of {list(DTYPES)}")
+    model_dtype = config.model.get("dtype")
+    if model_dtype is not None and model_dtype != config.dtype:
+        raise ConfigError(f"model.dtype={model_dtype!r} differs from dtype={config.dtype!r}: the "
+                          f"compute dtype is set once, by --config.dtype (remove model.dtype)")
     t = config.train
     for key in ("steps", "batch_size", "grad_accum_steps", "log_every", "checkpoint_every",
                 "keep_checkpoints"):
-        if t[key] < 1:
+        if t[key] < 1 and not (key == "steps" and t[key] == 0 and t.get("epochs", 0) > 0):
             raise ConfigError(f"train.{key}={t[key]} must be >= 1")
+    if not 0.0 <= t.get("label_smoothing", 0.0) < 1.0:
+        raise ConfigError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     sizes = mesh_shape(config.mesh, num_devices)
     shards = sizes["data"] * sizes["fsdp"]
     if t.batch_size % t.grad_accum_steps:
@@ -178,3 +186,22 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if t.batch_size % num_processes:
         raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by the "
                           f"{num_processes} processes (each loads an equal share)")
+
+
+def model_config(config) -> dict:
+    """The `model` section with the run's compute dtype (`dtype`, set once at top level)."""
+    return {**config.model.to_dict(), "dtype": config.get("dtype") or config.model.get("dtype", "float32")}
+
+
+def phase_config(config, step: int):
+    """(phase index, the config with that phase's data lengths, the step where it ends) for
+    `config.data.phases` = ((first step, max_seq_length, max_predictions_per_seq), ...)."""
+    phases = tuple(config.data.get("phases") or ())
+    if not phases:
+        return 0, config, config.train.steps
+    index = max(i for i, p in enumerate(phases) if step >= p[0])
+    phase_cfg = config.copy_and_resolve_references()
+    phase_cfg.data.max_seq_length = int(phases[index][1])
+    phase_cfg.data.max_predictions_per_seq = int(phases[index][2])
+    end = phases[index + 1][0] if index + 1 < len(phases) else config.train.steps
+    return index, phase_cfg, min(end, config.train.steps)

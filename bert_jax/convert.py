@@ -12,7 +12,7 @@ import numpy as np
 from flax import nnx, traverse_util
 
 from bert_jax import checkpoint, models
-from bert_jax.data.tokenizers import WordPieceTokenizer
+from bert_jax.data import vocab
 from bert_jax.hf_weights import load_hf_weights
 
 # HF architecture -> our model name.
@@ -162,7 +162,7 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
         raise FileExistsError(f"{out}: already holds checkpoints; choose a new output folder")
     hf_cfg = json.loads(config_file.read_text())
     model_cfg = model_config_from_hf(hf_cfg, name)
-    tokenizer = WordPieceTokenizer.from_pretrained_dir(source)
+    tokenizer = vocab.load_hf_tokenizer(source)
     if tokenizer.vocab_size != model_cfg["vocab_size"]:
         raise ValueError(f"{source / 'vocab.txt'} has {tokenizer.vocab_size} tokens but "
                          f"config.json says vocab_size={model_cfg['vocab_size']}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import re
 import tempfile
 from pathlib import Path
@@ -18,13 +19,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from bert_jax import checkpoint, objectives, optim, sharding
+from bert_jax import checkpoint, objectives, sharding, state, tasks
 from bert_jax import config as config_lib
 from bert_jax.data import finetune, pipelines
+from bert_jax.paths import is_remote, workdir_path
+
+log = logging.getLogger(__name__)
 
 Array = jax.Array
 
@@ -105,7 +108,7 @@ class TaskEvaluator:
                 with _local_folder(out_dir) as local:
                     files = [epath.Path(out_dir) / Path(f).relative_to(local)
                              for f in self.task.write_predictions(split, outputs, local)]
-                print(f"predictions on {split}: {', '.join(map(str, files))}", flush=True)
+                log.info(f"predictions on {split}: {', '.join(map(str, files))}")
         return results
 
 
@@ -113,7 +116,7 @@ class TaskEvaluator:
 def _local_folder(out_dir):
     """`out_dir` if it is local; for gs:// a temporary folder whose files are copied there after
     (the task writers take local paths)."""
-    if "://" not in str(out_dir):
+    if not is_remote(out_dir):
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         yield Path(out_dir)
         return
@@ -136,7 +139,7 @@ def make_evaluator(config, graphdef, objective, mesh, task=None):
 def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> list[int]:
     """`latest`, `best`, `all` or a step number -> checkpoint steps present in workdir."""
     path = checkpoint.checkpoint_dir(workdir)
-    with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False)) as m:
+    with checkpoint.manager(workdir) as m:
         steps = sorted(m.all_steps())
         scored = {s: (m.metrics(s) or {}).get(best_metric) for s in steps} if best_metric else {}
     if not steps:
@@ -146,12 +149,11 @@ def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> lis
     if spec == "all":
         return steps
     if spec == "best":
-        scored = {s: v for s, v in scored.items() if v is not None}
-        if not scored:
+        best = checkpoint.best_step(scored)
+        if best is None:
             raise ValueError(f"--step=best: no checkpoint in {path} has an evaluation of "
                              f"{best_metric or 'a task metric'} (pretraining runs have no best)")
-        # Ties go to the later step, as in Orbax's BestN (which keeps only that one).
-        return [max(scored, key=lambda s: (scored[s], s))]
+        return [best]
     if not spec.isdigit() or int(spec) not in steps:
         raise ValueError(f"--step={spec!r}: use latest, best, all or one of {steps}")
     return [int(spec)]
@@ -162,21 +164,17 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
     """Metrics of each chosen checkpoint, written to <workdir>/eval/step_<N>.json; fine-tuning
     tasks also write their predictions to <workdir>/eval/step_<N>/. A `split` other than the
     task's dev split writes to <workdir>/eval/<split name>/ instead."""
-    from bert_jax import tasks, train
-
     config_lib.validate(config, jax.device_count(), jax.process_count())
     task = tasks.from_config(config)
-    objective = objectives.for_model(config.model.name)
-    tx, _ = optim.make_optimizer(config)
+    objective = objectives.for_config(config)
     mesh = sharding.make_mesh(config.mesh)
-    graphdef, abstract, state_sh = train.abstract_state(config, tx, mesh)
-    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          abstract["params"], state_sh["params"])
+    graphdef, abstract, state_sh = state.abstract_state(config, mesh)
+    target = state.with_shardings(abstract["params"], state_sh["params"])
     evaluator = make_evaluator(config, graphdef, objective, mesh, task)
     best = f"eval/{task.main_metric}" if task else None
     if split is not None and task is None:
         raise ValueError("--split applies to fine-tuning tasks; pretraining evaluates held-out documents")
-    eval_dir = checkpoint.workdir_path(workdir) / "eval"
+    eval_dir = workdir_path(workdir) / "eval"
     if split is not None and split != task.eval_splits[0]:
         # Another split's results go beside the dev ones, never over them: eval/<split>/.
         eval_dir = eval_dir / re.sub(r"[^\w.-]+", "_", Path(split).stem if "/" in split else split)
@@ -186,7 +184,7 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
             params = checkpoint.restore_params(workdir, target, step)
             out = eval_dir / f"step_{step}"
             if task is None:
-                _, phase_cfg, _ = train.phase_config(config, max(step - 1, 0))
+                _, phase_cfg, _ = config_lib.phase_config(config, max(step - 1, 0))
                 metrics = evaluator.run(params, phase_cfg)
             else:
                 metrics = evaluator.run(params, out_dir=out, splits=[split] if split else None)

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bert_jax import checkpoint
-from bert_jax.data.tokenizers import WordPieceTokenizer
+from bert_jax import state as state_lib
+from bert_jax.data import vocab
+from bert_jax.data.finetune import pad_batch
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[tuple[str, str | None]]:
@@ -34,14 +35,15 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
                      output_file: str | os.PathLike, layers: Sequence[int] = (-1, -2, -3, -4),
                      max_seq_length: int = 128, batch_size: int = 8) -> int:
     """Writes one JSON line per input line; returns the number of lines written."""
-    model_cfg, model = checkpoint.load_model(checkpoint_dir)
+    model_cfg, model = state_lib.load_model(checkpoint_dir)
     encoder = _encoder(model)
     num_layers = model_cfg["num_layers"]
     for i in layers:
         if not -num_layers <= i < num_layers:
             raise ValueError(f"--layers: {i} is out of range for a {num_layers}-layer model "
                              f"(use -{num_layers}..{num_layers - 1})")
-    tokenizer = WordPieceTokenizer.from_pretrained_dir(checkpoint_dir)
+    tokenizer = vocab.load_tokenizer(checkpoint_dir)
+    tokenizer.check_fits(model_cfg["vocab_size"], f"the model in {checkpoint_dir}")
     graphdef, state = nnx.split(encoder)
 
     @jax.jit
@@ -50,21 +52,22 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
                                          return_hidden=True)
         return out["hidden_states"][1:]  # the encoder layers' outputs, as all_encoder_layers
 
-    examples = [tokenizer.encode(a, b, max_length=max_seq_length) for a, b in read_lines(input_file)]
+    pairs = list(read_lines(input_file))
+    inputs = tokenizer.encode_pairs([a for a, _ in pairs], [b for _, b in pairs], max_seq_length)
+    lengths = inputs["input_mask"].sum(1)
     Path(output_file).parent.mkdir(parents=True, exist_ok=True)
     with open(output_file, "w", encoding="utf-8") as f:
-        for start in range(0, len(examples), batch_size):
-            chunk = examples[start:start + batch_size]
-            arrays = np.zeros((3, batch_size, max_seq_length), np.int32)  # fixed shape: 1 compile
-            for row, ex in enumerate(chunk):
-                n = len(ex.input_ids)
-                arrays[:, row, :n] = [ex.input_ids, ex.token_type_ids, [1] * n]
-            hidden_LBTD = np.asarray(all_layers(state, *map(jnp.asarray, arrays)))
-            for row, ex in enumerate(chunk):
+        for start in range(0, len(pairs), batch_size):
+            # Always batch_size rows (padding rows at the end): one shape, one compile.
+            batch = pad_batch({k: v[start:start + batch_size] for k, v in inputs.items()}, batch_size)
+            hidden_LBTD = np.asarray(all_layers(state, *(jnp.asarray(batch[k]) for k in
+                                                        ("input_ids", "segment_ids", "input_mask"))))
+            for row in range(min(batch_size, len(pairs) - start)):
+                tokens = tokenizer.tokens(batch["input_ids"][row, :lengths[start + row]])
                 feats = [{"token": token,
                           "layers": [{"index": i, "values": [round(float(x), 6)
                                                              for x in hidden_LBTD[i, row, t]]}
                                      for i in layers]}
-                         for t, token in enumerate(ex.tokens)]
+                         for t, token in enumerate(tokens)]
                 f.write(json.dumps({"linex_index": start + row, "features": feats}) + "\n")
-    return len(examples)
+    return len(pairs)

@@ -23,6 +23,8 @@ from flax import nnx
 Array = jax.Array
 Cache = dict[str, Array]
 
+DTYPES = ("float32", "bfloat16")  # compute dtypes; parameters are always float32
+
 REMAT_POLICIES = {
     "none": None,  # no rematerialisation
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -68,7 +70,7 @@ class ModelConfig:
             "positions": ("learned", "sinusoidal"),
             "initializer": ("truncated_normal", "xavier_uniform"),
             "remat_policy": tuple(REMAT_POLICIES),
-            "dtype": ("float32", "bfloat16"),
+            "dtype": DTYPES,
         }
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
@@ -128,7 +130,21 @@ def dropout(x: Array, rate: float, rng: Array | None) -> Array:
 
 
 def split_rng(rng: Array | None, n: int) -> list[Array | None]:
+    """n independent keys from rng, or n Nones (deterministic) when rng is None."""
     return [None] * n if rng is None else list(jax.random.split(rng, n))
+
+
+def layer_flops_per_token(cfg: ModelConfig, seq_len: int, *, cross_attention: bool = False) -> int:
+    """Forward matmul FLOPs per token of one Block at key length seq_len (2 per multiply-add):
+    Q/K/V/output projections, QK^T and AV (2 * 2 * seq_len * heads * head_dim), the FFN."""
+    nk = cfg.num_heads * cfg.head_dim
+    attention = 2 * 4 * cfg.emb_dim * nk + 2 * 2 * seq_len * nk
+    return (2 if cross_attention else 1) * attention + 2 * 2 * cfg.emb_dim * cfg.mlp_dim
+
+
+def logits_flops_per_token(cfg: ModelConfig) -> int:
+    """The vocabulary projection's forward FLOPs per token."""
+    return 2 * cfg.emb_dim * cfg.vocab_size
 
 
 ACTIVATIONS = {

@@ -6,7 +6,7 @@
   bert-jax sweep --config configs/sweeps/glue.py:mrpc --workdir <dir> [--print_commands]
   bert-jax vocab --input 'books/*.txt' --size 8192 --type wordpiece --out <dir>
   bert-jax prepare --config configs/bert_pretrain.py:base --out <dir>   (array_record shards)
-  bert-jax info --config configs/bert_pretrain.py:base [--config.model.dtype=bfloat16]
+  bert-jax info --config configs/bert_pretrain.py:base [--config.dtype=bfloat16]
   bert-jax convert hf:<hf_dir> <out_dir> [--head bert_classification]
   bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]
 """
@@ -103,7 +103,9 @@ def cmd_sweep(args: list[str]) -> None:
     except sweep.TrialsFailed as e:
         print(f"bert-jax sweep: error: {e}", file=sys.stderr)
         sys.exit(1)
-    if not _PRINT_COMMANDS.value:
+    if _PRINT_COMMANDS.value:
+        print("\n".join(result["commands"]))
+    else:
         print(Path(result["results"]).read_text())
 
 
@@ -150,9 +152,10 @@ def cmd_prepare(args: list[str]) -> None:
 def cmd_info(args: list[str]) -> None:
     """Prints the model, its parameter count per module and total, and FLOPs per token."""
     from bert_jax import models
+    from bert_jax.config import model_config
 
     config = _require(_CONFIG, "info")
-    model_cfg = config.model.to_dict()
+    model_cfg = model_config(config)
     seq_len = _SEQ_LEN.value or config.get("data", {}).get("max_seq_length", model_cfg.get(
         "max_len", 512))
     model = models.abstract_model(model_cfg)
@@ -202,6 +205,9 @@ def cmd_features(args: list[str]) -> None:
 def main(argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:  # libraries' INFO lines (Orbax: dozens a save) off
         logging.set_verbosity(logging.WARNING)
+    from bert_jax import log
+
+    log.configure()  # our progress lines (INFO) on stdout, warnings on stderr
     if len(argv) < 2 or argv[1] not in COMMANDS:
         raise app.UsageError(f"usage: bert-jax <command> [flags]; commands: {', '.join(COMMANDS)}")
     try:

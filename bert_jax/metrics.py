@@ -24,6 +24,8 @@ import jax
 import numpy as np
 from etils import epath
 
+from bert_jax.paths import is_remote
+
 METRICS_FILE = "metrics.jsonl"
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _BAR_WIDTH = 24
@@ -88,7 +90,7 @@ class MetricsWriter:
         if not enabled:  # other processes of a multi-host run: no files, no output
             return
         self._remote = None
-        if "://" in str(workdir):
+        if is_remote(workdir):
             # Object stores (gs://) have no appends: write to a local mirror and copy the
             # files over after each write (they are small). A fresh mirror per run, so no
             # event files of an earlier run (or another process) get copied over.
@@ -96,6 +98,7 @@ class MetricsWriter:
             workdir = Path(tempfile.mkdtemp(prefix="bert_jax_metrics_"))
             if (self._remote / METRICS_FILE).exists():
                 (workdir / METRICS_FILE).write_text((self._remote / METRICS_FILE).read_text())
+        # Imported here: slow to import, and only the writing process (process 0) needs it.
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from bert_jax import trees
 from bert_jax.bert import (
     BertForMultipleChoice,
     BertForPreTraining,
@@ -44,6 +45,12 @@ TRANSFORMER_SIZES = {"base": (6, 512, 2048, 8, 0.1), "big": (6, 1024, 4096, 16, 
 def _all_fields(**fields) -> dict[str, Any]:
     """Every ModelConfig field (so any of them can be overridden from the command line)."""
     return dataclasses.asdict(ModelConfig(**fields))
+
+
+def model_section(name: str, fields: Mapping[str, Any], **changes) -> dict[str, Any]:
+    """A config's `model` section: the name and every field but `dtype`, which a run config
+    sets once at top level (config.dtype)."""
+    return {"name": name, **{k: v for k, v in {**fields, **changes}.items() if k != "dtype"}}
 
 
 def bert_model_fields(size: str) -> dict[str, Any]:
@@ -102,8 +109,7 @@ def param_counts(model: nnx.Module, depth: int = 2) -> dict[str, int]:
     """Parameter count per module path (up to `depth` levels) plus 'total'."""
     counts: dict[str, int] = {}
     for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
-        keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-        keys = [k for k in keys if k != "value"]
+        keys = [k for k in trees.key_names(path) if k != "value"]  # nnx's Variable.value
         name = "/".join(keys[:depth])
         counts[name] = counts.get(name, 0) + int(np.prod(leaf.shape))
     counts["total"] = sum(counts.values())
@@ -111,21 +117,12 @@ def param_counts(model: nnx.Module, depth: int = 2) -> dict[str, int]:
 
 
 def flops_per_token(model_cfg: Mapping[str, Any], seq_len: int) -> dict[str, float]:
-    """Forward matmul FLOPs per token at sequence length seq_len (2 per multiply-add;
-    training ~3x). Attention scores count 2 * 2 * seq_len * heads * head_dim per layer."""
-    name, c = split_model_config(model_cfg)
-    nk = c.num_heads * c.head_dim
-    attn = 2 * 4 * c.emb_dim * nk + 2 * 2 * seq_len * nk  # projections + QK^T and AV
-    ffn = 2 * 2 * c.emb_dim * c.mlp_dim
-    logits = 2 * c.emb_dim * c.vocab_size
-    if name == "transformer":
-        dec_layers = c.num_decoder_layers or c.num_layers
-        out = {"encoder_per_source_token": c.num_layers * (attn + ffn),
-               "decoder_per_target_token": dec_layers * (2 * attn + ffn) + logits}
-    elif name == "decoder_lm":
-        out = {"decoder_per_token": c.num_layers * (attn + ffn) + logits}
-    else:
-        out = {"encoder_per_token": c.num_layers * (attn + ffn)}
-        if name == "bert_pretraining":  # MLM transform + vocabulary projection
-            out["mlm_head_per_predicted_token"] = 2 * c.emb_dim * c.emb_dim + logits
-    return {k: float(v) for k, v in out.items()}
+    """Forward matmul FLOPs per token at sequence length seq_len, by part of the model (2 per
+    multiply-add; training ~3x); each model class defines its parts."""
+    name, cfg = split_model_config(model_cfg)
+    return {k: float(v) for k, v in MODELS[name].flops_per_token(cfg, seq_len).items()}
+
+
+def encoder_path(name: str) -> tuple[str, ...]:
+    """Where model `name` holds its BERT encoder's parameters (() for the bare encoder)."""
+    return getattr(MODELS[name], "encoder_path", ())

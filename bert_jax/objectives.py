@@ -1,29 +1,48 @@
-"""Training objectives: a model and a batch -> loss terms and metrics.
+"""Training objectives, one per model: what a batch looks like, its loss terms and metrics,
+and the real tokens and model FLOPs it holds.
 
-An objective returns `(terms, metrics)`:
-  terms   {name: summed loss}; the train step divides each by `weights(batch)[name]`, the
-          term's total weight over the whole (global, all-microbatch) batch, so k
-          accumulated microbatches give exactly the loss of one big batch;
-  metrics {name: (sum, count)}, reported as sum / count after summing over microbatches,
-          devices and eval batches.
-Batches use the original BERT feature names (input_ids, input_mask, segment_ids,
+Every objective (`for_model(model_cfg)`) has:
+  batch_spec(config)        {name: ShapeDtypeStruct} of a global training batch (the planner
+                            and the train loop compile from it, before any data is read)
+  __call__(model, batch, rng) -> (terms, metrics)
+        terms   {name: summed loss}; the train step divides each by `weights(batch)[name]`,
+                the term's total weight over the whole (global, all-microbatch) batch, so k
+                accumulated microbatches give exactly the loss of one big batch;
+        metrics {name: (sum, count)}, reported as sum / count after summing over
+                microbatches, devices and eval batches;
+  weights(batch)            {term: total weight}
+  tokens(batch)             real (not padding) input tokens of the batch, a scalar
+  flops(batch)              training matmul FLOPs of the batch (3x forward), real tokens only
+Fine-tuning objectives also split __call__ into `forward` (model outputs, kept by
+evaluation) and `loss`.
+
+BERT batches use the original feature names (input_ids, input_mask, segment_ids,
 masked_lm_positions, masked_lm_ids, masked_lm_weights, next_sentence_labels, label_ids);
+sequence batches (transformer, decoder_lm) use `inputs`/`targets` with optional packing
+keys `<x>_segmentation` (0 = padding, else the packed sequence's id) and `<x>_position`.
 `example_weight` (0 for padding examples of the last eval batch) is optional.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from bert_jax import models
+from bert_jax.config import ConfigError, model_config
+
 Array = jax.Array
 Terms = dict[str, Array]
 Metrics = dict[str, tuple[Array, Array]]
+Spec = dict[str, jax.ShapeDtypeStruct]
 
 
-def _example_weight(batch: dict[str, Array]) -> Array:
-    return batch.get("example_weight", jnp.ones(batch["input_ids"].shape[0], jnp.float32))
+def _example_weight(batch: dict[str, Array], key: str = "input_ids") -> Array:
+    return batch.get("example_weight", jnp.ones(batch[key].shape[0], jnp.float32))
 
 
 def _cross_entropy(logits: Array, labels: Array) -> tuple[Array, Array]:
@@ -33,13 +52,54 @@ def _cross_entropy(logits: Array, labels: Array) -> tuple[Array, Array]:
     return ce, (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
 
 
-def _bert_inputs(batch: dict[str, Array]) -> dict[str, Array]:
-    return {"token_type_ids": batch["segment_ids"], "attention_mask": batch["input_mask"]}
+def _spec(shape: tuple[int, ...], dtype=jnp.int32) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
 
 
-class Pretraining:
+class Objective:
+    """What every objective shares: the model config it trains, its FLOPs per token."""
+
+    def __init__(self, model_cfg: Mapping[str, Any]):
+        self.model_cfg = dict(model_cfg)
+
+    def flops_per_token(self, seq_len: int) -> dict[str, float]:
+        return models.flops_per_token(self.model_cfg, seq_len)
+
+
+class _Bert(Objective):
+    """BERT inputs: input_ids, input_mask, segment_ids ([B, T] or [B, C, T])."""
+
+    @staticmethod
+    def inputs(batch: dict[str, Array]) -> dict[str, Array]:
+        return {"token_type_ids": batch["segment_ids"], "attention_mask": batch["input_mask"]}
+
+    @staticmethod
+    def input_spec(shape: tuple[int, ...]) -> Spec:
+        return {k: _spec(shape) for k in ("input_ids", "input_mask", "segment_ids")}
+
+    def tokens(self, batch: dict[str, Array]) -> Array:
+        return jnp.sum(batch["input_mask"].astype(jnp.float32))
+
+    def flops(self, batch: dict[str, Array]) -> Array:
+        per_token = self.flops_per_token(batch["input_ids"].shape[-1])["encoder_per_token"]
+        return 3 * per_token * self.tokens(batch)
+
+
+class Pretraining(_Bert):
     """BERT MLM + NSP: mean cross-entropy over the masked positions plus mean NSP
     cross-entropy (the original run_pretraining.py loss)."""
+
+    def batch_spec(self, config) -> Spec:
+        B, T = config.train.batch_size, config.data.max_seq_length
+        P = config.data.max_predictions_per_seq
+        return {**self.input_spec((B, T)), "masked_lm_positions": _spec((B, P)),
+                "masked_lm_ids": _spec((B, P)), "masked_lm_weights": _spec((B, P), jnp.float32),
+                "next_sentence_labels": _spec((B,))}
+
+    def flops(self, batch: dict[str, Array]) -> Array:
+        head = self.flops_per_token(batch["input_ids"].shape[-1])["mlm_head_per_predicted_token"]
+        predicted = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
+        return super().flops(batch) + 3 * head * predicted
 
     def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
         return {"masked_lm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
@@ -48,7 +108,7 @@ class Pretraining:
     def __call__(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
                  ) -> tuple[Terms, Metrics]:
         out = model(batch["input_ids"], masked_positions=batch["masked_lm_positions"], rng=rng,
-                    **_bert_inputs(batch))
+                    **self.inputs(batch))
         w_BP = batch["masked_lm_weights"].astype(jnp.float32)
         ce_BP, ok_BP = _cross_entropy(out["mlm_logits"], batch["masked_lm_ids"])
         w_B = _example_weight(batch)
@@ -62,7 +122,7 @@ class Pretraining:
         return {"masked_lm": mlm_sum, "next_sentence": nsp_sum}, metrics
 
 
-class _FineTuning:
+class _FineTuning(_Bert):
     """A task head's objective, split so evaluation can keep the model outputs:
     `forward` (model outputs) then `loss` (terms and metrics of those outputs)."""
 
@@ -71,7 +131,7 @@ class _FineTuning:
 
     def forward(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
                 ) -> dict[str, Array]:
-        return model(batch["input_ids"], rng=rng, **_bert_inputs(batch))
+        return model(batch["input_ids"], rng=rng, **self.inputs(batch))
 
     def __call__(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
                  ) -> tuple[Terms, Metrics]:
@@ -81,6 +141,12 @@ class _FineTuning:
 class Classification(_FineTuning):
     """Sentence / pair classification (cross-entropy), or regression (MSE) when the model
     has one output."""
+
+    def batch_spec(self, config) -> Spec:
+        B, T = config.train.batch_size, config.data.max_seq_length
+        regression = self.model_cfg.get("num_labels") == 1
+        return {**self.input_spec((B, T)),
+                "label_ids": _spec((B,), jnp.float32 if regression else jnp.int32)}
 
     def loss(self, out: dict[str, Array], batch: dict[str, Array]) -> tuple[Terms, Metrics]:
         logits_BC, w_B = out["logits"], _example_weight(batch)
@@ -97,10 +163,19 @@ class Classification(_FineTuning):
 class MultipleChoice(Classification):
     """One score per choice ([B, C, T] inputs), softmax cross-entropy over the choices."""
 
+    def batch_spec(self, config) -> Spec:
+        B, C, T = config.train.batch_size, config.data.num_choices, config.data.max_seq_length
+        return {**self.input_spec((B, C, T)), "label_ids": _spec((B,))}
+
 
 class Tagging(_FineTuning):
     """Token tags: cross-entropy at the positions with label_weights > 0 (first sub-tokens),
     averaged over those positions."""
+
+    def batch_spec(self, config) -> Spec:
+        B, T = config.train.batch_size, config.data.max_seq_length
+        return {**self.input_spec((B, T)), "label_ids": _spec((B, T)),
+                "label_weights": _spec((B, T), jnp.float32)}
 
     def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
         return {"task": jnp.sum(self._w(batch))}
@@ -120,6 +195,11 @@ class SpanQA(_FineTuning):
     """SQuAD: (start cross-entropy + end cross-entropy) / 2 over the sequence positions, as
     the original run_squad.py."""
 
+    def batch_spec(self, config) -> Spec:
+        B, T = config.train.batch_size, config.data.max_seq_length
+        return {**self.input_spec((B, T)), "start_positions": _spec((B,)),
+                "end_positions": _spec((B,))}
+
     def loss(self, out: dict[str, Array], batch: dict[str, Array]) -> tuple[Terms, Metrics]:
         if "start_positions" not in batch:  # evaluation features: scored by the official script
             return {}, {}
@@ -131,18 +211,128 @@ class SpanQA(_FineTuning):
                 {"span_accuracy": (jnp.sum(start_ok * end_ok * w_B), n)})
 
 
+def shift_right(targets_BT: Array, segments_BT: Array) -> Array:
+    """Decoder inputs: each packed sequence's targets moved one step right, starting with 0
+    (the pad id serves as beginning-of-sequence, as in the paper's implementation)."""
+    shifted = jnp.pad(targets_BT, ((0, 0), (1, 0)))[:, :-1]
+    previous = jnp.pad(segments_BT, ((0, 0), (1, 0)))[:, :-1]
+    return jnp.where(segments_BT == previous, shifted, 0)
+
+
+class _Sequence(Objective):
+    """Token-level cross-entropy on `targets` with label smoothing (paper 5.4)."""
+
+    def __init__(self, model_cfg: Mapping[str, Any], label_smoothing: float = 0.0):
+        super().__init__(model_cfg)
+        self.label_smoothing = float(label_smoothing)
+
+    @staticmethod
+    def packing(batch: dict[str, Array], key: str) -> tuple[Array, Array]:
+        """(segments, positions) of batch[key]: the packing keys if present, else one
+        sequence per row with 0 as padding."""
+        ids = batch[key]
+        segments = batch.get(f"{key}_segmentation", (ids != 0).astype(jnp.int32))
+        positions = batch.get(f"{key}_position",
+                              jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape))
+        return segments, positions
+
+    def token_loss(self, logits_BTV: Array, targets_BT: Array, w_BT: Array
+                   ) -> tuple[Terms, Metrics]:
+        ce_BT, ok_BT = _cross_entropy(logits_BTV, targets_BT)
+        loss_BT = ce_BT
+        if self.label_smoothing:
+            # Cross-entropy against (1 - eps) one-hot + eps uniform over the vocabulary.
+            logp = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+            loss_BT = (1 - self.label_smoothing) * ce_BT - self.label_smoothing * jnp.mean(logp, -1)
+        n = jnp.sum(w_BT)
+        return ({"targets": jnp.sum(loss_BT * w_BT)},
+                {"nll_loss": (jnp.sum(ce_BT * w_BT), n), "token_accuracy": (jnp.sum(ok_BT * w_BT), n)})
+
+    def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
+        return {"targets": jnp.sum(self._w(batch))}
+
+    def _w(self, batch: dict[str, Array]) -> Array:
+        segments, _ = self.packing(batch, "targets")
+        return (segments > 0).astype(jnp.float32) * _example_weight(batch, "targets")[:, None]
+
+
+class Translation(_Sequence):
+    """The encoder-decoder on (inputs, targets) pairs: teacher forcing on shifted targets."""
+
+    def batch_spec(self, config) -> Spec:
+        B, T = config.train.batch_size, config.data.max_seq_length
+        return {f"{k}{suffix}": _spec((B, T)) for k in ("inputs", "targets")
+                for suffix in ("", "_segmentation", "_position")}
+
+    def __call__(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
+                 ) -> tuple[Terms, Metrics]:
+        src_seg, src_pos = self.packing(batch, "inputs")
+        tgt_seg, tgt_pos = self.packing(batch, "targets")
+        logits = model(batch["inputs"], shift_right(batch["targets"], tgt_seg),
+                       src_segments_BS=src_seg, tgt_segments_BT=tgt_seg, src_positions_BS=src_pos,
+                       tgt_positions_BT=tgt_pos, rng=rng)
+        return self.token_loss(logits, batch["targets"], self._w(batch))
+
+    def tokens(self, batch: dict[str, Array]) -> Array:
+        return sum(jnp.sum((self.packing(batch, k)[0] > 0).astype(jnp.float32))
+                   for k in ("inputs", "targets"))
+
+    def flops(self, batch: dict[str, Array]) -> Array:
+        f = self.flops_per_token(batch["inputs"].shape[-1])
+        src, tgt = (jnp.sum((self.packing(batch, k)[0] > 0).astype(jnp.float32))
+                    for k in ("inputs", "targets"))
+        return 3 * (f["encoder_per_source_token"] * src + f["decoder_per_target_token"] * tgt)
+
+
+class LanguageModel(_Sequence):
+    """The decoder-only LM: next-token prediction on `targets` (inputs = targets shifted)."""
+
+    def batch_spec(self, config) -> Spec:
+        B, T = config.train.batch_size, config.data.max_seq_length
+        return {f"targets{suffix}": _spec((B, T)) for suffix in ("", "_segmentation", "_position")}
+
+    def __call__(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
+                 ) -> tuple[Terms, Metrics]:
+        segments, positions = self.packing(batch, "targets")
+        logits, _ = model(shift_right(batch["targets"], segments), segments_BT=segments,
+                          positions_BT=positions, rng=rng)
+        return self.token_loss(logits, batch["targets"], self._w(batch))
+
+    def tokens(self, batch: dict[str, Array]) -> Array:
+        return jnp.sum(self._w(batch))
+
+    def flops(self, batch: dict[str, Array]) -> Array:
+        per_token = self.flops_per_token(batch["targets"].shape[-1])["decoder_per_token"]
+        return 3 * per_token * self.tokens(batch)
+
+
+# model.name -> the objective that trains it.
 OBJECTIVES = {
     "bert_pretraining": Pretraining,
     "bert_classification": Classification,
     "bert_choice": MultipleChoice,
     "bert_tagging": Tagging,
     "bert_span": SpanQA,
+    "transformer": Translation,
+    "decoder_lm": LanguageModel,
 }
 
 
-def for_model(model_name: str):
-    """The objective that trains model `model_name` (MODELS registry name)."""
-    if model_name not in OBJECTIVES:
-        raise ValueError(f"no training objective for model.name={model_name!r} yet; "
-                         f"trainable: {sorted(OBJECTIVES)}")
-    return OBJECTIVES[model_name]()
+def for_model(model_cfg: Mapping[str, Any], label_smoothing: float = 0.0) -> Objective:
+    """The objective that trains the model of `model_cfg` (a config's `model` section)."""
+    name = model_cfg["name"]
+    if name not in OBJECTIVES:
+        raise ConfigError(f"no training objective for model.name={name!r} (a bare encoder: "
+                          f"train one of its task models); trainable: {sorted(OBJECTIVES)}")
+    cls = OBJECTIVES[name]
+    if issubclass(cls, _Sequence):
+        return cls(model_cfg, label_smoothing)
+    if label_smoothing:
+        raise ConfigError(f"train.label_smoothing={label_smoothing}: model.name={name!r} has "
+                          "no sequence targets to smooth; set it to 0")
+    return cls(model_cfg)
+
+
+def for_config(config) -> Objective:
+    """The objective of a run config (its model, compute dtype and train.label_smoothing)."""
+    return for_model(model_config(config), config.train.get("label_smoothing", 0.0))

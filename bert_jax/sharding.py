@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from bert_jax.config import mesh_shape
-
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+from bert_jax import trees
+from bert_jax.config import BATCH_AXES, MESH_AXES, mesh_shape
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -51,26 +48,16 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], rules, mes
     return PartitionSpec(*spec)
 
 
-def _nest(items: list[tuple[tuple[str, ...], Any]]) -> dict:
-    out: dict = {}
-    for keys, value in items:
-        node = out
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-        node[keys[-1]] = value
-    return out
-
-
 def param_shardings(params_state: nnx.State, mesh: Mesh, rules) -> dict:
     """Pure-dict tree of NamedShardings for an nnx.Param State (abstract or concrete)."""
     items = []
     leaves = jax.tree_util.tree_leaves_with_path(
         params_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
     for path, var in leaves:
-        keys = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+        keys = trees.key_names(path)
         axes = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
         items.append((keys, NamedSharding(mesh, logical_to_spec(axes, var.shape, rules, mesh))))
-    return _nest(items)
+    return trees.nest(items)
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 1) -> NamedSharding:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import logging
 import shlex
 import statistics
 import subprocess
@@ -21,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import ml_collections
+
+from bert_jax.paths import is_remote
+
+log = logging.getLogger(__name__)
 
 SUMMARY = "summary.json"  # written by train_and_evaluate at the end of a run
 
@@ -77,15 +82,14 @@ def finished(trial_dir: Path) -> dict | None:
 
 
 def run_sweep(sweep, workdir: str, print_commands: bool = False) -> dict[str, Any]:
-    """Runs (or prints) every unfinished trial, then writes the results tables."""
+    """Runs every unfinished trial, then writes the results tables; with `print_commands`
+    only returns each trial's `bert-jax train` command line (for a cluster scheduler)."""
     root = Path(workdir)
     settings = trials(sweep)
     commands = [command(sweep, s, workdir) for s in settings]
     if print_commands:
-        for cmd in commands:
-            print(shlex.join(cmd))
-        return {"trials": len(settings)}
-    if "://" in workdir:
+        return {"trials": len(settings), "commands": [shlex.join(cmd) for cmd in commands]}
+    if is_remote(workdir):
         raise ValueError(f"--workdir={workdir}: a sweep keeps its trial logs and results tables on "
                          "local disk; give a local --workdir, or use --print_commands to launch "
                          "the trials with gs:// workdirs on a cluster")
@@ -94,16 +98,15 @@ def run_sweep(sweep, workdir: str, print_commands: bool = False) -> dict[str, An
     for i, (setting, cmd) in enumerate(zip(settings, commands)):
         trial_dir = root / trial_name(setting)
         if finished(trial_dir):
-            print(f"[{i + 1}/{len(settings)}] {trial_dir.name}: finished before, skipped", flush=True)
+            log.info(f"[{i + 1}/{len(settings)}] {trial_dir.name}: finished before, skipped")
             continue
         trial_dir.mkdir(parents=True, exist_ok=True)
-        print(f"[{i + 1}/{len(settings)}] {trial_dir.name}: running (log: {trial_dir}/train.log)",
-              flush=True)
-        with open(trial_dir / "train.log", "a", encoding="utf-8") as log:
-            code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        log.info(f"[{i + 1}/{len(settings)}] {trial_dir.name}: running (log: {trial_dir}/train.log)")
+        with open(trial_dir / "train.log", "a", encoding="utf-8") as trial_log:
+            code = subprocess.call(cmd, stdout=trial_log, stderr=subprocess.STDOUT)
         if code != 0 or not finished(trial_dir):
             failed.append(trial_dir.name)
-            print(f"    failed (exit {code}); see {trial_dir}/train.log", flush=True)
+            log.info(f"    failed (exit {code}); see {trial_dir}/train.log")
     rows = write_results(sweep, root, settings)
     if failed:
         raise TrialsFailed(f"{len(failed)} trial(s) did not finish: {', '.join(failed)}; rerun the "

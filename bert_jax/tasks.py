@@ -12,6 +12,7 @@ Registry: TASKS, chosen by `config.data.name`.
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ import numpy as np
 from bert_jax import config as config_lib
 from bert_jax import models, scoring
 from bert_jax.data import glue, ner, squad, swag, vocab
+
+log = logging.getLogger(__name__)
 
 
 class Task:
@@ -281,21 +284,27 @@ def from_config(config) -> Task | None:
     return cls(config) if cls else None
 
 
-def resolve_steps(config, task: Task) -> ml_collections.ConfigDict:
-    """A copy of `config` with train.steps from train.epochs and schedule.warmup_steps from
-    schedule.warmup_fraction (when those are > 0), printed so the run shows what it did."""
-    epochs, fraction = config.train.epochs, config.schedule.warmup_fraction
-    if not epochs and not fraction:
+def resolve_steps(config, task: Task | None) -> ml_collections.ConfigDict:
+    """A copy of `config` with train.steps from train.epochs (when train.steps is 0) and
+    schedule.warmup_steps from schedule.warmup_fraction (when > 0), logged so the run shows
+    what it did. A train.steps set by the user is kept as it is."""
+    epochs, fraction = config.train.get("epochs", 0.0), config.schedule.get("warmup_fraction", 0.0)
+    from_epochs = epochs > 0 and config.train.steps == 0
+    if not from_epochs and not fraction:
         return config
     config = config.copy_and_resolve_references()
-    n = task.num_train_examples()
-    if epochs:
+    if from_epochs:
+        if task is None:
+            raise config_lib.ConfigError("train.epochs: pretraining data has no epoch size; set "
+                                         "train.steps instead")
+        n = task.num_train_examples()
         config.train.steps = max(1, math.ceil(epochs * n / config.train.batch_size))
+        log.info(f"{n:,} training examples ({config.data.name}), batch {config.train.batch_size}: "
+                 f"train.epochs={epochs} -> train.steps={config.train.steps}")
     if fraction:
         config.schedule.warmup_steps = int(fraction * config.train.steps)
-    print(f"{n:,} training examples ({config.data.name}), batch {config.train.batch_size}: "
-          f"train.epochs={epochs} -> train.steps={config.train.steps}, schedule.warmup_fraction="
-          f"{fraction} -> warmup_steps={config.schedule.warmup_steps}", flush=True)
+        log.info(f"schedule.warmup_fraction={fraction} of train.steps={config.train.steps} -> "
+                 f"schedule.warmup_steps={config.schedule.warmup_steps}")
     return config
 
 
@@ -304,14 +313,15 @@ def finetune_defaults(model_name: str, size: str, num_labels: int, learning_rate
     """The BERT paper's fine-tuning setup (A.3): batch 32, 3 epochs, Adam lr 2e-5 (of
     5e-5, 3e-5, 2e-5), 10% warmup then linear decay, dropout 0.1, evaluation on dev."""
     config = config_lib.training_defaults()
-    config.model = ml_collections.ConfigDict(
-        dict(name=model_name, **{**models.bert_model_fields(size or "base"), "num_labels": num_labels}))
+    config.model = ml_collections.ConfigDict(models.model_section(
+        model_name, models.bert_model_fields(size or "base"), num_labels=num_labels))
     config.optimizer.learning_rate = learning_rate
     config.optimizer.weight_decay = 0.01
     config.schedule.name = "warmup_linear"
-    config.schedule.warmup_fraction = 0.1  # of train.steps; sets schedule.warmup_steps
+    config.schedule.warmup_fraction = 0.1
     config.train.batch_size = 32
-    config.train.epochs = 3.0  # > 0: sets train.steps = ceil(epochs * examples / batch_size)
+    config.train.steps = 0  # from train.epochs
+    config.train.epochs = 3.0
     config.train.eval_every = 0
     config.train.eval_steps = 0  # the whole dev set
     config.train.log_every = 50

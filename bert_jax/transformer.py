@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -18,7 +17,10 @@ from bert_jax.layers import (
     dropout,
     embed,
     init_cache,
+    layer_flops_per_token,
+    logits_flops_per_token,
     sinusoidal_positions,
+    split_rng,
 )
 
 
@@ -90,12 +92,20 @@ class EncoderDecoder(nnx.Module):
         self.cfg = cfg
         self.pad_id = pad_id
 
+    @staticmethod
+    def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+        """Forward matmul FLOPs per source token (encoder) and per target token (decoder)."""
+        decoder_layers = cfg.num_decoder_layers or cfg.num_layers
+        return {"encoder_per_source_token": cfg.num_layers * layer_flops_per_token(cfg, seq_len),
+                "decoder_per_target_token": decoder_layers * layer_flops_per_token(
+                    cfg, seq_len, cross_attention=True) + logits_flops_per_token(cfg)}
+
     def _target_embedder(self) -> TokenEmbedder:
         return self.source_embed if self.target_embed is None else self.target_embed
 
     def encode(self, src_BS: Array, *, src_segments_BS: Array | None = None,
                src_positions_BS: Array | None = None, rng: Array | None = None) -> Array:
-        r = jax.random.split(rng) if rng is not None else (None, None)
+        r = split_rng(rng, 2)
         seg_BS = _default_segments(src_BS, src_segments_BS, self.pad_id)
         x_BSD = self.source_embed(src_BS, _default_positions(src_BS, src_positions_BS), r[0])
         encoded_BSD, _, _ = self.encoder(x_BSD, attention_mask(seg_BS, seg_BS), rng=r[1])
@@ -107,7 +117,7 @@ class EncoderDecoder(nnx.Module):
                cache_index: Array | int = 0) -> tuple[Array, Cache | None]:
         """Logits [B, T, V] for target inputs (shifted right). With `cache`, the T tokens sit
         at absolute positions cache_index.. and the cache is updated and returned."""
-        r = jax.random.split(rng) if rng is not None else (None, None)
+        r = split_rng(rng, 2)
         seg_BT = _default_segments(tgt_in_BT, tgt_segments_BT, self.pad_id)
         offset = 0 if cache is None else cache_index
         pos_BT = _default_positions(tgt_in_BT, tgt_positions_BT, offset)
@@ -124,7 +134,7 @@ class EncoderDecoder(nnx.Module):
     def __call__(self, src_BS: Array, tgt_in_BT: Array, *, src_segments_BS: Array | None = None,
                  tgt_segments_BT: Array | None = None, src_positions_BS: Array | None = None,
                  tgt_positions_BT: Array | None = None, rng: Array | None = None) -> Array:
-        r = jax.random.split(rng) if rng is not None else (None, None)
+        r = split_rng(rng, 2)
         src_seg_BS = _default_segments(src_BS, src_segments_BS, self.pad_id)
         encoded_BSD = self.encode(src_BS, src_segments_BS=src_seg_BS,
                                   src_positions_BS=src_positions_BS, rng=r[0])
@@ -149,11 +159,16 @@ class DecoderLM(nnx.Module):
         self.cfg = cfg
         self.pad_id = pad_id
 
+    @staticmethod
+    def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+        return {"decoder_per_token": cfg.num_layers * layer_flops_per_token(cfg, seq_len)
+                + logits_flops_per_token(cfg)}
+
     def __call__(self, ids_BT: Array, *, segments_BT: Array | None = None,
                  positions_BT: Array | None = None, rng: Array | None = None,
                  cache: Cache | None = None, cache_index: Array | int = 0
                  ) -> tuple[Array, Cache | None]:
-        r = jax.random.split(rng) if rng is not None else (None, None)
+        r = split_rng(rng, 2)
         seg_BT = _default_segments(ids_BT, segments_BT, self.pad_id)
         offset = 0 if cache is None else cache_index
         x_BTD = self.embed(ids_BT, _default_positions(ids_BT, positions_BT, offset), r[0])

@@ -49,7 +49,7 @@ def data_defaults() -> ml_collections.ConfigDict:
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = config_lib.training_defaults()
     config.model = ml_collections.ConfigDict(
-        dict(name="bert_pretraining", **models.bert_model_fields(arg)))
+        models.model_section("bert_pretraining", models.bert_model_fields(arg)))
     config.data = data_defaults()
     config.train.batch_size = 256
     config.train.steps = 1_000_000

@@ -10,12 +10,14 @@ Variants (`arg`): `base` (default), or another size (tiny ... large).
 import ml_collections
 
 from bert_jax import tasks
+from bert_jax.data import swag
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = tasks.finetune_defaults("bert_choice", arg, num_labels=1)
     config.train.batch_size = 16
     config.data.name = "swag"
+    config.data.num_choices = swag.NUM_CHOICES  # endings per example (the reader checks each row)
     config.data.train_file, config.data.dev_file, config.data.test_file = (
         "train.csv", "val.csv", "test.csv")
     return config

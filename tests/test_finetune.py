@@ -70,7 +70,7 @@ def test_eval_best_checkpoint_writes_leaderboard_tsv(sst2_run, shared_data):
     best = max(evals, key=lambda s: (evals[s], s))  # a tie goes to the later step
     kept = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert kept == sorted({best, 375})  # keep_checkpoints=1 (the latest) plus the best
-    [result] = evaluate.evaluate_checkpoints(train.tasks.resolve_steps(config, tasks.from_config(config)),
+    [result] = evaluate.evaluate_checkpoints(tasks.resolve_steps(config, tasks.from_config(config)),
                                              str(workdir), "best")
     assert result["step"] == best
     assert result["eval/accuracy"] == pytest.approx(evals[best], abs=1e-6)
@@ -163,7 +163,8 @@ def test_init_from_converted_checkpoint(task_vocab, tmp_path):
     """Encoder weights from a converted HF checkpoint, a fresh classifier; mismatches are errors."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from bert_jax import checkpoint, convert, sharding
+    from bert_jax import convert, optim, sharding
+    from bert_jax import state as state_lib
 
     hf = transformers.BertConfig(vocab_size=4000, hidden_size=128, num_hidden_layers=2,
                                  num_attention_heads=2, intermediate_size=512)
@@ -173,14 +174,14 @@ def test_init_from_converted_checkpoint(task_vocab, tmp_path):
     convert.convert_hf(tmp_path / "hf", tmp_path / "converted")
 
     config = load("glue.py:sst2,tiny", f"init_from={tmp_path / 'converted'}", "model.vocab_size=4000")
-    tx, _ = train.optim.make_optimizer(config)
+    tx, _ = optim.make_optimizer(load("glue.py:sst2,tiny", "train.steps=10"))  # any Adam will do
     mesh = sharding.make_mesh(config.mesh)
-    _, abstract, state_sh = train.abstract_state(config, tx, mesh)
-    target = train._with_shardings(abstract["params"], state_sh["params"])
+    _, abstract, state_sh = state_lib.abstract_state(config, mesh, tx)
+    target = state_lib.with_shardings(abstract["params"], state_sh["params"])
     with jax.set_mesh(mesh):
-        state = train.init_state(config, tx, state_sh, train._pretrained(config, target, mesh))
-        fresh = train.init_state(config, tx, state_sh)
-    _, source = checkpoint.load_model(tmp_path / "converted")
+        state = state_lib.init_state(config, tx, state_sh, state_lib.pretrained(config, target, mesh))
+        fresh = state_lib.init_state(config, tx, state_sh)
+    _, source = state_lib.load_model(tmp_path / "converted")
     from flax import nnx
     source = nnx.to_pure_dict(nnx.state(source, nnx.Param))
     for got, want in zip(jax.tree.leaves(state["params"]["bert"]), jax.tree.leaves(source["bert"])):
@@ -190,7 +191,7 @@ def test_init_from_converted_checkpoint(task_vocab, tmp_path):
 
     bad = load("glue.py:sst2,tiny", f"init_from={tmp_path / 'converted'}", "model.vocab_size=8192")
     with pytest.raises(config_lib.ConfigError, match=r"model.vocab_size: config 8192, checkpoint 4000"):
-        train._pretrained(bad, target, mesh)
+        state_lib.pretrained(bad, target, mesh)
 
 
 def _cli(*args, **kw):

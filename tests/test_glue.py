@@ -190,7 +190,7 @@ def test_truncate_seq_pair_matches_reference():
         for lb in range(9):
             for m in range(12):
                 a, b = list(range(la)), list(range(100, 100 + lb))
-                got = glue.truncate_seq_pair(a, b, m)
+                got = vocab.truncate_seq_pair(a, b, m)
                 assert got == _reference_truncate(a, b, m), (la, lb, m)
 
 

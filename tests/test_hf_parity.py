@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bert_jax import checkpoint, convert  # noqa: E402
+from bert_jax import convert, state  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 
@@ -43,7 +43,7 @@ def convert_model(hf_model, vocab, tmp_path, safe=True):
         torch.save(hf_model.state_dict(), src / "pytorch_model.bin")
     shutil.copy(vocab, src / "vocab.txt")
     report = convert.convert_hf(src, out)
-    _, model = checkpoint.load_model(out)
+    _, model = state.load_model(out)
     return model, report
 
 
@@ -129,7 +129,7 @@ def test_checkpoint_without_heads_reports_them(batch, wordpiece_vocab, tmp_path)
         ["mlm/transform/kernel", "mlm/transform/bias", "mlm/norm/scale", "mlm/norm/bias",
          "mlm/bias", "nsp/kernel", "nsp/bias"])
     # The encoder is still the reference one.
-    _, model = checkpoint.load_model(out)
+    _, model = state.load_model(out)
     ref = run_hf(hf.eval(), batch)
     np.testing.assert_allclose(model.bert(**jax_inputs(batch))["sequence_output"],
                                ref.last_hidden_state.numpy(), **TOL)

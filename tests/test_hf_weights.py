@@ -17,6 +17,8 @@ import safetensors.numpy
 from bert_jax import hf_weights
 from bert_jax.hf_weights import load_hf_weights
 
+# torch is imported only inside the tests that need it: it is optional and slow to import, and
+# the loader under test must work without it.
 TIED = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
 
 

@@ -9,7 +9,7 @@ import pytest
 from seqeval import metrics as sq
 from seqeval.metrics.sequence_labeling import get_entities as sq_get_entities
 
-from bert_jax.data import ner
+from bert_jax.data import ner, vocab
 
 CONLL_TAGS = ("O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER")
 WNUT_TYPES = ("corporation", "creative-work", "group", "location", "person", "product")
@@ -30,8 +30,6 @@ def conll(shared_data) -> dict[str, list[ner.Sentence]]:
 
 @pytest.fixture(scope="module")
 def tokenizer(wordpiece_vocab):
-    from bert_jax.data import vocab
-
     return vocab.load_tokenizer(wordpiece_vocab.parent)
 
 

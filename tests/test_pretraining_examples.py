@@ -17,9 +17,8 @@ from bert_jax.data.pretraining import (
     to_features,
     tokenize_document,
     truncate_seq_pair,
-    word_starts_from_tokens,
 )
-from bert_jax.data.tokenizers import WordPieceTokenizer
+from bert_jax.data.vocab import load_tokenizer
 
 MAX_LEN, MAX_PRED, DOCS_PER_BOOK = 128, 20, 36
 MAX_NUM_TOKENS = MAX_LEN - 3
@@ -78,7 +77,7 @@ def test_truncate_seq_pair_matches_the_original_loop():
 
 @pytest.fixture(scope="module")
 def tokenizer(wordpiece_vocab):
-    return WordPieceTokenizer.from_vocab(wordpiece_vocab, lowercase=True)
+    return load_tokenizer(wordpiece_vocab.parent, lowercase=True)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +110,7 @@ def _logged(docs, calls):
 
 
 def build(docs, tok, seed, *, epoch=0, short_seq_prob=0.1, whole_word=False, features=True):
-    starts = word_starts_from_tokens(tok.vocab) if whole_word else None
+    starts = tok.word_starts(np.arange(tok.vocab_size)) if whole_word else None
     out = []
     for i, doc in enumerate(docs):
         rng, calls = document_rng(seed, i, epoch), []
@@ -241,7 +240,7 @@ def test_same_seed_same_examples(docs, tokenizer):
 
 def test_whole_word_masking(docs, tokenizer):
     ex = build(docs[:150], tokenizer, seed=0, whole_word=True)
-    starts = word_starts_from_tokens(tokenizer.vocab)
+    starts = tokenizer.word_starts(np.arange(tokenizer.vocab_size))
     special = {tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id}
     chosen = budget = multi = 0
     for e in ex:

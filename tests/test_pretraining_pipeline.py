@@ -9,7 +9,7 @@ import pytest
 
 from bert_jax import config as config_lib
 from bert_jax import metrics, train
-from bert_jax.data import pipelines, vocab
+from bert_jax.data import documents, pipelines, pretraining, vocab
 
 CONFIG = "configs/bert_pretrain.py:tiny"
 
@@ -129,8 +129,6 @@ def test_short_pretraining_on_real_text_lowers_mlm_loss(text_config, tmp_path):
 
 
 def test_prepare_writes_shards_the_pipeline_reads(text_config, tmp_path):
-    from bert_jax.data import documents
-
     counts = documents.prepare(text_config, tmp_path / "shards", docs_per_shard=20)
     train_docs, train_ids = pipelines.open_documents(text_config, "train", vocab.load_tokenizer(
         text_config.data.tokenizer))
@@ -152,9 +150,7 @@ def test_prepare_writes_shards_the_pipeline_reads(text_config, tmp_path):
 def test_tfds_source_through_data_source(text_config, shared_data, monkeypatch):
     """data.name=tfds reads records' `text` through tfds.data_source (no real TFDS data offline:
     a list of records in the wikipedia builder's layout stands in for the array_record source)."""
-    import tensorflow_datasets as tfds
-
-    from bert_jax.data import pretraining
+    import tensorflow_datasets as tfds  # only this test needs it (and only to patch it)
 
     book = (shared_data / "text" / "gutenberg" / "austen-emma.txt").read_text()
     paragraphs = [" ".join(p.split()) for p in book.split("\n\n") if len(p.split()) > 20][:200]

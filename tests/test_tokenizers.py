@@ -1,26 +1,31 @@
-"""WordPieceTokenizer against the reference slow BertTokenizer on real text, uncased and cased."""
+"""The WordPiece engine, and the Tokenizer's BERT inputs built on it, against the reference slow
+BertTokenizer on real text, uncased and cased."""
 
 import json
 import unicodedata
 
 import pytest
+from tokenizers import BertWordPieceTokenizer
 
 from bert_jax.data.tokenizers import WordPieceTokenizer, load_vocab, reference_basic_tokenize
+from bert_jax.data.vocab import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()  # longest_first warns on every pair call
+from transformers.models.bert.tokenization_bert import load_vocab as hf_load_vocab  # noqa: E402
+from transformers.models.bert.tokenization_bert_legacy import (  # noqa: E402
+    BasicTokenizer,
+    BertTokenizerLegacy,
+)
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 CASES = {"uncased": True, "cased": False}  # name -> lowercase
 
 
 def reference(vocab_file, lowercase: bool, strip_accents=None):
-    """The slow, pure-Python BertTokenizer (google-research/bert semantics plus NFC)."""
-    try:  # transformers 5: BertTokenizer is the Rust one, the Python one is kept as Legacy
-        from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy as Slow
-    except ImportError:  # transformers 4: BertTokenizer is the Python one
-        from transformers import BertTokenizer as Slow
-    return Slow(str(vocab_file), do_lower_case=lowercase, strip_accents=strip_accents)
+    """The slow, pure-Python BertTokenizer (google-research/bert semantics plus NFC); in
+    transformers 5 BertTokenizer is the Rust one and the Python one is kept as Legacy."""
+    return BertTokenizerLegacy(str(vocab_file), do_lower_case=lowercase, strip_accents=strip_accents)
 
 
 def _need(path):
@@ -63,8 +68,6 @@ def corpus(shared_data, squad) -> list[str]:
 
 
 def _train_vocab(path, lines, lowercase: bool, extra_text: list[str]):
-    from tokenizers import BertWordPieceTokenizer
-
     trainer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)
     trainer.train_from_iterator(lines, vocab_size=4000, special_tokens=SPECIALS,
                                 show_progress=False)
@@ -121,8 +124,6 @@ def test_strip_accents_options_match_reference(vocab, squad):
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_basic_tokenize_over_all_code_points(lowercase):
     """Rust fast path and Python fallback against the reference, each code point in context."""
-    from transformers.models.bert.tokenization_bert_legacy import BasicTokenizer
-
     ref = BasicTokenizer(do_lower_case=lowercase)
     ours = WordPieceTokenizer(SPECIALS, lowercase=lowercase)
     points = [*range(0x30000), *range(0xE0000, 0xE1000), 0xF0000, 0x10FFFD]
@@ -141,7 +142,7 @@ def test_basic_tokenize_over_all_code_points(lowercase):
 @pytest.mark.parametrize("max_length", [None, 6, 32, 128, 384])
 def test_encode_matches_reference(vocab, squad, corpus, max_length):
     vocab_file, lowercase = vocab
-    ours = WordPieceTokenizer.from_vocab(vocab_file, lowercase=lowercase)
+    ours = load_tokenizer(vocab_file.parent, lowercase=lowercase)
     ref = reference(vocab_file, lowercase)
     contexts, questions = squad
     pairs = list(zip(questions[::250], contexts[::50]))
@@ -151,10 +152,10 @@ def test_encode_matches_reference(vocab, squad, corpus, max_length):
     for a, b in pairs:
         for args in ((a, b), (a,)):
             want = ref(*args, split_special_tokens=True, return_token_type_ids=True, **trunc)
-            got = ours.encode(*args, max_length=max_length)
+            got = ours.encode_pair(*args, max_length=max_length)
             assert got.input_ids == want["input_ids"], args
             assert got.token_type_ids == want["token_type_ids"], args
-            assert got.tokens == ours.ids_to_tokens(got.input_ids)
+            assert got.tokens == ours.tokens(got.input_ids)
             if max_length:
                 assert len(got.input_ids) <= max_length
 
@@ -173,23 +174,23 @@ def _truncate_seq_pair(tokens_a, tokens_b, max_length):
 
 def test_truncation_is_truncate_seq_pair(vocab):
     """Every small length combination against the original run_classifier truncation."""
-    ours = WordPieceTokenizer.from_vocab(vocab[0], lowercase=vocab[1])
+    ours = load_tokenizer(vocab[0].parent, lowercase=vocab[1])
     for n_a in range(10):
         for n_b in range(10):
             for max_length in range(3, 24):
                 a, b = ["the"] * n_a, ["and"] * n_b
                 _truncate_seq_pair(a, b, max_length - 3)
                 want = ["[CLS]", *a, "[SEP]", *b, "[SEP]"]
-                enc = ours.encode(" ".join(["the"] * n_a), " ".join(["and"] * n_b), max_length)
+                enc = ours.encode_pair(" ".join(["the"] * n_a), " ".join(["and"] * n_b), max_length)
                 assert enc.tokens == want, (n_a, n_b, max_length)
                 assert enc.token_type_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1)
             a = ["the"] * n_a
             want = ["[CLS]", *a[:max(n_b, 2) - 2], "[SEP]"]
-            assert ours.encode(" ".join(a), max_length=max(n_b, 2)).tokens == want
+            assert ours.encode_pair(" ".join(a), max_length=max(n_b, 2)).tokens == want
     with pytest.raises(ValueError, match="max_length"):
-        ours.encode("a", "b", max_length=2)
+        ours.encode_pair("a", "b", max_length=2)
     with pytest.raises(ValueError, match="max_length"):
-        ours.encode("a", max_length=1)
+        ours.encode_pair("a", max_length=1)
 
 
 def test_ids_match_reference(vocab):
@@ -216,8 +217,6 @@ def test_special_token_text(vocab):
 
 
 def test_vocab_file_lines_like_hf(tmp_path):
-    from transformers.models.bert.tokenization_bert import load_vocab as hf_load_vocab
-
     path = tmp_path / "vocab.txt"
     path.write_bytes("\n".join([*SPECIALS, "a ", "b\r", "c\x0bd", "e\u2028f", "", "a ", "é"])
                      .encode("utf-8"))

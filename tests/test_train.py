@@ -19,6 +19,7 @@ from conftest import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import metrics, objectives, optim, sharding, train
+from bert_jax import state as state_lib
 from bert_jax.data import pipelines
 
 CONFIG = "configs/bert_pretrain.py:tiny"
@@ -128,9 +129,9 @@ def _step_inputs(config, accum):
     config.train.grad_accum_steps = accum
     tx, schedule = optim.make_optimizer(config)
     mesh = sharding.make_mesh(config.mesh)
-    graphdef, _, state_sh = train.abstract_state(config, tx, mesh)
+    graphdef, _, state_sh = state_lib.abstract_state(config, mesh, tx)
     step = functools.partial(
-        train.train_step, graphdef=graphdef, objective=objectives.for_model(config.model.name),
+        train.train_step, graphdef=graphdef, objective=objectives.for_config(config),
         tx=tx, schedule=schedule, accum=accum, dropout_key=jax.random.key(0), mesh=mesh)
     return mesh, tx, state_sh, jax.jit(step)
 
@@ -144,7 +145,7 @@ def test_gradient_accumulation_equals_one_big_batch():
     for accum in (1, 4):
         mesh, tx, state_sh, step = _step_inputs(config, accum)
         with jax.set_mesh(mesh):
-            state = train.init_state(config, tx, state_sh)
+            state = state_lib.init_state(config, tx, state_sh)
             new_state, m = step(state, sharding.global_batch(local, mesh, 1))
             results.append(jax.device_get((new_state["params"], m)))
     (p1, m1), (p4, m4) = results
@@ -161,7 +162,7 @@ def test_bfloat16_compute_keeps_float32_state():
         config.dtype = dtype
         mesh, tx, state_sh, step = _step_inputs(config, 1)
         with jax.set_mesh(mesh):
-            state, m = step(train.init_state(config, tx, state_sh), sharding.global_batch(local, mesh, 1))
+            state, m = step(state_lib.init_state(config, tx, state_sh), sharding.global_batch(local, mesh, 1))
         leaves = jax.tree.leaves((state["params"], state["opt_state"]))
         assert {x.dtype for x in leaves if x.ndim} == {np.dtype("float32")}, dtype
         assert m["loss"].dtype == np.float32

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data.tokenizers import SPECIAL_TOKENS, reference_basic_tokenize
-from bert_jax.data.vocab import META_NAME, load_tokenizer, train_vocab
+from bert_jax.data.vocab import META_NAME, load_hf_tokenizer, load_tokenizer, train_vocab
 
 EXTRA = ["Café naïve résumé — “quoted” façade", "ΟΔΟΣ'S ΟΔΟΣ. Ελληνικά", "東京 tokyo 2024",
          "don't stop-believing!!", "", "   ", "a" * 101, "[MASK] [CLS] text"]
@@ -158,6 +158,36 @@ def test_sentencepiece_train_round_trip(model_type, lowercase, tmp_path, train_t
     assert np.array_equal(pickle.loads(pickle.dumps(tok)).encode("Hello world"), ids)
     with pytest.raises(ValueError, match="case folding is part of a sentencepiece model"):
         load_tokenizer(out, lowercase=not lowercase)
+
+
+def test_hf_folder_casing_and_save(wordpiece_vocab, tmp_path):
+    """A HF folder reads with BertTokenizer's defaults; save() states every option for load_tokenizer."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "vocab.txt").write_text(wordpiece_vocab.read_text("utf-8") + "Emma\n", "utf-8")
+    assert load_tokenizer(hf).lowercase is False  # our guess: an uppercase token means cased
+    tok = load_hf_tokenizer(hf)
+    assert tok.lowercase is True and tok.vocab_size == 1501  # HF: do_lower_case unless stated
+    tok.save(tmp_path / "out")
+    back = load_tokenizer(tmp_path / "out")
+    assert (back.lowercase, back.pieces) == (True, tok.pieces)
+    assert back.encode_pair("Emma said", "no").tokens == ["[CLS]", "emma", "said", "[SEP]", "no", "[SEP]"]
+    (hf / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+    assert load_hf_tokenizer(hf).lowercase is False
+    (hf / "tokenizer_config.json").write_text('{"do_basic_tokenize": false}')
+    with pytest.raises(ValueError, match="do_basic_tokenize=false is not supported"):
+        load_hf_tokenizer(hf)
+    with pytest.raises(FileNotFoundError, match="vocab.txt"):
+        load_hf_tokenizer(tmp_path)
+
+
+def test_sentencepiece_save(tmp_path, english_lines):
+    tok = load_tokenizer(train_vocab(english_lines, size=300, kind="sentencepiece", out_dir=tmp_path / "a"))
+    tok.save(tmp_path / "b")
+    back = load_tokenizer(tmp_path / "b")
+    assert (back.kind, back.pieces) == ("sentencepiece", tok.pieces)
+    assert np.array_equal(back.encode(english_lines[0]), tok.encode(english_lines[0]))
+    tok.save(tmp_path / "a")  # onto itself: nothing to do
 
 
 def test_check_fits(wordpiece_vocab):

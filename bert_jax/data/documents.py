@@ -11,9 +11,11 @@ import glob
 from collections.abc import Sequence
 from pathlib import Path
 
+import grain
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordWriter
 
-from bert_jax.data import pretraining
+from bert_jax.data import pretraining, vocab
 
 Document = list[np.ndarray]
 
@@ -27,10 +29,6 @@ def expand(patterns: str) -> list[str]:
             raise FileNotFoundError(f"no file matches {pattern!r}")
         files.extend(matched)
     return files
-
-
-def encode_document(tokenizer, sentences: Sequence[str]) -> Document:
-    return [ids for ids in tokenizer.encode_batch(list(sentences)) if len(ids)]
 
 
 def serialize(doc: Document) -> bytes:
@@ -53,7 +51,7 @@ class TextDocuments:
         self.docs: list[Document] = []
         for path in files:
             for sentences in pretraining.iter_documents(path, fmt):
-                doc = encode_document(tokenizer, sentences)
+                doc = pretraining.tokenize_document(sentences, tokenizer)
                 if doc:
                     self.docs.append(doc)
         if not self.docs:
@@ -70,8 +68,6 @@ class ArrayRecordDocuments:
     """Pre-tokenized documents written by `bert-jax prepare`."""
 
     def __init__(self, files: Sequence[str]):
-        import grain
-
         self.source = grain.sources.ArrayRecordDataSource(list(files))
 
     def __len__(self) -> int:
@@ -87,7 +83,7 @@ class TfdsDocuments:
 
     def __init__(self, name: str, split: str, tokenizer, data_dir: str | None = None,
                  field: str = "text"):
-        import tensorflow_datasets as tfds
+        import tensorflow_datasets as tfds  # lazy: slow to import, and only this source needs it
 
         self.source = tfds.data_source(name, split=split, data_dir=data_dir or None)
         self.tokenizer, self.field = tokenizer, field
@@ -99,13 +95,11 @@ class TfdsDocuments:
         text = self.source[i][self.field]
         text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
         sentences = [s for para in text.split("\n") for s in pretraining.split_sentences(para)]
-        return encode_document(self.tokenizer, sentences)
+        return pretraining.tokenize_document(sentences, self.tokenizer)
 
 
 def write_array_record(docs, path: str | Path) -> int:
     """Writes documents (an iterable of Document) to one array_record file; returns count."""
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     writer = ArrayRecordWriter(str(path), "group_size:1")
     n = 0
     for doc in docs:
@@ -124,7 +118,7 @@ def _source_documents(config, tokenizer):
         return
     for path in expand(d.train_files):
         for sentences in pretraining.iter_documents(path, d.text_format):
-            doc = encode_document(tokenizer, sentences)
+            doc = pretraining.tokenize_document(sentences, tokenizer)
             if doc:
                 yield doc
 
@@ -132,8 +126,6 @@ def _source_documents(config, tokenizer):
 def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[str, int]:
     """Tokenizes config.data's corpus once into array_record shards `train-NNNNN` and (every
     data.heldout_every-th document) `validation-NNNNN`; returns documents per split."""
-    from bert_jax.data import vocab
-
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new --out")

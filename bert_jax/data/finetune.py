@@ -15,6 +15,15 @@ import math
 import numpy as np
 
 
+def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+    """The batch's rows zero-padded to `size`, plus example_weight: 1 for real rows, 0 for padding."""
+    rows = len(next(iter(batch.values())))
+    pad = size - rows
+    if pad:
+        batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
+    return {**batch, "example_weight": (np.arange(size) < rows).astype(np.float32)}
+
+
 class FeaturePipeline:
     """Iterator of host-local batches (dicts of numpy arrays) with get_state()/set_state()."""
 
@@ -59,14 +68,7 @@ class FeaturePipeline:
         rows = self._rows(start, start + self.local)
         self.produced += 1
         batch = {k: v[rows] for k, v in self.features.items()}
-        if self.train:
-            return batch
-        pad = self.local - len(rows)
-        if pad:
-            batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)])
-                     for k, v in batch.items()}
-        batch["example_weight"] = (np.arange(self.local) < len(rows)).astype(np.float32)
-        return batch
+        return batch if self.train else pad_batch(batch, self.local)
 
     def get_state(self) -> dict:
         return {"produced": self.produced}

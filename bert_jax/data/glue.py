@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import itertools
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.data.rows import BadRows
 from bert_jax.data.vocab import Tokenizer
 
 
@@ -102,34 +102,12 @@ def task_path(glue_dir: str | Path, task: str, split: str) -> Path:
     return Path(glue_dir) / spec.directory / spec.files[split]
 
 
-@dataclass
-class RowErrors:
-    """Raises `error` on the first bad row of a file, or counts bad rows when skipping (shared by readers)."""
-    path: Path
-    skip: bool
-    error: type[ValueError] = GlueFormatError
-    count: int = 0
-    first: str = ""
-
-    def __call__(self, line: int, what: str, found: Any, expected: str) -> None:
-        message = f"{self.path}:{line}: {what}: found {found!r}, expected {expected}"
-        if not self.skip:
-            raise self.error(f"{message}. Fix the file or set data.skip_bad_rows=True to skip such rows")
-        self.count += 1
-        self.first = self.first or message
-
-    def report(self, reader: str) -> None:
-        if self.count:
-            print(f"{reader}: skipped {self.count} malformed row(s) of {self.path} (first: {self.first})",
-                  file=sys.stderr)
-
-
-def _label(spec: TaskSpec, raw: str, line: int, bad: RowErrors) -> str | float | None:
+def _label(spec: TaskSpec, raw: str, line: int, bad: BadRows) -> str | float | None:
     """The checked label of a row, or None after reporting it to bad."""
     if spec.labels is not None:
         if raw in spec.labels:
             return raw
-        bad(line, f"label column {spec.label!r}", raw, f"one of {', '.join(spec.labels)}")
+        bad.found(line, f"label column {spec.label!r}", raw, f"one of {', '.join(spec.labels)}")
         return None
     lo, hi = _STSB_RANGE
     try:
@@ -138,14 +116,14 @@ def _label(spec: TaskSpec, raw: str, line: int, bad: RowErrors) -> str | float |
         score = math.nan
     if lo <= score <= hi:  # False for nan and inf too
         return score
-    bad(line, f"score column {spec.label!r}", raw, f"a number from {lo:g} to {hi:g}")
+    bad.found(line, f"score column {spec.label!r}", raw, f"a number from {lo:g} to {hi:g}")
     return None
 
 
 def read_glue(task: str, path: str | Path, *, skip_bad_rows: bool = False) -> list[Example]:
     """Examples of a GLUE task file in its original layout; unlabeled test files give label None."""
     spec, path = task_spec(task), Path(path)
-    bad = RowErrors(path, skip_bad_rows)
+    bad = BadRows(path, skip_bad_rows, GlueFormatError)
     # utf-8-sig drops MRPC's byte order mark; QUOTE_NONE because GLUE text has unbalanced quotes.
     with open(path, encoding="utf-8-sig", newline="") as f:
         rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -166,14 +144,15 @@ def read_glue(task: str, path: str | Path, *, skip_bad_rows: bool = False) -> li
         for i, row in enumerate(itertools.chain(data_rows, rows)):  # i: the row's index in the file
             line = rows.line_num  # QUOTE_NONE: one record per line
             if len(row) != len(header):
-                bad(line, "row", f"{len(row)} tab-separated columns", f"{len(header)} ({' | '.join(header)})")
+                bad.found(line, "row", f"{len(row)} tab-separated columns",
+                          f"{len(header)} ({' | '.join(header)})")
                 continue
             label = None
             if il is not None and (label := _label(spec, row[il], line, bad)) is None:
                 continue
             examples.append(Example(f"{path.stem}-{i}", row[ia],
                                     row[ib] if ib is not None else None, label))
-    bad.report("read_glue")
+    bad.warn("read_glue", f"{bad.count} malformed row(s) of {path}")
     return examples
 
 
@@ -204,7 +183,8 @@ def _tfds_record_to_example(task: str, index: int, record: dict[str, Any]) -> Ex
 
 def read_glue_tfds(task: str, split: str, data_dir: str | None = None) -> list[Example]:
     """Examples of a prepared TFDS glue dataset (split train/dev/test or a TFDS split name); no TF needed."""
-    import tensorflow_datasets as tfds  # slow imports, needed only here
+    # Lazy: tfds is slow to import and only this reader needs it.
+    import tensorflow_datasets as tfds
     import tensorflow_datasets.text.glue  # noqa: F401  registers the builder (tfds imports text/ lazily)
 
     name = f"glue/{task_spec(task).tfds_name}"
@@ -219,50 +199,13 @@ def read_glue_tfds(task: str, split: str, data_dir: str | None = None) -> list[E
     return [_tfds_record_to_example(task, i, record) for i, record in enumerate(source)]
 
 
-def truncate_seq_pair(a: Sequence, b: Sequence | None, max_length: int) -> tuple[Sequence, Sequence | None]:
-    """Drops last tokens, always from the longer side (b on a tie), until len(a) + len(b) <= max_length.
-
-    The original BERT _truncate_seq_pair, in closed form; b None truncates a alone.
-    """
-    if b is None:
-        return a[:max_length], None
-    if len(a) + len(b) <= max_length:
-        return a, b
-    short = min(len(a), len(b))
-    if max_length - short >= short:  # only the longer side loses tokens
-        keep_a, keep_b = (max_length - short, short) if len(a) > len(b) else (short, max_length - short)
-    else:  # both shrink to half, a keeping the odd token since b is popped first on a tie
-        keep_a, keep_b = (max_length + 1) // 2, max_length // 2
-    return a[:keep_a], b[:keep_b]
-
-
-def pack_pairs(ids_a: Sequence[np.ndarray], ids_b: Sequence[np.ndarray | None], tokenizer: Tokenizer,
-               max_seq_length: int) -> dict[str, np.ndarray]:
-    """[CLS] a [SEP] (b [SEP]) rows, truncated and padded: input_ids, input_mask, segment_ids [N, T]."""
-    n = len(ids_a)
-    input_ids = np.full((n, max_seq_length), tokenizer.pad_id, np.int32)
-    input_mask = np.zeros((n, max_seq_length), np.int32)
-    segment_ids = np.zeros((n, max_seq_length), np.int32)
-    cls, sep = [tokenizer.cls_id], [tokenizer.sep_id]
-    for i, (a, b) in enumerate(zip(ids_a, ids_b)):
-        a, b = truncate_seq_pair(a, b, max_seq_length - (2 if b is None else 3))
-        first = np.concatenate([cls, a, sep])
-        row = first if b is None else np.concatenate([first, b, sep])
-        input_ids[i, :row.size] = row
-        input_mask[i, :row.size] = 1
-        segment_ids[i, first.size:row.size] = 1
-    return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
-
-
 def encode(examples: Sequence[Example], tokenizer: Tokenizer, max_seq_length: int,
            labels: tuple[str, ...] | None) -> dict[str, np.ndarray]:
     """BERT features of examples; label_ids are class indices into labels, or scores when labels is None."""
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] and two [SEP]")
-    ids_a = tokenizer.encode_batch([e.text_a for e in examples])
-    encoded_b = iter(tokenizer.encode_batch([e.text_b for e in examples if e.text_b is not None]))
-    ids_b = [None if e.text_b is None else next(encoded_b) for e in examples]
-    features = pack_pairs(ids_a, ids_b, tokenizer, max_seq_length)
+    features = tokenizer.encode_pairs([e.text_a for e in examples], [e.text_b for e in examples],
+                                      max_seq_length)
     if labels is None:
         features["label_ids"] = np.array([0.0 if e.label is None else float(e.label) for e in examples],
                                          np.float32)

@@ -5,17 +5,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from bert_jax.data.rows import BadRows
 from bert_jax.data.vocab import Tokenizer
 
 DOCSTART = "-DOCSTART-"
-SKIP_HINT = "set data.skip_bad_rows=True to drop sentences with malformed lines"
 
 
 class NerFormatError(ValueError):
@@ -45,9 +44,9 @@ def read_columns(path: str | os.PathLike, *, tag_column: int = -1,
     sentences: list[Sentence] = []
     words: list[str] = []
     tags: list[str] = []
-    first_line = ncols = 0
-    bad_lines: list[str] = []
-    dropped = 0
+    first_line = ncols = dropped = 0
+    bad = BadRows(path, skip_bad_rows, NerFormatError,
+                  "; set data.skip_bad_rows=True to drop sentences with malformed lines")
     bad_sentence = False
 
     def end_sentence() -> None:
@@ -82,18 +81,13 @@ def read_columns(path: str | os.PathLike, *, tag_column: int = -1,
             elif any(not c.strip() for c in cols):
                 problem = f"an empty token or tag in {cols!r}, expected {ncols} non-empty columns"
             if problem:
-                message = f"{path}, line {lineno}: found {problem}"
-                if not skip_bad_rows:
-                    raise NerFormatError(f"{message}; {SKIP_HINT}")
-                bad_lines.append(message)
+                bad(f"{path}, line {lineno}: found {problem}")
                 bad_sentence = True
                 continue
             words.append(cols[0])
             tags.append(cols[tag_column])
         end_sentence()
-    if bad_lines:
-        print(f"warning: skipped {dropped} sentence(s) with {len(bad_lines)} malformed line(s); "
-              f"first: {bad_lines[0]}", file=sys.stderr)
+    bad.warn("read_columns", f"{dropped} sentence(s) with {bad.count} malformed line(s)")
     return sentences
 
 

@@ -15,9 +15,11 @@ import gzip
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import numpy as np
+
+from bert_jax.data.vocab import Tokenizer, pair_lengths
 
 TokenizedDocument = list[np.ndarray]  # int32 token ids per sentence; no empty sentences
 FORMATS = ("sentences", "paragraphs")
@@ -96,15 +98,9 @@ def iter_documents(path: str | Path, fmt: str = "sentences", *,
             yield doc
 
 
-def tokenize_document(sentences: Iterable[str], tokenizer: Any) -> TokenizedDocument:
-    """Token ids per sentence (a WordPieceTokenizer), dropping empty ones like the original."""
-    pieces = tokenizer.tokenize_batch(list(sentences))
-    return [np.asarray(tokenizer.tokens_to_ids(p), np.int32) for p in pieces if p]
-
-
-def word_starts_from_tokens(tokens: list[str]) -> np.ndarray:
-    """True where a wordpiece starts a word ('##' pieces continue one); of a vocab: per id."""
-    return np.array([not t.startswith("##") for t in tokens], bool)
+def tokenize_document(sentences: Iterable[str], tokenizer: Tokenizer) -> TokenizedDocument:
+    """Token ids per sentence, dropping empty ones like the original."""
+    return [ids for ids in tokenizer.encode_batch(list(sentences)) if len(ids)]
 
 
 def document_rng(seed: int, doc_index: int, epoch: int) -> np.random.Generator:
@@ -129,13 +125,12 @@ def _trim(x: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
 
 def truncate_seq_pair(a: np.ndarray, b: np.ndarray, max_num_tokens: int,
                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """The original truncation: drop from the longer side (B on ties), at a random end."""
-    if len(a) + len(b) <= max_num_tokens:
-        return a, b
-    # Closed form of the original pop-one-at-a-time loop; which side loses a token does not
-    # depend on the rng, and the front/back coin flips sum to a binomial count per side.
-    len_a = min(len(a), max(-(-max_num_tokens // 2), max_num_tokens - len(b)))
-    return _trim(a, len_a, rng), _trim(b, max_num_tokens - len_a, rng)
+    """create_pretraining_data's truncation: the lengths of vocab.truncate_seq_pair (drop from
+    the longer side, B on ties), but each dropped token from the front or the back at random."""
+    # Which side loses a token does not depend on the rng, so the lengths are the closed form's;
+    # the front/back coin flips then sum to a binomial count per side.
+    len_a, len_b = pair_lengths(len(a), len(b), max_num_tokens)
+    return _trim(a, len_a, rng), _trim(b, len_b, rng)
 
 
 def _random_segment(doc_index: int, num_docs: int, get_doc: Callable[[int], TokenizedDocument],
@@ -259,7 +254,7 @@ def to_features(instance: Instance, *, rng: np.random.Generator, cls_id: int, se
                 random_token_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Masks `[CLS] A [SEP] B [SEP]` and pads it into the trainer's batch features.
 
-    starts_word: per vocab id, whether it starts a word (`word_starts_from_tokens(vocab)`),
+    starts_word: per vocab id, whether it starts a word (`tokenizer.word_starts(all ids)`),
     for whole-word masking; None masks single wordpieces. Padding is id 0, as the original.
     """
     a, b = instance.tokens_a, instance.tokens_b

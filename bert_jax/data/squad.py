@@ -11,15 +11,16 @@ import collections
 import dataclasses
 import functools
 import json
+import logging
 import math
 import re
 import string
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from bert_jax.data.rows import BadRows
 from bert_jax.data.tokenizers import SPECIAL_TOKENS, reference_basic_tokenize
 from bert_jax.data.vocab import SP_SPACE, Tokenizer
 
@@ -28,6 +29,8 @@ _WORD = re.compile(r"[^ \t\r\n\u202f]+")
 _UNK = SPECIAL_TOKENS[1]  # both tokenizer kinds name the unknown token "[UNK]"
 _NO_NON_NULL = 1e9  # null_odds when no span survived the filters: surely no answer, and valid JSON
 _JSON_NAMES = {str: "string", int: "integer", bool: "boolean", list: "array"}
+
+log = logging.getLogger(__name__)
 
 
 class SquadFormatError(ValueError):
@@ -75,7 +78,10 @@ def read_squad(path: str | Path, *, is_training: bool, version_2: bool,
                skip_bad_rows: bool = False) -> list[SquadExample]:
     """Examples of a SQuAD json file; training answers must sit at their answer_start."""
     path = Path(path)
-    examples, bad = [], []
+    examples: list[SquadExample] = []
+    bad = BadRows(path, skip_bad_rows, SquadFormatError,
+                  "; fix the row, or set data.skip_bad_rows=True to skip such rows "
+                  "(the original run_squad.py skips them with a warning)")
     for a, article in enumerate(_load_json(path)):
         title = article.get("title", "?") if isinstance(article, dict) else "?"
         for p, para in enumerate(_field(article, "paragraphs", list, f"data[{a}]", path)):
@@ -96,18 +102,12 @@ def read_squad(path: str | Path, *, is_training: bool, version_2: bool,
                 if is_training:
                     error = _training_answer(ex, raw, context, word_starts, f"{where}.answers[0]", path)
                     if error:
-                        msg = (f"{path}: article {title!r}, question {ex.qas_id} ({where}.answers[0]): "
-                               f"{error}")
-                        if not skip_bad_rows:
-                            raise SquadFormatError(
-                                f"{msg}; fix the row, or set data.skip_bad_rows=True to skip such rows "
-                                "(the original run_squad.py skips them with a warning)")
-                        bad.append(msg)
+                        bad(f"{path}: article {title!r}, question {ex.qas_id} ({where}.answers[0]): {error}")
                         continue
                 examples.append(ex)
-    if bad:  # the original warns per row; one count (and the first row) is easier to read
-        print(f"read_squad: skipped {len(bad)} of {len(bad) + len(examples)} training questions "
-              f"(data.skip_bad_rows=True); first: {bad[0]}", file=sys.stderr)
+    # The original warns per row; one count (and the first row) is easier to read.
+    bad.warn("read_squad", f"{bad.count} of {bad.count + len(examples)} training questions "
+             "(data.skip_bad_rows=True)")
     return examples
 
 
@@ -455,8 +455,7 @@ def evaluate(dataset: str | Path | Sequence[SquadExample], predictions: Mapping[
         scores[bool(ex.answers)].append((max(exact_match(pred, g) for g in golds),
                                          max(f1(pred, g, v2_empty_rule=version_2) for g in golds)))
     if missing:
-        print(f"evaluate: {missing} of {len(dataset)} questions have no prediction; they score 0",
-              file=sys.stderr)
+        log.warning(f"evaluate: {missing} of {len(dataset)} questions have no prediction; they score 0")
     result = _percent(scores[True] + scores[False])
     if version_2:
         for name, has in (("HasAns", True), ("NoAns", False)):

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data.glue import RowErrors, pack_pairs
+from bert_jax.data.rows import BadRows
 from bert_jax.data.vocab import Tokenizer
 
 NUM_CHOICES = 4
@@ -33,7 +33,7 @@ class Example:
     label: int | None  # index of the true ending; None when unlabeled
 
 
-def _jsonl_rows(f: Any, bad: RowErrors) -> Iterator[tuple[int, dict[str, Any]]]:
+def _jsonl_rows(f: Any, bad: BadRows) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) of each non-blank line."""
     for line, text in enumerate(f, 1):
         if not text.strip():
@@ -41,15 +41,15 @@ def _jsonl_rows(f: Any, bad: RowErrors) -> Iterator[tuple[int, dict[str, Any]]]:
         try:
             row = json.loads(text)
         except json.JSONDecodeError as e:
-            bad(line, "line", text.strip()[:60], f"a JSON object ({e.msg})")
+            bad.found(line, "line", text.strip()[:60], f"a JSON object ({e.msg})")
             continue
         if not isinstance(row, dict):
-            bad(line, "line", type(row).__name__, "a JSON object")
+            bad.found(line, "line", type(row).__name__, "a JSON object")
             continue
         yield line, row
 
 
-def _csv_rows(f: Any, bad: RowErrors) -> Iterator[tuple[int, dict[str, Any]]]:
+def _csv_rows(f: Any, bad: BadRows) -> Iterator[tuple[int, dict[str, Any]]]:
     """(first line, columns by header name) of each record; fields may be quoted over several lines."""
     rows = csv.reader(f)
     header = next(rows, [])
@@ -61,39 +61,39 @@ def _csv_rows(f: Any, bad: RowErrors) -> Iterator[tuple[int, dict[str, Any]]]:
     for row in rows:
         line, start = start, rows.line_num + 1
         if len(row) != len(header):
-            bad(line, "row", f"{len(row)} columns", f"{len(header)} ({','.join(header)})")
+            bad.found(line, "row", f"{len(row)} columns", f"{len(header)} ({','.join(header)})")
             continue
         yield line, dict(zip(header, row))
 
 
-def _label(raw: Any, line: int, bad: RowErrors) -> tuple[bool, int | None]:
+def _label(raw: Any, line: int, bad: BadRows) -> tuple[bool, int | None]:
     """(ok, label): None for an absent/empty label or -1 (unlabeled test rows, as in TFDS/HF)."""
     if raw is None or raw == "" or str(raw) == "-1":
         return True, None
     if str(raw) in ("0", "1", "2", "3"):
         return True, int(raw)
-    bad(line, "label", raw, f"an integer from 0 to {NUM_CHOICES - 1}")
+    bad.found(line, "label", raw, f"an integer from 0 to {NUM_CHOICES - 1}")
     return False, None
 
 
 def read_swag(path: str | Path, *, skip_bad_rows: bool = False) -> list[Example]:
     """Examples of a SWAG file: swagaf CSV (train.csv, val.csv, test.csv) or JSON lines (sent1, ...)."""
     path = Path(path)
-    bad = RowErrors(path, skip_bad_rows, SwagFormatError)
+    bad = BadRows(path, skip_bad_rows, SwagFormatError)
     examples: list[Example] = []
     with open(path, encoding="utf-8-sig", newline="") as f:
         is_json = f.read(1) == "{"  # swagaf CSV starts with its header's empty index column name
         f.seek(0)
         for i, (line, row) in enumerate((_jsonl_rows if is_json else _csv_rows)(f, bad)):
             if missing := [k for k in _TEXT if not isinstance(row.get(k), str)]:
-                bad(line, f"field {missing[0]!r}", row.get(missing[0]), "a string")
+                bad.found(line, f"field {missing[0]!r}", row.get(missing[0]), "a string")
                 continue
             ok, label = _label(row.get("label"), line, bad)
             if ok:
                 endings = tuple(row[k] for k in _ENDINGS)
                 examples.append(Example(f"{path.stem}-{i}", row["sent1"], row["sent2"],
                                         endings, label))
-    bad.report("read_swag")
+    bad.warn("read_swag", f"{bad.count} malformed row(s) of {path}")
     return examples
 
 
@@ -105,7 +105,7 @@ def encode(examples: Sequence[Example], tokenizer: Tokenizer, max_seq_length: in
     # As the original BERT and HF run_swag: the ending is appended to its start as one second segment.
     choices = tokenizer.encode_batch([f"{e.start} {ending}" for e in examples for ending in e.endings])
     ids_a = [ids for ids in contexts for _ in range(NUM_CHOICES)]
-    flat = pack_pairs(ids_a, choices, tokenizer, max_seq_length)
+    flat = tokenizer.pack_pairs(ids_a, choices, max_seq_length)
     features = {k: v.reshape(len(examples), NUM_CHOICES, max_seq_length) for k, v in flat.items()}
     features["label_ids"] = np.array([0 if e.label is None else e.label for e in examples], np.int32)
     return features

@@ -1,9 +1,12 @@
-"""Synthetic BERT pretraining batches: a pure function of (seed, split, example index).
+"""Synthetic batches, each example a pure function of (seed, split, example index).
 
-For engine tests, benchmarks and dry runs without a corpus. Each sequence is an arithmetic
-progression over the vocabulary with 10% noise, so masked tokens are predictable from
-their neighbours and segment B continues A's progression exactly when it is the true
-next sentence: both MLM and NSP accuracy rise when training works.
+For engine tests, benchmarks and dry runs without a corpus.
+SyntheticPretraining (BERT): each sequence is an arithmetic progression over the vocabulary
+with 10% noise, so masked tokens are predictable from their neighbours and segment B
+continues A's progression exactly when it is the true next sentence: both MLM and NSP
+accuracy rise when training works.
+SyntheticTranslation (encoder-decoder): the target is the source reversed, which needs
+both the encoder-decoder attention and the positions to learn.
 """
 
 from __future__ import annotations
@@ -61,9 +64,9 @@ class SyntheticPretraining:
     """Iterator over this host's rows of each global batch; `get_state`/`set_state` give the
     position (batches consumed), which the checkpoint stores for exact resume."""
 
-    def __init__(self, *, vocab_size: int, seq_len: int, max_predictions: int, batch_size: int,
-                 seed: int, split: str = "train", process_index: int = 0, process_count: int = 1,
-                 num_batches: int | None = None):
+    def __init__(self, *, vocab_size: int, seq_len: int, batch_size: int, seed: int,
+                 max_predictions: int = 0, split: str = "train", process_index: int = 0,
+                 process_count: int = 1, num_batches: int | None = None):
         if split not in SPLITS:
             raise ValueError(f"synthetic data split {split!r}; choose one of {sorted(SPLITS)}")
         if vocab_size <= FIRST_WORD + 1 or seq_len < 8:
@@ -85,12 +88,32 @@ class SyntheticPretraining:
         for r in range(self.first_row, self.first_row + self.local):
             index = self.position * self.global_size + r
             rng = np.random.default_rng((self.seed, self.split_id, index))
-            rows.append(_example(rng, self.vocab, self.seq_len, self.max_pred))
+            rows.append(self.example(rng))
         self.position += 1
         return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
+
+    def example(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return _example(rng, self.vocab, self.seq_len, self.max_pred)
 
     def get_state(self) -> dict:
         return {"position": self.position}
 
     def set_state(self, state: dict) -> None:
         self.position = int(state["position"])
+
+
+class SyntheticTranslation(SyntheticPretraining):
+    """(inputs, targets) pairs, targets = inputs reversed, one pair per row (no packing):
+    lengths uniform in [1, seq_len], padded with 0, with the packing keys of a real
+    translation batch (`<x>_segmentation`: 1 on tokens; `<x>_position`)."""
+
+    def example(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        n = int(rng.integers(1, self.seq_len + 1))
+        source = rng.integers(FIRST_WORD, min(self.vocab, FIRST_WORD + 64), n).astype(np.int32)
+        out = {}
+        for key, ids in (("inputs", source), ("targets", source[::-1])):
+            pad = self.seq_len - n
+            out[key] = np.pad(ids, (0, pad))
+            out[f"{key}_segmentation"] = np.pad(np.ones(n, np.int32), (0, pad))
+            out[f"{key}_position"] = np.pad(np.arange(n, dtype=np.int32), (0, pad))
+        return out

@@ -1,8 +1,8 @@
-"""BERT WordPiece tokenization from a vocab.txt, matching the reference BertTokenizer exactly."""
+"""The WordPiece engine behind vocab.Tokenizer: BERT tokenization from a vocab.txt, matching the
+reference BertTokenizer exactly. Use vocab.load_tokenizer; this module is its implementation."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import unicodedata
@@ -16,15 +16,6 @@ VOCAB_NAME, CONFIG_NAME = "vocab.txt", "tokenizer_config.json"
 # The reference's CJK ideograph blocks (google-research/bert tokenization._is_chinese_char).
 _CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
         (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Encoded:
-    """One example: wordpieces with [CLS]/[SEP], their ids and segment (token type) ids."""
-
-    tokens: list[str]
-    input_ids: list[int]
-    token_type_ids: list[int]
 
 
 def load_vocab(path: str | Path) -> list[str]:
@@ -114,7 +105,7 @@ class WordPieceTokenizer:
             normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=False,
                                        strip_accents=strip_accents, lowercase=lowercase)])
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        self._tok = tok  # no post-processor: encode() adds [CLS]/[SEP] itself
+        self._tok = tok  # no post-processor: vocab.Tokenizer adds [CLS]/[SEP] itself
 
     @classmethod
     def from_vocab(cls, vocab_file: str | Path, *, lowercase: bool,
@@ -125,14 +116,18 @@ class WordPieceTokenizer:
                    tokenize_chinese_chars=tokenize_chinese_chars, source=str(vocab_file))
 
     @classmethod
-    def from_pretrained_dir(cls, directory: str | Path) -> WordPieceTokenizer:
-        """Loads vocab.txt and the HF tokenizer_config.json options (lowercase if absent)."""
+    def from_pretrained_dir(cls, directory: str | Path, *,
+                            lowercase: bool | None = None) -> WordPieceTokenizer:
+        """Loads vocab.txt and the HF tokenizer_config.json options; `lowercase` overrides its
+        do_lower_case, and both absent means lowercase (HF BertTokenizer's default)."""
         directory = Path(directory)
         config_path = directory / CONFIG_NAME
         config = json.loads(config_path.read_text("utf-8")) if config_path.is_file() else {}
         if not config.get("do_basic_tokenize", True):
             raise ValueError(f"{config_path}: do_basic_tokenize=false is not supported")
-        return cls.from_vocab(directory / VOCAB_NAME, lowercase=config.get("do_lower_case", True),
+        if lowercase is None:
+            lowercase = config.get("do_lower_case", True)
+        return cls.from_vocab(directory / VOCAB_NAME, lowercase=lowercase,
                               strip_accents=config.get("strip_accents"),
                               tokenize_chinese_chars=config.get("tokenize_chinese_chars", True))
 
@@ -196,22 +191,3 @@ class WordPieceTokenizer:
         if bad := [i for i in ids if not 0 <= i < self.vocab_size]:
             raise ValueError(f"token ids {bad[:5]} outside vocab of size {self.vocab_size}")
         return [self.vocab[i] for i in ids]
-
-    def encode(self, text_a: str, text_b: str | None = None,
-               max_length: int | None = None) -> Encoded:
-        """[CLS] A [SEP] (B [SEP]), truncated to max_length as in BERT's run_classifier."""
-        (_, ids_a), (_, ids_b) = self._pieces([text_a, text_b or ""])
-        n_special = 2 if text_b is None else 3
-        if max_length is not None:
-            if max_length < n_special:
-                raise ValueError(f"max_length={max_length} < {n_special} special tokens")
-            # Closed form of the original _truncate_seq_pair (= HF "longest_first"): pop from the
-            # longer sequence, from B on ties; a single sequence (B empty) is cut to the budget.
-            budget = max_length - n_special
-            len_a = min(len(ids_a), max(-(-budget // 2), budget - len(ids_b)))
-            ids_a, ids_b = ids_a[:len_a], ids_b[:budget - len_a]
-        input_ids = [self.cls_id, *ids_a, self.sep_id]
-        if text_b is not None:
-            input_ids += [*ids_b, self.sep_id]
-        token_type_ids = [0] * (len(ids_a) + 2) + [1] * (len(input_ids) - len(ids_a) - 2)
-        return Encoded([self.vocab[i] for i in input_ids], input_ids, token_type_ids)

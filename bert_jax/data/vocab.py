@@ -1,8 +1,10 @@
-"""Trains WordPiece or SentencePiece vocabularies and loads either behind one Tokenizer."""
+"""The tokenizer API: trains WordPiece or SentencePiece vocabularies and loads either behind one
+Tokenizer (ids of text, BERT's [CLS] A [SEP] B [SEP] inputs, tokens and word starts of ids)."""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 import itertools
 import json
@@ -17,7 +19,7 @@ from tokenizers import normalizers, pre_tokenizers
 
 from bert_jax.data.tokenizers import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
 
-META_NAME, SPM_NAME = "bert_jax_tokenizer.json", "spm.model"
+META_NAME, SPM_NAME, SPM_VOCAB_NAME = "bert_jax_tokenizer.json", "spm.model", "spm.vocab"
 SP_SPACE = "\u2581"  # "▁": SentencePiece's marker for a preceding space, i.e. a word start
 Kind = Literal["wordpiece", "sentencepiece"]
 
@@ -160,8 +162,34 @@ def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | 
     return out_dir
 
 
+def pair_lengths(len_a: int, len_b: int, max_length: int) -> tuple[int, int]:
+    """How many tokens of A and B the original _truncate_seq_pair keeps: it pops the last token of
+    the longer side (B on a tie) until len_a + len_b <= max_length. In closed form."""
+    if len_a + len_b <= max_length:
+        return len_a, len_b
+    keep_a = min(len_a, max(-(-max_length // 2), max_length - len_b))
+    return keep_a, max_length - keep_a
+
+
+def truncate_seq_pair(a: Sequence, b: Sequence | None, max_length: int) -> tuple[Sequence, Sequence | None]:
+    """A and B cut to their pair_lengths (the original run_classifier truncation); b None cuts a alone."""
+    if b is None:
+        return a[:max_length], None
+    keep_a, keep_b = pair_lengths(len(a), len(b), max_length)
+    return a[:keep_a], b[:keep_b]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Encoded:
+    """One example: [CLS] A [SEP] (B [SEP]) as tokens, their ids and segment (token type) ids."""
+
+    tokens: list[str]
+    input_ids: list[int]
+    token_type_ids: list[int]
+
+
 class Tokenizer:
-    """A vocab's ids for text, tokens for ids and word starts; built by load_tokenizer."""
+    """A vocab's ids for text, BERT inputs, tokens for ids and word starts; built by load_tokenizer."""
 
     def __init__(self, directory: Path, kind: Kind, pieces: list[str], lowercase: bool,
                  ids: Sequence[int], starts: np.ndarray) -> None:
@@ -186,6 +214,50 @@ class Tokenizer:
     def encode(self, text: str) -> np.ndarray:
         """Token ids (int32) of one text, without [CLS]/[SEP]."""
         return self.encode_batch([text])[0]
+
+    def save(self, directory: str | Path) -> None:
+        """Writes the tokenizer files into directory (so a checkpoint carries its tokenizer)."""
+        raise NotImplementedError
+
+    def pack_pairs(self, ids_a: Sequence[np.ndarray], ids_b: Sequence[np.ndarray | None],
+                   max_seq_length: int) -> dict[str, np.ndarray]:
+        """[CLS] a [SEP] (b [SEP]) rows, truncated and padded: input_ids, input_mask, segment_ids [N, T]."""
+        n = len(ids_a)
+        input_ids = np.full((n, max_seq_length), self.pad_id, np.int32)
+        input_mask = np.zeros((n, max_seq_length), np.int32)
+        segment_ids = np.zeros((n, max_seq_length), np.int32)
+        cls, sep = [self.cls_id], [self.sep_id]
+        for i, (a, b) in enumerate(zip(ids_a, ids_b)):
+            a, b = truncate_seq_pair(a, b, max_seq_length - (2 if b is None else 3))
+            first = np.concatenate([cls, a, sep])
+            row = first if b is None else np.concatenate([first, b, sep])
+            input_ids[i, :row.size] = row
+            input_mask[i, :row.size] = 1
+            segment_ids[i, first.size:row.size] = 1
+        return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+
+    def encode_pairs(self, texts_a: Sequence[str], texts_b: Sequence[str | None],
+                     max_seq_length: int) -> dict[str, np.ndarray]:
+        """pack_pairs of the texts (a text_b of None: a single sentence), encoded in two batches."""
+        ids_a = self.encode_batch(texts_a)
+        encoded_b = iter(self.encode_batch([t for t in texts_b if t is not None]))
+        ids_b = [None if t is None else next(encoded_b) for t in texts_b]
+        return self.pack_pairs(ids_a, ids_b, max_seq_length)
+
+    def encode_pair(self, text_a: str, text_b: str | None = None,
+                    max_length: int | None = None) -> Encoded:
+        """One example's [CLS] A [SEP] (B [SEP]), truncated to max_length as BERT's run_classifier."""
+        ids = self.encode_batch([text_a] if text_b is None else [text_a, text_b])
+        a, b = ids[0], None if text_b is None else ids[1]
+        n_special = 2 if b is None else 3
+        if max_length is None:  # no truncation: exactly as long as the example
+            max_length = len(a) + n_special + (0 if b is None else len(b))
+        elif max_length < n_special:
+            raise ValueError(f"max_length={max_length} < {n_special} special tokens")
+        row = {k: v[0] for k, v in self.pack_pairs([a], [b], max_length).items()}
+        n = int(row["input_mask"].sum())
+        input_ids = row["input_ids"][:n].tolist()
+        return Encoded(self.tokens(input_ids), input_ids, row["segment_ids"][:n].tolist())
 
     def _checked(self, ids: Iterable[int]) -> np.ndarray:
         ids = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), np.int64)
@@ -214,16 +286,15 @@ class _WordPiece(Tokenizer):
     """BERT WordPiece over our WordPieceTokenizer (Rust fast path, exact reference results)."""
 
     def __init__(self, directory: Path, lowercase: bool | None) -> None:
-        vocab = load_vocab(directory / VOCAB_NAME)
-        hf = _read_json(directory / CONFIG_NAME)  # HF tokenizer_config.json, if any
         if lowercase is None:
+            hf = _read_json(directory / CONFIG_NAME)  # HF tokenizer_config.json, if any
             lowercase = _metadata(directory).get("lowercase", hf.get("do_lower_case"))
         if lowercase is None:  # no stated casing: uncased unless the vocab has an uppercase token
+            vocab = load_vocab(directory / VOCAB_NAME)
             lowercase = not any(t != t.lower() for t in vocab if not (t[:1] == "[" and t[-1:] == "]"))
-        self._wp = wp = WordPieceTokenizer(vocab, lowercase=lowercase, strip_accents=hf.get("strip_accents"),
-                                           tokenize_chinese_chars=hf.get("tokenize_chinese_chars", True),
-                                           source=str(directory / VOCAB_NAME))
-        starts = np.array([not t.startswith("##") for t in vocab], bool)
+        # The other options (strip_accents, ...) come from tokenizer_config.json, as in HF.
+        self._wp = wp = WordPieceTokenizer.from_pretrained_dir(directory, lowercase=lowercase)
+        starts = np.array([not t.startswith("##") for t in wp.vocab], bool)
         super().__init__(directory, "wordpiece", wp.vocab, lowercase,
                          (wp.pad_id, wp.unk_id, wp.cls_id, wp.sep_id, wp.mask_id), starts)
 
@@ -234,6 +305,10 @@ class _WordPiece(Tokenizer):
     def decode(self, ids: Iterable[int]) -> str:
         """Wordpieces joined as BERT does ("##" glued on); [PAD] dropped."""
         return " ".join(t for t in self.tokens(ids) if t != "[PAD]").replace(" ##", "")
+
+    def save(self, directory: str | Path) -> None:
+        """Writes vocab.txt and an HF tokenizer_config.json stating every option."""
+        self._wp.save(directory)
 
 
 class _SentencePiece(Tokenizer):
@@ -272,6 +347,16 @@ class _SentencePiece(Tokenizer):
                 run.append(i)
         return " ".join(p for p in [*parts, self._sp.decode(run)] if p)
 
+    def save(self, directory: str | Path) -> None:
+        """Copies spm.model (and spm.vocab, bert_jax_tokenizer.json when present)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if directory.resolve() == self.directory.resolve():
+            return
+        for name in (SPM_NAME, SPM_VOCAB_NAME, META_NAME):
+            if (self.directory / name).is_file():
+                shutil.copyfile(self.directory / name, directory / name)
+
 
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text("utf-8")) if path.is_file() else {}
@@ -283,7 +368,7 @@ def _metadata(directory: Path) -> dict:
     return meta if "kind" in meta else {}
 
 
-TOKENIZER_FILES = (VOCAB_NAME, CONFIG_NAME, META_NAME, SPM_NAME, "spm.vocab")
+TOKENIZER_FILES = (VOCAB_NAME, CONFIG_NAME, META_NAME, SPM_NAME, SPM_VOCAB_NAME)
 
 
 def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
@@ -318,3 +403,9 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None) -> T
         raise FileNotFoundError(f"no tokenizer in {directory}{said}: looked for {VOCAB_NAME} (WordPiece) "
                                 f"and {SPM_NAME} (SentencePiece)")
     return _WordPiece(directory, lowercase) if kind == "wordpiece" else _SentencePiece(directory, lowercase)
+
+
+def load_hf_tokenizer(directory: str | Path) -> Tokenizer:
+    """A Hugging Face BERT folder's vocab.txt read as its BertTokenizer reads it: lowercase unless
+    tokenizer_config.json says do_lower_case=false (HF's default, unlike load_tokenizer's guess)."""
+    return _WordPiece(Path(directory), _read_json(Path(directory) / CONFIG_NAME).get("do_lower_case", True))

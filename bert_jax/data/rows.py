@@ -1,0 +1,36 @@
+"""Malformed rows in task files: stop naming the file and line, or (data.skip_bad_rows) skip and warn once."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SKIP_HINT = ". Fix the file or set data.skip_bad_rows=True to skip such rows"
+
+
+class BadRows:
+    """One reader's bad rows: the first raises `error`, or when skipping they are counted for `warn`."""
+
+    def __init__(self, path: str | os.PathLike, skip: bool, error: type[ValueError],
+                 hint: str = SKIP_HINT) -> None:
+        self.path, self.skip, self.error, self.hint = path, skip, error, hint
+        self.count, self.first = 0, ""
+
+    def __call__(self, message: str) -> None:
+        """Raises error(message + hint), or counts the row (and keeps the first message) when skipping."""
+        if not self.skip:
+            raise self.error(f"{message}{self.hint}")
+        self.count += 1
+        self.first = self.first or message
+
+    def found(self, line: int, what: str, found: Any, expected: str) -> None:
+        """A bad field: `<path>:<line>: <what>: found <found>, expected <expected>`."""
+        self(f"{self.path}:{line}: {what}: found {found!r}, expected {expected}")
+
+    def warn(self, reader: str, skipped: str) -> None:
+        """One warning for the whole file, `<reader>: skipped <skipped>; first: ...`, if a row was skipped."""
+        if self.count:  # one line, not one per row: a noisy file would bury everything else
+            log.warning(f"{reader}: skipped {skipped}; first: {self.first}")

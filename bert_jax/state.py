@@ -1,0 +1,91 @@
+"""The train state {params, opt_state, step}: abstract shapes with their shardings, fresh
+initialisation, pretrained weights, restore. Train, eval, plan and features share these.
+
+`params` is a plain nested dict of float32 arrays (the model is rebuilt from it with
+`nnx.merge`), sharded by the config's logical axis rules; `opt_state` follows the params'
+shardings; `step` is a replicated int32.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from bert_jax import checkpoint, models, sharding, trees
+from bert_jax.config import model_config
+
+log = logging.getLogger(__name__)
+
+
+def with_shardings(tree, shardings):
+    """ShapeDtypeStructs of `tree`'s leaves carrying the matching `shardings`."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def abstract_state(config, mesh, tx: optax.GradientTransformation | None = None):
+    """(graphdef, abstract state, state shardings) without allocating anything. Without `tx`
+    (evaluation, features) the state holds only `params`."""
+    # Outside set_mesh: under a mesh, nnx.eval_shape takes logical names for mesh axes.
+    model = models.abstract_model(model_config(config))
+    graphdef, params_state = nnx.split(model, nnx.Param)
+    param_sh = sharding.param_shardings(params_state, mesh, config.logical_axis_rules)
+    params = nnx.to_pure_dict(params_state)
+    if tx is None:
+        return graphdef, {"params": params}, {"params": param_sh}
+    opt_state = jax.eval_shape(tx.init, params)
+    opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_state, param_sh,
+                                   transform_non_params=lambda _: sharding.replicated(mesh))
+    state = {"params": params, "opt_state": opt_state,
+             "step": jax.ShapeDtypeStruct((), jnp.int32)}
+    state_sh = {"params": param_sh, "opt_state": opt_sh, "step": sharding.replicated(mesh)}
+    return graphdef, state, state_sh
+
+
+def init_state(config, tx, state_sh, pretrained: dict | None = None) -> dict:
+    """Fresh parameters (from config.seed), with those in `pretrained` (a subtree of the
+    params) taking their place, and a fresh optimizer state; created already sharded."""
+    def init(pretrained):
+        model = models.create_model(model_config(config), seed=config.seed)
+        params = trees.overlay(nnx.to_pure_dict(nnx.state(model, nnx.Param)), pretrained)
+        return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
+    return jax.jit(init, out_shardings=state_sh)(pretrained or {})
+
+
+def pretrained(config, abstract_params, mesh) -> dict:
+    """The config.init_from weights that fit this model (task heads stay fresh);
+    `abstract_params` carry the target shardings."""
+    found, fresh, unused = checkpoint.load_pretrained(
+        config.init_from, model_config(config), abstract_params, mesh)
+    log.info(f"init_from {config.init_from}: {len(jax.tree.leaves(found))} tensors loaded"
+             + (f"; freshly initialised: {', '.join(fresh)}" if fresh else "")
+             + (f"; not used: {', '.join(unused)}" if unused else ""))
+    return found
+
+
+def restore_params(config, workdir: str, mesh, step: int | None = None):
+    """(graphdef, params of checkpoint `step` (latest if None) sharded for `mesh`)."""
+    graphdef, abstract, state_sh = abstract_state(config, mesh)
+    target = with_shardings(abstract["params"], state_sh["params"])
+    return graphdef, checkpoint.restore_params(workdir, target, step)
+
+
+def load_model(directory: str | os.PathLike, step: int | None = None,
+               model_cfg: dict[str, Any] | None = None) -> tuple[dict[str, Any], nnx.Module]:
+    """(model config, model with restored parameters); `model_cfg` overrides the stored one
+    (e.g. to run with a different dtype or scan setting)."""
+    if model_cfg is None:
+        model_cfg = checkpoint.read_config(directory, step)["model"]
+    model = models.abstract_model(model_cfg)
+    abstract = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
+    params = checkpoint.restore_params(directory, abstract, step)
+    graphdef, variables = nnx.split(model)
+    nnx.replace_by_pure_dict(variables, params)
+    return model_cfg, nnx.merge(graphdef, variables)
