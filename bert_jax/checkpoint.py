@@ -6,8 +6,11 @@ checkpoint takes either; tokenizer files (vocab.txt, ...) sit in `<dir>` itself.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
+import sys
+import time
 from typing import Any
 
 import jax
@@ -20,6 +23,22 @@ from bert_jax.config import ConfigError
 from bert_jax.paths import workdir_path
 
 log = logging.getLogger(__name__)
+
+
+# Model fields that must agree for pretrained weights to fit (dropout, dtype, scan, heads may differ).
+ARCHITECTURE_FIELDS = ("vocab_size", "emb_dim", "num_layers", "num_heads", "head_dim", "mlp_dim",
+                       "max_len", "type_vocab_size", "activation", "norm", "positions")
+# Fields that must agree for a training run to resume from a checkpoint: the model's
+# parameters (their shapes and tree) and what they compute.
+STATE_FIELDS = ("name", *ARCHITECTURE_FIELDS, "num_decoder_layers", "use_pooler", "num_labels",
+                "share_embeddings", "tie_output", "scale_embeddings")
+
+
+def changed_fields(before: dict, now: dict, fields, prefix: str) -> str:
+    """'<prefix>x: A in the checkpoint, B here; ...' for the `fields` that differ ('' if
+    none); a field absent from either side is not compared."""
+    return "; ".join(f"{prefix}{k}: {before[k]!r} in the checkpoint, {now[k]!r} here"
+                     for k in fields if k in before and k in now and before[k] != now[k])
 
 
 def checkpoint_dir(directory: str | os.PathLike) -> epath.Path:
@@ -36,7 +55,13 @@ def manager(directory: str | os.PathLike, *, create: bool = False, read_only: bo
         raise FileNotFoundError(
             f"{directory}: no checkpoints/ folder; expected a workdir or a `bert-jax convert` output")
     options = options or ocp.CheckpointManagerOptions(create=create, read_only=read_only)
-    return ocp.CheckpointManager(path, options=options, item_handlers=item_handlers)
+    return ocp.CheckpointManager(path, options=options, item_handlers=item_handlers or _handlers())
+
+
+def _handlers() -> dict:
+    """Every item a checkpoint may hold (Orbax warns about items it has no handler for)."""
+    return {"params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
+            "data": ocp.JsonCheckpointHandler(), "config": ocp.JsonCheckpointHandler()}
 
 
 def best_step(scores: dict[int, float | None]) -> int | None:
@@ -65,7 +90,8 @@ def save_params(directory: str | os.PathLike, step: int, params: dict, config: d
 def _resolve_step(mngr: ocp.CheckpointManager, directory, step: int | None) -> int:
     steps = mngr.all_steps()
     if not steps:
-        raise FileNotFoundError(f"{checkpoint_dir(directory)}: no complete checkpoint")
+        raise FileNotFoundError(f"{checkpoint_dir(directory)}: no complete checkpoint; give the "
+                                "workdir of a run that saved one, or a `bert-jax convert` output")
     if step is None:
         return max(steps)
     if step not in steps:
@@ -73,20 +99,83 @@ def _resolve_step(mngr: ocp.CheckpointManager, directory, step: int | None) -> i
     return step
 
 
+def _first_line(error: Exception) -> str:
+    """The start of an error's message (TensorStore's run to pages of spec)."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    return first.split(" See full TensorStore details")[0][:300]
+
+
+def _unreadable(directory, step: int, item: str, error: Exception) -> ValueError:
+    """A checkpoint item whose files cannot be read, in one line."""
+    return ValueError(f"{checkpoint_dir(directory)}/{step}: its {item} cannot be read "
+                      f"({type(error).__name__}: {_first_line(error)}); the checkpoint is damaged: "
+                      "use another --step, or restore the folder from a copy")
+
+
 def read_config(directory: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
     """The run config stored with a checkpoint (latest step by default)."""
     with manager(directory) as mngr:
         step = _resolve_step(mngr, directory, step)
-        return mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+        try:
+            config = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+        except Exception as e:  # noqa: BLE001 (whatever Orbax raises, the files are not usable)
+            raise _unreadable(directory, step, "config", e) from None
+        if not isinstance(config, dict) or "model" not in config:
+            raise ValueError(f"{checkpoint_dir(directory)}/{step}: its stored config has no model "
+                             "section; the checkpoint is damaged or not one of ours")
+        return config
 
 
 def restore_params(directory: str | os.PathLike, abstract_params: dict,
                    step: int | None = None) -> dict:
-    """Params restored onto the shapes, dtypes and shardings of `abstract_params`."""
+    """Params restored onto the shapes, dtypes and shardings of `abstract_params`; parameters
+    that differ in name or shape are a ConfigError listing them, before anything is read."""
     with manager(directory) as mngr:
         step = _resolve_step(mngr, directory, step)
+        try:
+            saved = mngr.item_metadata(step)["params"]
+        except Exception:  # noqa: BLE001 (no metadata: the restore below reports the problem)
+            saved = None
+        if saved is not None:
+            diff = _shape_diff(_shapes(saved), _shapes(abstract_params))
+            if diff:
+                raise ConfigError(f"{checkpoint_dir(directory)}/{step} holds a different model than "
+                                  f"the config (param: checkpoint shape vs config shape: {diff}); "
+                                  f"evaluate with the config stored with the checkpoint")
         args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
-        return mngr.restore(step, args=args)["params"]
+        try:
+            return mngr.restore(step, args=args)["params"]
+        except Exception as e:  # noqa: BLE001 (whatever Orbax raises, the files are not usable)
+            error = _unreadable(directory, step, "params", e)
+    _settle_failed_reads()  # out of the except block, so the failed restore can be collected
+    raise error
+
+
+def _settle_failed_reads(seconds: float = 0.5) -> None:
+    """Lets the array reads a failed restore abandoned finish quietly: they report into Orbax's
+    closed event loop, which would print dozens of tracebacks under the one-line error."""
+    hook, asyncio_log = sys.unraisablehook, logging.getLogger("asyncio")
+    level = asyncio_log.level
+    sys.unraisablehook = lambda _: None
+    asyncio_log.setLevel(logging.CRITICAL)
+    try:
+        time.sleep(seconds)
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+        asyncio_log.setLevel(level)
+
+
+def _shapes(tree) -> dict[str, tuple]:
+    """{'a/b/kernel': shape} of a params (or metadata) tree."""
+    return {"/".join(trees.key_names(path)): tuple(x.shape)
+            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _shape_diff(saved: dict[str, tuple], wanted: dict[str, tuple], limit: int = 6) -> str:
+    """'name: saved vs wanted' for the first `limit` parameters that differ ('' if none)."""
+    names = sorted(k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k))
+    return "; ".join(f"{k}: {saved.get(k, 'absent')} vs {wanted.get(k, 'absent')}" for k in names[:limit])
 
 
 class TrainCheckpointer:
@@ -103,28 +192,34 @@ class TrainCheckpointer:
             options = ocp.CheckpointManagerOptions(
                 create=True, enable_async_checkpointing=True, best_fn=lambda m: m[best_metric],
                 best_mode="max", preservation_policy=_best_metric_policy(best_metric, keep))
-        handlers = {"params": ocp.StandardCheckpointHandler(),
-                    "opt_state": ocp.StandardCheckpointHandler(),
-                    "data": ocp.JsonCheckpointHandler(), "config": ocp.JsonCheckpointHandler()}
-        self.manager = manager(workdir, create=True, options=options, item_handlers=handlers)
+        self.manager = manager(workdir, create=True, options=options)
 
     def save(self, step: int, params, opt_state, data_state: dict, config: dict,
              metrics: dict | None = None) -> None:
-        self.manager.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-            data=ocp.args.JsonSave(data_state), config=ocp.args.JsonSave(config)),
-            metrics=metrics, force=True)
+        try:  # an earlier async save's failure surfaces here too
+            self.manager.save(step, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+                data=ocp.args.JsonSave(data_state), config=ocp.args.JsonSave(config)),
+                metrics=metrics, force=True)
+        except Exception as e:  # noqa: BLE001 (storage errors come as ValueError, OSError...)
+            raise self._write_error(e) from None
 
-    def restore_latest(self, abstract_params, abstract_opt_state):
+    def restore_latest(self, abstract_params, abstract_opt_state, config: dict | None = None):
         """(step, params, opt_state, data_state) of the newest checkpoint that restores, or
-        None. A checkpoint that fails to restore (truncated, corrupt) is renamed
-        `<step>.unreadable` (kept for inspection, out of Orbax's way) and the previous
-        one is tried."""
-        for step in sorted(self.manager.all_steps(), reverse=True):
+        None when the workdir has no checkpoint yet. A checkpoint saved with a different model
+        or optimizer than `config` (the run config as JSON) is a ConfigError naming the
+        change. A checkpoint whose files fail to restore (truncated, corrupt) is renamed
+        `<step>.unreadable` (kept for inspection, out of Orbax's way) and the previous one
+        is tried; if none is left, that is an error too: a run never silently starts over
+        in a workdir that held checkpoints."""
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        for step in steps:
             try:
                 metadata = self.manager.item_metadata(step)
             except Exception:  # noqa: BLE001 (unreadable metadata: handled by restore below)
                 metadata = None
+            if config is not None:
+                self._check_same_run(step, config)
             if metadata is not None and metadata["params"] is not None:
                 self._check_fits(step, metadata, abstract_params, abstract_opt_state)
             try:
@@ -132,55 +227,87 @@ class TrainCheckpointer:
                     params=ocp.args.StandardRestore(abstract_params),
                     opt_state=ocp.args.StandardRestore(abstract_opt_state),
                     data=ocp.args.JsonRestore()))
-            except Exception as e:  # noqa: BLE001 (any failure means: not usable)
-                bad = self.path / str(step)
-                log.warning(f"warning: checkpoint {bad} cannot be restored ({type(e).__name__}: "
-                            f"{str(e)[:300]}); renamed to {bad}.unreadable, trying the previous one")
-                if jax.process_index() == 0:
-                    bad.rename(bad.with_name(f"{step}.unreadable"))
-                self.manager.reload()
-                continue
-            return step, out["params"], out["opt_state"], dict(out["data"])
+                return step, out["params"], out["opt_state"], dict(out["data"])
+            except Exception as e:  # noqa: BLE001 (any failure here means: files not usable)
+                problem = f"{type(e).__name__}: {_first_line(e)}"
+            _settle_failed_reads()
+            bad = self.path / str(step)
+            log.warning(f"warning: checkpoint {bad} cannot be restored ({problem}); renamed to "
+                        f"{bad}.unreadable, trying the previous one")
+            if jax.process_index() == 0:
+                bad.rename(bad.with_name(f"{step}.unreadable"))
+            self.manager.reload()
+        unreadable = sorted(p.name for p in self.path.glob("*.unreadable")) if self.path.exists() else []
+        if unreadable:
+            raise ConfigError(
+                f"{self.path}: no readable checkpoint left ({', '.join(unreadable)} could not be "
+                f"restored); refusing to start over from step 0 in this workdir. Use a new "
+                f"--workdir, or move the *.unreadable folders away to start over here")
         return None
+
+    def _check_same_run(self, step: int, config: dict) -> None:
+        """The stored config of checkpoint `step` against this run's: a changed model or
+        optimizer is the user's change (an error naming it), not a corrupt checkpoint."""
+        try:
+            args = ocp.args.Composite(config=ocp.args.JsonRestore())
+            stored = self.manager.restore(step, args=args)["config"]
+        except Exception:  # noqa: BLE001 (no readable config: restore decides below)
+            return
+        where = f"{self.path}/{step}"
+        model_diff = changed_fields(stored.get("model", {}), config.get("model", {}), STATE_FIELDS,
+                                    "model.")
+        if model_diff:
+            raise ConfigError(f"checkpoint {where} holds a different model than this config "
+                              f"({model_diff}); train in a new --workdir, or use the config "
+                              f"stored in {where}/config")
+        opt_diff = changed_fields(stored.get("optimizer", {}), config.get("optimizer", {}), ("name",),
+                                  "optimizer.")
+        if opt_diff:
+            raise ConfigError(f"checkpoint {where}: its optimizer state does not fit the optimizer "
+                              f"of this config ({opt_diff}); train in a new --workdir, or use the "
+                              f"config stored in {where}/config")
 
     def _check_fits(self, step: int, metadata, abstract_params, abstract_opt_state) -> None:
         """A readable checkpoint whose arrays do not match the config is the user's config
         change, not corruption: stop with the differences instead of skipping it."""
-        def shapes(tree) -> dict[str, tuple]:
-            return {"/".join(trees.key_names(path)): tuple(x.shape)
-                    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
         where = f"{self.path}/{step}"
-        saved, wanted = shapes(metadata["params"]), shapes(abstract_params)
-        if saved != wanted:
-            diff = sorted(set(saved.items()) ^ set(wanted.items()))[:6]
+        diff = _shape_diff(_shapes(metadata["params"]), _shapes(abstract_params))
+        if diff:
             raise ConfigError(
                 f"checkpoint {where} holds a different model than this config (differing "
                 f"params, checkpoint vs config: {diff}); train in a new --workdir, or use the "
                 f"config stored in {where}/config")
         if metadata["opt_state"] is not None and sorted(
-                shapes(metadata["opt_state"]).values()) != sorted(shapes(abstract_opt_state).values()):
+                _shapes(metadata["opt_state"]).values()) != sorted(_shapes(abstract_opt_state).values()):
             raise ConfigError(
                 f"checkpoint {where}: its optimizer state does not fit the optimizer "
                 f"of this config (was optimizer.name changed?); "
                 f"train in a new --workdir, or use the config stored in {where}/config")
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 (as in save)
+            raise self._write_error(e) from None
+
+    def _write_error(self, e: Exception) -> OSError:
+        """One line for a save that failed (full disk, no permission, bucket gone)."""
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = "no space left on the device" if "No space left" in str(e) else reason[:300]
+        good = self.manager.latest_step()
+        return OSError(f"cannot write a checkpoint in {self.path} ({reason}); free space or fix "
+                       f"permissions and rerun: it resumes from "
+                       f"{f'step {good}' if good is not None else 'the start'}")
 
     def close(self) -> None:
         self.manager.close()
 
 
-# Model fields that must agree for pretrained weights to fit (dropout, dtype, scan, heads may differ).
-ARCHITECTURE_FIELDS = ("vocab_size", "emb_dim", "num_layers", "num_heads", "head_dim", "mlp_dim",
-                       "max_len", "type_vocab_size", "activation", "norm", "positions")
 
 
 def _params_metadata(directory: str | os.PathLike) -> tuple[int, dict[tuple[str, ...], Any]]:
     """(latest step, {param path: shape/dtype metadata}) without reading any array."""
-    with manager(directory, read_only=True,
-                 item_handlers={"params": ocp.StandardCheckpointHandler()}) as mngr:
+    with manager(directory, read_only=True) as mngr:
         step = _resolve_step(mngr, directory, None)
         tree = mngr.item_metadata(step)["params"]
     leaves = jax.tree_util.tree_leaves_with_path(tree)

@@ -33,6 +33,7 @@ DEFAULT_AXIS_RULES = (
     ("length", None),
     ("layers", None),
 )
+LOGICAL_AXES = tuple(name for name, _ in DEFAULT_AXIS_RULES)  # the names the models use
 
 
 
@@ -87,10 +88,19 @@ def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     path, _, arg = spec.partition(":")
     if not Path(path).is_file():
         raise ConfigError(f"--config={spec}: no such file {path}")
+    if Path(path).suffix != ".py":
+        raise ConfigError(f"--config={spec}: {path} is not a Python file; expected a config file "
+                          "defining get_config(arg), e.g. configs/bert_pretrain.py:tiny")
     module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_config", None)):
+        raise ConfigError(f"--config={spec}: {path} defines no get_config(arg); expected a config "
+                          "file like those in configs/")
     config = module.get_config(arg) if arg else module.get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"--config={spec}: get_config returned a {type(config).__name__}, expected "
+                          "an ml_collections.ConfigDict")
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
@@ -101,20 +111,31 @@ def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
 
 def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
     """Sets `key` (dotted) from its command-line text, typed like the current value."""
-    *parents, leaf = key.split(".")
+    names = key.split(".")
     node, where = config, "config"
-    for name in parents + [leaf]:
+    while True:
+        # A section may hold dotted keys itself (a sweep's grid: "optimizer.learning_rate").
+        if isinstance(node, ml_collections.ConfigDict) and ".".join(names) in node:
+            leaf = ".".join(names)
+            break
+        name = names.pop(0)
         if not isinstance(node, ml_collections.ConfigDict) or name not in node:
             valid = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
             raise ConfigError(f"unknown config key {key!r}: {where} has no {name!r}; "
                               f"valid keys there: {valid}")
-        if name != leaf:
-            node, where = node[name], f"{where}.{name}"
+        if not names:
+            leaf = name
+            break
+        node, where = node[name], f"{where}.{name}"
     old = node[leaf]
+    if isinstance(old, ml_collections.ConfigDict):
+        raise ConfigError(f"--config.{key}={text!r}: {key} is a section, not a value; set its "
+                          f"keys one by one, e.g. --config.{key}.<key>=<value> with <key> one of "
+                          f"{sorted(old.keys())}")
     try:
         node[leaf] = _parse_like(old, text)
     except (ValueError, SyntaxError) as e:
-        raise ConfigError(f"--config.{key}={text!r}: expected a {type(old).__name__} "
+        raise ConfigError(f"--config.{key}={text!r}: expected {type(old).__name__} "
                           f"like the default {old!r} ({e})") from None
 
 
@@ -156,10 +177,29 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
     return sizes
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1) -> None:
-    """Checks that need no compile: dtype, positivity, mesh and batch divisibility. (Each
-    choice is checked by its owner: model fields by ModelConfig, optimizer and schedule by
-    optim.make_optimizer.)"""
+def check_axis_rules(rules) -> None:
+    """Each rule a (logical axis the models use, mesh axis or axes or None) pair."""
+    example = "e.g. (('embed', 'fsdp'), ('mlp', 'tensor'))"
+    for rule in rules:
+        if not (isinstance(rule, (tuple, list)) and len(rule) == 2):
+            raise ConfigError(f"logical_axis_rules: {rule!r} is not a (logical axis, mesh axes) pair; "
+                              f"write the rules as pairs, {example}")
+        name, target = rule
+        if name not in LOGICAL_AXES:
+            raise ConfigError(f"logical_axis_rules: {name!r} is not a logical axis of the models; "
+                              f"use one of {list(LOGICAL_AXES)}")
+        targets = tuple(target) if isinstance(target, (tuple, list)) else (target,)
+        if bad := [t for t in targets if t is not None and t not in MESH_AXES]:
+            raise ConfigError(f"logical_axis_rules: ({name!r}, {target!r}) names mesh axis {bad[0]!r}, "
+                              f"which does not exist; the mesh axes are {list(MESH_AXES)} (or None "
+                              f"to replicate)")
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1, *,
+             training: bool = True) -> None:
+    """Checks that need no compile: dtype, positivity, lengths, mesh and batch divisibility;
+    `training=False` (evaluation) skips the training-only ones. (Each choice is checked by
+    its owner: model fields by ModelConfig, optimizer and schedule by optim.make_optimizer.)"""
     if config.dtype not in DTYPES:
         raise ConfigError(f"dtype={config.dtype!r}; choose one of {list(DTYPES)}")
     model_dtype = config.model.get("dtype")
@@ -167,14 +207,28 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
         raise ConfigError(f"model.dtype={model_dtype!r} differs from dtype={config.dtype!r}: the "
                           f"compute dtype is set once, by --config.dtype (remove model.dtype)")
     t = config.train
-    for key in ("steps", "batch_size", "grad_accum_steps", "log_every", "checkpoint_every",
-                "keep_checkpoints"):
+    keys = ("steps", "batch_size", "grad_accum_steps", "log_every", "checkpoint_every",
+            "keep_checkpoints") if training else ("batch_size",)
+    for key in keys:
         if t[key] < 1 and not (key == "steps" and t[key] == 0 and t.get("epochs", 0) > 0):
             raise ConfigError(f"train.{key}={t[key]} must be >= 1")
+    lengths = [config.data.get("max_seq_length", 0)] + [p[1] for p in config.data.get("phases", ())]
+    if "max_seq_length" in config.data and config.data.max_seq_length < 3:
+        raise ConfigError(f"data.max_seq_length={config.data.max_seq_length} leaves no room for "
+                          "[CLS] A [SEP] B [SEP]; use at least 3")
+    if config.model.get("positions", "learned") == "learned" and max(lengths) > config.model.max_len:
+        raise ConfigError(f"data.max_seq_length={max(lengths)} exceeds the model's position table "
+                          f"(model.max_len={config.model.max_len}); use at most {config.model.max_len}")
     if not 0.0 <= t.get("label_smoothing", 0.0) < 1.0:
         raise ConfigError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     sizes = mesh_shape(config.mesh, num_devices)
+    check_axis_rules(config.logical_axis_rules)
     shards = sizes["data"] * sizes["fsdp"]
+    if not training:
+        if t.batch_size % shards:
+            raise ConfigError(f"train.batch_size={t.batch_size} (the eval batch) is not divisible by "
+                              f"the batch shards mesh.data*mesh.fsdp={shards}")
+        return
     if t.batch_size % t.grad_accum_steps:
         raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by "
                           f"train.grad_accum_steps={t.grad_accum_steps}")
@@ -190,7 +244,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
 
 def model_config(config) -> dict:
     """The `model` section with the run's compute dtype (`dtype`, set once at top level)."""
-    return {**config.model.to_dict(), "dtype": config.get("dtype") or config.model.get("dtype", "float32")}
+    dtype = config.get("dtype") or config.model.get("dtype", "float32")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype={dtype!r}; choose one of {list(DTYPES)}")
+    return {**config.model.to_dict(), "dtype": dtype}
 
 
 def phase_config(config, step: int):

@@ -1,10 +1,20 @@
-"""Import of public Hugging Face BERT checkpoints (`bert-jax convert hf:<dir> <out>`)."""
+"""Import of public BERT checkpoints (`bert-jax convert hf:<dir> <out>`), and the one table of
+names between our parameters and Hugging Face's that export.py uses for the way back.
+
+Accepted sources: a Hugging Face BERT folder (config.json, vocab.txt, and model.safetensors,
+pytorch_model.bin or a sharded index of either; tensors with or without the `bert.` prefix,
+LayerNorm `gamma`/`beta` or `weight`/`bias`), a Hugging Face cache entry (`models--org--name`
+or one of its `snapshots/<hash>`), and Google's original TensorFlow release (bert_config.json,
+vocab.txt, bert_model.ckpt.index + .data-*), read without TensorFlow.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,31 +23,39 @@ from flax import nnx, traverse_util
 
 from bert_jax import checkpoint, models
 from bert_jax.data import vocab
-from bert_jax.hf_weights import load_hf_weights
+from bert_jax.hf_weights import load_hf_weights, resolve_model_dir
+from bert_jax.tf_checkpoint import read_tf_checkpoint
 
-# HF architecture -> our model name.
-ARCHITECTURES = {
-    "BertModel": "bert",
-    "BertForPreTraining": "bert_pretraining",
-    "BertForMaskedLM": "bert_pretraining",
-    "BertForSequenceClassification": "bert_classification",
-    "BertForTokenClassification": "bert_tagging",
-    "BertForQuestionAnswering": "bert_span",
-    "BertForMultipleChoice": "bert_choice",
+log = logging.getLogger(__name__)
+
+# Our model name -> the HF architecture export writes; import reads these and the aliases.
+HF_ARCHITECTURE = {
+    "bert": "BertModel",
+    "bert_pretraining": "BertForPreTraining",
+    "bert_classification": "BertForSequenceClassification",
+    "bert_tagging": "BertForTokenClassification",
+    "bert_span": "BertForQuestionAnswering",
+    "bert_choice": "BertForMultipleChoice",
 }
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                  "relu": "relu"}
+ARCHITECTURES = {v: k for k, v in HF_ARCHITECTURE.items()} | {
+    "BertForMaskedLM": "bert_pretraining", "BertForNextSentencePrediction": "bert_pretraining"}
+# Our activation -> the HF hidden_act export writes; import reads these and the aliases.
+HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+HF_ACTIVATIONS = {v: k for k, v in HF_ACTIVATION.items()} | {"gelu_pytorch_tanh": "gelu_tanh"}
 
-# Our parameter path (under the task model) -> HF tensor name (after normalisation), for
-# everything outside the stacked encoder layers.
-_OUTER = {
-    "bert/embeddings/word/embedding": "bert.embeddings.word_embeddings.weight",
-    "bert/embeddings/position/embedding": "bert.embeddings.position_embeddings.weight",
-    "bert/embeddings/token_type/embedding": "bert.embeddings.token_type_embeddings.weight",
-    "bert/embeddings/norm/scale": "bert.embeddings.LayerNorm.weight",
-    "bert/embeddings/norm/bias": "bert.embeddings.LayerNorm.bias",
-    "bert/pooler/kernel": "bert.pooler.dense.weight",
-    "bert/pooler/bias": "bert.pooler.dense.bias",
+# Our parameter path -> HF tensor name, for the encoder relative to where each side keeps it
+# (our task models under `bert/`, HF's under `bert.`, a bare BertModel at the root on both).
+ENCODER_NAMES = {
+    "embeddings/word/embedding": "embeddings.word_embeddings.weight",
+    "embeddings/position/embedding": "embeddings.position_embeddings.weight",
+    "embeddings/token_type/embedding": "embeddings.token_type_embeddings.weight",
+    "embeddings/norm/scale": "embeddings.LayerNorm.weight",
+    "embeddings/norm/bias": "embeddings.LayerNorm.bias",
+    "pooler/kernel": "pooler.dense.weight",
+    "pooler/bias": "pooler.dense.bias",
+}
+# The heads, at the root of both models.
+HEAD_NAMES = {
     "mlm/transform/kernel": "cls.predictions.transform.dense.weight",
     "mlm/transform/bias": "cls.predictions.transform.dense.bias",
     "mlm/norm/scale": "cls.predictions.transform.LayerNorm.weight",
@@ -50,8 +68,9 @@ _OUTER = {
     "qa/kernel": "qa_outputs.weight",
     "qa/bias": "qa_outputs.bias",
 }
-# Per encoder layer: our path under bert/encoder/layers -> HF name under encoder.layer.{i}.
-_LAYER = {
+# Per encoder layer: our module under encoder/layers (stacked [L, ...]) -> HF's under
+# encoder.layer.{i}.
+LAYER_NAMES = {
     "attention/query": "attention.self.query",
     "attention/key": "attention.self.key",
     "attention/value": "attention.self.value",
@@ -61,25 +80,70 @@ _LAYER = {
     "mlp/wo": "output.dense",
     "mlp_norm": "output.LayerNorm",
 }
+_LEAF = {"kernel": "weight", "scale": "weight", "bias": "bias"}
+_POOLER = ("pooler/kernel", "pooler/bias")
+
+# Original TF names that do not follow the module/kernel pattern: run_pretraining.py's heads,
+# run_classifier.py's and run_squad.py's output layers (all [out, in], like torch weights).
+_TF_NAMES = {
+    "cls/predictions/output_bias": "cls.predictions.bias",
+    "cls/seq_relationship/output_weights": "cls.seq_relationship.weight",
+    "cls/seq_relationship/output_bias": "cls.seq_relationship.bias",
+    "cls/squad/output_weights": "qa_outputs.weight",
+    "cls/squad/output_bias": "qa_outputs.bias",
+    "output_weights": "classifier.weight",
+    "output_bias": "classifier.bias",
+}
+# Optimizer slots and counters a TF training checkpoint also holds.
+_TF_SKIP = re.compile(r"(^|/)(adam_[mv]|Adam(_\d+)?|Momentum|global_step|beta[12]_power|"
+                      r"good_steps|loss_scale|save_counter)$|^_CHECKPOINTABLE_OBJECT_GRAPH$")
 
 
-def model_config_from_hf(hf: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+def hf_names(model_name: str, paths: Iterable[str], num_layers: int, hf_encoder_prefix: str = ""
+             ) -> dict[str, list[str]]:
+    """{our parameter path: [HF tensor name, one per encoder layer for the stacked layers]};
+    HF encoder names carry `hf_encoder_prefix` ("bert." in HF task models)."""
+    ours_at = "".join(f"{k}/" for k in models.encoder_path(model_name))
+    table = {}
+    for path in paths:
+        if not path.startswith(ours_at):
+            table[path] = [HEAD_NAMES[path]]
+            continue
+        rel = path.removeprefix(ours_at)
+        if rel.startswith("encoder/layers/"):
+            module, leaf = rel.removeprefix("encoder/layers/").rsplit("/", 1)
+            table[path] = [f"{hf_encoder_prefix}encoder.layer.{i}.{LAYER_NAMES[module]}.{_LEAF[leaf]}"
+                           for i in range(num_layers)]
+        else:
+            table[path] = [hf_encoder_prefix + ENCODER_NAMES[rel]]
+    return table
+
+
+def model_config_from_hf(hf: dict[str, Any], name: str | None = None, use_pooler: bool = True
+                         ) -> dict[str, Any]:
     """Our `model` config section from a HF BERT config.json."""
     if hf.get("model_type", "bert") != "bert":
         raise ValueError(f"config.json: model_type={hf.get('model_type')!r}; only 'bert' converts")
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError("config.json: position_embedding_type="
                          f"{hf['position_embedding_type']!r} is not supported (only 'absolute')")
+    if hf.get("is_decoder") or hf.get("add_cross_attention"):
+        raise ValueError("config.json: is_decoder/add_cross_attention is set (a causal BERT "
+                         "decoder); only the bidirectional BERT encoder converts")
     act = hf.get("hidden_act", "gelu")
     if act not in HF_ACTIVATIONS:
         raise ValueError(f"config.json: hidden_act={act!r}; supported: {sorted(HF_ACTIVATIONS)}")
-    if name is None:
-        arch = (hf.get("architectures") or ["BertForPreTraining"])[0]
-        if arch not in ARCHITECTURES:
-            raise ValueError(f"config.json: architecture {arch!r} unknown; pass --head with one "
-                             f"of {sorted(set(ARCHITECTURES.values()))}")
-        name = ARCHITECTURES[arch]
+    if missing := [k for k in _REQUIRED if k not in hf]:
+        raise ValueError(f"config.json: no {missing[0]!r}; expected a BERT config with {list(_REQUIRED)}")
+    for key in (*_REQUIRED, "max_position_embeddings", "type_vocab_size"):
+        value, least = hf.get(key, 1), 0 if key == "type_vocab_size" else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"config.json: {key}={value!r}, expected an integer >= {least}")
+    name = name or choose_head(hf, ())
     hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
+    if hidden % heads:
+        raise ValueError(f"config.json: hidden_size={hidden} is not divisible by "
+                         f"num_attention_heads={heads}; a BERT config splits the width evenly")
     num_labels = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels", 2)
     return dict(
         name=name, vocab_size=hf["vocab_size"], emb_dim=hidden,
@@ -89,28 +153,111 @@ def model_config_from_hf(hf: dict[str, Any], name: str | None = None) -> dict[st
         dropout_rate=hf.get("hidden_dropout_prob", 0.1),
         attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
         activation=HF_ACTIVATIONS[act], layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-        initializer_range=hf.get("initializer_range", 0.02),
+        initializer_range=hf.get("initializer_range", 0.02), use_pooler=use_pooler,
         num_labels=1 if name == "bert_choice" else num_labels,
     )
 
 
-def _normalise(name: str) -> str:
-    """Canonical HF name: TF-era gamma/beta spellings, and `bert.` on encoder weights."""
+def hf_config(model_cfg: dict[str, Any], pad_token_id: int = 0) -> dict[str, Any]:
+    """The HF config.json of our `model` config section (the inverse of model_config_from_hf);
+    a model HF's BERT cannot express is a ValueError naming the field."""
+    name, cfg = models.split_model_config(model_cfg)
+    if name not in HF_ARCHITECTURE:
+        raise ValueError(f"model.name={name!r} has no Hugging Face BERT equivalent; exportable: "
+                         f"{sorted(HF_ARCHITECTURE)}")
+    differs = {"norm": "post", "positions": "learned", "scale_embeddings": False}
+    bad = [f"model.{k}={getattr(cfg, k)!r} (HF BERT: {v!r})" for k, v in differs.items()
+           if getattr(cfg, k) != v]
+    if cfg.num_heads * cfg.head_dim != cfg.emb_dim:
+        bad.append(f"model.num_heads*head_dim={cfg.num_heads * cfg.head_dim} (HF BERT: "
+                   f"emb_dim={cfg.emb_dim})")
+    if cfg.type_vocab_size == 0:
+        bad.append("model.type_vocab_size=0 (HF BERT always has segment embeddings)")
+    if bad:
+        raise ValueError("this model cannot be written as a Hugging Face BERT: " + "; ".join(bad))
+    out = {
+        "architectures": [HF_ARCHITECTURE[name]], "model_type": "bert",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.emb_dim,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_dim, "hidden_act": HF_ACTIVATION[cfg.activation],
+        "hidden_dropout_prob": cfg.dropout_rate,
+        "attention_probs_dropout_prob": cfg.attention_dropout_rate,
+        "max_position_embeddings": cfg.max_len, "type_vocab_size": cfg.type_vocab_size,
+        "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
+        "pad_token_id": pad_token_id, "position_embedding_type": "absolute",
+        "dtype": "float32",
+    }
+    if name in ("bert_classification", "bert_tagging"):
+        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
+        out["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
+        if name == "bert_classification" and cfg.num_labels == 1:
+            out["problem_type"] = "regression"
+    return out
+
+
+def choose_head(hf: dict[str, Any], names: Iterable[str], name: str | None = None) -> str:
+    """Our model name: `name` if given, else config.json's architecture, else what the tensor
+    `names` (normalised) hold: an unknown or absent architecture does not stop a conversion."""
+    if name is not None:
+        if name not in HF_ARCHITECTURE:
+            raise ValueError(f"--head={name!r}; choose one of {sorted(HF_ARCHITECTURE)}")
+        return name
+    archs = hf.get("architectures") or []
+    if archs and archs[0] in ARCHITECTURES:
+        return ARCHITECTURES[archs[0]]
+    names = set(names)
+    if any(n.startswith("cls.") for n in names):
+        guess = "bert_pretraining"
+    elif "qa_outputs.weight" in names:
+        guess = "bert_span"
+    elif "classifier.weight" in names:  # tagging and multiple choice look the same: --head
+        guess = "bert_classification"
+    else:
+        guess = "bert"
+    if archs:
+        log.warning(f"warning: architecture {archs[0]!r} is unknown; converting as {guess} (from "
+                    f"the tensors); pass --head with one of {sorted(HF_ARCHITECTURE)} to choose")
+    return guess
+
+
+def normalise_name(name: str) -> str:
+    """HF tensor name relative to the encoder: TF-era gamma/beta spellings and the `bert.`
+    prefix of task models (a bare BertModel's names have none) taken away."""
     name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
     name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-    if name.startswith(("embeddings.", "encoder.", "pooler.")):
-        name = "bert." + name
-    return name
+    return name.removeprefix("bert.")
 
 
-def _to_ours(weights: dict[str, np.ndarray], name: str, path: str, target_shape: tuple
-             ) -> np.ndarray:
-    """HF tensor `name` in our layout: torch Linear weights are [out, in], ours [in, ...out]."""
+def tf_to_hf(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Google's TF BERT variables under their HF names and layout (kernels [in, out] -> torch
+    weights [out, in]); optimizer slots and step counters dropped."""
+    out = {}
+    for name, value in weights.items():
+        if _TF_SKIP.search(name):
+            continue
+        if name in _TF_NAMES:
+            out[_TF_NAMES[name]] = value
+            continue
+        parts = name.split("/")
+        leaf = parts[-1]
+        parts[-1] = {"kernel": "weight", "gamma": "weight", "beta": "bias"}.get(leaf, leaf)
+        if leaf.endswith("_embeddings"):
+            parts.append("weight")
+        hf = re.sub(r"(^|\.)layer_(\d+)\.", r"\1layer.\2.", ".".join(parts))
+        out[hf] = value.T if leaf == "kernel" else value
+    return out
+
+
+def _to_ours(weights: dict[str, np.ndarray], name: str, path: str, target_shape: tuple,
+             shown: str) -> np.ndarray:
+    """HF tensor `name` (`shown` in the checkpoint) in our layout: torch Linear weights are
+    [out, in], ours [in, ...out]."""
     tensor = weights[name].T if path.endswith("kernel") else weights[name]
     if tensor.size != int(np.prod(target_shape)):
-        raise ValueError(f"shape mismatch for {path} (checkpoint tensor {name}): checkpoint has "
+        raise ValueError(f"shape mismatch for {path} (checkpoint tensor {shown}): checkpoint has "
                          f"{tuple(weights[name].shape)}, the model config expects "
-                         f"{tuple(target_shape)}")
+                         f"{tuple(target_shape)}; the config.json does not describe these weights "
+                         "(use the one that came with them)")
     return tensor.reshape(target_shape)
 
 
@@ -119,57 +266,124 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
     """(params, missing, unused): params for `model_cfg` filled from HF tensors; `missing`
     names our parameters the checkpoint lacks (left freshly initialised), `unused` the HF
     tensors nothing took."""
-    weights = {_normalise(k): np.asarray(v, np.float32) for k, v in weights.items()}
+    shown = {normalise_name(k): k for k in weights}  # errors and reports use the file's names
+    weights = {normalise_name(k): np.asarray(v, np.float32) for k, v in weights.items()}
     fresh = nnx.to_pure_dict(nnx.state(models.create_model(model_cfg, seed=seed), nnx.Param))
     flat = traverse_util.flatten_dict(fresh, sep="/")
+    table = hf_names(model_cfg["name"], flat, model_cfg["num_layers"])
+    if "mlm/bias" in flat and "cls.predictions.bias" not in weights:
+        table["mlm/bias"] = ["cls.predictions.decoder.bias"]  # older checkpoints keep it there
     used, missing, out = set(), [], {}
-    num_layers = model_cfg["num_layers"]
     for path, value in flat.items():
-        layer_key = path.removeprefix("bert/encoder/layers/")
-        if layer_key != path:  # stacked [L, ...]: one HF tensor per layer
-            module, leaf = layer_key.rsplit("/", 1)
-            suffix = {"kernel": "weight", "scale": "weight", "bias": "bias"}[leaf]
-            names = [f"bert.encoder.layer.{i}.{_LAYER[module]}.{suffix}" for i in range(num_layers)]
-            if all(n in weights for n in names):
-                out[path] = np.stack([_to_ours(weights, n, path, value.shape[1:]) for n in names])
-                used.update(names)
-                continue
-        else:
-            name = _OUTER[path]
-            if path == "mlm/bias" and name not in weights:
-                name = "cls.predictions.decoder.bias"
-            if name in weights:
-                out[path] = _to_ours(weights, name, path, value.shape)
-                used.add(name)
-                continue
-        missing.append(path)
-        out[path] = np.asarray(value)
-    if "mlm/bias" in flat:  # the decoder is tied to the word embeddings and the MLM bias
+        names = table[path]
+        if not all(n in weights for n in names):
+            missing.append(path)
+            out[path] = np.asarray(value)
+            continue
+        stacked = "encoder/layers/" in path  # [L, ...]: one HF tensor per layer
+        tensors = [_to_ours(weights, n, path, value.shape[stacked:], shown[n]) for n in names]
+        out[path] = np.stack(tensors) if stacked else tensors[0]
+        used.update(names)
+    if "mlm/bias" in flat:  # our decoder is tied to the word embeddings, with the MLM bias
+        decoder, word = (weights.get(n) for n in ("cls.predictions.decoder.weight",
+                                                    "embeddings.word_embeddings.weight"))
+        if decoder is not None and word is not None and not np.array_equal(decoder, word):
+            log.warning("warning: cls.predictions.decoder.weight differs from the word "
+                        "embeddings; this model ties them, so the word embeddings are used")
         used.update({"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"})
-    unused = sorted(k for k in weights if k not in used and not k.endswith("position_ids"))
+    unused = sorted(shown[k] for k in weights if k not in used and not k.endswith("position_ids"))
     return traverse_util.unflatten_dict(out, sep="/"), missing, unused
+
+
+def tf_checkpoint_prefix(source: Path) -> Path | None:
+    """The checkpoint prefix of an original TF BERT source (the prefix itself, or a folder with
+    bert_config.json and no config.json), or None for anything else."""
+    if Path(f"{source}.index").is_file():  # e.g. .../uncased_L-12_H-768_A-12/bert_model.ckpt
+        return source
+    if not (source / "bert_config.json").is_file() or (source / "config.json").is_file():
+        return None
+    state = source / "checkpoint"  # tf.train.Saver's record of the newest checkpoint
+    match = state.is_file() and re.search(r'^model_checkpoint_path:\s*"(.+)"', state.read_text(), re.M)
+    if match:  # the recorded path may be absolute on another machine: take it beside the file
+        return source / Path(match.group(1)).name
+    indexes = sorted(source.glob("*.index"))
+    if len(indexes) != 1:
+        found = ", ".join(p.name for p in indexes) or "none"
+        raise FileNotFoundError(f"{source}: expected one TensorFlow checkpoint <prefix>.index "
+                                f"beside bert_config.json, found {found}; pass the prefix "
+                                f"itself, e.g. hf:{source / 'bert_model.ckpt'}")
+    return indexes[0].with_suffix("")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); expected the model's BERT config") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: found a JSON {type(value).__name__}, expected an object (the "
+                         "model's BERT config)")
+    return value
+
+
+# config.json keys a BERT config must have, all positive integers.
+_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "intermediate_size")
+
+
+def read_source(source: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray], vocab.Tokenizer, str]:
+    """(HF-style config, {HF tensor name: array}, tokenizer, "hf:<folder>" or "tf:<prefix>") of
+    a HF folder or cache entry, or of an original TF BERT checkpoint."""
+    source = Path(source)
+    prefix = tf_checkpoint_prefix(source)
+    if prefix is None:
+        folder = resolve_model_dir(source)
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(
+                f"{config_file}: not found; expected a Hugging Face BERT folder (config.json, "
+                "weights, vocab.txt), a Hugging Face cache entry (models--org--name), or an "
+                "original TensorFlow BERT folder (bert_config.json, vocab.txt, bert_model.ckpt.*)")
+        return (_read_json(config_file), load_hf_weights(folder), vocab.load_hf_tokenizer(folder),
+                f"hf:{folder}")
+    config_file = prefix.parent / "bert_config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file}: not found; put the model's bert_config.json "
+                                f"beside the checkpoint {prefix}")
+    weights = read_tf_checkpoint(prefix, keep=lambda n: not _TF_SKIP.search(n))
+    # The original release has no tokenizer_config.json: casing follows the vocabulary (cased
+    # models have uppercase tokens), which load_tokenizer infers.
+    return _read_json(config_file), tf_to_hf(weights), vocab.load_tokenizer(prefix.parent), f"tf:{prefix}"
 
 
 def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | None = None
                ) -> dict[str, Any]:
-    """Converts a HF BERT directory into a bert_jax checkpoint directory; returns a report."""
-    source, out = Path(source), Path(out)
-    config_file = source / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file}: not found; expected a Hugging Face BERT folder "
-                                "with config.json, model weights and vocab.txt")
+    """Converts a HF BERT folder or cache entry, or an original TF BERT checkpoint, into a
+    bert_jax checkpoint directory; returns a report."""
+    out = Path(out)
     if checkpoint.checkpoint_dir(out).exists():
         raise FileExistsError(f"{out}: already holds checkpoints; choose a new output folder")
-    hf_cfg = json.loads(config_file.read_text())
-    model_cfg = model_config_from_hf(hf_cfg, name)
-    tokenizer = vocab.load_hf_tokenizer(source)
-    if tokenizer.vocab_size != model_cfg["vocab_size"]:
-        raise ValueError(f"{source / 'vocab.txt'} has {tokenizer.vocab_size} tokens but "
-                         f"config.json says vocab_size={model_cfg['vocab_size']}")
-    params, missing, unused = convert_hf_weights(load_hf_weights(source), model_cfg)
-    essential = [p for p in missing if p.startswith("bert/")]
+    hf_cfg, weights, tokenizer, origin = read_source(source)
+    names = {normalise_name(k): k for k in weights}
+    name = choose_head(hf_cfg, names, name)
+    if "classifier.weight" in names and not {"id2label", "num_labels"} & set(hf_cfg):
+        # TF run_classifier.py checkpoints: bert_config.json does not say; the head does.
+        hf_cfg = {**hf_cfg, "num_labels": weights[names["classifier.weight"]].shape[0]}
+    # A bare encoder saved without its pooler (add_pooling_layer=False) stays without one.
+    try:
+        model_cfg = model_config_from_hf(hf_cfg, name, use_pooler=name != "bert" or
+                                         "pooler.dense.weight" in names)
+    except ValueError as e:
+        raise ValueError(f"{origin[3:]}: {e}") from None
+    if tokenizer.vocab_size > model_cfg["vocab_size"]:
+        raise ValueError(f"{tokenizer.directory / vocab.VOCAB_NAME} has {tokenizer.vocab_size} "
+                         f"tokens but the model config says vocab_size={model_cfg['vocab_size']}; "
+                         "use the vocab.txt that came with the model")
+    params, missing, unused = convert_hf_weights(weights, model_cfg)
+    encoder = "".join(f"{k}/" for k in models.encoder_path(name))
+    essential = [p for p in missing if p.startswith(encoder) and p.removeprefix(encoder) not in _POOLER]
     if essential:
-        raise ValueError(f"{source}: encoder weights missing from the checkpoint: {essential}")
-    checkpoint.save_params(out, 0, params, {"model": model_cfg, "source": f"hf:{source}"})
+        raise ValueError(f"{origin[3:]}: encoder weights missing from the checkpoint: {essential}")
+    checkpoint.save_params(out, 0, params, {"model": model_cfg, "source": origin})
     tokenizer.save(out)
-    return {"model": model_cfg["name"], "missing": missing, "unused": unused, "out": str(out)}
+    return {"model": name, "missing": missing, "unused": unused, "out": str(out), "source": origin}

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from etils import epath
 from flax import nnx
 
 from bert_jax import checkpoint, objectives, sharding, state, tasks
 from bert_jax import config as config_lib
-from bert_jax.data import finetune, pipelines
+from bert_jax.data import finetune, pipelines, vocab
 from bert_jax.paths import is_remote, workdir_path
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,11 @@ class ObjectiveEvaluator:
         self.config, self.mesh = config, mesh
         self.fn = jax.jit(functools.partial(eval_step, graphdef=graphdef, objective=objective))
 
+    def prepare(self) -> None:
+        """Reads one validation batch, so missing eval files or too few held-out documents
+        stop a run before training rather than at its first evaluation."""
+        next(iter(pipelines.make(self.config, "validation", num_batches=1)))
+
     def run(self, params, config=None, out_dir=None) -> dict[str, float]:
         config = config or self.config  # pretraining: the current length phase's config
         pipeline = pipelines.make(config, "validation", num_batches=config.train.eval_steps or None)
@@ -94,6 +100,12 @@ class TaskEvaluator:
             keep = out.pop("example_weight") > 0
             outs.append({k: v[keep] for k, v in out.items()})
         return total, {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+
+    def prepare(self) -> None:
+        """Reads and encodes the eval splits now (they are cached), so a missing or malformed
+        dev file stops a run before training rather than at its first evaluation."""
+        for split in self.task.eval_splits:
+            self.task.features(split)
 
     def run(self, params, config=None, out_dir=None, splits=None) -> dict[str, float]:
         results: dict[str, float] = {}
@@ -150,21 +162,65 @@ def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> lis
         return steps
     if spec == "best":
         best = checkpoint.best_step(scored)
+        if best is None and best_metric is None:
+            raise ValueError("--step=best: pretraining runs keep no best checkpoint (no task metric); "
+                             "use --step=latest, all or a step number")
         if best is None:
-            raise ValueError(f"--step=best: no checkpoint in {path} has an evaluation of "
-                             f"{best_metric or 'a task metric'} (pretraining runs have no best)")
+            raise ValueError(f"--step=best: no checkpoint in {path} has an evaluation of {best_metric} "
+                             "(train saves one with each evaluation); use --step=latest or a step number")
         return [best]
     if not spec.isdigit() or int(spec) not in steps:
         raise ValueError(f"--step={spec!r}: use latest, best, all or one of {steps}")
     return [int(spec)]
 
 
+def run_config(config, workdir: str) -> ml_collections.ConfigDict:
+    """The config to evaluate `workdir` with: the one stored with its latest checkpoint, or
+    `config` (the user's --config) with the stored model section, since the weights decide
+    the model. The tokenizer is the workdir's own copy unless data.tokenizer names one."""
+    stored = checkpoint.read_config(workdir)
+    if config is None:
+        if "train" not in stored or "data" not in stored:
+            raise config_lib.ConfigError(
+                f"{workdir}: its checkpoint stores a model but no training config (a `bert-jax "
+                f"convert` output?); pass --config=<the task's config file> to evaluate it")
+        config = ml_collections.ConfigDict(stored)
+        try:
+            config_lib.mesh_shape(config.mesh, jax.device_count())
+        except config_lib.ConfigError:
+            log.info(f"the stored mesh {config.mesh.to_dict()} does not fit {jax.device_count()} "
+                     f"devices here; evaluating on mesh data={jax.device_count()}")
+            config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+    else:
+        config = config.copy_and_resolve_references()
+        model = {k: v for k, v in stored["model"].items() if k != "dtype"}
+        if model.get("name") != config.model.get("name"):
+            raise config_lib.ConfigError(
+                f"{workdir} holds a model.name={model.get('name')!r} model but --config is for "
+                f"model.name={config.model.get('name')!r} (data.name={config.data.get('name')!r}); "
+                f"leave out --config to evaluate it with its own config, or fine-tune it with "
+                f"--config.init_from={workdir}")
+        changed = checkpoint.changed_fields(model, config.model.to_dict(), checkpoint.STATE_FIELDS,
+                                            "model.")
+        if changed:
+            log.info(f"model from the checkpoint in {workdir}, not --config ({changed})")
+        config.model = ml_collections.ConfigDict(model)
+    data = config.data
+    if "tokenizer" in data and not (data.tokenizer and Path(data.tokenizer).exists()) and (
+            vocab.has_tokenizer(workdir)):
+        data.tokenizer = str(workdir)
+    return config
+
+
 def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
                          split: str | None = None) -> list[dict]:
     """Metrics of each chosen checkpoint, written to <workdir>/eval/step_<N>.json; fine-tuning
     tasks also write their predictions to <workdir>/eval/step_<N>/. A `split` other than the
-    task's dev split writes to <workdir>/eval/<split name>/ instead."""
-    config_lib.validate(config, jax.device_count(), jax.process_count())
+    task's dev split writes to <workdir>/eval/<split name>/ instead. `config` None: the one
+    stored with the checkpoints (see run_config). A result with a non-finite value is an
+    error and never replaces a result already written."""
+    config = run_config(config, workdir)
+    config_lib.validate(config, jax.device_count(), jax.process_count(), training=False)
     task = tasks.from_config(config)
     objective = objectives.for_config(config)
     mesh = sharding.make_mesh(config.mesh)
@@ -173,7 +229,8 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
     evaluator = make_evaluator(config, graphdef, objective, mesh, task)
     best = f"eval/{task.main_metric}" if task else None
     if split is not None and task is None:
-        raise ValueError("--split applies to fine-tuning tasks; pretraining evaluates held-out documents")
+        raise ValueError("--split applies to fine-tuning tasks; pretraining evaluates held-out "
+                         "documents: leave out --split")
     eval_dir = workdir_path(workdir) / "eval"
     if split is not None and split != task.eval_splits[0]:
         # Another split's results go beside the dev ones, never over them: eval/<split>/.
@@ -189,6 +246,10 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
             else:
                 metrics = evaluator.run(params, out_dir=out, splits=[split] if split else None)
             result = {"step": step, **metrics}
+            bad = sorted(k for k, v in metrics.items() if not np.isfinite(v))
+            if bad:
+                raise ValueError(f"checkpoint step {step}: {', '.join(bad)} not finite "
+                                 f"({metrics[bad[0]]}); {out.with_suffix('.json')} left as it was")
             if jax.process_index() == 0:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")

@@ -12,14 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bert_jax import checkpoint, models
 from bert_jax import state as state_lib
 from bert_jax.data import vocab
 from bert_jax.data.finetune import pad_batch
+from bert_jax.data.rows import utf8_errors
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[tuple[str, str | None]]:
     """(text_a, text_b) per input line; `A ||| B` lines are pairs, as in the original."""
-    with open(path, encoding="utf-8") as f:
+    with utf8_errors(path), open(path, encoding="utf-8") as f:
         for line in f:
             line = line.strip()
             a, sep, b = line.partition(" ||| ")
@@ -35,15 +37,37 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
                      output_file: str | os.PathLike, layers: Sequence[int] = (-1, -2, -3, -4),
                      max_seq_length: int = 128, batch_size: int = 8) -> int:
     """Writes one JSON line per input line; returns the number of lines written."""
-    model_cfg, model = state_lib.load_model(checkpoint_dir)
-    encoder = _encoder(model)
-    num_layers = model_cfg["num_layers"]
+    if not Path(input_file).is_file():
+        raise FileNotFoundError(f"--input={input_file}: no such file; expected a text file with one "
+                                "example per line (`A ||| B` for pairs)")
+    pairs = list(read_lines(input_file))
+    if not any(a or b for a, b in pairs):
+        raise ValueError(f"--input={input_file}: empty (no text on any line); expected one example "
+                         "per line")
+    if batch_size < 1:
+        raise ValueError(f"--batch_size={batch_size} must be >= 1")
+    try:
+        Path(output_file).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"--output={output_file}: cannot create its folder ({e.strerror or e}); "
+                      "choose another --output") from None
+    model_cfg = checkpoint.read_config(checkpoint_dir)["model"]
+    _, fields = models.split_model_config(model_cfg)
+    if max_seq_length < 3:
+        raise ValueError(f"--max_seq_length={max_seq_length} leaves no room for [CLS] A [SEP] B [SEP]; "
+                         "use at least 3")
+    if fields.positions == "learned" and max_seq_length > fields.max_len:
+        raise ValueError(f"--max_seq_length={max_seq_length} exceeds the model's position table "
+                         f"(max_len={fields.max_len} in {checkpoint_dir}); use at most {fields.max_len}")
+    num_layers = fields.num_layers
     for i in layers:
         if not -num_layers <= i < num_layers:
             raise ValueError(f"--layers: {i} is out of range for a {num_layers}-layer model "
                              f"(use -{num_layers}..{num_layers - 1})")
     tokenizer = vocab.load_tokenizer(checkpoint_dir)
-    tokenizer.check_fits(model_cfg["vocab_size"], f"the model in {checkpoint_dir}")
+    tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
+    _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)
+    encoder = _encoder(model)
     graphdef, state = nnx.split(encoder)
 
     @jax.jit
@@ -52,10 +76,8 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
                                          return_hidden=True)
         return out["hidden_states"][1:]  # the encoder layers' outputs, as all_encoder_layers
 
-    pairs = list(read_lines(input_file))
     inputs = tokenizer.encode_pairs([a for a, _ in pairs], [b for _, b in pairs], max_seq_length)
     lengths = inputs["input_mask"].sum(1)
-    Path(output_file).parent.mkdir(parents=True, exist_ok=True)
     with open(output_file, "w", encoding="utf-8") as f:
         for start in range(0, len(pairs), batch_size):
             # Always batch_size rows (padding rows at the end): one shape, one compile.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import pickle
 import struct
@@ -15,7 +16,9 @@ import ml_dtypes
 import numpy as np
 import safetensors.numpy
 
-__all__ = ["load_hf_weights"]
+__all__ = ["load_hf_weights", "resolve_model_dir"]
+
+log = logging.getLogger(__name__)
 
 # Looked up in this order: safetensors is safe and fast; .bin is the fallback for old repos.
 WEIGHT_FILES = (
@@ -43,6 +46,31 @@ _SAFETENSORS_DTYPES = {
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
     "BOOL": np.bool_,
 }
+
+
+def resolve_model_dir(path: str | os.PathLike) -> Path:
+    """The folder holding a model's files: `path` itself, or for a Hugging Face cache entry
+    (`models--org--name`, with snapshots/ and refs/) the snapshot that refs/main names (or its
+    only snapshot). A snapshot's files are symlinks into blobs/, read through as usual."""
+    path = Path(path)
+    snapshots = path / "snapshots"
+    if not snapshots.is_dir():
+        return path
+    ref = path / "refs" / "main"
+    if ref.is_file():
+        snapshot = snapshots / ref.read_text().strip()
+        if not snapshot.is_dir():
+            raise FileNotFoundError(f"{ref} names snapshot {snapshot.name}, which is not in "
+                                    f"{snapshots}; download the model again")
+    else:
+        found = sorted(p for p in snapshots.iterdir() if p.is_dir())
+        if len(found) != 1:
+            names = ", ".join(p.name for p in found) or "none"
+            raise FileNotFoundError(f"{path}: no refs/main and {len(found)} snapshots ({names}); "
+                                    f"pass one folder, e.g. {snapshots}/<hash>")
+        snapshot = found[0]
+    log.info(f"{path}: Hugging Face cache entry, reading snapshot {snapshot.name}")
+    return snapshot
 
 
 def load_hf_weights(model_dir: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -75,6 +75,15 @@ class ModelConfig:
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"model.{name}={getattr(self, name)!r}; choose one of {valid}")
+        least = {"vocab_size": 1, "emb_dim": 1, "num_layers": 1, "num_decoder_layers": 0,
+                 "num_heads": 1, "head_dim": 1, "mlp_dim": 1, "max_len": 1, "type_vocab_size": 0,
+                 "num_labels": 1}
+        for name, low in least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be >= {low}")
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be in [0, 1)")
 
     @property
     def compute_dtype(self) -> Any:

@@ -1,13 +1,14 @@
 """The `bert-jax` command line.
 
   bert-jax train --config configs/bert_pretrain.py:tiny --workdir <dir> [--config.train.steps=100]
-  bert-jax eval --config configs/bert_pretrain.py:tiny --workdir <dir> [--step latest|best|all|N]
+  bert-jax eval --workdir <dir> [--config <file>] [--step latest|best|all|N]
                [--split dev|test|<file>]   (fine-tuning: <dir>/eval/step_N/, other splits <dir>/eval/<split>/)
   bert-jax sweep --config configs/sweeps/glue.py:mrpc --workdir <dir> [--print_commands]
   bert-jax vocab --input 'books/*.txt' --size 8192 --type wordpiece --out <dir>
   bert-jax prepare --config configs/bert_pretrain.py:base --out <dir>   (array_record shards)
   bert-jax info --config configs/bert_pretrain.py:base [--config.dtype=bfloat16]
-  bert-jax convert hf:<hf_dir> <out_dir> [--head bert_classification]
+  bert-jax convert hf:<hf_dir>|tf:<tf_checkpoint> <out_dir> [--head bert_classification]
+  bert-jax export <checkpoint_dir> hf:<out_dir> [--step N]   (a Hugging Face folder for transformers)
   bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]
 """
 
@@ -19,12 +20,18 @@ import sys
 from pathlib import Path
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "get_config(arg) file: path.py:arg")
+from bert_jax import config as config_lib
+
+# Each command imports its own modules when it runs, so a command does not pay for the others'
+# imports (TensorFlow datasets, torch-free HF readers, Orbax...).
+
+_CONFIG = flags.DEFINE_string("config", None, "train, eval, sweep, prepare, info: a get_config(arg) "
+                              "file, path.py[:arg]; then --config.<key>=<value> overrides")
 _HEAD = flags.DEFINE_string("head", None, "convert: our model name for the converted weights "
                             "(default: from the checkpoint's architectures)")
-_WORKDIR = flags.DEFINE_string("workdir", None, "train: run directory (rerun to resume)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep: the run directory (local or "
+                               "gs://; rerunning train resumes it)")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features: converted or training dir")
 _INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "
                              "(`A ||| B` for pairs)")
@@ -41,18 +48,41 @@ _TYPE = flags.DEFINE_enum("type", "wordpiece", ["wordpiece", "sentencepiece"], "
 _SP_MODEL = flags.DEFINE_enum("sp_model_type", "unigram", ["unigram", "bpe"],
                               "vocab: SentencePiece algorithm")
 _LOWERCASE = flags.DEFINE_boolean("lowercase", True, "vocab: lowercase (uncased) vocabulary")
-_STEP = flags.DEFINE_string("step", "latest", "eval: latest, best, all or a checkpoint step")
+_STEP = flags.DEFINE_string("step", "latest", "eval: latest, best, all or a checkpoint step; "
+                            "export: latest or a step")
 _SPLIT = flags.DEFINE_string("split", None, "eval (fine-tuning): dev (default), test, or a file path")
 _PRINT_COMMANDS = flags.DEFINE_boolean("print_commands", False, "sweep: print one `bert-jax train` "
                                        "command per trial (for a cluster scheduler) instead of running")
 
-COMMANDS = ("train", "eval", "sweep", "vocab", "prepare", "info", "convert", "features")
+COMMANDS = ("train", "eval", "sweep", "vocab", "prepare", "info", "convert", "export", "features")
+# The flags each command reads, for `bert-jax <command> --help`.
+COMMAND_FLAGS = {
+    "train": ("config", "workdir"), "eval": ("workdir", "config", "step", "split"),
+    "sweep": ("config", "workdir", "print_commands"),
+    "vocab": ("input", "size", "type", "sp_model_type", "lowercase", "out"),
+    "prepare": ("config", "out"), "info": ("config", "seq_len"), "convert": ("head",),
+    "export": ("step",),
+    "features": ("checkpoint", "input", "output", "layers", "max_seq_length", "batch_size"),
+}
+HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
+
+
+class _LoadedConfig:
+    """The --config file with its --config.<key>=<value> overrides, loaded by _parse_flags."""
+
+    value = None  # ml_collections.ConfigDict, or None without --config
+    overrides: tuple[str, ...] = ()  # "key=value" as typed
+
+    @classmethod
+    def set_by_user(cls) -> set[str]:
+        return {o.partition("=")[0] for o in cls.overrides}
 
 
 def _require(flag, command: str):
-    if flag.value is None:
+    value = _LoadedConfig.value if flag.name == "config" else flag.value
+    if value is None:
         raise app.UsageError(f"`bert-jax {command}` needs --{flag.name}")
-    return flag.value
+    return value
 
 
 def maybe_initialize_distributed() -> None:
@@ -77,19 +107,21 @@ def cmd_train(args: list[str]) -> None:
 
     from bert_jax import train
 
-    summary = train.train_and_evaluate(_require(_CONFIG, "train"), _require(_WORKDIR, "train"))
+    summary = train.train_and_evaluate(_require(_CONFIG, "train"), _require(_WORKDIR, "train"),
+                                       set_by_user=_LoadedConfig.set_by_user())
     if jax.process_index() == 0:
             print(json.dumps({k: summary[k] for k in ("step", "preempted")}
                          | {"metrics": summary.get("metrics"), "eval": summary.get("eval")}))
 
 
 def cmd_eval(args: list[str]) -> None:
-    """Evaluates saved checkpoints on the validation split; prints one JSON line each."""
+    """Evaluates saved checkpoints on the validation split (with the config stored in the
+    checkpoint unless --config is given); prints one JSON line each."""
     maybe_initialize_distributed()
     from bert_jax import evaluate
 
     for result in evaluate.evaluate_checkpoints(
-            _require(_CONFIG, "eval"), _require(_WORKDIR, "eval"), _STEP.value, _SPLIT.value):
+            _LoadedConfig.value, _require(_WORKDIR, "eval"), _STEP.value, _SPLIT.value):
         print(json.dumps(result))
 
 
@@ -99,7 +131,7 @@ def cmd_sweep(args: list[str]) -> None:
 
     try:
         result = sweep.run_sweep(_require(_CONFIG, "sweep"), _require(_WORKDIR, "sweep"),
-                                 _PRINT_COMMANDS.value)
+                                 _PRINT_COMMANDS.value, spec=_CONFIG.value)
     except sweep.TrialsFailed as e:
         print(f"bert-jax sweep: error: {e}", file=sys.stderr)
         sys.exit(1)
@@ -122,7 +154,7 @@ def _text_lines(spec: str):
         return
     from bert_jax.data.documents import expand
 
-    for path in expand(spec):
+    for path in expand(spec, "--input"):
         with open(path, encoding="utf-8", errors="replace") as f:
             yield from f
 
@@ -177,14 +209,29 @@ def cmd_convert(args: list[str]) -> None:
     """Converts a public checkpoint into a bert_jax checkpoint directory."""
     from bert_jax import convert
 
-    if len(args) != 2 or not args[0].startswith("hf:"):
-        raise app.UsageError("usage: bert-jax convert hf:<huggingface_dir> <out_dir>")
+    if len(args) != 2 or not args[0].startswith(("hf:", "tf:")):
+        raise app.UsageError("usage: bert-jax convert hf:<huggingface_dir> <out_dir>, or "
+                             "tf:<original TF checkpoint folder or prefix> <out_dir>")
     report = convert.convert_hf(args[0][3:], args[1], _HEAD.value)
     print(f"converted {args[0]} -> {report['out']} as {report['model']}")
     if report["missing"]:
         print("not in the checkpoint (freshly initialised): " + ", ".join(report["missing"]))
     if report["unused"]:
         print("in the checkpoint but unused by this model: " + ", ".join(report["unused"]))
+
+
+def cmd_export(args: list[str]) -> None:
+    """Writes a checkpoint (a convert output or a training workdir) as a Hugging Face folder."""
+    from bert_jax import export
+
+    if len(args) != 2 or not args[1].startswith("hf:"):
+        raise app.UsageError("usage: bert-jax export <checkpoint_dir> hf:<out_dir>")
+    if _STEP.value != "latest" and not _STEP.value.isdigit():
+        raise app.UsageError(f"--step={_STEP.value!r}: export takes latest or a step number")
+    step = None if _STEP.value == "latest" else int(_STEP.value)
+    report = export.export_hf(args[0], args[1][3:], step)
+    print(f"exported {args[0]} -> {report['out']} as {report['architecture']}"
+          + ("" if report["tokenizer"] else " (no tokenizer files)"))
 
 
 def cmd_features(args: list[str]) -> None:
@@ -208,43 +255,104 @@ def main(argv: list[str]) -> None:
     from bert_jax import log
 
     log.configure()  # our progress lines (INFO) on stdout, warnings on stderr
-    if len(argv) < 2 or argv[1] not in COMMANDS:
-        raise app.UsageError(f"usage: bert-jax <command> [flags]; commands: {', '.join(COMMANDS)}")
     try:
+        if len(argv) < 2 or argv[1] not in COMMANDS:
+            got = f"unknown command {argv[1]!r}; " if len(argv) > 1 else ""
+            raise app.UsageError(f"{got}usage: bert-jax <command> [flags]; commands: "
+                                 f"{', '.join(COMMANDS)}")
         globals()[f"cmd_{argv[1]}"](argv[2:])
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
-        print(f"bert-jax {argv[1]}: error: {e}", file=sys.stderr)
+    except app.UsageError as e:  # a missing or malformed flag or argument
+        _bad_flag(str(e))
+    except (ValueError, OSError) as e:  # bad input or storage: one line, not a traceback
+        print(f"bert-jax {argv[1]}: error: {_one_line(e)}", file=sys.stderr)
         sys.exit(1)
 
 
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line (a library's message may span several)."""
+    return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(argv without them, the --config.<key>=<value> overrides); `--config.key value` too."""
+    rest, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--config."):
+            key_value = arg[len("--config."):]
+            if "=" not in key_value and i + 1 < len(argv):
+                key_value, i = f"{key_value}={argv[i + 1]}", i + 1
+            overrides.append(key_value)
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, overrides
+
+
+def _bad_flag(message) -> None:
+    print(f"bert-jax: bad flag: {_one_line(message)} (`bert-jax --help` lists the commands and "
+          "flags)", file=sys.stderr)
+    sys.exit(2)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing with one clear line (not a traceback) for a bad flag or override."""
+    """absl flags, then --config loaded with its overrides by our loader (whose errors name the
+    file, the key and the valid choices): one clear line and exit 2 for anything bad."""
+    rest, overrides = _split_overrides(argv)
     try:
-        return flags.FLAGS(argv)
-    except Exception as e:  # noqa: BLE001 (config overrides raise AttributeError, TypeError...)
-        print(f"bert-jax: bad flag: {_explain_flag_error(argv) or e}\n"
-              "Run `bert-jax --help` for the flags.", file=sys.stderr)
-        sys.exit(2)
+        remaining = flags.FLAGS(rest)
+    except flags.Error as e:
+        _bad_flag(str(e))
+    if _CONFIG.value is not None:
+        try:
+            _LoadedConfig.value = config_lib.load(_CONFIG.value, overrides)
+        except Exception as e:  # noqa: BLE001 (a config file can raise anything; say which file)
+            _bad_flag(e if isinstance(e, config_lib.ConfigError) else f"--config={_CONFIG.value}: "
+                      f"{type(e).__name__}: {e}")
+        _LoadedConfig.overrides = tuple(overrides)
+    elif overrides:
+        _bad_flag(f"--config.{overrides[0]} needs --config=<file.py[:arg]> to apply to")
+    return remaining
 
 
-def _explain_flag_error(argv: list[str]) -> str | None:
-    """Re-applies --config and its overrides with our loader, whose errors name the key and
-    the valid choices (ml_collections' own messages do not always)."""
-    from bert_jax import config as config_lib
+def _usage_lines() -> dict[str, list[str]]:
+    """This module's docstring usage lines, by command."""
+    out: dict[str, list[str]] = {}
+    command = None
+    for line in (__doc__ or "").splitlines():
+        if line.startswith("  bert-jax "):
+            command = line.split()[1]
+            out.setdefault(command, []).append(line)
+        elif command and line.startswith("    "):
+            out[command].append(line)
+        else:
+            command = None
+    return out
 
-    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-    overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
-    if spec is None:
-        return None
-    try:
-        config_lib.load(spec, overrides)
-    except Exception as e:  # noqa: BLE001 (the message is what we want)
-        return str(e)
-    return None
+
+def print_help(command: str | None) -> None:
+    """`bert-jax --help` (every command) or `bert-jax <command> --help` (its usage and flags)."""
+    usage = _usage_lines()
+    if command not in COMMANDS:
+        print("usage: bert-jax <command> [flags]   (`bert-jax <command> --help` for its flags)\n")
+        for name in COMMANDS:
+            doc = " ".join((globals()[f"cmd_{name}"].__doc__ or "").split()).split(";")[0]
+            print(f"  {name:<9} {doc}")
+        print("\n" + "\n".join(line for name in COMMANDS for line in usage.get(name, [])))
+        return
+    print("usage:\n" + "\n".join(usage.get(command, [f"  bert-jax {command} [flags]"])))
+    print((globals()[f"cmd_{command}"].__doc__ or "").strip() + "\n\nflags:")
+    for name in COMMAND_FLAGS.get(command, ()):
+        flag = flags.FLAGS[name]
+        default = "" if flag.default is None else f" (default: {flag.default})"
+        print(f"  --{name}: {flag.help}{default}")
 
 
 def run() -> None:
     """Console-script entry point."""
+    if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
+        print_help(sys.argv[1] if len(sys.argv) > 1 else None)
+        sys.exit(0)
     try:
         app.run(main, flags_parser=_parse_flags)
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error

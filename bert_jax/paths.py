@@ -1,8 +1,12 @@
-"""Local folders and object-store URLs (gs://...) as one kind of path."""
+"""Workdirs: local folders and object-store URLs (gs://...) as one kind of path, and the
+lock that keeps two runs out of one workdir."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import time
 from pathlib import Path
 
 from etils import epath
@@ -17,3 +21,79 @@ def workdir_path(directory: str | os.PathLike) -> epath.Path:
     """A local folder (made absolute) or an object store URL such as gs://bucket/run, as a path
     (pathlib.Path would turn "gs://b/run" into the local folder "gs:/b/run")."""
     return epath.Path(directory if is_remote(directory) else Path(directory).absolute())
+
+
+LOCK_NAME = "run.lock"
+
+
+class WorkdirBusy(FileExistsError):
+    """Another live run holds the workdir's lock."""
+
+
+def _zombie(pid: int) -> bool:
+    """A process that exited but was not reaped (its parent was killed too, and a container's
+    PID 1 may never reap it) still answers kill(pid, 0): Linux marks it Z in /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+class WorkdirLock:
+    """`<workdir>/run.lock` while a training run writes there, so a second run stops at once
+    naming the first instead of racing it for checkpoints and metrics. Creating it is also
+    the first write: an unwritable or full workdir fails here, in one line. A lock left by a
+    run that died (same host, process gone) is taken over."""
+
+    def __init__(self, workdir: str | os.PathLike, enabled: bool = True):
+        self.path = workdir_path(workdir) / LOCK_NAME
+        self.enabled, self.held = enabled, False
+        self.me = {"pid": os.getpid(), "host": socket.gethostname()}
+
+    def __enter__(self) -> WorkdirLock:
+        if not self.enabled:  # other processes of a multi-host run: process 0 holds it
+            return self
+        if self.path.exists():
+            holder = self._holder()
+            if not self._dead(holder):
+                raise WorkdirBusy(
+                    f"{self.path.parent} is in use by another run (pid {holder.get('pid')} on "
+                    f"{holder.get('host')} since {holder.get('since')}); wait for it or use another "
+                    f"--workdir. If that run is gone, delete {self.path}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps({**self.me, "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        except OSError as e:
+            raise OSError(f"cannot write to the workdir {self.path.parent} ({e.strerror or e}); "
+                          f"check its permissions and free space") from None
+        self.held = True
+        return self
+
+    def _holder(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}  # unreadable or half-written: its writer died mid-write
+
+    def _dead(self, holder: dict) -> bool:
+        """Whether the holder is known to be gone: same host, and its process does not exist."""
+        if not holder:
+            return True
+        if holder.get("host") != self.me["host"]:
+            return False
+        if holder.get("pid") == self.me["pid"]:
+            return True  # this process, e.g. a second run in-process after a crash
+        try:
+            pid = int(holder["pid"])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, ValueError, KeyError, TypeError):
+            return False
+        return _zombie(pid)
+
+    def __exit__(self, *exc) -> None:
+        if self.held and self._holder().get("pid") == self.me["pid"]:
+            self.path.unlink(missing_ok=True)
+        self.held = False

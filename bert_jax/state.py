@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 from typing import Any
 
 import jax
@@ -56,6 +57,24 @@ def init_state(config, tx, state_sh, pretrained: dict | None = None) -> dict:
         params = trees.overlay(nnx.to_pure_dict(nnx.state(model, nnx.Param)), pretrained)
         return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
     return jax.jit(init, out_shardings=state_sh)(pretrained or {})
+
+
+def sizes_from_init(config, set_by_user: Collection[str] = ()):
+    """`config` with the model's architecture fields (layers, width, heads, vocabulary, ...)
+    taken from the config.init_from checkpoint, except those the user set (dotted keys such
+    as "model.num_layers"); a user-set field that differs is reported by `pretrained`."""
+    if not config.get("init_from"):
+        return config
+    theirs = checkpoint.read_config(config.init_from)["model"]
+    taken = {k: theirs[k] for k in checkpoint.ARCHITECTURE_FIELDS
+             if k in theirs and f"model.{k}" not in set_by_user and config.model.get(k) != theirs[k]}
+    if not taken:
+        return config
+    config = config.copy_and_resolve_references()
+    config.model.update(taken)
+    log.info(f"init_from {config.init_from}: model sizes from the checkpoint: "
+             + ", ".join(f"model.{k}={v}" for k, v in taken.items()))
+    return config
 
 
 def pretrained(config, abstract_params, mesh) -> dict:

@@ -23,6 +23,7 @@ from typing import Any
 
 import ml_collections
 
+from bert_jax import config as config_lib
 from bert_jax.paths import is_remote
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,29 @@ def finished(trial_dir: Path) -> dict | None:
     return summary if summary.get("step") == summary.get("steps") and not summary.get("preempted") else None
 
 
-def run_sweep(sweep, workdir: str, print_commands: bool = False) -> dict[str, Any]:
+def check_sweep(sweep, spec: str = "the sweep config") -> None:
+    """A sweep config whose every trial config loads; else a ValueError naming the trial and key."""
+    missing = [k for k in ("base", "overrides", "grid") if k not in sweep]
+    if missing:
+        raise ValueError(f"--config={spec} is not a sweep config (it has no {' or '.join(missing)}); "
+                         "give a sweep file such as configs/sweeps/glue.py:mrpc")
+    if bad := [k for k, v in sweep.grid.items() if not isinstance(v, (tuple, list)) or not v]:
+        raise ValueError(f"grid.{bad[0]}={sweep.grid[bad[0]]!r}: expected a non-empty tuple of values")
+    for setting in trials(sweep):
+        items = [*sweep.overrides, *(f"{k}={_fmt(v)}" for k, v in setting.items())]
+        try:
+            config_lib.load(sweep.base, items)
+        except Exception as e:  # noqa: BLE001 (a config file can raise anything; say which trial)
+            message = e if isinstance(e, config_lib.ConfigError) else f"{type(e).__name__}: {e}"
+            raise ValueError(f"sweep {spec}, trial {trial_name(setting)} (base={sweep.base}): "
+                             f"{message}") from None
+
+
+def run_sweep(sweep, workdir: str, print_commands: bool = False, spec: str = "the sweep config"
+              ) -> dict[str, Any]:
     """Runs every unfinished trial, then writes the results tables; with `print_commands`
     only returns each trial's `bert-jax train` command line (for a cluster scheduler)."""
+    check_sweep(sweep, spec)
     root = Path(workdir)
     settings = trials(sweep)
     commands = [command(sweep, s, workdir) for s in settings]

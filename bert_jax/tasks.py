@@ -61,8 +61,14 @@ class Task:
         if split not in self._examples:
             path = self.path(split)
             if not path.is_file():
-                raise FileNotFoundError(f"{self.data.name} {split} file not found: {path}")
-            self._examples[split] = self.read(path)
+                where = ("give an existing file" if split not in ("train", "dev", "test", "dev_mismatched")
+                         else "check data.data_dir (and the file names)")
+                raise FileNotFoundError(f"{self.data.name} {split} file not found: {path}; {where}")
+            examples = self.read(path, training=split == "train")
+            if not examples:
+                raise ValueError(f"{path}: no examples found; expected a {self.data.name} {split} "
+                                 "file with at least one example")
+            self._examples[split] = examples
         return self._examples[split]
 
     def features(self, split: str) -> dict[str, np.ndarray]:
@@ -95,6 +101,9 @@ class GlueTask(Task):
         super().__init__(config)
         self.task = config.data.task
         self.spec = glue.task_spec(self.task)
+        if config.data.source not in ("files", "tfds"):
+            raise config_lib.ConfigError(f"data.source={config.data.source!r}; choose files (the GLUE "
+                                         "TSVs under data.data_dir) or tfds")
         self.main_metric = scoring.MAIN_METRIC[self.task]
         # MNLI is reported on both dev sets.
         self.eval_splits = ("dev", "dev_mismatched") if self.task == "mnli" else ("dev",)
@@ -118,7 +127,7 @@ class GlueTask(Task):
             return self._examples[split]
         return super().examples(split)
 
-    def read(self, path: Path):
+    def read(self, path: Path, training: bool = False):
         return glue.read_glue(self.task, path, skip_bad_rows=self.data.skip_bad_rows)
 
     def encode(self, examples, training: bool):
@@ -156,12 +165,13 @@ class NerTask(Task):
         self.labels = tuple(config.data.labels)
         if len(self.labels) != config.model.num_labels:
             raise config_lib.ConfigError(f"data.labels has {len(self.labels)} tags but model.num_labels="
-                                         f"{config.model.num_labels}")
+                                         f"{config.model.num_labels}; set --config.model.num_labels="
+                                         f"{len(self.labels)}")
 
     def labeled(self, split: str) -> bool:
         return all(s.tags is not None for s in self.examples(split))
 
-    def read(self, path: Path):
+    def read(self, path: Path, training: bool = False):
         sentences = ner.read_columns(path, skip_bad_rows=self.data.skip_bad_rows)
         if sentences and sentences[0].tags is not None:
             ner.check_tags(sentences, self.labels, path)
@@ -190,7 +200,7 @@ class NerTask(Task):
 class SwagTask(Task):
     """SWAG four-way multiple choice (CSV or JSON lines)."""
 
-    def read(self, path: Path):
+    def read(self, path: Path, training: bool = False):
         return swag.read_swag(path, skip_bad_rows=self.data.skip_bad_rows)
 
     def encode(self, examples, training: bool):
@@ -223,16 +233,10 @@ class SquadTask(Task):
     def labeled(self, split: str) -> bool:
         return all(e.answers or e.is_impossible for e in self.examples(split))
 
-    def read(self, path: Path):
-        return squad.read_squad(path, is_training=False, version_2=self.version_2,
+    def read(self, path: Path, training: bool = False):
+        # Training needs the answer spans (and checks them).
+        return squad.read_squad(path, is_training=training, version_2=self.version_2,
                                 skip_bad_rows=self.data.skip_bad_rows)
-
-    def examples(self, split: str):
-        if split == "train" and split not in self._examples:  # training needs the answer spans
-            self._examples[split] = squad.read_squad(
-                self.path(split), is_training=True, version_2=self.version_2,
-                skip_bad_rows=self.data.skip_bad_rows)
-        return super().examples(split)
 
     def encode(self, examples, training: bool):
         d = self.data

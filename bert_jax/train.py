@@ -15,6 +15,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 import jax
@@ -28,7 +29,7 @@ from bert_jax import checkpoint, evaluate, objectives, optim, sharding, state, t
 from bert_jax import config as config_lib
 from bert_jax.data import pipelines, vocab
 from bert_jax.metrics import MetricsWriter, mfu, peak_flops_per_device
-from bert_jax.paths import is_remote, workdir_path
+from bert_jax.paths import WorkdirLock, is_remote, workdir_path
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -181,6 +182,14 @@ def report_step(step: int, metrics_dev: dict, window: Window, *, writer: Metrics
     return m
 
 
+def save_checkpoint(ckpt: checkpoint.TrainCheckpointer, step: int, train_state: dict, phase: Phase,
+                    config_json: dict, metrics: dict | None = None) -> None:
+    """Saves the state and the data position (phase, pipeline state) as checkpoint `step`."""
+    data_state = {"phase": phase.index, "pipeline": phase.pipeline.get_state()}
+    ckpt.save(step, train_state["params"], train_state["opt_state"], data_state, config_json,
+              metrics=metrics)
+
+
 class _Preemption:
     """SIGTERM (TPU maintenance / preemption) -> save at the next step boundary and exit 0."""
 
@@ -210,12 +219,19 @@ def _prepare_workdir(config, workdir: str) -> None:
         vocab.copy_tokenizer(tokenizer, workdir)
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
-    """Trains `config` in `workdir`, resuming from its latest good checkpoint if any.
-    Returns a summary (final step, last metrics, last eval, whether preempted)."""
+def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = ()) -> dict[str, Any]:
+    """Trains `config` in `workdir`, resuming from its latest good checkpoint if any; with
+    init_from, model sizes the user did not set (`set_by_user`: dotted keys) come from that
+    checkpoint. Returns a summary (final step, last metrics, last eval, whether preempted)."""
+    config = state.sizes_from_init(config, set_by_user)
     config_lib.validate(config, jax.device_count(), jax.process_count())
     task = tasks.from_config(config)  # None for pretraining data
     config = tasks.resolve_steps(config, task)
+    with WorkdirLock(workdir, enabled=jax.process_index() == 0):
+        return _train(config, workdir, task)
+
+
+def _train(config, workdir: str, task) -> dict[str, Any]:
     objective = objectives.for_config(config)
     tx, schedule = optim.make_optimizer(config)
     mesh = sharding.make_mesh(config.mesh)
@@ -228,7 +244,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
         best_metric = f"eval/{task.main_metric}" if task else None
         ckpt = checkpoint.TrainCheckpointer(workdir, keep=t.keep_checkpoints, best_metric=best_metric)
         restored = ckpt.restore_latest(state.with_shardings(abstract["params"], state_sh["params"]),
-                                       state.with_shardings(abstract["opt_state"], state_sh["opt_state"]))
+                                       state.with_shardings(abstract["opt_state"], state_sh["opt_state"]),
+                                       config_json)
         if restored:
             start, params, opt_state, data_state = restored
             step0 = jax.device_put(jnp.int32(start), state_sh["step"])
@@ -250,6 +267,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
                               dropout_key=jax.random.key(config.seed + 1)),
             out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
         evaluator = evaluate.make_evaluator(config, graphdef, objective, mesh, task)
+        evaluator.prepare()  # a missing or bad eval file stops the run now, not after training
         peak, peak_source = peak_flops_per_device()
         # Simulated CPU devices share one measured host peak; real accelerators each have theirs.
         num_peaks = 1 if jax.devices()[0].platform == "cpu" else jax.device_count()
@@ -301,13 +319,23 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
                         continue
                     finish(pending)
                     pending = None
+                    save_now = functools.partial(save_checkpoint, ckpt, step, train_state, phase,
+                                                 config_json)
+                    # Saved before evaluating, so a failing evaluation loses no training; a
+                    # run that keeps the best checkpoint saves with the evaluation's metrics,
+                    # or without them if the evaluation fails.
+                    if save and not (evaluate_now and best_metric):
+                        save_now()
                     if evaluate_now:
-                        summary["eval"] = evaluator.run(train_state["params"], phase.config)
+                        try:
+                            summary["eval"] = evaluator.run(train_state["params"], phase.config)
+                        except BaseException:
+                            if save and best_metric:
+                                save_now()
+                            raise
                         writer.write(step, summary["eval"])
-                    if save:
-                        data_state = {"phase": phase.index, "pipeline": phase.pipeline.get_state()}
-                        ckpt.save(step, train_state["params"], train_state["opt_state"], data_state,
-                                  config_json, metrics=summary["eval"] if evaluate_now and task else None)
+                        if save and best_metric:
+                            save_now(metrics=summary["eval"])
                     window.restart()  # evaluation and saving stay out of the next tokens/s
                     if preempted:
                         log.info(f"SIGTERM: saved checkpoint {ckpt.path}/{step}; exiting")

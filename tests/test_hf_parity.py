@@ -1,7 +1,9 @@
 """Number-for-number parity with the PyTorch Hugging Face BERT: randomly initialised HF
 models are saved, converted with `bert-jax convert` and run on real padded sentences."""
 
+import json
 import shutil
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -148,3 +150,113 @@ def test_shape_mismatch_names_the_tensor(wordpiece_vocab, tmp_path):
     with pytest.raises(ValueError, match=expected):
         convert.convert_hf(src, tmp_path / "out")
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+# Layouts of published checkpoints (issue 11): a plain BertModel (no `bert.` prefix: most
+# sentence-embedding models) in each file layout, TF-era gamma/beta names, any architecture.
+def save_layout(hf_model, vocab, root, layout):
+    """Writes `hf_model` the way `layout` publishes it; returns the folder to convert."""
+    src = root / "hf"
+    hf_model.save_pretrained(src)
+    sd = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+    config = json.loads((src / "config.json").read_text())
+    if layout in ("pytorch_bin", "gamma_beta_bin", "sharded_bin"):
+        (src / "model.safetensors").unlink()
+        if layout == "gamma_beta_bin":  # as bert-base-uncased's original pytorch_model.bin
+            sd = {k.replace("LayerNorm.weight", "LayerNorm.gamma")
+                  .replace("LayerNorm.bias", "LayerNorm.beta"): v for k, v in sd.items()}
+        if layout == "sharded_bin":
+            names = sorted(sd)
+            shards = {f"pytorch_model-0000{i + 1}-of-00002.bin": names[i::2] for i in range(2)}
+            for file, keys in shards.items():
+                torch.save({k: sd[k] for k in keys}, src / file)
+            weight_map = {k: file for file, keys in shards.items() for k in keys}
+            (src / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        else:
+            torch.save(sd, src / "pytorch_model.bin")
+    elif layout == "sharded_safetensors":
+        shutil.rmtree(src)
+        hf_model.save_pretrained(src, max_shard_size="20KB")
+        assert (src / "model.safetensors.index.json").is_file()
+    elif layout == "no_architectures":
+        del config["architectures"]
+    elif layout == "unknown_architecture":
+        config["architectures"] = ["BertForSomethingNew"]
+    (src / "config.json").write_text(json.dumps(config))
+    shutil.copy(vocab, src / "vocab.txt")
+    if layout in ("hf_cache_entry", "hf_cache_snapshot"):  # blobs + symlinked snapshot + refs
+        entry = root / "hub" / "models--someone--tiny-bert"
+        (entry / "blobs").mkdir(parents=True)
+        snapshot = entry / "snapshots" / "0123abcd"
+        snapshot.mkdir(parents=True)
+        for i, file in enumerate(sorted(src.iterdir())):
+            shutil.move(file, entry / "blobs" / f"blob{i}")
+            (snapshot / file.name).symlink_to(Path("../../blobs") / f"blob{i}")
+        (entry / "refs").mkdir()
+        (entry / "refs" / "main").write_text("0123abcd")
+        return entry if layout == "hf_cache_entry" else snapshot
+    return src
+
+
+LAYOUTS = ["safetensors", "pytorch_bin", "sharded_safetensors", "sharded_bin", "gamma_beta_bin",
+           "no_architectures", "unknown_architecture", "hf_cache_entry", "hf_cache_snapshot"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_plain_bert_model_parity(batch, wordpiece_vocab, tmp_path, layout):
+    """transformers.BertModel as saved by save_pretrained: no `bert.` prefix."""
+    torch.manual_seed(7)
+    hf = transformers.BertModel(hf_config(1500)).eval()
+    report = convert.convert_hf(save_layout(hf, wordpiece_vocab, tmp_path, layout), tmp_path / "out")
+    assert (report["model"], report["missing"], report["unused"]) == ("bert", [], [])
+    _, model = state.load_model(tmp_path / "out")
+    ref = run_hf(hf, batch, output_hidden_states=True)
+    out = model(**jax_inputs(batch), return_hidden=True)
+    np.testing.assert_allclose(out["sequence_output"], ref.last_hidden_state.numpy(), **TOL)
+    np.testing.assert_allclose(out["pooled_output"], ref.pooler_output.numpy(), **TOL)
+    for ours, theirs in zip(out["hidden_states"], ref.hidden_states, strict=True):
+        np.testing.assert_allclose(ours, theirs.numpy(), **TOL)
+
+
+def test_encoder_without_pooler(batch, wordpiece_vocab, tmp_path):
+    """Sentence-embedding models often drop the pooler (add_pooling_layer=False)."""
+    torch.manual_seed(8)
+    hf = transformers.BertModel(hf_config(1500), add_pooling_layer=False).eval()
+    report = convert.convert_hf(save_layout(hf, wordpiece_vocab, tmp_path, "safetensors"),
+                                tmp_path / "out")
+    assert (report["model"], report["missing"], report["unused"]) == ("bert", [], [])
+    model_cfg, model = state.load_model(tmp_path / "out")
+    assert model_cfg["use_pooler"] is False
+    np.testing.assert_allclose(model(**jax_inputs(batch))["sequence_output"],
+                               run_hf(hf, batch).last_hidden_state.numpy(), **TOL)
+
+
+@pytest.mark.parametrize("layout", ["safetensors", "gamma_beta_bin"])
+def test_masked_lm_parity(batch, wordpiece_vocab, tmp_path, layout):
+    """BertForMaskedLM (bert-base-uncased's architecture): no pooler, no NSP head; both are
+    listed as freshly initialised, and the MLM logits are the reference ones."""
+    torch.manual_seed(9)
+    hf = transformers.BertForMaskedLM(hf_config(1500)).eval()
+    report = convert.convert_hf(save_layout(hf, wordpiece_vocab, tmp_path, layout), tmp_path / "out")
+    assert report["model"] == "bert_pretraining" and report["unused"] == []
+    assert sorted(report["missing"]) == ["bert/pooler/bias", "bert/pooler/kernel", "nsp/bias",
+                                         "nsp/kernel"]
+    _, model = state.load_model(tmp_path / "out")
+    np.testing.assert_allclose(model(**jax_inputs(batch))["mlm_logits"],
+                               run_hf(hf, batch).logits.numpy(), **TOL)
+
+
+def test_unknown_architecture_is_inferred_from_the_tensors(wordpiece_vocab, tmp_path):
+    torch.manual_seed(10)
+    hf = transformers.BertForQuestionAnswering(hf_config(1500))
+    src = save_layout(hf, wordpiece_vocab, tmp_path, "unknown_architecture")
+    assert convert.convert_hf(src, tmp_path / "out")["model"] == "bert_span"
+    with pytest.raises(ValueError, match="--head='bert_qa'; choose one of"):
+        convert.convert_hf(src, tmp_path / "out2", name="bert_qa")
+
+
+def test_decoder_config_is_refused(wordpiece_vocab, tmp_path):
+    hf = transformers.BertLMHeadModel(hf_config(1500, is_decoder=True))
+    src = save_layout(hf, wordpiece_vocab, tmp_path, "safetensors")
+    with pytest.raises(ValueError, match="is_decoder"):
+        convert.convert_hf(src, tmp_path / "out")

@@ -285,3 +285,38 @@ def test_transformers_bert_for_pretraining(tmp_path):
         for k, a in got.items():
             _assert_same(a, sd[k])
     assert set(loaded["st"]) == set(loaded["sharded"])
+
+
+def _cache_entry(root: Path, snapshots: list[str], ref: str | None) -> Path:
+    """A Hugging Face cache entry: files in blobs/, snapshots/<hash>/ symlinks, refs/main."""
+    entry = root / "models--org--tiny"
+    (entry / "blobs").mkdir(parents=True)
+    safetensors.numpy.save_file({"w": np.arange(3, dtype=np.float32)}, entry / "blobs" / "abc")
+    for name in snapshots:
+        (entry / "snapshots" / name).mkdir(parents=True)
+        (entry / "snapshots" / name / "model.safetensors").symlink_to("../../blobs/abc")
+    if ref is not None:
+        (entry / "refs").mkdir()
+        (entry / "refs" / "main").write_text(ref + "\n")
+    return entry
+
+
+def test_hf_cache_entry_resolves_to_its_snapshot(tmp_path):
+    entry = _cache_entry(tmp_path / "a", ["1111", "2222"], ref="2222")
+    assert hf_weights.resolve_model_dir(entry) == entry / "snapshots" / "2222"
+    assert load_hf_weights(hf_weights.resolve_model_dir(entry))["w"].tolist() == [0, 1, 2]
+    only = _cache_entry(tmp_path / "b", ["3333"], ref=None)  # no refs/: its only snapshot
+    assert hf_weights.resolve_model_dir(only) == only / "snapshots" / "3333"
+    snapshot = only / "snapshots" / "3333"
+    assert hf_weights.resolve_model_dir(snapshot) == snapshot  # any other folder: itself
+    with pytest.raises(FileNotFoundError, match="no refs/main and 2 snapshots"):
+        hf_weights.resolve_model_dir(_cache_entry(tmp_path / "c", ["1", "2"], ref=None))
+    with pytest.raises(FileNotFoundError, match="names snapshot 9999, which is not in"):
+        hf_weights.resolve_model_dir(_cache_entry(tmp_path / "d", ["1"], ref="9999"))
+
+
+def test_incomplete_download_in_cache_is_clear(tmp_path):
+    entry = _cache_entry(tmp_path, ["1111"], ref="1111")
+    (entry / "blobs" / "abc").unlink()  # a dangling symlink, as an interrupted download leaves
+    with pytest.raises(FileNotFoundError, match="No weights in"):
+        load_hf_weights(hf_weights.resolve_model_dir(entry))

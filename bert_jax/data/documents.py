@@ -20,14 +20,18 @@ from bert_jax.data import pretraining, vocab
 Document = list[np.ndarray]
 
 
-def expand(patterns: str) -> list[str]:
-    """Comma-separated globs -> sorted file list; a pattern matching nothing is an error."""
+def expand(patterns: str, what: str = "") -> list[str]:
+    """Comma-separated globs -> sorted file list; no match is an error naming `what` (a key or flag)."""
     files: list[str] = []
+    where = f"{what}={patterns!r}: " if what else ""
     for pattern in filter(None, (p.strip() for p in patterns.split(","))):
         matched = sorted(glob.glob(pattern))
         if not matched:
-            raise FileNotFoundError(f"no file matches {pattern!r}")
+            raise FileNotFoundError(f"{where}no file matches {pattern!r}; check the path (a glob "
+                                    "is expanded here, so quote it in the shell)")
         files.extend(matched)
+    if not files:
+        raise FileNotFoundError(f"{where}no files given; set it to comma-separated file globs")
     return files
 
 
@@ -55,7 +59,8 @@ class TextDocuments:
                 if doc:
                     self.docs.append(doc)
         if not self.docs:
-            raise ValueError(f"no documents with text in {list(files)}")
+            raise ValueError(f"no documents with text in {list(files)}; check data.train_files and "
+                             "data.eval_files")
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -116,7 +121,7 @@ def _source_documents(config, tokenizer):
         source = TfdsDocuments(d.tfds_name, d.tfds_train_split, tokenizer, d.tfds_data_dir)
         yield from (source[i] for i in range(len(source)))
         return
-    for path in expand(d.train_files):
+    for path in expand(d.train_files, "data.train_files"):
         for sentences in pretraining.iter_documents(path, d.text_format):
             doc = pretraining.tokenize_document(sentences, tokenizer)
             if doc:
@@ -129,8 +134,8 @@ def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[s
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
+    tokenizer = vocab.load_tokenizer(vocab.required_dir(config.data.tokenizer))
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = vocab.load_tokenizer(config.data.tokenizer)
     every = config.data.heldout_every
     buffers: dict[str, list[Document]] = {"train": [], "validation": []}
     counts = {"train": 0, "validation": 0}

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data.rows import BadRows
+from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.vocab import Tokenizer
 
 
@@ -125,7 +125,7 @@ def read_glue(task: str, path: str | Path, *, skip_bad_rows: bool = False) -> li
     spec, path = task_spec(task), Path(path)
     bad = BadRows(path, skip_bad_rows, GlueFormatError)
     # utf-8-sig drops MRPC's byte order mark; QUOTE_NONE because GLUE text has unbalanced quotes.
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with utf8_errors(path), open(path, encoding="utf-8-sig", newline="") as f:
         rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         first = next(rows, None)
         if first is None:

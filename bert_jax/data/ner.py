@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_jax.data.rows import BadRows
+from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.vocab import Tokenizer
 
 DOCSTART = "-DOCSTART-"
@@ -59,7 +59,7 @@ def read_columns(path: str | os.PathLike, *, tag_column: int = -1,
         words, tags, bad_sentence = [], [], False
 
     # utf-8-sig: a leading BOM would otherwise become part of the first word.
-    with open(path, encoding="utf-8-sig") as f:
+    with utf8_errors(path), open(path, encoding="utf-8-sig") as f:
         for lineno, raw in enumerate(f, 1):
             line = raw.rstrip("\r\n")
             if not line.strip():
@@ -108,7 +108,8 @@ def check_tags(sentences: Sequence[Sentence], labels: Sequence[str], path: str |
         shown = "; ".join(f"line {line}: {tag!r}" for line, tag in unknown[:5])
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise NerFormatError(f"{path}: {len(unknown)} tag(s) not in the training labels "
-                             f"{list(labels)}: {shown}{more}")
+                             f"{list(labels)}: {shown}{more}; fix the tags, or set data.labels (and "
+                             "model.num_labels) to the tag set of the files")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -136,12 +136,16 @@ def open_documents(config, split: str, tokenizer):
         docs = documents.TfdsDocuments(d.tfds_name, name, tokenizer, d.tfds_data_dir)
     else:
         own = bool(d.eval_files)
-        files = documents.expand(d.eval_files if split == "validation" and own else d.train_files)
+        key = "data.eval_files" if split == "validation" and own else "data.train_files"
+        files = documents.expand(d[key.removeprefix("data.")], key)
         docs = (documents.TextDocuments(files, d.text_format, tokenizer) if d.name == "text"
                 else documents.ArrayRecordDocuments(files))
     ids = _split_doc_ids(len(docs), split, d.heldout_every, own)
     if len(ids) < 2:
-        raise ValueError(f"data: the {split} split has {len(ids)} documents; NSP needs >= 2")
+        fix = ("set data.eval_files, or lower data.heldout_every (1 document in N is held out)"
+               if not own and d.heldout_every > 0 else "give more documents")
+        raise ValueError(f"data: the {split} split has {len(ids)} documents of {len(docs)}; NSP needs "
+                         f">= 2: {fix}")
     return docs, ids
 
 
@@ -174,7 +178,7 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
             max_predictions=d.max_predictions_per_seq, batch_size=global_batch,
             seed=config.seed, split=split, process_index=jax.process_index(),
             process_count=jax.process_count(), num_batches=num_batches)
-    tokenizer = vocab.load_tokenizer(d.tokenizer)
+    tokenizer = vocab.load_tokenizer(vocab.required_dir(d.tokenizer))
     tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
     docs, ids = open_documents(config, split, tokenizer)
     return PretrainingPipeline(

@@ -83,7 +83,7 @@ def iter_documents(path: str | Path, fmt: str = "sentences", *,
     many documents (NSP needs random segments from other documents). Empty ones are skipped.
     """
     if fmt not in FORMATS:
-        raise ValueError(f"fmt={fmt!r}; choose one of {list(FORMATS)}")
+        raise ValueError(f"fmt={fmt!r} (data.text_format); choose one of {list(FORMATS)}")
     with _open_text(path) as f:
         if fmt == "sentences":
             yield from _blocks(f)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -34,3 +36,25 @@ class BadRows:
         """One warning for the whole file, `<reader>: skipped <skipped>; first: ...`, if a row was skipped."""
         if self.count:  # one line, not one per row: a noisy file would bury everything else
             log.warning(f"{reader}: skipped {skipped}; first: {self.first}")
+
+
+def not_utf8(path: str | os.PathLike, error: UnicodeDecodeError | None = None) -> ValueError:
+    """`<path>:<line>: not UTF-8: ...` for a file whose bytes do not decode, naming the first bad line."""
+    with open(path, "rb") as f:
+        for line, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return ValueError(f"{path}:{line}: not UTF-8: found byte 0x{raw[e.start]:02x} at column "
+                                  f"{e.start + 1}, expected UTF-8 text; re-save the file as UTF-8 (e.g. "
+                                  f"`iconv -f latin1 -t utf-8`)")
+    return ValueError(f"{path}: not UTF-8 ({error}); re-save the file as UTF-8")
+
+
+@contextlib.contextmanager
+def utf8_errors(path: str | os.PathLike) -> Iterator[None]:
+    """Turns a UnicodeDecodeError while reading `path` into not_utf8's one-line error."""
+    try:
+        yield
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, e) from None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_jax.data.rows import BadRows
+from bert_jax.data.rows import BadRows, not_utf8
 from bert_jax.data.tokenizers import SPECIAL_TOKENS, reference_basic_tokenize
 from bert_jax.data.vocab import SP_SPACE, Tokenizer
 
@@ -69,8 +69,11 @@ def _load_json(path: Path) -> list:
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SquadFormatError(f"{path}: not a SQuAD JSON file: {e}") from e
+    except UnicodeDecodeError as e:
+        raise SquadFormatError(str(not_utf8(path, e))) from None
+    except json.JSONDecodeError as e:
+        raise SquadFormatError(f"{path}: not a SQuAD JSON file: {e.msg} at line {e.lineno} column "
+                               f"{e.colno}; expected the JSON of a SQuAD release") from None
     return _field(doc, "data", list, "<top>", path)
 
 

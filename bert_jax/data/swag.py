@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.data.rows import BadRows
+from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.vocab import Tokenizer
 
 NUM_CHOICES = 4
@@ -81,7 +81,7 @@ def read_swag(path: str | Path, *, skip_bad_rows: bool = False) -> list[Example]
     path = Path(path)
     bad = BadRows(path, skip_bad_rows, SwagFormatError)
     examples: list[Example] = []
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with utf8_errors(path), open(path, encoding="utf-8-sig", newline="") as f:
         is_json = f.read(1) == "{"  # swagaf CSV starts with its header's empty index column name
         f.seek(0)
         for i, (line, row) in enumerate((_jsonl_rows if is_json else _csv_rows)(f, bad)):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
+from bert_jax.data.rows import utf8_errors
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 VOCAB_NAME, CONFIG_NAME = "vocab.txt", "tokenizer_config.json"
 # The reference's CJK ideograph blocks (google-research/bert tokenization._is_chinese_char).
@@ -22,10 +24,11 @@ def load_vocab(path: str | Path) -> list[str]:
     """Reads vocab.txt: one token per line, id = line number."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"BERT vocab file not found: {path}")
+        raise FileNotFoundError(f"BERT vocab file not found: {path}; expected the model's vocab.txt "
+                                "(one token per line) there")
     # As HF load_vocab: text-mode readlines (universal newlines, so \r\n and \r end a line but
     # \x0b, \x1c, \u2028 ... do not, unlike str.splitlines) and only the "\n" is stripped.
-    with open(path, encoding="utf-8") as f:
+    with utf8_errors(path), open(path, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f.readlines()]
 
 
@@ -91,7 +94,8 @@ class WordPieceTokenizer:
         self._ids = {tok: i for i, tok in enumerate(self.vocab)}
         for tok in SPECIAL_TOKENS:
             if tok not in self._ids:
-                raise ValueError(f"{source}: vocab has no special token {tok!r}")
+                raise ValueError(f"{source}: vocab has no special token {tok!r}; a BERT vocab needs "
+                                 f"{' '.join(SPECIAL_TOKENS)}")
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
             self._ids[t] for t in SPECIAL_TOKENS)
         tok = Tokenizer(models.WordPiece(self._ids, unk_token="[UNK]",
@@ -122,7 +126,10 @@ class WordPieceTokenizer:
         do_lower_case, and both absent means lowercase (HF BertTokenizer's default)."""
         directory = Path(directory)
         config_path = directory / CONFIG_NAME
-        config = json.loads(config_path.read_text("utf-8")) if config_path.is_file() else {}
+        try:
+            config = json.loads(config_path.read_text("utf-8")) if config_path.is_file() else {}
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"{config_path}: not valid JSON ({e}); fix the file or remove it") from None
         if not config.get("do_basic_tokenize", True):
             raise ValueError(f"{config_path}: do_basic_tokenize=false is not supported")
         if lowercase is None:

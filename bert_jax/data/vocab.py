@@ -359,7 +359,17 @@ class _SentencePiece(Tokenizer):
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text("utf-8")) if path.is_file() else {}
+    """The JSON object in `path`, {} if there is no such file."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text("utf-8"))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path}: not valid JSON ({e}); fix the file or remove it") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: found a JSON {type(value).__name__}, expected an object; fix the "
+                         "file or remove it")
+    return value
 
 
 def _metadata(directory: Path) -> dict:
@@ -382,6 +392,19 @@ def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
     for name in copied:
         shutil.copyfile(src / name, dst / name)
     return copied
+
+
+def has_tokenizer(directory: str | Path) -> bool:
+    """Whether `directory` holds tokenizer files (vocab.txt or spm.model)."""
+    return any((Path(directory) / name).is_file() for name in (VOCAB_NAME, SPM_NAME))
+
+
+def required_dir(directory: str | Path, key: str = "data.tokenizer") -> str | Path:
+    """`directory`, or a ValueError naming `key` when it is empty."""
+    if not str(directory):
+        raise ValueError(f"{key} is empty: set --config.{key}=<directory with vocab.txt or spm.model> "
+                         "(`bert-jax vocab` makes one)")
+    return directory
 
 
 def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None) -> Tokenizer:

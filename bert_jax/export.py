@@ -1,0 +1,80 @@
+"""Export to a Hugging Face folder (`bert-jax export <checkpoint_dir> hf:<out_dir>`): config.json,
+model.safetensors and the WordPiece tokenizer, loadable by transformers' `from_pretrained`.
+
+The source is a `bert-jax convert` output or a training workdir (same layout); names go
+through convert.py's table, the one both directions share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.numpy
+from flax import nnx, traverse_util
+
+from bert_jax import checkpoint, models, state
+from bert_jax.convert import hf_config, hf_names
+from bert_jax.data import vocab
+
+log = logging.getLogger(__name__)
+
+
+def hf_state_dict(model_cfg: dict[str, Any], params: dict) -> dict[str, np.ndarray]:
+    """{HF tensor name: float32 array} of our params (torch layout: Linear weights [out, in])."""
+    name = model_cfg["name"]
+    flat = traverse_util.flatten_dict(params, sep="/")
+    prefix = "bert." if models.encoder_path(name) else ""  # HF task models: encoder under bert.
+    out = {}
+    for path, names in hf_names(name, flat, model_cfg["num_layers"], prefix).items():
+        value = np.asarray(flat[path], np.float32)
+        stacked = "encoder/layers/" in path  # [L, ...]: one HF tensor per layer
+        for i, hf_name in enumerate(names):
+            v = value[i] if stacked else value
+            if path.endswith("kernel"):  # ours [in..., out...]; the bias has the out shape
+                n_out = int(np.prod(flat[path.removesuffix("kernel") + "bias"].shape[stacked:]))
+                v = v.reshape(-1, n_out).T
+            elif not path.endswith("embedding"):  # biases, e.g. the query's [N, K], and scales
+                v = v.reshape(-1)
+            out[hf_name] = np.ascontiguousarray(v)
+    # As transformers saves it: the MLM decoder (tied to the word embeddings and to
+    # cls.predictions.bias) is left out.
+    return out
+
+
+def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | None = None
+              ) -> dict[str, Any]:
+    """Writes checkpoint `step` (latest by default) of `source` as a Hugging Face folder `out`;
+    returns a report."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out}: not empty; choose a new output folder")
+    name, fields = models.split_model_config(checkpoint.read_config(source, step)["model"])
+    model_cfg = {"name": name, **dataclasses.asdict(fields)}  # stored configs may omit defaults
+    try:
+        tokenizer = vocab.load_tokenizer(source)
+    except FileNotFoundError:
+        tokenizer = None
+    config = hf_config(model_cfg, tokenizer.pad_id if tokenizer else 0)
+    if name == "bert" and not fields.use_pooler:
+        log.warning("warning: this encoder has no pooler; transformers' BertModel will "
+                    "initialise one (pooler_output is meaningless, last_hidden_state is exact)")
+    _, model = state.load_model(source, step, model_cfg)
+    tensors = hf_state_dict(model_cfg, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    # transformers refuses safetensors files without format metadata.
+    safetensors.numpy.save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    if tokenizer is not None and tokenizer.kind == "wordpiece":
+        tokenizer.save(out)
+    else:
+        what = "a SentencePiece model" if tokenizer else "no tokenizer"
+        log.warning(f"warning: {source} has {what}; {out} gets no tokenizer files (HF BERT "
+                    "reads a WordPiece vocab.txt)")
+    return {"architecture": config["architectures"][0], "out": str(out),
+            "tensors": len(tensors), "tokenizer": bool(tokenizer and tokenizer.kind == "wordpiece")}

@@ -1,0 +1,177 @@
+"""`bert-jax export`: a checkpoint written as a Hugging Face folder that transformers loads
+with no missing or unexpected weights and that gives the same outputs (round trips from
+PyTorch models, a fine-tuned training workdir, and the refusals)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import REPO
+from flax import nnx
+
+from bert_jax import checkpoint, convert, export, models, state
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "far", "away", "##s", "##ed", "."]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+
+
+def hf_config(**kw):
+    return transformers.BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, intermediate_size=40,
+                                   max_position_embeddings=24, **kw)
+
+
+def batch(choices: int = 0) -> dict[str, np.ndarray]:
+    """Padded id rows ([B, T], or [B, C, T] for multiple choice)."""
+    rng = np.random.default_rng(0)
+    shape = (2, choices, 10) if choices else (3, 10)
+    ids = rng.integers(5, len(VOCAB), shape)
+    mask = np.ones(shape, np.int64)
+    mask[..., 7:] = 0
+    mask[0, ..., 4:] = 0
+    types = np.zeros(shape, np.int64)
+    types[..., 3:7] = 1
+    return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": types * mask}
+
+
+def run_hf(model, inputs):
+    with torch.no_grad():
+        return model.eval()(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+
+
+def export_and_load(src_dir, tmp_path, hf_class):
+    out = tmp_path / "exported"
+    report = export.export_hf(src_dir, out)
+    loaded, info = hf_class.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info  # no missing, unexpected or mismatched weights
+    return loaded, report
+
+
+# (HF class, its main outputs, config kwargs, choices)
+ROUND_TRIPS = {
+    "bert": ("BertModel", ["last_hidden_state", "pooler_output"], {}, 0),
+    "pretraining": ("BertForPreTraining", ["prediction_logits", "seq_relationship_logits"], {}, 0),
+    "classification": ("BertForSequenceClassification", ["logits"], {"num_labels": 3}, 0),
+    "regression": ("BertForSequenceClassification", ["logits"], {"num_labels": 1}, 0),
+    "tagging": ("BertForTokenClassification", ["logits"], {"num_labels": 5}, 0),
+    "span": ("BertForQuestionAnswering", ["start_logits", "end_logits"], {}, 0),
+    "choice": ("BertForMultipleChoice", ["logits"], {}, 3),
+}
+
+
+@pytest.mark.parametrize("kind", list(ROUND_TRIPS))
+def test_round_trip_from_pytorch(tmp_path, kind):
+    """PyTorch model -> convert -> export -> from_pretrained: same tensors, same outputs."""
+    class_name, outputs, kw, choices = ROUND_TRIPS[kind]
+    hf_class = getattr(transformers, class_name)
+    torch.manual_seed(0)
+    original = hf_class(hf_config(**kw))
+    original.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "vocab.txt").write_text("".join(t + "\n" for t in VOCAB))
+    convert.convert_hf(tmp_path / "hf", tmp_path / "ours")
+    loaded, report = export_and_load(tmp_path / "ours", tmp_path, hf_class)
+    assert report["architecture"] == class_name and report["tokenizer"]
+    theirs, ours = original.state_dict(), loaded.state_dict()
+    for name, tensor in theirs.items():
+        assert torch.equal(tensor, ours[name]), name
+    inputs = batch(choices)
+    want, got = run_hf(original, inputs), run_hf(loaded, inputs)
+    for name in outputs:
+        np.testing.assert_allclose(got[name].numpy(), want[name].numpy(), **TOL)
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    if kind == "regression":
+        assert config["problem_type"] == "regression"
+    assert loaded.config.num_labels == original.config.num_labels
+
+
+def test_auto_classes_and_tokenizer_load_the_export(tmp_path):
+    torch.manual_seed(1)
+    transformers.BertForSequenceClassification(hf_config(num_labels=2)).save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "vocab.txt").write_text("".join(t + "\n" for t in VOCAB))
+    convert.convert_hf(tmp_path / "hf", tmp_path / "ours")
+    export.export_hf(tmp_path / "ours", tmp_path / "out")
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
+    assert type(model).__name__ == "BertForSequenceClassification"
+    assert type(transformers.AutoModel.from_pretrained(tmp_path / "out")).__name__ == "BertModel"
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert tok("the cats sat", "a dog")["input_ids"] == [2, 5, 7, 15, 9, 3, 6, 8, 3]
+
+
+def fine_tuned_workdir(workdir, num_labels: int):
+    """A training workdir as `bert-jax train` leaves it: TrainCheckpointer items and vocab."""
+    model_cfg = dict(name="bert_classification", vocab_size=len(VOCAB), emb_dim=32, num_layers=2,
+                     num_heads=4, head_dim=8, mlp_dim=40, max_len=24, num_labels=num_labels)
+    model = models.create_model(model_cfg, seed=3)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    rng = np.random.default_rng(1)  # away from the init: biases and LayerNorms not 0 and 1
+    params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.05, x.shape).astype(np.float32),
+                          params)
+    ckpt = checkpoint.TrainCheckpointer(workdir, keep=2)
+    config = {"model": model_cfg, "seed": 0, "train": {"steps": 20}, "init_from": "/somewhere"}
+    opt_state = jax.tree.map(np.zeros_like, params)
+    for step in (10, 20):
+        ckpt.save(step, params, opt_state, {"position": step}, config)
+    ckpt.wait()
+    ckpt.close()
+    (workdir / "vocab.txt").write_text("".join(t + "\n" for t in VOCAB))
+
+
+@pytest.mark.parametrize("num_labels", [3, 1], ids=["classification", "regression"])
+def test_fine_tuned_workdir_exports(tmp_path, num_labels):
+    fine_tuned_workdir(tmp_path / "run", num_labels)
+    hf, report = export_and_load(tmp_path / "run", tmp_path, transformers.BertForSequenceClassification)
+    assert hf.config.num_labels == num_labels
+    assert (hf.config.problem_type == "regression") == (num_labels == 1)
+    _, ours = state.load_model(tmp_path / "run")
+    inputs = batch()
+    want = ours(jnp.asarray(inputs["input_ids"]), token_type_ids=jnp.asarray(inputs["token_type_ids"]),
+                attention_mask=jnp.asarray(inputs["attention_mask"]))["logits"]
+    np.testing.assert_allclose(run_hf(hf, inputs).logits.numpy(), want, **TOL)
+
+
+def test_models_hf_cannot_express_are_refused(tmp_path):
+    small = dict(vocab_size=len(VOCAB), emb_dim=16, num_layers=1, num_heads=2, head_dim=8,
+                 mlp_dim=16, max_len=16)
+    cases = {"pre_ln": (dict(name="bert", norm="pre", **small), r"model.norm='pre'"),
+             "sinusoidal": (dict(name="bert_pretraining", positions="sinusoidal", **small),
+                            r"model.positions='sinusoidal'"),
+             "transformer": (dict(name="transformer", **small), "model.name='transformer' has no"),
+             "no_segments": (dict(name="bert", **{**small, "type_vocab_size": 0}),
+                             "type_vocab_size=0")}
+    for name, (model_cfg, message) in cases.items():
+        params = nnx.to_pure_dict(nnx.state(models.create_model(model_cfg), nnx.Param))
+        checkpoint.save_params(tmp_path / name, 0, params, {"model": model_cfg})
+        with pytest.raises(ValueError, match=message):
+            export.export_hf(tmp_path / name, tmp_path / f"{name}_out")
+        assert not (tmp_path / f"{name}_out").exists()
+    with pytest.raises(FileNotFoundError, match="no checkpoints/ folder"):
+        export.export_hf(tmp_path / "nothing", tmp_path / "out")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "config.json").write_text("{}")
+    with pytest.raises(FileExistsError, match="not empty"):
+        export.export_hf(tmp_path / "pre_ln", tmp_path / "full")
+
+
+def test_export_command(tmp_path):
+    fine_tuned_workdir(tmp_path / "run", 2)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    proc = subprocess.run([sys.executable, "-m", "bert_jax", "export", str(tmp_path / "run"),
+                           f"hf:{tmp_path / 'hf'}", "--step", "10"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "as BertForSequenceClassification" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
+    proc = subprocess.run([sys.executable, "-m", "bert_jax", "export", str(tmp_path / "run"),
+                           str(tmp_path / "hf2")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "usage: bert-jax export <checkpoint_dir> hf:<out_dir>" in proc.stderr

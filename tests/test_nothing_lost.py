@@ -1,0 +1,161 @@
+"""Nothing lost: a busy or unwritable workdir, a changed config, unreadable checkpoints,
+inputs checked before step 1, saving before the final evaluation, eval without --config
+and never over a good result. Tiny BERT on synthetic data, in-process."""
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from bert_jax import checkpoint, evaluate, models, paths, state, train
+from bert_jax import config as config_lib
+
+CONFIG = str(REPO / "configs/bert_pretrain.py:tiny")
+SMALL = ["data.name=synthetic", "train.batch_size=8", "data.max_seq_length=16",
+         "data.max_predictions_per_seq=3", "model.vocab_size=128", "model.num_layers=1",
+         "train.log_every=2", "schedule.warmup_steps=1", "train.eval_steps=1"]
+
+
+def small(*overrides: str):
+    return config_lib.load(CONFIG, [*SMALL, "train.steps=4", "train.checkpoint_every=2",
+                                    "train.eval_every=4", *overrides])
+
+
+def steps_on_disk(workdir) -> list[str]:
+    folder = workdir / "checkpoints"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished 4-step run (checkpoints 2 and 4) to copy from."""
+    workdir = tmp_path_factory.mktemp("trained")
+    train.train_and_evaluate(small(), str(workdir))
+    return workdir
+
+
+def test_a_busy_workdir_stops_at_once_naming_the_other_run(tmp_path):
+    holder = {"pid": os.getppid(), "host": socket.gethostname(), "since": "2026-11-23 10:00:00"}
+    (tmp_path / paths.LOCK_NAME).write_text(json.dumps(holder))
+    with pytest.raises(paths.WorkdirBusy, match=rf"pid {os.getppid()} on {socket.gethostname()}"):
+        train.train_and_evaluate(small(), str(tmp_path))
+    assert steps_on_disk(tmp_path) == []
+
+
+def test_a_lock_left_by_a_dead_run_is_taken_over(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    holder = {"pid": dead.pid, "host": socket.gethostname(), "since": "2026-11-23 10:00:00"}
+    (tmp_path / paths.LOCK_NAME).write_text(json.dumps(holder))
+    summary = train.train_and_evaluate(small("train.steps=2"), str(tmp_path))
+    assert summary["step"] == 2 and not (tmp_path / paths.LOCK_NAME).exists()
+
+
+def test_an_unwritable_workdir_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(OSError, match="cannot write to the workdir"):
+        train.train_and_evaluate(small(), str(tmp_path / "file" / "run"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optimizer.name=adam", "optimizer.name: 'adamw' in the checkpoint, 'adam' here"),
+    ("optimizer.name=lamb", "optimizer.name: 'adamw' in the checkpoint, 'lamb' here"),
+    ("model.activation=relu", "model.activation: 'gelu' in the checkpoint, 'relu' here"),
+])
+def test_a_changed_config_is_an_error_not_a_corrupt_checkpoint(trained, tmp_path, override, message):
+    import shutil
+
+    shutil.copytree(trained / "checkpoints", tmp_path / "checkpoints")
+    extra = ["optimizer.weight_decay=0.0"] if override == "optimizer.name=adam" else []
+    with pytest.raises(config_lib.ConfigError, match=message):
+        train.train_and_evaluate(small("train.steps=8", override, *extra), str(tmp_path))
+    assert steps_on_disk(tmp_path) == ["2", "4"]  # nothing renamed, nothing trained over
+
+
+def test_no_readable_checkpoint_left_never_restarts_from_zero(trained, tmp_path):
+    import shutil
+
+    shutil.copytree(trained / "checkpoints", tmp_path / "checkpoints")
+    for step in ("2", "4"):  # truncate every array file
+        for f in (tmp_path / "checkpoints" / step / "params").rglob("*"):
+            if f.is_file() and f.stat().st_size > 100 and f.suffix != ".json":
+                f.write_bytes(f.read_bytes()[:50])
+    with pytest.raises(config_lib.ConfigError, match="refusing to start over from step 0"):
+        train.train_and_evaluate(small("train.steps=8"), str(tmp_path))
+    assert steps_on_disk(tmp_path) == ["2.unreadable", "4.unreadable"]
+    with pytest.raises(config_lib.ConfigError, match="refusing to start over"):  # and again
+        train.train_and_evaluate(small("train.steps=8"), str(tmp_path))
+
+
+def test_sequence_longer_than_the_position_table_fails_before_anything(tmp_path):
+    with pytest.raises(config_lib.ConfigError, match=r"data.max_seq_length=600 exceeds .*max_len=512"):
+        train.train_and_evaluate(small("data.max_seq_length=600"), str(tmp_path))
+    with pytest.raises(config_lib.ConfigError, match="max_seq_length=1024"):
+        train.train_and_evaluate(small("data.phases=((0, 128, 20), (2, 1024, 80))"), str(tmp_path))
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_missing_eval_files_fail_before_step_1(tmp_path, shared_data):
+    from bert_jax.data import vocab
+
+    book = shared_data / "text" / "gutenberg" / "austen-emma.txt"
+    vocab.train_vocab(book.read_text().splitlines()[:2000], size=500, kind="wordpiece",
+                      out_dir=tmp_path / "vocab")
+    config = small("data.name=text", f"data.tokenizer={tmp_path / 'vocab'}", f"data.train_files={book}",
+                   f"data.eval_files={tmp_path / 'nope*.txt'}", "model.vocab_size=500")
+    with pytest.raises(FileNotFoundError, match="nope"):
+        train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert steps_on_disk(tmp_path / "run") == [] and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_the_last_checkpoint_is_saved_before_the_final_evaluation(tmp_path, monkeypatch):
+    def broken(self, params, config=None, out_dir=None):
+        raise RuntimeError("evaluation failed")
+
+    monkeypatch.setattr(evaluate.ObjectiveEvaluator, "run", broken)
+    with pytest.raises(RuntimeError, match="evaluation failed"):
+        train.train_and_evaluate(small("train.checkpoint_every=100"), str(tmp_path))
+    assert steps_on_disk(tmp_path) == ["4"]
+
+
+def test_eval_needs_no_config_and_never_writes_a_non_finite_result(trained, monkeypatch):
+    [stored] = evaluate.evaluate_checkpoints(None, str(trained), "latest")
+    [given] = evaluate.evaluate_checkpoints(small(), str(trained), "latest")
+    assert stored == given and stored["step"] == 4 and math.isfinite(stored["eval/loss"])
+    result = trained / "eval" / "step_4.json"
+    good = result.read_text()
+    monkeypatch.setattr(evaluate.ObjectiveEvaluator, "run",
+                        lambda self, params, config=None, out_dir=None: {"eval/loss": math.nan})
+    with pytest.raises(ValueError, match=r"eval/loss not finite .* left as it was"):
+        evaluate.evaluate_checkpoints(None, str(trained), "latest")
+    assert result.read_text() == good
+
+
+def test_eval_of_another_model_names_the_parameters(trained):
+    with pytest.raises(config_lib.ConfigError, match="model.num_layers"):
+        train.train_and_evaluate(small("model.num_layers=2", "train.steps=8"), str(trained))
+    # eval takes the model from the checkpoint, whatever --config says
+    [result] = evaluate.evaluate_checkpoints(small("model.num_layers=2"), str(trained), "latest")
+    assert result["step"] == 4
+
+
+def test_fine_tuning_takes_model_sizes_from_init_from(tmp_path):
+    source = dict(models.model_section("bert", models.bert_model_fields("tiny")), num_layers=1,
+                  emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, vocab_size=300, dtype="float32")
+    model = models.create_model(source)
+    from flax import nnx
+
+    checkpoint.save_params(tmp_path / "ckpt", 0, nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+                           {"model": source})
+    config = config_lib.load(str(REPO / "configs/glue.py:sst2,base"), [f"init_from={tmp_path / 'ckpt'}"])
+    got = state.sizes_from_init(config)
+    for k in ("num_layers", "emb_dim", "num_heads", "head_dim", "mlp_dim", "vocab_size"):
+        assert got.model[k] == source[k], k
+    assert config.model.num_layers == 12  # the given config is not changed
+    kept = state.sizes_from_init(config, {"model.num_layers"})
+    assert kept.model.num_layers == 12 and kept.model.emb_dim == 32
