@@ -86,10 +86,10 @@ def train_step(state: dict, batch: dict[str, Array], *, graphdef, objective, tx,
     return {"params": params, "opt_state": opt_state, "step": step + 1}, out
 
 
-def batch_shapes(objective, config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """The objective's global batch for `config`, with the batch sharding over `mesh`."""
+def batch_shapes(spec: dict, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """An objective's batch_spec with the batch sharding over `mesh`."""
     return {k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding.batch_sharding(mesh, s.ndim))
-            for k, s in objective.batch_spec(config).items()}
+            for k, s in spec.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +101,7 @@ class Phase:
     end: int  # the step at which the next phase starts (or train.steps)
     pipeline: Any  # host-local batches, with get_state()/set_state()
     step_fn: Any  # the train step compiled for this phase's batch shapes
+    batch_spec: dict  # those shapes (objective.batch_spec), which every batch must have
 
 
 def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective, mesh, task
@@ -112,19 +113,20 @@ def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective
     if saved and saved.get("phase") == index:
         pipeline.set_state(saved["pipeline"])
     t0 = time.perf_counter()
-    compiled = step_fn.lower(state_now, batch_shapes(objective, phase_cfg, mesh)).compile()
+    spec = objective.batch_spec(phase_cfg)
+    compiled = step_fn.lower(state_now, batch_shapes(spec, mesh)).compile()
     t = config.train
     log.info(f"phase {index} from step {step}: batch {t.batch_size} x "
              f"{phase_cfg.data.max_seq_length} tokens in {t.grad_accum_steps} microbatch(es); "
              f"compiled in {time.perf_counter() - t0:.1f}s")
-    return Phase(index, phase_cfg, end, pipeline, compiled)
+    return Phase(index, phase_cfg, end, pipeline, compiled, spec)
 
 
-def next_batch(phase: Phase, objective, mesh) -> dict[str, Array]:
+def next_batch(phase: Phase, mesh) -> dict[str, Array]:
     """The next global batch, checked against the shapes the step was compiled for."""
     local = next(phase.pipeline)
     batch = sharding.global_batch(local, mesh, jax.process_count())
-    want = objective.batch_spec(phase.config)
+    want = phase.batch_spec
     got = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
     if got != want:
         diff = sorted(f"{k}: data {got.get(k)}, objective {want.get(k)}"
@@ -304,7 +306,7 @@ def _train(config, workdir: str, task) -> dict[str, Any]:
                 while step < t.steps:
                     if step == phase.end:
                         phase = begin(step, {})
-                    batch = next_batch(phase, objective, mesh)
+                    batch = next_batch(phase, mesh)
                     train_state, metrics = phase.step_fn(train_state, batch)
                     step += 1
                     # Read the previous step's metrics only now, with this one dispatched.
