@@ -9,8 +9,8 @@ import dataclasses
 import gc
 import logging
 import os
+import re
 import sys
-import time
 from typing import Any
 
 import jax
@@ -147,23 +147,43 @@ def restore_params(directory: str | os.PathLike, abstract_params: dict,
             return mngr.restore(step, args=args)["params"]
         except Exception as e:  # noqa: BLE001 (whatever Orbax raises, the files are not usable)
             error = _unreadable(directory, step, "params", e)
-    _settle_failed_reads()  # out of the except block, so the failed restore can be collected
+    _quiet_abandoned_reads()  # out of the except block, so the failed restore can be collected
     raise error
 
 
-def _settle_failed_reads(seconds: float = 0.5) -> None:
-    """Lets the array reads a failed restore abandoned finish quietly: they report into Orbax's
-    closed event loop, which would print dozens of tracebacks under the one-line error."""
-    hook, asyncio_log = sys.unraisablehook, logging.getLogger("asyncio")
-    level = asyncio_log.level
-    sys.unraisablehook = lambda _: None
-    asyncio_log.setLevel(logging.CRITICAL)
-    try:
-        time.sleep(seconds)
-        gc.collect()
-    finally:
+def _quiet_abandoned_reads() -> None:
+    """Silences, for the rest of the process, the reports of the array reads a failed restore
+    abandoned: when collected (at any later time, at exit at the latest) they report into
+    Orbax's closed event loop, which would print dozens of tracebacks under the one-line error.
+    Only those reports are dropped: unraisable exceptions from Orbax's own coroutines or from
+    a closed event loop, and asyncio log records about them; anything else still shows."""
+    global _QUIET_ABANDONED_READS
+    if not _QUIET_ABANDONED_READS:
+        _QUIET_ABANDONED_READS = True
+        previous = sys.unraisablehook
+
+        def hook(unraisable):
+            if not _is_abandoned_read(unraisable.object, unraisable.exc_value):
+                previous(unraisable)
+
         sys.unraisablehook = hook
-        asyncio_log.setLevel(level)
+        logging.getLogger("asyncio").addFilter(lambda record: not (
+            _is_abandoned_read(None, record.exc_info and record.exc_info[1])
+            or f"{os.sep}orbax{os.sep}" in record.getMessage()))
+    gc.collect()
+
+
+_QUIET_ABANDONED_READS = False
+
+
+def _is_abandoned_read(obj, error) -> bool:
+    """True for what an abandoned Orbax read reports: its coroutine (or the task holding it) is
+    Orbax's, or the error is the closed event loop it reports to."""
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return True
+    coro = obj.get_coro() if hasattr(obj, "get_coro") else obj
+    code = getattr(coro, "cr_code", None)
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
 
 
 def _shapes(tree) -> dict[str, tuple]:
@@ -230,7 +250,7 @@ class TrainCheckpointer:
                 return step, out["params"], out["opt_state"], dict(out["data"])
             except Exception as e:  # noqa: BLE001 (any failure here means: files not usable)
                 problem = f"{type(e).__name__}: {_first_line(e)}"
-            _settle_failed_reads()
+            _quiet_abandoned_reads()
             bad = self.path / str(step)
             log.warning(f"warning: checkpoint {bad} cannot be restored ({problem}); renamed to "
                         f"{bad}.unreadable, trying the previous one")
@@ -292,11 +312,16 @@ class TrainCheckpointer:
 
     def _write_error(self, e: Exception) -> OSError:
         """One line for a save that failed (full disk, no permission, bucket gone)."""
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        reason = "no space left on the device" if "No space left" in str(e) else reason[:300]
+        code = re.search(r"os_error_code='(\d+)'", str(e))  # TensorStore names the OS error
+        if isinstance(e, OSError) and e.errno:
+            reason = os.strerror(e.errno)
+        elif code:
+            reason = os.strerror(int(code.group(1)))
+        else:
+            reason = (str(e).splitlines()[0] if str(e) else type(e).__name__)[:300]
         good = self.manager.latest_step()
-        return OSError(f"cannot write a checkpoint in {self.path} ({reason}); free space or fix "
-                       f"permissions and rerun: it resumes from "
+        return OSError(f"cannot write a checkpoint in {self.path} ({reason}); fix the storage (space, "
+                       f"permissions, quota) and rerun: it resumes from "
                        f"{f'step {good}' if good is not None else 'the start'}")
 
     def close(self) -> None:

@@ -10,7 +10,11 @@ program that imports the library may attach its own handlers instead.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import tempfile
+import threading
+import traceback
 
 ROOT = "bert_jax"
 
@@ -37,6 +41,64 @@ def _process_index() -> int:
 def configure(level: int = logging.INFO) -> None:
     """Sets the package logger's level (INFO: progress lines; WARNING: warnings only)."""
     logging.getLogger(ROOT).setLevel(level)
+
+
+class _LibraryErrors(logging.Filter):
+    """Keeps the error records of Orbax's background threads and of asyncio (a failed save
+    reports each array it could not write, with a traceback: hundreds of lines) off the
+    console: they go to a details file, and one warning line says where. The failure itself
+    reaches the user as our one-line error when the save or restore is waited on."""
+
+    def __init__(self):
+        super().__init__()
+        self.path = os.path.join(tempfile.gettempdir(), f"bert_jax-{os.getpid()}-details.log")
+        self._file = None
+        self._lock = threading.Lock()  # Orbax's threads report at once
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        library = record.name == "asyncio" or f"{os.sep}orbax{os.sep}" in record.pathname
+        if record.levelno < logging.ERROR or not library:
+            return True
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info))
+        self.write(f"{record.levelname} {record.pathname}:{record.lineno}\n{text}")
+        return False
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            if self._file is None:
+                try:
+                    self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (till exit)
+                except OSError:
+                    return
+                logging.getLogger(ROOT).warning(f"warning: a storage library reported errors; "
+                                                f"their details are in {self.path}")
+            try:
+                self._file.write(text.rstrip("\n") + "\n")
+                self._file.flush()
+            except (OSError, ValueError):  # that disk may be full too: the details are lost, not
+                pass  # the run's one-line error
+
+
+def divert_library_errors() -> None:
+    """For the CLI: Orbax's and asyncio's error records, and the 'Event loop is closed'
+    tracebacks that TensorStore's threads report (unraisable) when an abandoned write finishes
+    after Orbax closed its loop, go to a details file instead of the console."""
+    errors = _LibraryErrors()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(errors)
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == \
+                "Event loop is closed":  # a callback into Orbax's loop after it was closed
+            errors.write("".join(traceback.format_exception(
+                unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)))
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def _install() -> None:

@@ -255,6 +255,7 @@ def main(argv: list[str]) -> None:
     from bert_jax import log
 
     log.configure()  # our progress lines (INFO) on stdout, warnings on stderr
+    log.divert_library_errors()  # a failed save's hundreds of Orbax lines: to a file
     try:
         if len(argv) < 2 or argv[1] not in COMMANDS:
             got = f"unknown command {argv[1]!r}; " if len(argv) > 1 else ""

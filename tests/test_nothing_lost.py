@@ -2,9 +2,11 @@
 inputs checked before step 1, saving before the final evaluation, eval without --config
 and never over a good result. Tiny BERT on synthetic data, in-process."""
 
+import hashlib
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -60,6 +62,32 @@ def test_an_unwritable_workdir_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(OSError, match="cannot write to the workdir"):
         train.train_and_evaluate(small(), str(tmp_path / "file" / "run"))
+
+
+def test_a_failed_save_is_one_error_in_a_real_process_and_keeps_the_good_checkpoints(trained, tmp_path):
+    # A real failing file system (writes over 100 kB fail: EFBIG, as a full disk fails with
+    # ENOSPC) and a real process: Orbax's threads report the failure many times over, at
+    # exit too; the console must show one error (and a warning naming the details file).
+    shutil.copytree(trained, tmp_path / "run")
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest()
+              for p in (tmp_path / "run/checkpoints").rglob("*") if p.is_file()}
+
+    small_files_only = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+                        "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)); "
+                        "sys.argv[0] = 'bert-jax'; runpy.run_module('bert_jax', run_name='__main__')")
+    overrides = [f"--config.{o}" for o in [*SMALL, "train.steps=8", "train.checkpoint_every=2",
+                                           "train.eval_every=4"]]
+    proc = subprocess.run(
+        [sys.executable, "-c", small_files_only, "train", "--config", CONFIG, "--workdir",
+         str(tmp_path / "run"), *overrides], cwd=REPO, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+    assert proc.returncode == 1, proc.stderr
+    *warnings, error = proc.stderr.splitlines()
+    assert error.startswith(f"bert-jax train: error: cannot write a checkpoint in {tmp_path}/run/checkpoints "
+                            "(File too large)") and error.endswith("it resumes from step 4"), proc.stderr
+    assert len(warnings) <= 1 and all("their details are in" in w for w in warnings), proc.stderr
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in before}
+    assert after == before and steps_on_disk(tmp_path / "run")[:2] == ["2", "4"]
 
 
 @pytest.mark.parametrize("override, message", [
