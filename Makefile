@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench plan-paper clean
 
 install: $(STAMP)
 
@@ -26,6 +26,19 @@ lint: install
 
 bench: install
 	$(BIN)/python -m bert_jax.bench data
+
+# Every paper config compiled for the TPU slice its docstring names (libtpu, no TPU; slow:
+# BERT-Large on v3-128 compiles for many minutes on 2 cores). Exits non-zero if one does not fit.
+PLAN := $(BIN)/bert-jax plan
+plan-paper: install
+	$(PLAN) --config configs/bert_pretrain.py:base --topology v3-32
+	$(PLAN) --config configs/bert_pretrain.py:large --topology v3-128
+	$(PLAN) --config configs/wmt.py:base --topology v3-8
+	$(PLAN) --config configs/wmt.py:big --topology v3-8
+	$(PLAN) --config configs/glue.py:mnli --topology v3-8
+	$(PLAN) --config configs/squad.py:v1 --topology v3-8
+	$(PLAN) --config configs/ner.py:conll2003 --topology v3-8
+	$(PLAN) --config configs/swag.py --topology v3-8
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache demo_out

@@ -80,6 +80,9 @@ def training_defaults() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1  # parameters and optimizer state split over these devices (ZeRO-3 style)
     c.mesh.tensor = 1  # matmuls split over these devices (Megatron style)
     c.logical_axis_rules = DEFAULT_AXIS_RULES
+    # Activations pinned by the same rules at block boundaries (batch over data+fsdp, heads
+    # and mlp over tensor); False leaves their layout to the compiler (`bert-jax plan` shows both)
+    c.shard_activations = True
     return c
 
 

@@ -47,6 +47,13 @@ def predict_step(params: dict, batch: dict[str, Array], *, graphdef, objective) 
     return {"terms": terms, "weights": objective.weights(batch), "metrics": metrics}, out
 
 
+def _sharded(config, mesh, fn):
+    """`fn` with the activation layout of the train step (config.shard_activations)."""
+    if config.get("shard_activations", True):
+        return sharding.activation_sharding(fn, mesh, config.logical_axis_rules)
+    return fn
+
+
 def _finish(total: dict, prefix: str) -> dict[str, float]:
     """Loss and metrics from summed eval_step outputs."""
     total = jax.device_get(total)
@@ -61,7 +68,8 @@ class ObjectiveEvaluator:
 
     def __init__(self, config, graphdef, objective, mesh):
         self.config, self.mesh = config, mesh
-        self.fn = jax.jit(functools.partial(eval_step, graphdef=graphdef, objective=objective))
+        self.fn = jax.jit(_sharded(config, mesh, functools.partial(
+            eval_step, graphdef=graphdef, objective=objective)))
 
     def prepare(self) -> None:
         """Reads one validation batch, so missing eval files or too few held-out documents
@@ -83,8 +91,9 @@ class TaskEvaluator:
 
     def __init__(self, config, graphdef, objective, mesh, task):
         self.config, self.mesh, self.task = config, mesh, task
-        self.fn = jax.jit(functools.partial(predict_step, graphdef=graphdef, objective=objective),
-                          out_shardings=sharding.replicated(mesh))  # every host gets all outputs
+        self.fn = jax.jit(_sharded(config, mesh, functools.partial(
+            predict_step, graphdef=graphdef, objective=objective)),
+            out_shardings=sharding.replicated(mesh))  # every host gets all outputs
 
     def outputs(self, params, split: str) -> tuple[dict, dict[str, np.ndarray]]:
         """(summed losses and metrics, model outputs of every example of `split` in order)."""

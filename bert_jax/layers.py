@@ -12,8 +12,11 @@ Dropout is functional: every call takes `rng` (a PRNG key) and is deterministic 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -24,6 +27,26 @@ Array = jax.Array
 Cache = dict[str, Array]
 
 DTYPES = ("float32", "bfloat16")  # compute dtypes; parameters are always float32
+
+# Activation sharding: `constrain(x, axes)` pins an activation's layout by logical axis names
+# (batch, length, embed, heads, kv, mlp, vocab) while a `sharding.activation_sharding`
+# context is active (set around the train and eval steps); elsewhere it does nothing.
+_CONSTRAIN: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("constrain", default=None)
+
+
+@contextlib.contextmanager
+def constraining(fn: Callable[[Array, tuple[str, ...]], Array]):
+    token = _CONSTRAIN.set(fn)
+    try:
+        yield
+    finally:
+        _CONSTRAIN.reset(token)
+
+
+def constrain(x: Array, *axes: str) -> Array:
+    fn = _CONSTRAIN.get()
+    return x if fn is None else fn(x, axes)
+
 
 REMAT_POLICIES = {
     "none": None,  # no rematerialisation
@@ -217,8 +240,9 @@ class Attention(nnx.Module):
     def __call__(self, x_BTD: Array, kv_BSD: Array, mask_B1TS: Array, *, rng: Array | None = None,
                  cache: Cache | None = None, cache_index: Array | None = None
                  ) -> tuple[Array, Cache | None]:
-        q_BTNK = self.query(x_BTD)
-        k_BSNK, v_BSNK = self.key(kv_BSD), self.value(kv_BSD)
+        heads = ("batch", "length", "heads", "kv")
+        q_BTNK = constrain(self.query(x_BTD), *heads)
+        k_BSNK, v_BSNK = constrain(self.key(kv_BSD), *heads), constrain(self.value(kv_BSD), *heads)
         if cache is not None:
             # Incremental decoding: write this step's keys/values at cache_index, then
             # attend over the whole cache (the mask hides the slots not written yet).
@@ -227,7 +251,7 @@ class Attention(nnx.Module):
             v_BSNK = jax.lax.dynamic_update_slice(cache["value"], v_BSNK.astype(cache["value"].dtype), start)
             cache = {"key": k_BSNK, "value": v_BSNK}
         out_BTNK = dot_product_attention(q_BTNK, k_BSNK, v_BSNK, mask_B1TS, self.dropout_rate, rng)
-        return self.out(out_BTNK), cache
+        return self.out(constrain(out_BTNK, *heads)), cache
 
 
 class FeedForward(nnx.Module):
@@ -239,7 +263,8 @@ class FeedForward(nnx.Module):
         self.activation = cfg.activation
 
     def __call__(self, x_BTD: Array) -> Array:
-        return self.wo(ACTIVATIONS[self.activation](self.wi(x_BTD)))
+        h_BTF = constrain(ACTIVATIONS[self.activation](self.wi(x_BTD)), "batch", "length", "mlp")
+        return self.wo(h_BTF)
 
 
 class Block(nnx.Module):
@@ -267,6 +292,7 @@ class Block(nnx.Module):
                  ) -> tuple[Array, Cache | None]:
         r = split_rng(rng, 5)
         new_cache = None
+        x_BTD = constrain(x_BTD, "batch", "length", "embed")
 
         def self_attention(h):
             nonlocal new_cache
@@ -280,7 +306,7 @@ class Block(nnx.Module):
                 x_BTD, self.cross_attention_norm,
                 lambda h: self.cross_attention(h, encoded_BSD, cross_mask_B1TS, rng=r[2])[0], r[3])
         x_BTD = self._residual(x_BTD, self.mlp_norm, self.mlp, r[4])
-        return x_BTD, new_cache
+        return constrain(x_BTD, "batch", "length", "embed"), new_cache
 
 
 class Stack(nnx.Module):

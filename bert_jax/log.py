@@ -81,10 +81,17 @@ class _LibraryErrors(logging.Filter):
                 pass  # the run's one-line error
 
 
+_DIVERTED = False
+
+
 def divert_library_errors() -> None:
     """For the CLI: Orbax's and asyncio's error records, and the 'Event loop is closed'
     tracebacks that TensorStore's threads report (unraisable) when an abandoned write finishes
     after Orbax closed its loop, go to a details file instead of the console."""
+    global _DIVERTED
+    if _DIVERTED:  # once per process (the CLI may run several times in one, as in tests)
+        return
+    _DIVERTED = True
     errors = _LibraryErrors()
     for handler in logging.getLogger().handlers:
         handler.addFilter(errors)

@@ -7,6 +7,9 @@
   bert-jax vocab --input 'books/*.txt' --size 8192 --type wordpiece --out <dir>
   bert-jax prepare --config configs/bert_pretrain.py:base --out <dir>   (array_record shards)
   bert-jax info --config configs/bert_pretrain.py:base [--config.dtype=bfloat16]
+  bert-jax plan --config configs/bert_pretrain.py:base --topology v3-32 [--slices 2] [--json]
+  bert-jax launch --config configs/bert_pretrain.py:base --topology v3-32 --workdir gs://B/run
+               --name bert-base --zone europe-west4-a [--spot] [--keep] [--dry_run]
   bert-jax convert hf:<hf_dir>|tf:<tf_checkpoint> <out_dir> [--head bert_classification]
   bert-jax export <checkpoint_dir> hf:<out_dir> [--step N]   (a Hugging Face folder for transformers)
   bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]
@@ -26,11 +29,12 @@ from bert_jax import config as config_lib
 # Each command imports its own modules when it runs, so a command does not pay for the others'
 # imports (TensorFlow datasets, torch-free HF readers, Orbax...).
 
-_CONFIG = flags.DEFINE_string("config", None, "train, eval, sweep, prepare, info: a get_config(arg) "
-                              "file, path.py[:arg]; then --config.<key>=<value> overrides")
+_CONFIG = flags.DEFINE_string("config", None, "train, eval, sweep, prepare, info, plan, launch: a "
+                              "get_config(arg) file, path.py[:arg]; then --config.<key>=<value> "
+                              "overrides")
 _HEAD = flags.DEFINE_string("head", None, "convert: our model name for the converted weights "
                             "(default: from the checkpoint's architectures)")
-_WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep: the run directory (local or "
+_WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep, launch: the run directory (local or "
                                "gs://; rerunning train resumes it)")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features: converted or training dir")
 _INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "
@@ -51,16 +55,40 @@ _LOWERCASE = flags.DEFINE_boolean("lowercase", True, "vocab: lowercase (uncased)
 _STEP = flags.DEFINE_string("step", "latest", "eval: latest, best, all or a checkpoint step; "
                             "export: latest or a step")
 _SPLIT = flags.DEFINE_string("split", None, "eval (fine-tuning): dev (default), test, or a file path")
+_TOPOLOGY = flags.DEFINE_string("topology", None, "plan: a Cloud TPU slice, e.g. v3-32, v4-32, "
+                                "v5p-64, v5litepod-16, v6e-16")
+_SLICES = flags.DEFINE_integer("slices", 1, "plan: number of such slices (multislice)")
+_MFU = flags.DEFINE_float("mfu", 0.4, "plan: model FLOPs utilisation for the projected time")
+_JSON = flags.DEFINE_boolean("json", False, "plan: print JSON (for scripts) instead of a table")
+_NAME = flags.DEFINE_string("name", None, "launch: name of the queued resource and TPU VM")
+_ZONE = flags.DEFINE_string("zone", None, "launch: Cloud zone, e.g. us-central2-b")
+_PROJECT = flags.DEFINE_string("project", None, "launch: Cloud project (default: gcloud's)")
+_RUNTIME = flags.DEFINE_string("runtime_version", None, "launch: TPU VM software version "
+                               "(default: by generation, e.g. tpu-ubuntu2204-base for v4)")
+_SPOT = flags.DEFINE_boolean("spot", False, "launch: spot capacity (cheaper, preemptible)")
+_KEEP = flags.DEFINE_boolean("keep", False, "launch: keep the slice at the end (default: delete)")
+_DRY_RUN = flags.DEFINE_boolean("dry_run", False, "launch: print every gcloud command, run none")
+_MAX_RESTARTS = flags.DEFINE_integer("max_restarts", 3, "launch: re-requests after preemption")
+_REPO = flags.DEFINE_string("repo", None, "launch: git URL the workers clone (default: origin)")
+_COMMIT = flags.DEFINE_string("commit", None, "launch: commit the workers run (default: HEAD)")
+_SKIP_PLAN = flags.DEFINE_boolean("skip_plan", False, "launch: do not compile the plan first "
+                                  "(where libtpu cannot be installed)")
+_POLL = flags.DEFINE_float("poll_seconds", 30.0, "launch: seconds between state checks")
 _PRINT_COMMANDS = flags.DEFINE_boolean("print_commands", False, "sweep: print one `bert-jax train` "
                                        "command per trial (for a cluster scheduler) instead of running")
 
-COMMANDS = ("train", "eval", "sweep", "vocab", "prepare", "info", "convert", "export", "features")
+COMMANDS = ("train", "eval", "sweep", "vocab", "prepare", "info", "plan", "launch", "convert",
+            "export", "features")
 # The flags each command reads, for `bert-jax <command> --help`.
 COMMAND_FLAGS = {
     "train": ("config", "workdir"), "eval": ("workdir", "config", "step", "split"),
     "sweep": ("config", "workdir", "print_commands"),
     "vocab": ("input", "size", "type", "sp_model_type", "lowercase", "out"),
-    "prepare": ("config", "out"), "info": ("config", "seq_len"), "convert": ("head",),
+    "prepare": ("config", "out"), "info": ("config", "seq_len"),
+    "plan": ("config", "topology", "slices", "mfu", "json"),
+    "launch": ("config", "workdir", "topology", "name", "zone", "project", "runtime_version", "spot",
+               "keep", "dry_run", "max_restarts", "repo", "commit", "skip_plan", "poll_seconds"),
+    "convert": ("head",),
     "export": ("step",),
     "features": ("checkpoint", "input", "output", "layers", "max_seq_length", "batch_size"),
 }
@@ -203,6 +231,67 @@ def cmd_info(args: list[str]) -> None:
     print(f"\nforward FLOPs per token at sequence length {seq_len} (training ~3x):")
     for name, value in models.flops_per_token(model_cfg, seq_len).items():
         print(f"  {name}: {value / 1e6:,.1f} MFLOPs")
+
+
+def cmd_plan(args: list[str]) -> None:
+    """Compiles the train step of each sequence-length phase and the eval step for a Cloud TPU
+    slice (no TPU needed; libtpu: pip install 'bert_jax[tpu]') and prints memory per device
+    against its HBM, whether it fits, model FLOPs per step and the projected run time."""
+    from bert_jax import plan
+
+    result = plan.plan(_require(_CONFIG, "plan"), _require(_TOPOLOGY, "plan"), _SLICES.value,
+                       _MFU.value)
+    print(json.dumps(result, indent=1) if _JSON.value else plan.format_plan(result))
+    if not result["fits"]:
+        sys.exit(1)
+
+
+def cmd_launch(args: list[str]) -> None:
+    """Plans the config for the slice (refusing one that does not fit), queues the capacity,
+    sets up every worker at a pinned commit, trains with one log per worker under
+    <workdir>/logs, re-queues and resumes after preemption, and deletes the capacity at the
+    end (see launch/README.md)."""
+    from bert_jax import launch, plan
+
+    config = _require(_CONFIG, "launch")
+    topology, workdir = _require(_TOPOLOGY, "launch"), _require(_WORKDIR, "launch")
+    name, zone = _require(_NAME, "launch"), _require(_ZONE, "launch")
+    if not workdir.startswith("gs://"):
+        raise ValueError(f"--workdir={workdir}: the workers of a slice share a gs:// workdir "
+                         "(checkpoints, logs); a local path would be one per worker")
+    root = Path(__file__).resolve().parents[1]
+    origin, head, dirty = launch.git_head(str(root))
+    path, colon, arg = _CONFIG.value.partition(":")
+    try:  # the workers run the repository's copy of the config file
+        worker_config = str(Path(path).resolve().relative_to(root)) + colon + arg
+    except ValueError:
+        raise ValueError(f"--config={_CONFIG.value}: the workers have only the repository "
+                         f"({root} at the commit they run); put the config file in it and commit "
+                         f"it") from None
+    repo, commit = _REPO.value or origin, _COMMIT.value or head
+    if (not repo or not commit) and _DRY_RUN.value:
+        print("warning: no git checkout here: the dry run shows REPO_URL and COMMIT for --repo "
+              "and --commit", file=sys.stderr)
+        repo, commit = repo or "REPO_URL", commit or "COMMIT"
+    if not repo or not commit:
+        raise app.UsageError("launch needs --repo and --commit (no git checkout here to take "
+                             "them from)")
+    if dirty and not _COMMIT.value:
+        print(f"warning: uncommitted changes here are not on the workers, which run {commit}",
+              file=sys.stderr)
+    if _SKIP_PLAN.value:
+        print("warning: --skip_plan: the config was not compiled for the slice", file=sys.stderr)
+    else:
+        result = plan.plan(config, topology)
+        print(plan.format_plan(result))
+        if not result["fits"]:
+            raise ValueError(f"the config does not fit {topology} (plan above); refusing to launch")
+    run = launch.Launch(
+        name=name, zone=zone, topology=topology, workdir=workdir, repo=repo, commit=commit,
+        train_args=["--config", worker_config, *(f"--config.{o}" for o in _LoadedConfig.overrides)],
+        project=_PROJECT.value, runtime_version=_RUNTIME.value, spot=_SPOT.value, keep=_KEEP.value,
+        dry_run=_DRY_RUN.value, max_restarts=_MAX_RESTARTS.value, poll_seconds=_POLL.value)
+    print(json.dumps(launch.run(run)))
 
 
 def cmd_convert(args: list[str]) -> None:
@@ -351,10 +440,10 @@ def print_help(command: str | None) -> None:
 
 def run() -> None:
     """Console-script entry point."""
-    if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
-        print_help(sys.argv[1] if len(sys.argv) > 1 else None)
-        sys.exit(0)
     try:
+        if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
+            print_help(sys.argv[1] if len(sys.argv) > 1 else None)
+            sys.exit(0)
         app.run(main, flags_parser=_parse_flags)
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

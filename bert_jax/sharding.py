@@ -7,16 +7,18 @@ Nothing else in the codebase names a mesh axis except the batch sharding here.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from bert_jax import trees
-from bert_jax.config import BATCH_AXES, MESH_AXES, mesh_shape
+from bert_jax import layers, trees
+from bert_jax.config import BATCH_AXES, MESH_AXES, ConfigError, mesh_shape
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -24,8 +26,19 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
     propagation apply; jax.make_mesh defaults to Explicit)."""
     devices = list(devices if devices is not None else jax.devices())
     sizes = mesh_shape(mesh_cfg, len(devices))
-    return jax.make_mesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES,
-                         axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+    auto = (AxisType.Auto,) * len(MESH_AXES)
+    num_slices = len({getattr(d, "slice_index", 0) for d in devices})
+    if num_slices == 1:
+        return jax.make_mesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES, axis_types=auto,
+                             devices=devices)
+    # Several TPU slices joined by the data-center network: only the data axis crosses it
+    # (one gradient all-reduce per step); fsdp and tensor stay inside a slice.
+    if sizes["data"] % num_slices:
+        raise ConfigError(f"mesh {sizes}: mesh.data must be a multiple of the {num_slices} "
+                          f"slices (only data parallelism crosses slices)")
+    per_slice = (sizes["data"] // num_slices, sizes["fsdp"], sizes["tensor"])
+    grid = mesh_utils.create_hybrid_device_mesh(per_slice, (num_slices, 1, 1), devices)
+    return Mesh(grid, MESH_AXES, axis_types=auto)
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], rules, mesh: Mesh
@@ -58,6 +71,21 @@ def param_shardings(params_state: nnx.State, mesh: Mesh, rules) -> dict:
         axes = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
         items.append((keys, NamedSharding(mesh, logical_to_spec(axes, var.shape, rules, mesh))))
     return trees.nest(items)
+
+
+def activation_sharding(fn, mesh: Mesh, rules):
+    """`fn` that, while traced, pins the models' activations (layers.constrain) to the layout
+    the logical axis `rules` give on `mesh`: batch over data and fsdp, heads and mlp over
+    tensor, the rest replicated, instead of the layout XLA would guess from the parameters."""
+    def constrain(x, axes):
+        spec = logical_to_spec(axes, x.shape, rules, mesh)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with layers.constraining(constrain):
+            return fn(*args, **kwargs)
+    return wrapped
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 1) -> NamedSharding:

@@ -86,6 +86,17 @@ def train_step(state: dict, batch: dict[str, Array], *, graphdef, objective, tx,
     return {"params": params, "opt_state": opt_state, "step": step + 1}, out
 
 
+def jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh):
+    """train_step jitted with the state's shardings (the state buffers are donated); lower it
+    with the state and `batch_shapes` to compile. Train and plan use this one function."""
+    step = functools.partial(train_step, graphdef=graphdef, objective=objective, tx=tx,
+                             schedule=schedule, accum=config.train.grad_accum_steps, mesh=mesh,
+                             dropout_key=jax.random.key(config.seed + 1))
+    if config.get("shard_activations", True):
+        step = sharding.activation_sharding(step, mesh, config.logical_axis_rules)
+    return jax.jit(step, out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
+
+
 def batch_shapes(spec: dict, mesh) -> dict[str, jax.ShapeDtypeStruct]:
     """An objective's batch_spec with the batch sharding over `mesh`."""
     return {k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding.batch_sharding(mesh, s.ndim))
@@ -263,11 +274,7 @@ def _train(config, workdir: str, task) -> dict[str, Any]:
             ckpt.close()
             return {"step": start, "preempted": False}
 
-        step_fn = jax.jit(
-            functools.partial(train_step, graphdef=graphdef, objective=objective, tx=tx,
-                              schedule=schedule, accum=t.grad_accum_steps, mesh=mesh,
-                              dropout_key=jax.random.key(config.seed + 1)),
-            out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
+        step_fn = jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh)
         evaluator = evaluate.make_evaluator(config, graphdef, objective, mesh, task)
         evaluator.prepare()  # a missing or bad eval file stops the run now, not after training
         peak, peak_source = peak_flops_per_device()

@@ -1,10 +1,14 @@
 """BERT pretraining (MLM + NSP), the paper's setup (Devlin et al. 2019, A.2).
 
 Variants (`arg`):
-  base   L12 H768 A12 (110M) on 16 Cloud TPU chips (4x4 v3 slice: mesh data=16):
+  base   L12 H768 A12 (110M) on 16 Cloud TPU chips: a v3-32 slice (4x4 chips, 32 devices: each
+         TensorCore is one), mesh data=-1 (all devices):
            bert-jax train --config configs/bert_pretrain.py:base --workdir gs://BUCKET/bert_base \\
              --config.data.tokenizer=gs://BUCKET/vocab --config.data.train_files='gs://BUCKET/shards/*'
-  large  L24 H1024 A16 (340M) on 64 chips (8x8 v3 slice: mesh data=8, fsdp=8), same flags.
+  large  L24 H1024 A16 (340M) on 64 chips: a v3-128 slice (8x8 chips, 128 devices), mesh fsdp=8
+         and data=-1 (16), same flags.
+Check either before renting the slice (compiles for it here; pip install 'bert_jax[tpu]'):
+  bert-jax plan --config configs/bert_pretrain.py:base --topology v3-32
   tiny, mini, small, medium: the released miniatures; `tiny` is sized for a CPU:
            bert-jax train --config configs/bert_pretrain.py:tiny --workdir /tmp/bert_tiny \\
              --config.data.tokenizer=/tmp/vocab --config.data.train_files='books/*.txt'
@@ -61,9 +65,9 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.schedule.warmup_steps = 10_000
     config.data.phases = ((0, 128, 20), (900_000, 512, 80))
     if arg == "base":
-        config.mesh.data = 16
+        config.mesh.data = -1
     elif arg == "large":
-        config.mesh.data, config.mesh.fsdp = 8, 8
+        config.mesh.data, config.mesh.fsdp = -1, 8
     else:  # the miniatures: a CPU-sized run
         config.model.vocab_size = 8192
         config.data.phases = ()

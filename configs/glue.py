@@ -10,6 +10,8 @@ medium base large (default base). From a converted public checkpoint:
     --config.init_from=/ckpt/bert_base --config.data.data_dir=/data/glue
   bert-jax eval --config configs/glue.py:mrpc --workdir /runs/mrpc --step best --split test
 TFDS instead of the TSV files: --config.data.source=tfds (data_dir: the TFDS data dir).
+Slice: one Cloud TPU v3-8 (4 chips, 8 devices; mesh data=-1), as in the paper ("at most 1
+hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/glue.py:mnli --topology v3-8
 """
 
 import ml_collections

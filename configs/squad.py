@@ -8,6 +8,8 @@ optionally `,<size>` (tiny ... large; default base).
   bert-jax train --config configs/squad.py:v1 --workdir /runs/squad \\
     --config.init_from=/ckpt/bert_base --config.data.data_dir=/data/squad
   bert-jax eval --config configs/squad.py:v1 --workdir /runs/squad --step best
+Slice: one Cloud TPU v3-8 (4 chips, 8 devices; mesh data=-1), as in the paper ("at most 1
+hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/squad.py:v1 --topology v3-8
 """
 
 import ml_collections

@@ -5,6 +5,8 @@ Reads the swagaf CSV files (train.csv, val.csv, test.csv) or JSON lines with the
 Variants (`arg`): `base` (default), or another size (tiny ... large).
   bert-jax train --config configs/swag.py --workdir /runs/swag \\
     --config.init_from=/ckpt/bert_base --config.data.data_dir=/data/swagaf/data
+Slice: one Cloud TPU v3-8 (4 chips, 8 devices; mesh data=-1), as in the paper ("at most 1
+hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/swag.py --topology v3-8
 """
 
 import ml_collections

@@ -5,10 +5,11 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from pathlib import Path  # noqa: E402
 
-from pathlib import Path
+import pytest  # noqa: E402
 
-import pytest
+import bert_jax  # noqa: E402,F401 (imports no jax; quiets libtpu on this TPU-less machine)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,3 +47,31 @@ def wordpiece_vocab(tmp_path_factory, english_lines) -> Path:
                             special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     tok.save_model(str(out))
     return out / "vocab.txt"
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """Runs `bert-jax <argv>` in-process: (exit code, stdout, stderr); flags and the loaded
+    config are reset after each call, as a new process would have them."""
+    import sys
+
+    from absl import app, flags
+
+    from bert_jax import main
+    monkeypatch.chdir(REPO)
+    # absl's one-time setup (its root log handler, faulthandler) would outlive the test.
+    monkeypatch.setattr(app._run_init, "done", True)
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["bert-jax", *argv])
+        try:
+            main.run()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            flags.FLAGS.unparse_flags()
+            main._LoadedConfig.value, main._LoadedConfig.overrides = None, ()
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+    return run

@@ -17,11 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from absl import app, flags
 from conftest import REPO
 from flax import nnx
 
-from bert_jax import checkpoint, convert, export, main, models, train
+from bert_jax import checkpoint, convert, export, models, train
 from bert_jax import config as config_lib
 from bert_jax.data import vocab
 
@@ -654,29 +653,6 @@ def snapshot(roots) -> dict[str, str]:
             if f.is_file() and f.name != "run.lock":
                 out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
     return out
-
-
-@pytest.fixture
-def cli(monkeypatch, capsys):
-    """Runs `bert-jax <argv>` in-process: (exit code, stdout, stderr); flags and the loaded
-    config are reset after each call, as a new process would have them."""
-    monkeypatch.chdir(REPO)
-    # absl's one-time setup (its root log handler, faulthandler) would outlive the test.
-    monkeypatch.setattr(app._run_init, "done", True)
-
-    def run(argv: list[str]) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["bert-jax", *argv])
-        try:
-            main.run()
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        finally:
-            flags.FLAGS.unparse_flags()
-            main._LoadedConfig.value, main._LoadedConfig.overrides = None, ()
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-    return run
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

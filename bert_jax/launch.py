@@ -1,0 +1,214 @@
+"""`bert-jax launch`: a training run on a Cloud TPU VM slice, from plan to deleted capacity.
+
+1. `plan` compiles the config for the slice here; a config that does not fit is refused.
+2. The capacity is requested as a queued resource (on-demand, or `--spot`) and waited for:
+   WAITING_FOR_RESOURCES / PROVISIONING are reported as they change, FAILED stops.
+3. Every worker is set up, idempotently and with retries: the repository at a pinned commit,
+   a virtualenv with `bert_jax[tpu]`, a stale libtpu lockfile removed.
+4. `bert-jax train` starts on every worker (one process per host); each worker's log is kept
+   as `<workdir>/logs/worker_<i>.log` (copied there every minute) and worker 0's is streamed.
+5. Preempted (the queued resource SUSPENDED, or its node gone): the capacity is requested
+   again and training resumes from the latest checkpoint in the workdir, up to
+   `--max_restarts` times.
+6. The queued resource (and its node) is deleted at the end, on failure and on Ctrl-C,
+   unless `--keep`. `--dry_run` prints every gcloud command without running any.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import subprocess
+import time
+
+from bert_jax import tpu
+
+log = logging.getLogger(__name__)
+
+# Software versions of the TPU VM per generation (Cloud TPU docs, "TPU VM images").
+RUNTIME = {"v2": "tpu-ubuntu2204-base", "v3": "tpu-ubuntu2204-base", "v4": "tpu-ubuntu2204-base",
+           "v5p": "v2-alpha-tpuv5", "v5e": "v2-alpha-tpuv5-lite", "v6e": "v2-alpha-tpuv6e"}
+WAITING = ("ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "CREATING")
+PREEMPTED = ("SUSPENDING", "SUSPENDED", "PREEMPTED", "DELETING", "NOT_FOUND")
+
+
+class LaunchError(ValueError):
+    """The launch stopped (capacity failed, setup failed, training failed, too many restarts)."""
+
+
+@dataclasses.dataclass
+class Launch:
+    name: str  # queued resource and node id
+    zone: str
+    topology: str  # e.g. v4-32
+    workdir: str  # gs://... (shared by every worker; checkpoints make restarts resume)
+    train_args: list[str]  # the `bert-jax train` flags after the workdir (--config, overrides)
+    repo: str  # git URL the workers clone
+    commit: str  # the commit they check out
+    project: str | None = None
+    runtime_version: str | None = None
+    spot: bool = False
+    keep: bool = False
+    dry_run: bool = False
+    max_restarts: int = 3
+    poll_seconds: float = 30.0
+    setup_retries: int = 3
+
+
+class Gcloud:
+    """Runs (or, in a dry run, only prints) gcloud commands; every command is logged."""
+
+    def __init__(self, dry_run: bool):
+        self.dry_run = dry_run
+
+    def __call__(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+        argv = ["gcloud", *args]
+        log.info("+ " + shlex.join(argv))
+        if self.dry_run:
+            return subprocess.CompletedProcess(argv, 0, "ACTIVE\n" if capture else "", "")
+        try:
+            return subprocess.run(argv, text=True, capture_output=capture, check=False)
+        except FileNotFoundError:
+            raise LaunchError("gcloud is not installed or not on PATH: install the Google Cloud "
+                              "CLI (https://cloud.google.com/sdk) and run `gcloud auth login`") from None
+
+
+def _where(launch: Launch) -> list[str]:
+    return [f"--zone={launch.zone}", *([f"--project={launch.project}"] if launch.project else [])]
+
+
+def setup_script(launch: Launch) -> str:
+    """Shell run on every worker before training: safe to run again (restarts, retries)."""
+    repo, commit = shlex.quote(launch.repo), shlex.quote(launch.commit)
+    return "; ".join([
+        "set -e",
+        f"[ -d bert_jax/.git ] || git clone --quiet {repo} bert_jax",
+        "cd bert_jax",
+        f"git fetch --quiet origin || true; git checkout --quiet --force {commit}",
+        "[ -x .venv/bin/python ] || python3 -m venv .venv",
+        ".venv/bin/pip install --quiet --upgrade pip",
+        ".venv/bin/pip install --quiet -e '.[tpu]'",
+        # a run killed by preemption or Ctrl-C leaves libtpu's lockfile behind
+        "sudo rm -f /tmp/libtpu_lockfile 2>/dev/null || rm -f /tmp/libtpu_lockfile",
+    ])
+
+
+def train_script(launch: Launch) -> str:
+    """Shell run on every worker: `bert-jax train`, its log kept in <workdir>/logs/ and, on
+    worker 0, printed (gcloud shows it here)."""
+    train = shlex.join([".venv/bin/bert-jax", "train", "--workdir", launch.workdir,
+                        *launch.train_args])
+    logs = f"{launch.workdir.rstrip('/')}/logs"
+    worker = ("W=$(curl -sf -H Metadata-Flavor:Google http://metadata.google.internal/"
+              "computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)")
+    if launch.workdir.startswith("gs://"):
+        keep = f"gcloud storage cp --quiet $LOG {shlex.quote(logs)}/worker_$W.log"
+    else:
+        keep = f"mkdir -p {shlex.quote(logs)} && cp $LOG {shlex.quote(logs)}/worker_$W.log"
+    return "; ".join([
+        "cd bert_jax", worker, "LOG=/tmp/bert_jax_worker_$W.log",
+        f"(while sleep 60; do {keep} >/dev/null 2>&1; done) & SYNC=$!",
+        f'if [ "$W" = 0 ]; then {train} 2>&1 | tee $LOG; RC=${{PIPESTATUS[0]}}; '
+        f"else {train} > $LOG 2>&1; RC=$?; fi",
+        f"kill $SYNC; {keep}; exit $RC",
+    ])
+
+
+def state(gcloud: Gcloud, launch: Launch) -> str:
+    """The queued resource's state (ACTIVE, WAITING_FOR_RESOURCES, ...; NOT_FOUND if gone)."""
+    out = gcloud("compute", "tpus", "queued-resources", "describe", launch.name, *_where(launch),
+                 "--format=value(state.state)", capture=True)
+    return out.stdout.strip().upper() if out.returncode == 0 and out.stdout.strip() else "NOT_FOUND"
+
+
+def request(gcloud: Gcloud, launch: Launch) -> None:
+    """Queues the capacity and waits until it is ACTIVE (a FAILED request is an error)."""
+    generation = tpu.parse(launch.topology).generation
+    out = gcloud("compute", "tpus", "queued-resources", "create", launch.name,
+                 f"--node-id={launch.name}", *_where(launch),
+                 f"--accelerator-type={launch.topology}",
+                 f"--runtime-version={launch.runtime_version or RUNTIME[generation]}",
+                 *(["--spot"] if launch.spot else []))
+    if out.returncode:
+        raise LaunchError(f"could not queue {launch.topology} {launch.name!r} in {launch.zone} "
+                          f"(gcloud exit {out.returncode}; its message is above)")
+    last = None
+    while True:
+        now = state(gcloud, launch)
+        if now != last:
+            log.info(f"queued resource {launch.name}: {now}")
+            last = now
+        if now == "ACTIVE":
+            return
+        if now == "FAILED":
+            raise LaunchError(f"queued resource {launch.name} FAILED (no capacity granted; "
+                              f"`gcloud compute tpus queued-resources describe {launch.name} "
+                              f"--zone={launch.zone}` says why)")
+        if now not in WAITING:
+            raise LaunchError(f"queued resource {launch.name} is {now} while waiting for it")
+        time.sleep(launch.poll_seconds)
+
+
+def ssh_all(gcloud: Gcloud, launch: Launch, command: str) -> int:
+    return gcloud("compute", "tpus", "tpu-vm", "ssh", launch.name, *_where(launch),
+                  "--worker=all", f"--command={command}").returncode
+
+
+def setup(gcloud: Gcloud, launch: Launch) -> None:
+    for attempt in range(1, launch.setup_retries + 1):
+        if ssh_all(gcloud, launch, setup_script(launch)) == 0:
+            return
+        log.warning(f"warning: setting up the workers failed (attempt {attempt} of "
+                    f"{launch.setup_retries})")
+        time.sleep(launch.poll_seconds * attempt)
+    raise LaunchError(f"could not set up the workers of {launch.name} after "
+                      f"{launch.setup_retries} attempts (repository {launch.repo} at "
+                      f"{launch.commit}; the messages are above)")
+
+
+def delete(gcloud: Gcloud, launch: Launch) -> None:
+    gcloud("compute", "tpus", "queued-resources", "delete", launch.name, *_where(launch),
+           "--force", "--quiet")
+
+
+def run(launch: Launch) -> dict:
+    """Runs the launch to the end; returns {"restarts": n}. The capacity is deleted at the
+    end (unless launch.keep) whatever happens."""
+    gcloud = Gcloud(launch.dry_run)
+    restarts = 0
+    try:
+        while True:
+            request(gcloud, launch)
+            setup(gcloud, launch)
+            code = ssh_all(gcloud, launch, train_script(launch))
+            if code == 0:
+                log.info(f"training finished; logs in {launch.workdir.rstrip('/')}/logs/")
+                return {"restarts": restarts}
+            now = state(gcloud, launch)
+            if now not in PREEMPTED:
+                raise LaunchError(f"training failed on {launch.name} (exit {code}, slice {now}); "
+                                  f"worker logs: {launch.workdir.rstrip('/')}/logs/")
+            restarts += 1
+            if restarts > launch.max_restarts:
+                raise LaunchError(f"{launch.name} was preempted {restarts} times "
+                                  f"(--max_restarts={launch.max_restarts}); rerun the same "
+                                  f"command to go on from the latest checkpoint")
+            log.warning(f"warning: {launch.name} preempted ({now}); requesting it again "
+                        f"(restart {restarts} of {launch.max_restarts}), training resumes from "
+                        f"the latest checkpoint in {launch.workdir}")
+            delete(gcloud, launch)
+    finally:
+        if launch.keep:
+            log.info(f"--keep: {launch.name} is kept; delete it with `gcloud compute tpus "
+                     f"queued-resources delete {launch.name} --zone={launch.zone} --force`")
+        else:
+            delete(gcloud, launch)
+
+
+def git_head(path: str = ".") -> tuple[str, str, bool]:
+    """(origin URL, HEAD commit, working tree has uncommitted changes) of the checkout here."""
+    def git(*args):
+        return subprocess.run(["git", "-C", path, *args], capture_output=True, text=True,
+                              check=False).stdout.strip()
+    return git("remote", "get-url", "origin"), git("rev-parse", "HEAD"), bool(git("status", "--porcelain"))

@@ -1,0 +1,196 @@
+"""`bert-jax plan`: compile a run for a Cloud TPU slice before renting it.
+
+The real train step (train.jit_train_step: the same function, state shardings, batch shapes
+and microbatching as `train`) is compiled ahead of time for each sequence-length phase, and
+the eval step once, on compile-only devices of the named slice (tpu.py; libtpu needed, no
+TPU). Per device the compiler's memory analysis gives the total and the temporaries;
+parameters and optimizer state come from the shardings. Model FLOPs per step come from the
+model's objective on a full batch (every slot a real token), the projected time from the
+chip's peak at a stated MFU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from bert_jax import config as config_lib
+from bert_jax import evaluate, objectives, optim, sharding, state, tasks, tpu, train
+from bert_jax.tpu import GiB
+
+
+@dataclasses.dataclass
+class Step:
+    """One compiled step on the slice, per device."""
+
+    name: str  # "train phase 0", "eval"
+    seq_len: int
+    batch: int
+    microbatches: int
+    params: int  # bytes
+    opt_state: int  # bytes
+    total: int | None  # the compiler's peak bytes (None: it did not fit)
+    temporaries: int | None
+    fits: bool
+    compiler_says: str  # the compiler's message when it does not fit
+    flops: float  # model FLOPs of one full global batch
+    steps: int  # steps of the run in this phase (0 for eval)
+    step_time: float  # seconds at the stated MFU
+    compile_seconds: float
+
+
+def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, Any]:
+    """The plan of `config` on `slices` x `topology`, as a JSON-ready dict."""
+    if not 0 < mfu <= 1:
+        raise ValueError(f"--mfu={mfu}: a fraction of the chip's peak, in (0, 1]")
+    sl = tpu.parse(topology, slices)
+    devices = tpu.compile_only_devices(sl)
+    config_lib.validate(config, len(devices), sl.hosts)
+    # No data is read: a fine-tuning config's train.steps may come from its number of examples.
+    is_task = config.data.name in tasks.TASKS
+    steps_note = ""
+    if config.train.steps == 0 and config.train.get("epochs", 0) > 0:
+        steps_note = (f"train.steps comes from train.epochs={config.train.epochs} and the size of "
+                      f"the training data, not read here: run time = steps x step time")
+        config = config.copy_and_resolve_references()
+        config.train.steps, config.schedule.warmup_fraction = 1, 0.0
+        config.schedule.warmup_steps = 0
+    elif config.schedule.get("warmup_fraction", 0.0):
+        config = tasks.resolve_steps(config, None)
+    mesh = sharding.make_mesh(config.mesh, devices)
+    objective = objectives.for_config(config)
+    tx, schedule = optim.make_optimizer(config)
+    graphdef, abstract, state_sh = state.abstract_state(config, mesh, tx)
+    params_bytes = sharding.bytes_per_device(abstract["params"], state_sh["params"])
+    opt_bytes = sharding.bytes_per_device(abstract["opt_state"], state_sh["opt_state"])
+    train_state = state.with_shardings(abstract, state_sh)
+    step_fn = train.jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh)
+    peak = sl.chips * sl.gen.peak_per_chip * mfu
+
+    def compiled(name, fn, args, cfg, steps, state_bytes, extra=None):
+        spec = {**objective.batch_spec(cfg), **(extra or {})}
+        t0 = time.perf_counter()
+        with jax.set_mesh(mesh):
+            try:
+                memory = fn.lower(*args, train.batch_shapes(spec, mesh)).compile().memory_analysis()
+                total, temps, says = _total_bytes(memory), int(memory.temp_size_in_bytes), ""
+            except Exception as e:  # noqa: BLE001 (the compiler's own words are the answer)
+                if "RESOURCE_EXHAUSTED" not in str(e):
+                    raise
+                total, temps, says = None, None, _compiler_line(str(e))
+        # objective.flops counts a training step (forward + backward = 3 forwards)
+        flops = float(objective.flops({k: np.ones(s.shape, s.dtype) for k, s in spec.items()}))
+        flops = flops if steps or name.startswith("train") else flops / 3
+        fits = total is not None and total <= sl.gen.hbm_per_device
+        micro = config.train.grad_accum_steps if name.startswith("train") else 1
+        return Step(name, cfg.data.max_seq_length, cfg.train.batch_size, micro, params_bytes,
+                    state_bytes, total, temps, fits, says, flops, steps, flops / peak,
+                    time.perf_counter() - t0)
+
+    steps = []
+    for index, start in enumerate(_phase_starts(config)):
+        _, cfg, end = config_lib.phase_config(config, start)
+        steps.append(compiled(f"train phase {index}", step_fn, (train_state,), cfg, end - start,
+                              opt_bytes))
+    # Evaluation: the params only, at the last phase's lengths; task eval batches also carry
+    # which rows are padding.
+    if is_task:  # the task (its data) is needed only to score outputs, not to compile
+        eval_fn = evaluate.TaskEvaluator(config, graphdef, objective, mesh, task=None).fn
+    else:
+        eval_fn = evaluate.ObjectiveEvaluator(config, graphdef, objective, mesh).fn
+    eval_cfg = config_lib.phase_config(config, _phase_starts(config)[-1])[1]
+    weight = {"example_weight": jax.ShapeDtypeStruct((config.train.batch_size,), np.float32)}
+    steps.append(compiled("eval", eval_fn, (state.with_shardings(abstract["params"], state_sh["params"]),),
+                          eval_cfg, 0, 0, weight if is_task else None))
+    return {
+        "config": {"model": config.model.name, "dtype": config.dtype,
+                   "layers": config.model.get("num_layers"), "width": config.model.get("emb_dim"),
+                   "train_steps": config.train.steps},
+        "slice": {"name": sl.label, "chips": sl.chips, "devices": sl.devices, "hosts": sl.hosts,
+                  "shape": list(sl.shape), "slices": sl.slices,
+                  "hbm_per_device_gib": round(sl.gen.hbm_per_device / GiB, 2),
+                  "peak_tflops_per_chip": sl.gen.peak_per_chip / 1e12, "describe": sl.describe()},
+        "mesh": dict(mesh.shape),
+        "mfu": mfu,
+        "steps": [dataclasses.asdict(s) for s in steps],
+        "fits": all(s.fits for s in steps),
+        "run_seconds": None if steps_note else sum(s.steps * s.step_time for s in steps),
+        "note": steps_note,
+    }
+
+
+def _phase_starts(config) -> list[int]:
+    """First step of each sequence-length phase the run reaches."""
+    phases = tuple(config.data.get("phases") or ())
+    starts = [int(p[0]) for p in phases] or [0]
+    return [s for s in starts if s < config.train.steps] or [0]
+
+
+def _total_bytes(memory) -> int:
+    """Bytes per device the compiled program reserves: its arguments, the outputs not aliased
+    to them (the donated state is) and its temporaries. (XLA's peak_memory_in_bytes reads lower
+    than the temporaries alone on TPU; the compiler schedules to fit the HBM, so a program
+    that compiles fits.)"""
+    return int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+               - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
+
+
+def _compiler_line(message: str) -> str:
+    """The compiler's 'X exceeds available HBM (Y)' sentence, or its first line."""
+    m = re.search(r"[^.:\n]*exceeds[^\n]*?HBM \([^)]*\)", message)
+    return (m.group(0) if m else message.splitlines()[0]).strip()[:300]
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min"
+
+
+def format_plan(result: dict[str, Any]) -> str:
+    """The plan as a table per device and one summary line per step, for people."""
+    sl, c = result["slice"], result["config"]
+    hbm = sl["hbm_per_device_gib"]
+    lines = [f"{c['model']} ({c['layers']} layers x {c['width']}, {c['dtype']}) on {sl['describe']}",
+             f"mesh {result['mesh']}; per device, GiB:", ""]
+    head = (f"{'step':<14}{'tokens':>7}{'batch':>7}{'micro':>6}{'params':>8}{'opt':>8}{'temps':>8}"
+            f"{'total':>8}{'HBM':>7}  {'fits':<5}{'TFLOP/step':>11}{'step s':>9}{'steps':>10}"
+            f"{'time':>11}")
+    lines.append(head)
+
+    def gib(x):
+        return "-" if x is None else f"{x / GiB:.2f}"
+
+    for s in result["steps"]:
+        run = _duration(s["steps"] * s["step_time"]) if s["steps"] and not result["note"] else "-"
+        lines.append(f"{s['name']:<14}{s['seq_len']:>7}{s['batch']:>7}{s['microbatches']:>6}"
+                     f"{gib(s['params']):>8}{gib(s['opt_state'] or None):>8}"
+                     f"{gib(s['temporaries']):>8}{gib(s['total']):>8}{hbm:>7.2f}  "
+                     f"{'yes' if s['fits'] else 'NO':<5}{s['flops'] / 1e12:>11.3g}"
+                     f"{s['step_time']:>9.3g}{s['steps'] if s['steps'] and not result['note'] else '-':>10}"
+                     f"{run:>11}")
+    lines.append("")
+    for s in result["steps"]:
+        if s["total"] is None:
+            verdict = f"does not fit: {s['compiler_says']}"
+        else:
+            verdict = (f"{s['total'] / GiB:.2f} GiB of {hbm:.2f} GiB per device, "
+                       f"{'fits' if s['fits'] else 'does NOT fit'}")
+        lines.append(f"{s['name']} ({s['seq_len']} tokens, batch {s['batch']}) on {sl['name']}: "
+                     f"{verdict}")
+    at = (f"{100 * result['mfu']:.0f}% MFU ({sl['peak_tflops_per_chip']:.0f} bf16 TFLOP/s per "
+          f"chip x {sl['chips']} chips; model FLOPs with every token slot used)")
+    if result["note"]:
+        lines.append(f"step times at {at}; {result['note']}")
+    else:
+        lines.append(f"{c['train_steps']:,} steps projected {_duration(result['run_seconds'])} at {at}")
+    return "\n".join(lines)
