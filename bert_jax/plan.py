@@ -85,9 +85,10 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
                 total, temps, says = None, None, _compiler_line(str(e))
         # objective.flops counts a training step (forward + backward = 3 forwards)
         flops = float(objective.flops({k: np.ones(s.shape, s.dtype) for k, s in spec.items()}))
-        flops = flops if steps or name.startswith("train") else flops / 3
+        training = name != "eval"
+        flops = flops if training else flops / 3
         fits = total is not None and total <= sl.gen.hbm_per_device
-        micro = config.train.grad_accum_steps if name.startswith("train") else 1
+        micro = config.train.grad_accum_steps if training else 1
         return Step(name, cfg.data.max_seq_length, cfg.train.batch_size, micro, params_bytes,
                     state_bytes, total, temps, fits, says, flops, steps, flops / peak,
                     time.perf_counter() - t0)
