@@ -109,6 +109,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
     steps.append(compiled("eval", eval_fn, (state.with_shardings(abstract["params"], state_sh["params"]),),
                           eval_cfg, 0, 0, weight if is_task else None))
     return {
+        "host": _host_input(config, objective, sl.hosts, is_task),
         "config": {"model": config.model.name, "dtype": config.dtype,
                    "layers": config.model.get("num_layers"), "width": config.model.get("emb_dim"),
                    "train_steps": config.train.steps},
@@ -123,6 +124,19 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
         "run_seconds": None if steps_note else sum(s.steps * s.step_time for s in steps),
         "note": steps_note,
     }
+
+
+def _host_input(config, objective, hosts: int, is_task: bool) -> dict[str, Any]:
+    """What each host's input pipeline holds (longest phase): its share of a batch, the
+    shuffle window (pretraining), and for fine-tuning the split's features (all in memory)."""
+    cfg = config_lib.phase_config(config, _phase_starts(config)[-1])[1]
+    spec = objective.batch_spec(cfg)
+    example = sum(int(np.prod(s.shape[1:])) * np.dtype(s.dtype).itemsize for s in spec.values())
+    window = 0 if is_task else int(cfg.data.get("shuffle_window", 0) or 0)
+    return {"example_bytes": example, "batch_bytes": example * cfg.train.batch_size // hosts,
+            "shuffle_window": window, "shuffle_window_bytes": example * window,
+            "grain_workers": int(cfg.data.get("worker_count", 0) or 0),
+            "features_in_memory": is_task}
 
 
 def _phase_starts(config) -> list[int]:
@@ -188,6 +202,18 @@ def format_plan(result: dict[str, Any]) -> str:
                        f"{'fits' if s['fits'] else 'does NOT fit'}")
         lines.append(f"{s['name']} ({s['seq_len']} tokens, batch {s['batch']}) on {sl['name']}: "
                      f"{verdict}")
+    h = result["host"]
+    kib = 1024
+    line = (f"host input (each of {sl['hosts']}): {h['batch_bytes'] / kib:,.0f} KiB of batch, "
+            f"{h['example_bytes']:,} bytes per example")
+    if h["shuffle_window"]:
+        line += (f"; shuffle window {h['shuffle_window']:,} examples = "
+                 f"{h['shuffle_window_bytes'] / kib:,.0f} KiB")
+    if h["grain_workers"]:
+        line += f"; {h['grain_workers']} grain worker processes, each with its own buffers"
+    if h["features_in_memory"]:
+        line += "; fine-tuning: every feature of the split is held in memory (examples x that)"
+    lines.append(line)
     at = (f"{100 * result['mfu']:.0f}% MFU ({sl['peak_tflops_per_chip']:.0f} bf16 TFLOP/s per "
           f"chip x {sl['chips']} chips; model FLOPs with every token slot used)")
     if result["note"]:

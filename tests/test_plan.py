@@ -66,6 +66,11 @@ def test_plan_memory_per_device_matches_the_sharding_arithmetic(v4_plan):
     assert train_step["flops"] == pytest.approx(want) and eval_step["flops"] == pytest.approx(want / 3)
     assert train_step["step_time"] == pytest.approx(want / (4 * 275e12 * 0.4))
     assert v4_plan["run_seconds"] == pytest.approx(100 * train_step["step_time"])
+    # Host input: ids, mask, segments (16 int32 each), 3 masked positions, ids (int32) and
+    # weights (f32), the NSP label: 232 bytes an example; one host; a 1000-example window.
+    assert v4_plan["host"] == {"example_bytes": 232, "batch_bytes": 232 * 32, "shuffle_window": 1000,
+                               "shuffle_window_bytes": 232_000, "grain_workers": 0,
+                               "features_in_memory": False}
 
 
 @needs_libtpu
