@@ -109,7 +109,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
     steps.append(compiled("eval", eval_fn, (state.with_shardings(abstract["params"], state_sh["params"]),),
                           eval_cfg, 0, 0, weight if is_task else None))
     return {
-        "host": _host_input(config, objective, sl.hosts, is_task),
+        "host": _host_input(eval_cfg, objective, sl.hosts, is_task),
         "config": {"model": config.model.name, "dtype": config.dtype,
                    "layers": config.model.get("num_layers"), "width": config.model.get("emb_dim"),
                    "train_steps": config.train.steps},
@@ -126,10 +126,10 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
     }
 
 
-def _host_input(config, objective, hosts: int, is_task: bool) -> dict[str, Any]:
+def _host_input(cfg, objective, hosts: int, is_task: bool) -> dict[str, Any]:
     """What each host's input pipeline holds (longest phase): its share of a batch, the
-    shuffle window (pretraining), and for fine-tuning the split's features (all in memory)."""
-    cfg = config_lib.phase_config(config, _phase_starts(config)[-1])[1]
+    shuffle window (pretraining), and for fine-tuning the split's features (all in memory);
+    `cfg` is the config of the longest phase."""
     spec = objective.batch_spec(cfg)
     example = sum(int(np.prod(s.shape[1:])) * np.dtype(s.dtype).itemsize for s in spec.values())
     window = 0 if is_task else int(cfg.data.get("shuffle_window", 0) or 0)
