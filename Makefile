@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench plan-paper clean
+.PHONY: install demo test lint bench bench-mt plan-paper clean
 
 install: $(STAMP)
 
@@ -27,6 +27,11 @@ lint: install
 bench: install
 	$(BIN)/python -m bert_jax.bench data
 
+# Translation end to end on Multi30k (configs/multi30k.py; about 80 min on 2 CPU cores):
+# vocab, training, averaging, beam search on test2016, sacreBLEU. Resumes in runs/multi30k_bench.
+bench-mt: install
+	$(BIN)/python -m bert_jax.bench multi30k --workdir runs/multi30k_bench
+
 # Every paper config compiled for the TPU slice its docstring names (libtpu, no TPU; slow:
 # BERT-Large on v3-128 compiles for many minutes on 2 cores). Exits non-zero if one does not fit.
 PLAN := $(BIN)/bert-jax plan
@@ -41,4 +46,4 @@ plan-paper: install
 	$(PLAN) --config configs/swag.py --topology v3-8
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache demo_out
+	rm -rf $(VENV) *.egg-info .pytest_cache demo_out runs

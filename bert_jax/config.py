@@ -86,6 +86,31 @@ def training_defaults() -> ml_collections.ConfigDict:
     return c
 
 
+def translation_defaults(config: ml_collections.ConfigDict) -> None:
+    """Adds the `data` and `decode` sections of a translation run (configs/wmt.py, multi30k.py)."""
+    d = config.data = ml_collections.ConfigDict()
+    d.name = "translation"  # translation | synthetic_translation (a copy task, no files)
+    d.source_lang, d.target_lang = "en", "de"
+    d.train_files = ""  # "dir/train.{lang}.gz" (line-aligned, {lang} per side) or "*.tsv"; "" = TFDS
+    d.eval_files = ""  # the dev set, same forms ("" = TFDS tfds_eval_split)
+    d.test_files = ""  # the test set (README: bert-jax translate ... --reference)
+    d.tsv_langs = ""  # a TSV's column languages in order, e.g. "en,de" ("" = source,target)
+    d.tfds_name = ""  # e.g. wmt14_translate/de-en, read with tfds.data_source
+    d.tfds_train_split, d.tfds_eval_split = "train", "validation"
+    d.tfds_data_dir = ""  # "" = TFDS's default
+    d.tokenizer = ""  # directory with the shared SentencePiece model (bert-jax vocab --type sentencepiece)
+    d.max_seq_length = 256  # tokens per row, each side; longer pairs are dropped
+    d.packing_bins = 0  # rows packed at a time (first fit); 0 = one host batch
+    d.worker_count = 0  # grain worker processes (0 = in the training process)
+    d.bleu_sentences = 0  # dev sentences decoded for BLEU at each evaluation (0 = all, -1 = none)
+
+    c = config.decode = ml_collections.ConfigDict()
+    c.beam_size = 4  # 1 = greedy
+    c.alpha = 0.6  # GNMT length penalty ((5 + len) / 6) ** alpha
+    c.max_extra = 50  # output length limit: source length + max_extra
+    c.batch_size = 64  # sentences per decoding batch
+
+
 def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     """`path.py[:arg]` -> get_config(arg), then `key.path=value` overrides applied in order."""
     path, _, arg = spec.partition(":")

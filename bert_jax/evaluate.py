@@ -23,7 +23,7 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
-from bert_jax import checkpoint, objectives, sharding, state, tasks
+from bert_jax import checkpoint, objectives, sharding, state, tasks, translate
 from bert_jax import config as config_lib
 from bert_jax.data import finetune, pipelines, vocab
 from bert_jax.paths import is_remote, workdir_path
@@ -152,6 +152,9 @@ def _local_folder(out_dir):
 
 
 def make_evaluator(config, graphdef, objective, mesh, task=None):
+    if config.data.name == "translation":  # + BLEU of decoded dev sentences
+        return translate.TranslationEvaluator(
+            ObjectiveEvaluator(config, graphdef, objective, mesh), graphdef)
     if task is None:
         return ObjectiveEvaluator(config, graphdef, objective, mesh)
     return TaskEvaluator(config, graphdef, objective, mesh, task)
@@ -239,7 +242,8 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
     best = f"eval/{task.main_metric}" if task else None
     if split is not None and task is None:
         raise ValueError("--split applies to fine-tuning tasks; pretraining evaluates held-out "
-                         "documents: leave out --split")
+                         "documents and translation its dev set (data.eval_files): leave out "
+                         "--split (a translation test set: bert-jax translate --reference)")
     eval_dir = workdir_path(workdir) / "eval"
     if split is not None and split != task.eval_splits[0]:
         # Another split's results go beside the dev ones, never over them: eval/<split>/.

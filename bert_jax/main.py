@@ -13,6 +13,9 @@
   bert-jax convert hf:<hf_dir>|tf:<tf_checkpoint> <out_dir> [--head bert_classification]
   bert-jax export <checkpoint_dir> hf:<out_dir> [--step N]   (a Hugging Face folder for transformers)
   bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]
+  bert-jax translate --checkpoint <dir> --input <txt> --output <txt> [--beam 4 --alpha 0.6]
+               [--reference <txt>]   (prints sacreBLEU against the reference)
+  bert-jax average --workdir <dir> --last 5 --out <dir>   (a checkpoint of the mean weights)
 """
 
 from __future__ import annotations
@@ -34,19 +37,30 @@ _CONFIG = flags.DEFINE_string("config", None, "train, eval, sweep, prepare, info
                               "overrides")
 _HEAD = flags.DEFINE_string("head", None, "convert: our model name for the converted weights "
                             "(default: from the checkpoint's architectures)")
-_WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep, launch: the run directory (local or "
+_WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep, launch, average: the run "
+                               "directory (local or "
                                "gs://; rerunning train resumes it)")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features: converted or training dir")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, translate: converted, averaged "
+                                  "or training dir")
 _INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "
-                             "(`A ||| B` for pairs)")
-_OUTPUT = flags.DEFINE_string("output", None, "features: output JSON-lines file")
+                             "(`A ||| B` for pairs); translate: source sentences, one per line")
+_OUTPUT = flags.DEFINE_string("output", None, "features: output JSON-lines file; translate: "
+                              "output text file (one translation per input line)")
+_BEAM = flags.DEFINE_integer("beam", None, "translate: beam size, 1 = greedy (default: the "
+                             "run config's decode.beam_size)")
+_ALPHA = flags.DEFINE_float("alpha", None, "translate: length penalty alpha (default: "
+                            "decode.alpha of the run config)")
+_REFERENCE = flags.DEFINE_string("reference", None, "translate: reference translations; prints "
+                                 "sacreBLEU and the paper's tokenized BLEU")
+_LAST = flags.DEFINE_integer("last", 5, "average: number of newest checkpoints to average")
 _LAYERS = flags.DEFINE_string("layers", "-1,-2,-3,-4", "features: encoder layers to output")
 _MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "features: tokens per example")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "features: examples per batch")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "features: examples per batch (default "
+                                   "8); translate: sentences per batch (default decode.batch_size)")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "info: sequence length for FLOPs "
                                 "(default: config.data.max_seq_length)")
 
-_OUT = flags.DEFINE_string("out", None, "vocab, prepare: output directory")
+_OUT = flags.DEFINE_string("out", None, "vocab, prepare, average: output directory")
 _SIZE = flags.DEFINE_integer("size", 30522, "vocab: vocabulary size (at most)")
 _TYPE = flags.DEFINE_enum("type", "wordpiece", ["wordpiece", "sentencepiece"], "vocab: kind")
 _SP_MODEL = flags.DEFINE_enum("sp_model_type", "unigram", ["unigram", "bpe"],
@@ -78,7 +92,7 @@ _PRINT_COMMANDS = flags.DEFINE_boolean("print_commands", False, "sweep: print on
                                        "command per trial (for a cluster scheduler) instead of running")
 
 COMMANDS = ("train", "eval", "sweep", "vocab", "prepare", "info", "plan", "launch", "convert",
-            "export", "features")
+            "export", "features", "translate", "average")
 # The flags each command reads, for `bert-jax <command> --help`.
 COMMAND_FLAGS = {
     "train": ("config", "workdir"), "eval": ("workdir", "config", "step", "split"),
@@ -91,6 +105,8 @@ COMMAND_FLAGS = {
     "convert": ("head",),
     "export": ("step",),
     "features": ("checkpoint", "input", "output", "layers", "max_seq_length", "batch_size"),
+    "translate": ("checkpoint", "input", "output", "beam", "alpha", "reference", "batch_size"),
+    "average": ("workdir", "last", "out"),
 }
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 
@@ -170,20 +186,24 @@ def cmd_sweep(args: list[str]) -> None:
 
 
 def _text_lines(spec: str):
-    """Lines of comma-separated file globs, or of a TFDS dataset's `text` (tfds:name[:split])."""
+    """Lines of comma-separated file globs (plain or .gz), or of a TFDS dataset's fields
+    (tfds:name[:split[:field,field]], default field `text`; e.g. ...:train:en,de)."""
     if spec.startswith("tfds:"):
         import tensorflow_datasets as tfds
 
-        name, _, split = spec[5:].partition(":")
+        name, _, rest = spec[5:].partition(":")
+        split, _, fields = rest.partition(":")
         source = tfds.data_source(name, split=split or "train")
         for i in range(len(source)):
-            text = source[i]["text"]
-            yield from (text.decode() if isinstance(text, bytes) else text).splitlines()
+            for field in (fields or "text").split(","):
+                text = source[i][field]
+                yield from (text.decode() if isinstance(text, bytes) else text).splitlines()
         return
     from bert_jax.data.documents import expand
+    from bert_jax.data.pretraining import _open_text
 
     for path in expand(spec, "--input"):
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with _open_text(path) as f:
             yield from f
 
 
@@ -334,8 +354,33 @@ def cmd_features(args: list[str]) -> None:
     n = features.extract_features(
         _require(_CHECKPOINT, "features"), _require(_INPUT, "features"),
         _require(_OUTPUT, "features"), layers=layers, max_seq_length=_MAX_SEQ_LENGTH.value,
-        batch_size=_BATCH_SIZE.value)
+        batch_size=8 if _BATCH_SIZE.value is None else _BATCH_SIZE.value)
     print(json.dumps({"lines": n, "output": _OUTPUT.value, "layers": layers}))
+
+
+def cmd_translate(args: list[str]) -> None:
+    """Translates a text file with an encoder-decoder checkpoint; scores it given a reference."""
+    from bert_jax import translate
+
+    maybe_initialize_distributed()  # on a pod every host runs this; they decode together
+    report = translate.translate_file(
+        _require(_CHECKPOINT, "translate"), _require(_INPUT, "translate"),
+        _require(_OUTPUT, "translate"), beam_size=_BEAM.value, alpha=_ALPHA.value,
+        batch_size=_BATCH_SIZE.value, reference=_REFERENCE.value)
+    if "sacrebleu" in report:
+        print(f"sacreBLEU {report['sacrebleu']['bleu']:.2f} ({report['sacrebleu']['signature']})\n"
+              f"tokenized BLEU {report['tokenized_bleu']['bleu']:.2f} (compound-split, the "
+              "paper's convention: compare with its 27.3 / 28.4, not with sacreBLEU)")
+    print(json.dumps(report))
+
+
+def cmd_average(args: list[str]) -> None:
+    """Averages the newest --last checkpoints of a workdir into a new checkpoint --out."""
+    from bert_jax import average
+
+    report = average.average_checkpoints(_require(_WORKDIR, "average"), _LAST.value,
+                                         _require(_OUT, "average"))
+    print(json.dumps(report))
 
 
 def main(argv: list[str]) -> None:

@@ -121,9 +121,9 @@ def test_wmt_configs_are_complete_training_configs():
         assert objective.label_smoothing == 0.1 and config.optimizer.b2 == 0.98
 
 
-def test_plain_wmt_train_names_the_missing_reader(tmp_path):
+def test_plain_wmt_train_names_the_missing_tokenizer(tmp_path):
     config = tiny_wmt("data.name=translation")
-    with pytest.raises(ValueError, match="synthetic_translation"):
+    with pytest.raises(ValueError, match="data.tokenizer is empty"):
         train.train_and_evaluate(config, str(tmp_path))
 
 

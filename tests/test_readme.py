@@ -2,7 +2,7 @@
 
 What the README leaves to the user is substituted, and only that: `/path/to/...` (the
 user's model folders, GLUE data (MRPC with 160 training rows), text) by small real files,
-and `/tmp/` by a fresh folder;
+`/tmp/` by a fresh folder, `../shared/data/` by where that data is (commands run elsewhere);
 `demo_out/corpus` is built as `make demo` builds it. Each command must exit 0.
 """
 
@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO
+from conftest import REPO, shared_data_dir
 
 from bert_jax import demo
 
@@ -52,7 +52,8 @@ def hf_model(tmp_path_factory, wordpiece_vocab):
 def test_readme_lists_the_commands():
     commands = readme_commands()
     assert len(commands) >= 15
-    for name in ("train", "eval", "sweep", "vocab", "info", "convert", "export", "features"):
+    for name in ("train", "eval", "sweep", "vocab", "info", "convert", "export", "features",
+                 "translate", "average"):
         assert any(c.startswith(PREFIX + name + " ") for c in commands), name
 
 
@@ -83,6 +84,7 @@ def test_readme_commands_run_as_written(tmp_path, small_glue, hf_model, english_
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     for command in readme_commands():
         command = command.replace("/tmp/", f"{tmp_path}/tmp/").replace(" configs/", f" {REPO}/configs/")
+        command = command.replace("../shared/data/", f"{shared_data_dir()}/")
         for placeholder, path in user_files.items():
             command = command.replace(placeholder, str(path))
         args = shlex.split(command)[1:]

@@ -8,6 +8,8 @@ that, `bert-jax prepare` writes array_record shards that are read record by reco
 from __future__ import annotations
 
 import glob
+import gzip
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from bert_jax.data import pretraining, vocab
+from bert_jax.paths import workdir_path
 
 Document = list[np.ndarray]
 
@@ -33,6 +36,32 @@ def expand(patterns: str, what: str = "") -> list[str]:
     if not files:
         raise FileNotFoundError(f"{where}no files given; set it to comma-separated file globs")
     return files
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of a UTF-8 text file, plain or .gz (local or gs://), without line endings."""
+    file = workdir_path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: no such file; give a text file with one sentence a line "
+                                "(plain or .gz)")
+    try:
+        data = file.read_bytes()
+        if str(path).endswith(".gz"):
+            data = gzip.decompress(data)
+        text = data.decode("utf-8")
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise ValueError(f"{path}: not a readable gzip file ({e}); decompress it or drop the "
+                         ".gz suffix if it is plain text") from None
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line} is not UTF-8 ({e.reason}); re-encode the file as "
+                         "UTF-8") from None
+    # split("\n"), not splitlines(): a stray \x85 or \u2028 inside a sentence must not shift
+    # the line alignment with the other side.
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
 
 
 def serialize(doc: Document) -> bytes:

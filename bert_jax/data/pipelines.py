@@ -5,22 +5,28 @@ disjoint and together complete) -> shuffled each epoch -> each document turned i
 instances by the create_pretraining_data algorithm with an rng fixed by (seed, document,
 epoch) -> window shuffle -> batches. Every stage is checkpointable, so the iterator state
 saved with a checkpoint resumes the exact stream.
+
+Translation pipeline: this host's sentence pairs -> shuffled each epoch -> encoded, too long
+ones dropped -> packed into rows (data/translation.py) -> batches; resumable the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import grain
 import jax
 import numpy as np
 from grain.experimental import FlatMapIterDataset, FlatMapTransform, WindowShuffleIterDataset
 
-from bert_jax.data import documents, pretraining, vocab
+from bert_jax.data import documents, pretraining, translation, vocab
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
 from bert_jax.data.synthetic import SyntheticPretraining, SyntheticTranslation
 
-SOURCES = ("synthetic", "synthetic_translation", "text", "array_record", "tfds")
+log = logging.getLogger(__name__)
+
+SOURCES = ("synthetic", "synthetic_translation", "translation", "text", "array_record", "tfds")
 
 
 @dataclasses.dataclass
@@ -60,31 +66,16 @@ class _Instances(FlatMapTransform):
             for inst in instances]
 
 
-class PretrainingPipeline:
-    """Batches of BERT pretraining features for this host. Training streams repeat forever;
-    evaluation streams make one pass and pad the last batch (example_weight 0)."""
+class GrainBatches:
+    """Host-local batches of a grain IterDataset of examples. Training streams repeat
+    forever; evaluation streams make one pass and pad the last batch (example_weight 0), and
+    with `num_batches` stop there (hosts that run out first give all-padding batches)."""
 
-    def __init__(self, docs, doc_ids: np.ndarray, tokenizer, data: dict, *, seed: int,
-                 batch_size: int, train: bool, process_index: int = 0, process_count: int = 1,
-                 num_batches: int | None = None):
-        local = np.arange(process_index, len(doc_ids), process_count)  # positions in doc_ids
-        if len(local) == 0:
-            raise ValueError(f"process {process_index} of {process_count} got no documents "
-                             f"({len(doc_ids)} in the split)")
-        if not train and process_count > 1 and num_batches is None:
-            raise ValueError("multi-host evaluation needs a fixed number of batches on every "
-                             "host: set train.eval_steps > 0")
-        n = len(local)
-        positions = grain.MapDataset.source(local)
-        if train:
-            positions = positions.shuffle(seed).repeat(None)
-        ds = positions.map_with_index(lambda i, k: (i // n, int(k))).to_iter_dataset()
-        ds = FlatMapIterDataset(ds, _Instances(docs, np.asarray(doc_ids), tokenizer, data, seed))
-        if train and data["shuffle_window"] > 1:
-            ds = WindowShuffleIterDataset(ds, window_size=data["shuffle_window"], seed=seed)
+    def __init__(self, ds, *, batch_size: int, train: bool, num_batches: int | None = None,
+                 worker_count: int = 0):
         ds = ds.batch(batch_size, drop_remainder=train)
-        if data["worker_count"] > 0:
-            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=data["worker_count"]))
+        if worker_count > 0:
+            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
         self.batch_size, self.train, self.num_batches = batch_size, train, num_batches
         self.iterator = iter(ds)
         self.produced, self._template = 0, None
@@ -114,6 +105,59 @@ class PretrainingPipeline:
     def set_state(self, state: dict) -> None:
         self.iterator.set_state(state["grain"])
         self.produced = int(state["produced"])
+
+
+def _check_hosts(n_local: int, n_all: int, train: bool, process_index: int, process_count: int,
+                 num_batches: int | None, what: str) -> None:
+    if n_local == 0:
+        raise ValueError(f"process {process_index} of {process_count} got no {what} "
+                         f"({n_all} in the split)")
+    if not train and process_count > 1 and num_batches is None:
+        raise ValueError("multi-host evaluation needs a fixed number of batches on every "
+                         "host: set train.eval_steps > 0")
+
+
+class PretrainingPipeline(GrainBatches):
+    """Batches of BERT pretraining features for this host (see GrainBatches)."""
+
+    def __init__(self, docs, doc_ids: np.ndarray, tokenizer, data: dict, *, seed: int,
+                 batch_size: int, train: bool, process_index: int = 0, process_count: int = 1,
+                 num_batches: int | None = None):
+        local = np.arange(process_index, len(doc_ids), process_count)  # positions in doc_ids
+        _check_hosts(len(local), len(doc_ids), train, process_index, process_count, num_batches,
+                     "documents")
+        n = len(local)
+        positions = grain.MapDataset.source(local)
+        if train:
+            positions = positions.shuffle(seed).repeat(None)
+        ds = positions.map_with_index(lambda i, k: (i // n, int(k))).to_iter_dataset()
+        ds = FlatMapIterDataset(ds, _Instances(docs, np.asarray(doc_ids), tokenizer, data, seed))
+        if train and data["shuffle_window"] > 1:
+            ds = WindowShuffleIterDataset(ds, window_size=data["shuffle_window"], seed=seed)
+        super().__init__(ds, batch_size=batch_size, train=train, num_batches=num_batches,
+                         worker_count=data["worker_count"])
+
+
+def translation_pipeline(config, split: str, *, batch_size: int, num_batches: int | None
+                         ) -> GrainBatches:
+    """Packed translation batches of this host's share of `split`'s pairs."""
+    d = config.data
+    tokenizer = vocab.load_tokenizer(vocab.required_dir(d.tokenizer))
+    tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
+    pairs = translation.open_pairs(d, split)
+    if split == "train":
+        dropped = translation.dropped_by_length(pairs, tokenizer, d.max_seq_length)
+        log.info(f"translation data: {len(pairs):,} training pairs; data.max_seq_length="
+                 f"{d.max_seq_length} drops {dropped:.1%} of them (estimated on the first 2,000)")
+    index, count, train = jax.process_index(), jax.process_count(), split == "train"
+    _check_hosts(len(range(index, len(pairs), count)), len(pairs), train, index, count,
+                 num_batches, "sentence pairs")
+    local = batch_size // count
+    ds = translation.packed_dataset(pairs, tokenizer, max_len=d.max_seq_length, rows=local,
+                                    seed=config.seed, train=train, process_index=index,
+                                    process_count=count, bins=d.get("packing_bins", 0))
+    return GrainBatches(ds, batch_size=local, train=train, num_batches=num_batches,
+                        worker_count=d.get("worker_count", 0))
 
 
 def _split_doc_ids(num_docs: int, split: str, heldout_every: int, has_own_split: bool
@@ -161,9 +205,7 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
                                process_index=jax.process_index(),
                                process_count=jax.process_count(), num_batches=num_batches)
     if d.name == "translation":
-        raise ValueError("data.name='translation': the WMT/parallel-text reader is not built yet "
-                         "(issue 13, translation end to end); to exercise the model and engine use "
-                         "--config.data.name=synthetic_translation")
+        return translation_pipeline(config, split, batch_size=global_batch, num_batches=num_batches)
     if d.name not in SOURCES:
         raise ValueError(f"data.name={d.name!r}; choose one of {list(SOURCES)} (fine-tuning: "
                          "glue, squad, ner, swag)")

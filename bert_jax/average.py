@@ -1,0 +1,98 @@
+"""Checkpoint averaging (Vaswani et al. 2017 §6.1: base models average the last 5 checkpoints,
+big models the last 20): the mean of the params of a workdir's newest checkpoints, saved as
+a checkpoint directory in the layout `bert-jax convert` writes, which every command that
+reads checkpoints takes."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from bert_jax import checkpoint, trees
+from bert_jax.data import vocab
+from bert_jax.paths import is_remote, workdir_path
+
+
+def _metadata(mngr, step: int) -> dict[tuple[str, ...], Any]:
+    """{param path: array metadata (shape, dtype)} of checkpoint `step`, reading no array."""
+    tree = mngr.item_metadata(step)["params"]
+    return {trees.key_names(path): x for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _signature(meta: dict[tuple[str, ...], Any]) -> dict[str, tuple]:
+    return {"/".join(k): (tuple(m.shape), np.dtype(m.dtype).name) for k, m in meta.items()}
+
+
+def _check_paths(workdir: str, out: str) -> None:
+    """`out` must be a new place: never the workdir, never inside its checkpoints, never
+    over an existing checkpoint."""
+    src, dst = workdir_path(workdir), workdir_path(out)
+    if dst == src or checkpoint.checkpoint_dir(workdir) in (dst, *dst.parents):
+        raise ValueError(f"--out={out} is the workdir {workdir} (or inside its checkpoints/); "
+                         "choose a new folder for the averaged checkpoint")
+    saved = checkpoint.checkpoint_dir(out)
+    # A step folder is complete (Orbax renames it into place last); an interrupted average
+    # leaves none, so it can simply be rerun.
+    if saved.exists() and any(p.name.isdigit() for p in saved.iterdir()):
+        raise ValueError(f"{out}: already holds a checkpoint (checkpoints/), which is never "
+                         "overwritten; choose another --out or delete that folder")
+
+
+def _choose_steps(workdir: str, mngr, last: int) -> list[int]:
+    """The newest `last` steps, or an error listing what there is."""
+    steps = sorted(mngr.all_steps())
+    where = checkpoint.checkpoint_dir(workdir)
+    if not steps:
+        raise ValueError(f"{where}: no complete checkpoint to average; give the workdir of a "
+                         "run that saved some")
+    if len(steps) < last:
+        raise ValueError(f"{where}: only {len(steps)} checkpoint(s) (steps "
+                         f"{', '.join(map(str, steps))}), fewer than --last {last}; use "
+                         f"--last {len(steps)} or less, or keep more when training "
+                         "(train.keep_checkpoints)")
+    return steps[-last:]
+
+
+def average_checkpoints(workdir: str | os.PathLike, last: int, out: str | os.PathLike) -> dict[str, Any]:
+    """Averages the params of the newest `last` checkpoints of `workdir` into a new checkpoint
+    directory `out` (step and config of the newest one, plus the workdir's tokenizer files).
+    Returns {"out", "steps": the averaged steps, "step": the newest}."""
+    workdir, out = str(workdir), str(out)
+    if last < 1:
+        raise ValueError(f"--last {last}: average at least 1 checkpoint (the paper: 5 for base, "
+                         "20 for big)")
+    _check_paths(workdir, out)
+    if not checkpoint.checkpoint_dir(workdir).is_dir():
+        raise ValueError(f"{workdir}: no checkpoints/ folder; give the workdir of a training run")
+    with checkpoint.manager(workdir) as mngr:  # as read_config does (read_only only adds warnings)
+        steps = _choose_steps(workdir, mngr, last)
+        metas = {s: _metadata(mngr, s) for s in steps}
+    newest = steps[-1]
+    want = _signature(metas[newest])
+    for step in steps[:-1]:
+        have = _signature(metas[step])
+        diff = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
+        if diff:
+            shown = "; ".join(f"{k}: {have.get(k, 'absent')} vs {want.get(k, 'absent')}" for k in diff[:6])
+            raise ValueError(f"{checkpoint.checkpoint_dir(workdir)}: checkpoints {step} and {newest} "
+                             f"hold different params ((shape, dtype) in {step} vs {newest}: {shown}); "
+                             "average only checkpoints of one model, with a smaller --last")
+    # Restored one at a time (onto one device) and summed in float32 on the host: memory for
+    # two copies of the params, however many checkpoints are averaged.
+    abstract = trees.nest([(k, jax.ShapeDtypeStruct(tuple(m.shape), m.dtype))
+                           for k, m in metas[newest].items()])
+    leaves, treedef = jax.tree.flatten(abstract)
+    total = [np.zeros(x.shape, np.float32) for x in leaves]
+    for step in steps:
+        params = jax.tree.leaves(checkpoint.restore_params(workdir, abstract, step))
+        for acc, x in zip(total, params):
+            np.add(acc, np.asarray(x, np.float32), out=acc)
+        del params
+    averaged = treedef.unflatten([(t / len(steps)).astype(x.dtype) for t, x in zip(total, leaves)])
+    checkpoint.save_params(out, newest, averaged, checkpoint.read_config(workdir, newest))
+    if not is_remote(workdir) and not is_remote(out) and vocab.has_tokenizer(workdir):
+        vocab.copy_tokenizer(workdir, out)
+    return {"out": out, "steps": steps, "step": newest}

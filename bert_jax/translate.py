@@ -1,0 +1,165 @@
+"""Translating text with a trained encoder-decoder: `Translator` (batched beam or greedy
+decoding on the mesh, detokenized output), BLEU on the dev set during training
+(`TranslationEvaluator`), and `bert-jax translate` (`translate_file`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from bert_jax import bleu, checkpoint, decode, objectives, sharding, state
+from bert_jax import config as config_lib
+from bert_jax.data import translation, vocab
+
+log = logging.getLogger(__name__)
+
+
+def _bucket(n: int) -> int:
+    """Source rows padded to a power of two (>= 8), so a file compiles a few shapes, not one per length."""
+    return max(8, 1 << math.ceil(math.log2(max(n, 1))))
+
+
+class Translator:
+    """Sentences -> translations with `params`: sources encoded (+EOS), sorted by length,
+    decoded in batches of `batch_size` sentences, detokenized, returned in input order."""
+
+    def __init__(self, config, graphdef, mesh, tokenizer, *, beam_size: int, alpha: float,
+                 max_extra: int, batch_size: int):
+        shards = mesh.shape["data"] * mesh.shape["fsdp"]
+        self.batch_size = -(-batch_size // shards) * shards  # a multiple of the batch shards
+        self.mesh, self.tokenizer = mesh, tokenizer
+        # [CLS] and [MASK] are never targets; pad and EOS are handled by the search itself.
+        banned = tuple(sorted({tokenizer.cls_id, tokenizer.mask_id} - {tokenizer.sep_id}))
+        self.fn = decode.make_translate_fn(graphdef, mesh, config, eos_id=tokenizer.sep_id,
+                                           beam_size=beam_size, alpha=alpha, max_extra=max_extra,
+                                           banned_ids=banned)
+
+    def __call__(self, params, sentences: list[str], *, progress_every: float = 0.0) -> list[str]:
+        tok = self.tokenizer
+        ids = [np.append(x, tok.sep_id).astype(np.int32) for x in tok.encode_batch(sentences)]
+        order = np.argsort([-len(x) for x in ids], kind="stable")
+        out: list[str | None] = [None] * len(ids)
+        t0 = last = time.perf_counter()
+        for start in range(0, len(ids), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            src = np.zeros((self.batch_size, _bucket(len(ids[rows[0]]))), np.int32)
+            for r, i in enumerate(rows):
+                src[r, :len(ids[i])] = ids[i]
+            for r, hyp in zip(rows, self._decode(params, src)):
+                stop = np.flatnonzero(hyp == tok.sep_id)
+                out[r] = tok.decode(hyp[:stop[0]] if len(stop) else hyp)
+            done = start + len(rows)
+            if progress_every and (time.perf_counter() - last > progress_every or done == len(ids)):
+                last = time.perf_counter()
+                log.info(f"translated {done}/{len(ids)} sentences "
+                         f"({done / max(last - t0, 1e-9):.1f}/s)")
+        return out
+
+    def _decode(self, params, src: np.ndarray) -> np.ndarray:
+        """Every host holds the whole batch: each device takes its rows, all get all outputs."""
+        rows = jax.make_array_from_callback(src.shape, sharding.batch_sharding(self.mesh, 2),
+                                            lambda index: src[index])
+        out = self.fn(params, rows)
+        return np.asarray(multihost_utils.process_allgather(out, tiled=True)
+                          if jax.process_count() > 1 else out)
+
+
+def translator(config, graphdef, mesh, tokenizer, **changes) -> Translator:
+    """A Translator with the config's `decode` section (the defaults where a run has none);
+    `changes` that are not None take precedence."""
+    defaults = ml_collections.ConfigDict()
+    config_lib.translation_defaults(defaults)
+    d = {**defaults.decode.to_dict(), **(config.decode.to_dict() if "decode" in config else {})}
+    d.update({k: v for k, v in changes.items() if v is not None})
+    return Translator(config, graphdef, mesh, tokenizer, **d)
+
+
+class TranslationEvaluator:
+    """The objective's loss and token accuracy on the dev pairs (`losses`, an
+    evaluate.ObjectiveEvaluator), plus sacreBLEU of the decoded first data.bleu_sentences
+    dev sources (0 = all, -1 = none)."""
+
+    def __init__(self, losses, graphdef):
+        self.losses, self.graphdef = losses, graphdef
+        self.config, self.mesh = losses.config, losses.mesh
+        self.bleu_set = None  # (translator, sources, references), read on first use
+
+    def prepare(self) -> None:
+        """Reads a loss batch and the BLEU sentences now, so bad dev files stop a run early."""
+        self.losses.prepare()
+        self._bleu_set()
+
+    def _bleu_set(self):
+        n = self.config.data.get("bleu_sentences", 0)
+        if self.bleu_set is None and n >= 0:
+            pairs = translation.open_pairs(self.config.data, "validation")
+            chosen = range(len(pairs) if n == 0 else min(n, len(pairs)))
+            sources, references = zip(*(pairs[i] for i in chosen))
+            tokenizer = vocab.load_tokenizer(vocab.required_dir(self.config.data.tokenizer))
+            self.bleu_set = (translator(self.config, self.graphdef, self.mesh, tokenizer),
+                             list(sources), list(references))
+        return self.bleu_set
+
+    def run(self, params, config=None, out_dir=None) -> dict[str, float]:
+        results = self.losses.run(params, config, out_dir)
+        if self._bleu_set() is not None:
+            translate, sources, references = self.bleu_set
+            t0 = time.perf_counter()
+            score = bleu.corpus_bleu(translate(params, sources), references)
+            results["eval/bleu"] = score["bleu"]
+            log.info(f"dev BLEU {score['bleu']:.2f} on {len(sources)} sentences "
+                     f"({time.perf_counter() - t0:.0f}s; {score['signature']})")
+        return results
+
+
+def _run_config(checkpoint_dir: str) -> ml_collections.ConfigDict:
+    """The stored run config of a checkpoint directory (a workdir or an average/convert output)."""
+    stored = checkpoint.read_config(checkpoint_dir)
+    if not isinstance(objectives.for_model(stored["model"]), objectives.Translation):
+        raise ValueError(f"--checkpoint={checkpoint_dir} holds a model.name="
+                         f"{stored['model'].get('name')!r} model; translate needs an encoder-decoder")
+    config = ml_collections.ConfigDict(stored)
+    config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})  # this machine's devices
+    return config
+
+
+def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
+                   beam_size: int | None = None, alpha: float | None = None,
+                   batch_size: int | None = None, reference: str | None = None) -> dict:
+    """Translates each line of `input_path` into `output_path` (written whole at the end, so
+    a failure leaves no partial file); with `reference`, scores the output with sacreBLEU."""
+    config = _run_config(checkpoint_dir)
+    tok_dir = checkpoint_dir if vocab.has_tokenizer(checkpoint_dir) else config.data.get("tokenizer", "")
+    tokenizer = vocab.load_tokenizer(vocab.required_dir(tok_dir, "the checkpoint's tokenizer "
+                                                        "(data.tokenizer)"))
+    sources = bleu.read_lines(input_path)
+    refs = bleu.read_lines(reference) if reference else None
+    if refs is not None and len(refs) != len(sources):
+        raise ValueError(f"--reference={reference} has {len(refs)} lines but --input={input_path} "
+                         f"has {len(sources)}; give the reference of the same sentences")
+    mesh = sharding.make_mesh(config.mesh)
+    graphdef, params = state.restore_params(config, checkpoint_dir, mesh)
+    t0 = time.perf_counter()
+    hyps = translator(config, graphdef, mesh, tokenizer, beam_size=beam_size, alpha=alpha,
+                      batch_size=batch_size)(params, sources, progress_every=10.0)
+    seconds = time.perf_counter() - t0
+    if jax.process_index() == 0:
+        out = Path(output_path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".partial")
+        tmp.write_text("".join(h + "\n" for h in hyps), "utf-8")
+        os.replace(tmp, out)
+    report = {"output": output_path, "sentences": len(hyps), "seconds": round(seconds, 1)}
+    if refs is not None:
+        report["sacrebleu"] = bleu.corpus_bleu(hyps, refs)
+        report["tokenized_bleu"] = bleu.tokenized_bleu(hyps, refs)
+    return report
