@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench bench-mt plan-paper clean
+.PHONY: install demo test lint bench peers-env bench-mt plan-paper clean
 
 install: $(STAMP)
 
@@ -24,8 +24,21 @@ test: install
 lint: install
 	$(BIN)/ruff check bert_jax configs tests
 
+# Example creation (data), then model throughput beside HF Flax and HF PyTorch (model; the
+# peers run in their own environment, .venv-peers; if it cannot be installed they are skipped
+# with the reason). About 20 min on 2 CPU cores; results also in bench_model.json.
 bench: install
 	$(BIN)/python -m bert_jax.bench data
+	-$(MAKE) peers-env
+	$(BIN)/python -m bert_jax.bench model
+
+PEERS := .venv-peers
+peers-env: $(PEERS)/.installed
+
+$(PEERS)/.installed: benchmarks/requirements-peers.txt
+	$(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/pip install --quiet -r benchmarks/requirements-peers.txt
+	touch $@
 
 # Translation end to end on Multi30k (configs/multi30k.py; about 80 min on 2 CPU cores):
 # vocab, training, averaging, beam search on test2016, sacreBLEU. Resumes in runs/multi30k_bench.
@@ -46,4 +59,4 @@ plan-paper: install
 	$(PLAN) --config configs/swag.py --topology v3-8
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache demo_out runs
+	rm -rf $(VENV) $(PEERS) *.egg-info .pytest_cache demo_out runs bench_model.json

@@ -9,18 +9,26 @@
       Translation end to end on Multi30k En->De (configs/multi30k.py): shared 8k BPE vocab,
       training (resumes if the workdir has checkpoints), averaging the last 5 checkpoints,
       beam search on test2016 (1,000 sentences), sacreBLEU (13a, cased) and wall times.
+
+  python -m bert_jax.bench model [--peers .venv-peers/bin/python] [--glue ../shared/data/glue]
+                                 [--steps 10] [--finetune_steps 250] [--out bench_model.json]
+      Train-step tokens/s and MFU (BERT-Base and a small shape, float32 and bfloat16) and
+      SST-2 fine-tuning examples/s and dev accuracy (packed and padded), beside HF Flax and
+      HF PyTorch run in their own environment (modelbench.py; `make peers-env` builds it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import tempfile
 import time
 from pathlib import Path
 
 from bert_jax import config as config_lib
+from bert_jax import modelbench
 from bert_jax.data import documents, pipelines, vocab
 from bert_jax.demo import build_corpus
 
@@ -108,7 +116,14 @@ def translation_lines(spec: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["data", "multi30k"])
+    parser.add_argument("what", choices=["data", "multi30k", "model"])
+    parser.add_argument("--peers", default=".venv-peers/bin/python",
+                        help="model: the peers' Python ('none': ours only)")
+    parser.add_argument("--glue", default=None, help="model: GLUE folder with SST-2/ "
+                        "(default ../shared/data/glue beside the checkout or $BERT_JAX_SHARED_DATA)")
+    parser.add_argument("--steps", type=int, default=10, help="model: timed pretraining steps")
+    parser.add_argument("--finetune_steps", type=int, default=250)
+    parser.add_argument("--out", default="bench_model.json", help="model: results file")
     parser.add_argument("--workdir", default="runs/multi30k_bench", help="multi30k: run directory")
     parser.add_argument("--text", default=None, help="text file globs (default: stdlib docstrings)")
     parser.add_argument("--seconds", type=float, default=20)
@@ -121,6 +136,16 @@ def main() -> None:
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.what == "model":
+        logging.basicConfig(level=logging.WARNING)
+        shared = Path(os.environ.get("BERT_JAX_SHARED_DATA", Path(__file__).parents[2] / "shared" / "data"))
+        results = modelbench.bench_model(
+            peers_python=None if args.peers == "none" else args.peers,
+            data_dir=Path(args.glue) if args.glue else shared / "glue", steps=args.steps,
+            finetune_steps=args.finetune_steps, out=Path(args.out))
+        print(results["table"])
+        print(f"(all results: {args.out})")
+        return
     print(json.dumps(bench_data(args.text, args.seconds)))
 
 

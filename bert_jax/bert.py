@@ -13,6 +13,7 @@ from bert_jax.layers import (
     ACTIVATIONS,
     Array,
     ModelConfig,
+    attend,
     dense,
     dropout,
     embed,
@@ -65,14 +66,17 @@ class BertModel(nnx.Module):
 
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                  attention_mask: Array | None = None, *, segment_ids: Array | None = None,
-                 positions: Array | None = None, rng: Array | None = None,
-                 return_hidden: bool = False) -> dict[str, Array]:
+                 positions: Array | None = None, cls_index: Array | None = None,
+                 rng: Array | None = None, return_hidden: bool = False) -> dict[str, Array]:
         """Inputs are [B, T] int arrays. token_type_ids: segment A/B (0/1);
         attention_mask: 1 for real tokens, 0 for padding (the HF convention);
         segment_ids: packed-sequence ids (0 = padding), instead of attention_mask;
-        positions: per-token positions (restart at 0 in each packed sequence).
+        positions: per-token positions (restart at 0 in each packed sequence);
+        cls_index: where the pooler reads, as indices into the flattened [B*T] tokens (any
+        shape; packed rows hold several [CLS]); default: each row's first token.
 
-        Returns sequence_output [B,T,D], pooled_output [B,D] (with a pooler) and, with
+        Returns sequence_output [B,T,D], pooled_output [B,D] or [*cls_index.shape, D] (with a
+        pooler) and, with
         return_hidden, hidden_states [L+1,B,T,D]: the embeddings then every layer's output.
         """
         r = split_rng(rng, 2)
@@ -88,7 +92,9 @@ class BertModel(nnx.Module):
         seq_BTD, _, hidden_LBTD = self.encoder(x_BTD, mask, rng=r[1], return_hidden=return_hidden)
         out = {"sequence_output": seq_BTD}
         if self.pooler is not None:
-            out["pooled_output"] = jnp.tanh(self.pooler(seq_BTD[:, 0]))
+            cls_BD = (seq_BTD[:, 0] if cls_index is None
+                      else seq_BTD.reshape(-1, seq_BTD.shape[-1])[cls_index])
+            out["pooled_output"] = jnp.tanh(self.pooler(cls_BD))
         if return_hidden:
             out["hidden_states"] = jnp.concatenate([x_BTD[None], hidden_LBTD], axis=0)
         return out
@@ -112,7 +118,7 @@ class MaskedLMHead(nnx.Module):
 
     def __call__(self, x_BPD: Array, word_embeddings: nnx.Embed) -> Array:
         h_BPD = self.norm(ACTIVATIONS[self.activation](self.transform(x_BPD)))
-        return word_embeddings.attend(h_BPD).astype(jnp.float32) + self.bias[...]
+        return attend(word_embeddings, h_BPD).astype(jnp.float32) + self.bias[...]
 
 
 class BertForPreTraining(BertTask):
@@ -198,10 +204,15 @@ class BertForMultipleChoice(BertTask):
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:
-        """Inputs are [B, C, T]; returns logits [B, C]."""
+        """Inputs are [B, C, T], or packed rows [R, T] with cls_index [B, C]; returns logits
+        [B, C]."""
+        r = split_rng(rng, 2)
+        if "cls_index" in inputs:
+            pooled_BCD = self.bert(input_ids, rng=r[0], **inputs)["pooled_output"]
+            logits = self.classifier(dropout(pooled_BCD, self.dropout_rate, r[1]))
+            return {"logits": logits[..., 0].astype(jnp.float32)}
         B, C, T = input_ids.shape
         flat = {k: None if v is None else v.reshape(B * C, T) for k, v in inputs.items()}
-        r = split_rng(rng, 2)
         pooled = self.bert(input_ids.reshape(B * C, T), rng=r[0], **flat)["pooled_output"]
         logits = self.classifier(dropout(pooled, self.dropout_rate, r[1]))
         return {"logits": logits.reshape(B, C).astype(jnp.float32)}

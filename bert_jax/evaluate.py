@@ -25,7 +25,7 @@ from flax import nnx
 
 from bert_jax import checkpoint, objectives, sharding, state, tasks, translate
 from bert_jax import config as config_lib
-from bert_jax.data import finetune, pipelines, vocab
+from bert_jax.data import pipelines, vocab
 from bert_jax.paths import is_remote, workdir_path
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,7 @@ class TaskEvaluator:
 
     def outputs(self, params, split: str) -> tuple[dict, dict[str, np.ndarray]]:
         """(summed losses and metrics, model outputs of every example of `split` in order)."""
-        pipeline = finetune.FeaturePipeline(
-            self.task.features(split), batch_size=self.config.train.batch_size, train=False,
-            seed=0, process_index=jax.process_index(), process_count=jax.process_count())
+        pipeline = pipelines.task_pipeline(self.config, self.task.features(split), train=False)
         total, outs = None, []
         for local in pipeline:
             batch = sharding.global_batch(local, self.mesh, jax.process_count())

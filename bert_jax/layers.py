@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -113,6 +114,90 @@ class ModelConfig:
         return jnp.dtype(self.dtype)
 
 
+# XLA on CPU runs a bfloat16 x bfloat16 dot natively (AVX512-BF16/AMX through its YNNPACK
+# fusions) only when the dot accumulates into float32 (preferred_element_type); a dot with a
+# bfloat16 result is computed as convert-to-f32, f32 dot, convert back: slower than float32.
+# So on CPU the bfloat16 matmuls are spelled as f32-accumulating dots rounded back to bfloat16,
+# the same arithmetic as TPU/GPU bfloat16 dots, with a custom VJP that keeps the backward dots
+# in that form too (autodiff would make them f32 x bf16). Float32 models, and every other
+# backend, run the plain jnp.einsum / lax.dot_general as before.
+
+
+def _cpu_bf16(*xs: Array) -> bool:
+    return all(x.dtype == jnp.bfloat16 for x in xs) and jax.default_backend() == "cpu"
+
+
+def _einsum_f32acc(spec: str, a: Array, b: Array) -> Array:
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _ordered(s1: str, s2: str, out: str, x1: Array, x2: Array) -> Array:
+    """einsum s1,s2->out with, as the left operand, the one whose leading axes are the batch
+    axes: XLA CPU (jax 0.10) rejects some other bf16 x bf16 -> f32 orders at run time
+    ("Unsupported element type for DotThunk::Execute")."""
+    batch = [c for c in s1 if c in s2 and c in out]
+    n = len(batch)
+    if n and sorted(s2[:n]) == sorted(batch) and sorted(s1[:n]) != sorted(batch):
+        s1, s2, x1, x2 = s2, s1, x2, x1
+    return _einsum_f32acc(f"{s1},{s2}->{out}", x1, x2)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _bf16_einsum(spec: str, a: Array, b: Array) -> Array:
+    return _einsum_f32acc(spec, a, b).astype(a.dtype)
+
+
+def _bf16_einsum_fwd(spec, a, b):
+    return _bf16_einsum(spec, a, b), (a, b)
+
+
+def _bf16_einsum_bwd(spec, res, g):
+    a, b = res
+    (sa, sb), so = spec.split("->")[0].split(","), spec.split("->")[1]
+    g = g.astype(a.dtype)
+    return (_ordered(so, sb, sa, g, b).astype(a.dtype), _ordered(sa, so, sb, a, g).astype(b.dtype))
+
+
+_bf16_einsum.defvjp(_bf16_einsum_fwd, _bf16_einsum_bwd)
+
+
+def matmul(spec: str, a: Array, b: Array) -> Array:
+    """jnp.einsum of two operands (two-operand spec, no ellipsis, no repeated or summed-only
+    axes); bfloat16 on CPU goes through the f32-accumulating form above."""
+    return _bf16_einsum(spec, a, b) if _cpu_bf16(a, b) else jnp.einsum(spec, a, b)
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
+                 out_sharding=None):
+    """lax.dot_general for nnx.LinearGeneral(dot_general=...), through `matmul` on CPU bf16."""
+    if not _cpu_bf16(lhs, rhs) or precision is not None or preferred_element_type is not None \
+            or out_sharding is not None:
+        return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                                   preferred_element_type=preferred_element_type,
+                                   out_sharding=out_sharding)
+    (lc, rc), (lb, rb) = dimension_numbers
+    sl = list(_LETTERS[:lhs.ndim])
+    sr = [None] * rhs.ndim
+    for i, j in (*zip(lc, rc), *zip(lb, rb)):
+        sr[j] = sl[i]
+    fresh = iter(_LETTERS[lhs.ndim:])
+    sr = [c if c is not None else next(fresh) for c in sr]
+    so = ([sl[i] for i in lb] + [c for i, c in enumerate(sl) if i not in lc and i not in lb]
+          + [c for j, c in enumerate(sr) if j not in rc and j not in rb])
+    return matmul(f"{''.join(sl)},{''.join(sr)}->{''.join(so)}", lhs, rhs)
+
+
+def attend(table: nnx.Embed, x: Array) -> Array:
+    """table.attend(x) (logits against the embedding table), through `matmul` on CPU bf16."""
+    if table.dtype != jnp.bfloat16 or jax.default_backend() != "cpu":
+        return table.attend(x)
+    x, emb = table.promote_dtype((x, table.embedding[...]), dtype=table.dtype, inexact=True)
+    return matmul(f"{_LETTERS[:x.ndim - 1]}z,yz->{_LETTERS[:x.ndim - 1]}y", x, emb)
+
+
 def kernel_init(cfg: ModelConfig) -> nnx.Initializer:
     if cfg.initializer == "truncated_normal":
         # BERT's truncated_normal(stddev) truncates at 2 stddev.
@@ -134,6 +219,7 @@ def dense(cfg: ModelConfig, in_features, out_features, axes: tuple, *, rngs: nnx
     return nnx.LinearGeneral(
         in_features, out_features, axis=axis, use_bias=use_bias,
         dtype=cfg.compute_dtype, kernel_init=kernel_init(cfg), rngs=rngs,
+        dot_general=_dot_general if cfg.dtype == "bfloat16" else None,
         kernel_metadata={"out_sharding": axes},
         bias_metadata={"out_sharding": axes[-n_out:]},
     )
@@ -154,11 +240,17 @@ def embed(cfg: ModelConfig, num: int, axes: tuple, *, rngs: nnx.Rngs) -> nnx.Emb
 
 
 def dropout(x: Array, rate: float, rng: Array | None) -> Array:
-    """Inverted dropout; identity when rng is None (deterministic) or rate is 0."""
+    """Inverted dropout; identity when rng is None (deterministic) or rate is 0.
+
+    Each random 32-bit word decides two elements (16 bits each: the rate is rounded to a
+    multiple of 1/65536), halving the random bits, which cost ~10% of a BERT step on CPU."""
     if rng is None or rate == 0.0:
         return x
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+    drop = round(rate * 65536)  # elements whose 16 random bits are below this are dropped
+    words = jax.random.bits(rng, ((x.size + 1) // 2,), jnp.uint32)
+    halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(-1)[:x.size]
+    keep = halves.reshape(x.shape) >= drop
+    return jnp.where(keep, x / (1.0 - drop / 65536), 0).astype(x.dtype)
 
 
 def split_rng(rng: Array | None, n: int) -> list[Array | None]:
@@ -215,15 +307,15 @@ def attention_mask(q_segments_BT: Array, kv_segments_BS: Array, *, causal: bool 
 def dot_product_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, mask_B1TS: Array,
                           dropout_rate: float, rng: Array | None) -> Array:
     """softmax(QK^T / sqrt(d_k)) V with a boolean mask and dropout on the probabilities."""
-    if rng is None or dropout_rate == 0.0:
+    if (rng is None or dropout_rate == 0.0) and not _cpu_bf16(q_BTNK, k_BSNK, v_BSNK):
         # XLA on CPU/TPU, cuDNN flash attention when asked for on GPU.
         return jax.nn.dot_product_attention(q_BTNK, k_BSNK, v_BSNK, mask=mask_B1TS)
     # Dropout on the probabilities needs them materialised: spell the softmax out.
     scale = 1.0 / math.sqrt(q_BTNK.shape[-1])
-    logits_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTNK, k_BSNK).astype(jnp.float32) * scale
+    logits_BNTS = matmul("btnk,bsnk->bnts", q_BTNK, k_BSNK).astype(jnp.float32) * scale
     logits_BNTS = jnp.where(mask_B1TS, logits_BNTS, jnp.finfo(jnp.float32).min)
     probs_BNTS = dropout(jax.nn.softmax(logits_BNTS, axis=-1), dropout_rate, rng)
-    return jnp.einsum("bnts,bsnk->btnk", probs_BNTS.astype(v_BSNK.dtype), v_BSNK)
+    return matmul("bnts,bsnk->btnk", probs_BNTS.astype(v_BSNK.dtype), v_BSNK)
 
 
 class Attention(nnx.Module):

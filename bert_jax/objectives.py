@@ -3,7 +3,8 @@ and the real tokens and model FLOPs it holds.
 
 Every objective (`for_model(model_cfg)`) has:
   batch_spec(config)        {name: ShapeDtypeStruct} of a global training batch (the planner
-                            and the train loop compile from it, before any data is read)
+                            and the train loop compile from it, before any data is read);
+                            packed fine-tuning batches vary in rows: batch_spec(config, rows)
   __call__(model, batch, rng) -> (terms, metrics)
         terms   {name: summed loss}; the train step divides each by `weights(batch)[name]`,
                 the term's total weight over the whole (global, all-microbatch) batch, so k
@@ -25,6 +26,7 @@ keys `<x>_segmentation` (0 = padding, else the packed sequence's id) and `<x>_po
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,14 +44,20 @@ Spec = dict[str, jax.ShapeDtypeStruct]
 
 
 def _example_weight(batch: dict[str, Array], key: str = "input_ids") -> Array:
-    return batch.get("example_weight", jnp.ones(batch[key].shape[0], jnp.float32))
+    if "example_weight" in batch:
+        return batch["example_weight"]
+    # Packed batches have fewer rows than examples; cls_index has one entry per example.
+    n = batch["cls_index" if "cls_index" in batch else key].shape[0]
+    return jnp.ones(n, jnp.float32)
 
 
 def _cross_entropy(logits: Array, labels: Array) -> tuple[Array, Array]:
     """Per-position cross-entropy and correctness, in float32."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    ce = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
-    return ce, (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    label_logp = jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    # Correct when the label scores highest (argmax is a slow reduction on CPU; on a tie
+    # this counts the label as right where argmax would pick the first).
+    return -label_logp, (label_logp >= jnp.max(logp, axis=-1)).astype(jnp.float32)
 
 
 def _spec(shape: tuple[int, ...], dtype=jnp.int32) -> jax.ShapeDtypeStruct:
@@ -67,18 +75,37 @@ class Objective:
 
 
 class _Bert(Objective):
-    """BERT inputs: input_ids, input_mask, segment_ids ([B, T] or [B, C, T])."""
+    """BERT inputs: input_ids, input_mask, segment_ids ([B, T] or [B, C, T]); packed batches
+    (data/finetune.pack_batch) hold them as [R, T] rows with `positions`, input_mask holding
+    each token's packed-sequence id, and `cls_index` (and for tagging `token_index`)."""
 
     @staticmethod
     def inputs(batch: dict[str, Array]) -> dict[str, Array]:
+        if "positions" in batch:  # packed rows
+            return {"token_type_ids": batch["segment_ids"], "segment_ids": batch["input_mask"],
+                    "positions": batch["positions"], "cls_index": batch["cls_index"]}
         return {"token_type_ids": batch["segment_ids"], "attention_mask": batch["input_mask"]}
 
     @staticmethod
     def input_spec(shape: tuple[int, ...]) -> Spec:
         return {k: _spec(shape) for k in ("input_ids", "input_mask", "segment_ids")}
 
+    @staticmethod
+    def packed_spec(config, rows: int | None, example_shape: tuple[int, ...],
+                    token_index: bool = False) -> Spec:
+        """The token arrays of a packed batch of [R, T] rows (R: `rows`, default the most a
+        batch can need) and the indices of its examples ([B] or [B, C])."""
+        T = config.data.max_seq_length
+        R = rows or math.prod(example_shape)  # at most one sequence per row
+        spec = {**{k: _spec((R, T)) for k in ("input_ids", "input_mask", "segment_ids",
+                                                 "positions")},
+                "cls_index": _spec(example_shape)}
+        if token_index:
+            spec["token_index"] = _spec((*example_shape, T))
+        return spec
+
     def tokens(self, batch: dict[str, Array]) -> Array:
-        return jnp.sum(batch["input_mask"].astype(jnp.float32))
+        return jnp.sum((batch["input_mask"] > 0).astype(jnp.float32))
 
     def flops(self, batch: dict[str, Array]) -> Array:
         per_token = self.flops_per_token(batch["input_ids"].shape[-1])["encoder_per_token"]
@@ -89,7 +116,7 @@ class Pretraining(_Bert):
     """BERT MLM + NSP: mean cross-entropy over the masked positions plus mean NSP
     cross-entropy (the original run_pretraining.py loss)."""
 
-    def batch_spec(self, config) -> Spec:
+    def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         P = config.data.max_predictions_per_seq
         return {**self.input_spec((B, T)), "masked_lm_positions": _spec((B, P)),
@@ -124,7 +151,16 @@ class Pretraining(_Bert):
 
 class _FineTuning(_Bert):
     """A task head's objective, split so evaluation can keep the model outputs:
-    `forward` (model outputs) then `loss` (terms and metrics of those outputs)."""
+    `forward` (model outputs) then `loss` (terms and metrics of those outputs).
+    `packing`: what a packed batch needs to find its examples ("cls": each [CLS]; "tokens":
+    every token), or None when the head is not packed (SQuAD's windows are full length, and
+    its span softmax runs over the whole row)."""
+
+    packing: str | None = None
+
+    def packs(self, config) -> bool:
+        """Whether this run's batches are packed (data.pack and a head that can be)."""
+        return bool(config.data.get("pack", False)) and self.packing is not None
 
     def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
         return {"task": jnp.sum(_example_weight(batch))}
@@ -142,11 +178,14 @@ class Classification(_FineTuning):
     """Sentence / pair classification (cross-entropy), or regression (MSE) when the model
     has one output."""
 
-    def batch_spec(self, config) -> Spec:
+    packing = "cls"
+
+    def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         regression = self.model_cfg.get("num_labels") == 1
-        return {**self.input_spec((B, T)),
-                "label_ids": _spec((B,), jnp.float32 if regression else jnp.int32)}
+        tokens = (self.packed_spec(config, rows, (B,)) if self.packs(config)
+                  else self.input_spec((B, T)))
+        return {**tokens, "label_ids": _spec((B,), jnp.float32 if regression else jnp.int32)}
 
     def loss(self, out: dict[str, Array], batch: dict[str, Array]) -> tuple[Terms, Metrics]:
         logits_BC, w_B = out["logits"], _example_weight(batch)
@@ -163,19 +202,32 @@ class Classification(_FineTuning):
 class MultipleChoice(Classification):
     """One score per choice ([B, C, T] inputs), softmax cross-entropy over the choices."""
 
-    def batch_spec(self, config) -> Spec:
+    def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, C, T = config.train.batch_size, config.data.num_choices, config.data.max_seq_length
-        return {**self.input_spec((B, C, T)), "label_ids": _spec((B,))}
+        tokens = (self.packed_spec(config, rows, (B, C)) if self.packs(config)
+                  else self.input_spec((B, C, T)))
+        return {**tokens, "label_ids": _spec((B,))}
 
 
 class Tagging(_FineTuning):
     """Token tags: cross-entropy at the positions with label_weights > 0 (first sub-tokens),
     averaged over those positions."""
 
-    def batch_spec(self, config) -> Spec:
+    packing = "tokens"
+
+    def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
-        return {**self.input_spec((B, T)), "label_ids": _spec((B, T)),
-                "label_weights": _spec((B, T), jnp.float32)}
+        tokens = (self.packed_spec(config, rows, (B,), token_index=True) if self.packs(config)
+                  else self.input_spec((B, T)))
+        return {**tokens, "label_ids": _spec((B, T)), "label_weights": _spec((B, T), jnp.float32)}
+
+    def forward(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
+                ) -> dict[str, Array]:
+        out = super().forward(model, batch, rng)
+        if "token_index" in batch:  # packed rows -> each example's tokens [B, T, tags]
+            logits = out["logits"]
+            out["logits"] = logits.reshape(-1, logits.shape[-1])[batch["token_index"]]
+        return out
 
     def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
         return {"task": jnp.sum(self._w(batch))}
@@ -195,7 +247,7 @@ class SpanQA(_FineTuning):
     """SQuAD: (start cross-entropy + end cross-entropy) / 2 over the sequence positions, as
     the original run_squad.py."""
 
-    def batch_spec(self, config) -> Spec:
+    def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         return {**self.input_spec((B, T)), "start_positions": _spec((B,)),
                 "end_positions": _spec((B,))}
@@ -259,7 +311,7 @@ class _Sequence(Objective):
 class Translation(_Sequence):
     """The encoder-decoder on (inputs, targets) pairs: teacher forcing on shifted targets."""
 
-    def batch_spec(self, config) -> Spec:
+    def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         return {f"{k}{suffix}": _spec((B, T)) for k in ("inputs", "targets")
                 for suffix in ("", "_segmentation", "_position")}
@@ -287,7 +339,7 @@ class Translation(_Sequence):
 class LanguageModel(_Sequence):
     """The decoder-only LM: next-token prediction on `targets` (inputs = targets shifted)."""
 
-    def batch_spec(self, config) -> Spec:
+    def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         return {f"targets{suffix}": _spec((B, T)) for suffix in ("", "_segmentation", "_position")}
 

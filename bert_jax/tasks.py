@@ -312,8 +312,8 @@ def resolve_steps(config, task: Task | None) -> ml_collections.ConfigDict:
     return config
 
 
-def finetune_defaults(model_name: str, size: str, num_labels: int, learning_rate: float = 2e-5
-                      ) -> ml_collections.ConfigDict:
+def finetune_defaults(model_name: str, size: str, num_labels: int, learning_rate: float = 2e-5,
+                      pack: bool = True) -> ml_collections.ConfigDict:
     """The BERT paper's fine-tuning setup (A.3): batch 32, 3 epochs, Adam lr 2e-5 (of
     5e-5, 3e-5, 2e-5), 10% warmup then linear decay, dropout 0.1, evaluation on dev."""
     config = config_lib.training_defaults()
@@ -337,6 +337,9 @@ def finetune_defaults(model_name: str, size: str, num_labels: int, learning_rate
     d.train_file, d.dev_file, d.test_file = "", "", ""
     d.tokenizer = ""  # vocab directory; empty: config.init_from
     d.max_seq_length = 128
+    # Pack several examples into each max_seq_length row (exact: attention, positions and
+    # heads stay per example), rows in a few bucket sizes; false: one padded row each.
+    d.pack = pack
     d.skip_bad_rows = False  # True: skip malformed rows with a warning instead of stopping
     d.max_train_examples = 0  # > 0: only the first N training examples
     if size in ("tiny", "mini"):  # CPU-sized runs, often from scratch: a larger step size

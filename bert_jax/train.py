@@ -111,8 +111,23 @@ class Phase:
     config: Any  # the run config with this phase's data lengths
     end: int  # the step at which the next phase starts (or train.steps)
     pipeline: Any  # host-local batches, with get_state()/set_state()
-    step_fn: Any  # the train step compiled for this phase's batch shapes
-    batch_spec: dict  # those shapes (objective.batch_spec), which every batch must have
+    step_fn: Any  # the jitted train step
+    batch_spec: dict  # the largest batch's shapes (objective.batch_spec)
+    # The step compiled for each batch spec seen (packed fine-tuning batches come in a few
+    # row counts, one compile each), keyed by the row count (None: the fixed shape).
+    compiled: dict = dataclasses.field(default_factory=dict)
+
+    def step(self, train_state: dict, batch: dict[str, Array]) -> tuple[dict, dict]:
+        rows = self.rows(batch)
+        if rows not in self.compiled:
+            t0 = time.perf_counter()
+            self.compiled[rows] = self.step_fn.lower(train_state, batch).compile()
+            log.info(f"compiled the step for packed batches of {rows} rows in "
+                     f"{time.perf_counter() - t0:.1f}s")
+        return self.compiled[rows](train_state, batch)
+
+    def rows(self, batch: dict) -> int | None:
+        return batch["input_ids"].shape[0] if "positions" in batch else None
 
 
 def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective, mesh, task
@@ -125,19 +140,22 @@ def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective
         pipeline.set_state(saved["pipeline"])
     t0 = time.perf_counter()
     spec = objective.batch_spec(phase_cfg)
-    compiled = step_fn.lower(state_now, batch_shapes(spec, mesh)).compile()
+    phase = Phase(index, phase_cfg, end, pipeline, step_fn, spec)
+    if "positions" not in spec:  # a fixed shape: compile now (packed: at each new row count)
+        phase.compiled[None] = step_fn.lower(state_now, batch_shapes(spec, mesh)).compile()
     t = config.train
+    packed = "packed into rows, " if "positions" in spec else ""
     log.info(f"phase {index} from step {step}: batch {t.batch_size} x "
-             f"{phase_cfg.data.max_seq_length} tokens in {t.grad_accum_steps} microbatch(es); "
-             f"compiled in {time.perf_counter() - t0:.1f}s")
-    return Phase(index, phase_cfg, end, pipeline, compiled, spec)
+             f"{phase_cfg.data.max_seq_length} tokens ({packed}{t.grad_accum_steps} "
+             f"microbatch(es)); compiled in {time.perf_counter() - t0:.1f}s")
+    return phase
 
 
-def next_batch(phase: Phase, mesh) -> dict[str, Array]:
-    """The next global batch, checked against the shapes the step was compiled for."""
+def next_batch(phase: Phase, objective, mesh) -> dict[str, Array]:
+    """The next global batch, checked against the shapes the objective trains on."""
     local = next(phase.pipeline)
     batch = sharding.global_batch(local, mesh, jax.process_count())
-    want = phase.batch_spec
+    want = objective.batch_spec(phase.config, phase.rows(batch))
     got = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
     if got != want:
         diff = sorted(f"{k}: data {got.get(k)}, objective {want.get(k)}"
@@ -313,8 +331,8 @@ def _train(config, workdir: str, task) -> dict[str, Any]:
                 while step < t.steps:
                     if step == phase.end:
                         phase = begin(step, {})
-                    batch = next_batch(phase, mesh)
-                    train_state, metrics = phase.step_fn(train_state, batch)
+                    batch = next_batch(phase, objective, mesh)
+                    train_state, metrics = phase.step(train_state, batch)
                     step += 1
                     # Read the previous step's metrics only now, with this one dispatched.
                     if pending is not None:

@@ -13,6 +13,7 @@ from bert_jax.layers import (
     Cache,
     ModelConfig,
     Stack,
+    attend,
     attention_mask,
     dropout,
     embed,
@@ -129,7 +130,7 @@ class EncoderDecoder(nnx.Module):
                                        cross_mask_B1TS=cross_mask, rng=r[1], cache=cache,
                                        cache_index=cache_index if cache is not None else None)
         table = self.source_embed.token if self.logits is None else self.logits
-        return table.attend(y_BTD).astype(jnp.float32), cache
+        return attend(table, y_BTD).astype(jnp.float32), cache
 
     def __call__(self, src_BS: Array, tgt_in_BT: Array, *, src_segments_BS: Array | None = None,
                  tgt_segments_BT: Array | None = None, src_positions_BS: Array | None = None,
@@ -175,7 +176,7 @@ class DecoderLM(nnx.Module):
         x_BTD, cache, _ = self.decoder(x_BTD, _causal_mask(seg_BT, cache, cache_index), rng=r[1], cache=cache,
                                        cache_index=cache_index if cache is not None else None)
         table = self.embed.token if self.logits is None else self.logits
-        return table.attend(x_BTD).astype(jnp.float32), cache
+        return attend(table, x_BTD).astype(jnp.float32), cache
 
     def init_cache(self, batch: int, max_len: int) -> Cache:
         return init_cache(self.cfg, self.decoder.num_layers, batch, max_len)

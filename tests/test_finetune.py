@@ -85,15 +85,21 @@ def test_eval_best_checkpoint_writes_leaderboard_tsv(sst2_run, shared_data):
 
 def test_mrpc_beats_majority_and_predicts_test(shared_data, task_vocab, tmp_path):
     """From scratch (no pretrained checkpoint offline) MRPC is hard: GLUE's non-pretrained
-    baselines sit near the majority class. The checkpoint selected on dev, as the paper
-    selects, must beat it; a model that predicts one class cannot."""
+    baselines sit near the majority class. The run must get above it at some evaluation (a
+    model that predicts one class cannot), and `--step best` must pick the checkpoint with
+    the best main metric, F1 (on which predicting all-positive scores 0.812, so the best by F1
+    need not be the best by accuracy)."""
     config = glue_config("mrpc", shared_data, task_vocab, "train.epochs=3.0", "train.eval_every=50",
                          "data.max_seq_length=64")  # 64 covers most pairs; twice as fast as 128
     train.train_and_evaluate(config, str(tmp_path))
     dev = glue.read_glue("mrpc", shared_data / "glue/MRPC/dev.tsv")
     majority = majority_accuracy([e.label for e in dev])  # 0.684 (F1 of all-positive: 0.812)
+    evals = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if "eval/f1" in x]
+    assert len(evals) == 7  # steps 50, 100, ..., 300 and the last, 344
+    assert max(e["eval/accuracy"] for e in evals) > majority, evals
     [best] = evaluate.evaluate_checkpoints(config, str(tmp_path), "best")
-    assert best["eval/accuracy"] > majority, best
+    assert best["step"] == max(evals, key=lambda e: e["eval/f1"])["step"]
     assert {"eval/f1", "eval/acc_and_f1"} <= set(best)
     # The unlabeled test file: predictions in the leaderboard layout, no metrics.
     [dev] = evaluate.evaluate_checkpoints(config, str(tmp_path), "latest")
@@ -232,15 +238,15 @@ def get_config(arg=""):
                    "model.vocab_size=4000", "data.max_train_examples=512", "data.max_seq_length=32",
                    "train.epochs=2.0", "train.checkpoint_every=4", "train.eval_every=16")
     s.grid = ml_collections.ConfigDict(allow_dotted_keys=True)
-    s.grid["optimizer.learning_rate"] = (1e-3, 3e-4)
+    s.grid["optimizer.learning_rate"] = (1e-3,)
     s.grid.seed = (0, 1)
     return s
 ''')
     workdir = tmp_path / "sweep"
     printed = _cli("sweep", f"--config={sweep_file}", f"--workdir={workdir}", "--print_commands")
     commands = printed.stdout.strip().splitlines()
-    assert len(commands) == 4 and all("bert_jax train" in c for c in commands), printed.stderr[-2000:]
-    assert "--config.seed=1" in commands[1] and "--config.optimizer.learning_rate=0.0003" in commands[3]
+    assert len(commands) == 2 and all("bert_jax train" in c for c in commands), printed.stderr[-2000:]
+    assert "--config.seed=1" in commands[1] and "--config.optimizer.learning_rate=0.001" in commands[1]
 
     # Interrupt while the second trial is running (after it saved a checkpoint).
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
@@ -262,9 +268,9 @@ def get_config(arg=""):
     assert "learning_rate=0.001_seed=0: finished before, skipped" in done.stdout
     assert "resumed from" in (second.parent / "train.log").read_text()
     rows = (workdir / "results.csv").read_text().splitlines()
-    assert len(rows) == 5 and all(",finished," in r for r in rows[1:])
+    assert len(rows) == 3 and all(",finished," in r for r in rows[1:])
     md = (workdir / "results.md").read_text()
-    assert "| 0.001 | 2 |" in md and "| 0.0003 | 2 |" in md and "Best setting by median eval/accuracy" in md
+    assert "| 0.001 | 2 |" in md and "Best setting by median eval/accuracy" in md
 
 
 @pytest.mark.parametrize("dataset", ["conll2003", "wnut17"])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from bert_jax import models
-from bert_jax.layers import ModelConfig, dot_product_attention, sinusoidal_positions
+from bert_jax import layers, models
+from bert_jax.layers import ModelConfig, dot_product_attention, dropout, sinusoidal_positions
 
 TINY = dict(vocab_size=97, emb_dim=32, num_layers=2, num_heads=4, head_dim=8, mlp_dim=48,
             max_len=40)
@@ -144,6 +144,48 @@ def test_dropout_switch():
     b = model(ids, rng=jax.random.key(2))["mlm_logits"]
     assert np.abs(a - det).max() > 1e-3 and np.abs(a - b).max() > 1e-3
     np.testing.assert_array_equal(a, model(ids, rng=jax.random.key(1))["mlm_logits"])
+
+
+@pytest.mark.parametrize("rate,shape", [(0.1, (333, 301)), (0.5, (7, 3, 1001)), (0.3, (1,))])
+def test_dropout_drops_the_rate_and_keeps_the_mean(rate, shape):
+    """16 random bits per element: the dropped fraction is the rate (to 1/65536 and sampling
+    noise), kept elements are scaled so the mean is unchanged, odd sizes work."""
+    x = jnp.ones(shape)
+    y = np.asarray(dropout(x, rate, jax.random.key(3)))
+    assert y.shape == shape
+    kept = y > 0
+    np.testing.assert_allclose(y[kept], 1 / (1 - round(rate * 65536) / 65536), rtol=1e-6)
+    if y.size > 1000:
+        sigma = np.sqrt(rate * (1 - rate) / y.size)
+        assert abs((1 - kept.mean()) - rate) < 5 * sigma
+        assert abs(y.mean() - 1) < 5 * sigma / (1 - rate)
+    # Different keys drop different elements; the same key the same ones.
+    np.testing.assert_array_equal(y, dropout(x, rate, jax.random.key(3)))
+    if y.size > 1:
+        assert (y != np.asarray(dropout(x, rate, jax.random.key(4)))).any()
+
+
+@pytest.mark.parametrize("spec,shapes", [
+    ("btnk,bsnk->bnts", ((2, 5, 3, 4), (2, 6, 3, 4))),  # attention logits
+    ("bnts,bsnk->btnk", ((2, 3, 5, 6), (2, 6, 3, 4))),  # attention output (the dV order XLA CPU trips on)
+    ("abc,cde->abde", ((2, 5, 8), (8, 3, 4))),  # a dense layer (LinearGeneral's dot_general)
+    ("ab,cb->ac", ((7, 8), (11, 8))),  # logits against the embedding table
+])
+def test_bf16_matmul_and_its_gradients_match_the_float32_einsum(spec, shapes):
+    """bfloat16 dots on CPU run as f32-accumulating dots with a custom VJP: values and both
+    gradients equal float32 einsum's on the same bf16 inputs, to bf16 rounding."""
+    a, b = (jax.random.normal(jax.random.key(i), s).astype(jnp.bfloat16) for i, s in enumerate(shapes))
+
+    def loss(fn, x, y):
+        return jnp.sum(jnp.sin(fn(spec, x, y).astype(jnp.float32)))
+
+    got = jax.value_and_grad(lambda x, y: loss(layers.matmul, x, y), argnums=(0, 1))(a, b)
+    want = jax.value_and_grad(lambda x, y: loss(jnp.einsum, x, y), argnums=(0, 1))(
+        a.astype(jnp.float32), b.astype(jnp.float32))
+    np.testing.assert_allclose(got[0], want[0], rtol=2e-2, atol=2e-2)
+    for g, w in zip(got[1], want[1]):
+        assert g.dtype == jnp.bfloat16
+        np.testing.assert_allclose(g.astype(jnp.float32), w, rtol=3e-2, atol=3e-2)
 
 
 def test_explicit_softmax_path_equals_xla_attention():

@@ -20,6 +20,8 @@ import jax
 import numpy as np
 from grain.experimental import FlatMapIterDataset, FlatMapTransform, WindowShuffleIterDataset
 
+from bert_jax import config as config_lib
+from bert_jax import objectives
 from bert_jax.data import documents, pretraining, translation, vocab
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
 from bert_jax.data.synthetic import SyntheticPretraining, SyntheticTranslation
@@ -193,6 +195,31 @@ def open_documents(config, split: str, tokenizer):
     return docs, ids
 
 
+def pack_options(config, train: bool) -> dict | None:
+    """pack_batch's arguments for a fine-tuning run's batches, or None (not packed): rows a
+    multiple of the mesh's batch shards, one packing per microbatch when training."""
+    if not config.data.get("pack", False):
+        return None
+    packing = objectives.for_config(config).packing
+    if packing is None:
+        raise config_lib.ConfigError(
+            f"data.pack=True: model.name={config.model.name!r} batches cannot be packed (its "
+            "head reads whole rows); set --config.data.pack=false")
+    sizes = config_lib.mesh_shape(config.mesh, jax.device_count())
+    return {"row_multiple": sizes["data"] * sizes["fsdp"],
+            "microbatches": config.train.grad_accum_steps if train else 1,
+            "token_index": packing == "tokens"}
+
+
+def task_pipeline(config, features: dict[str, np.ndarray], *, train: bool, batch_size: int | None = None,
+                  num_batches: int | None = None) -> FeaturePipeline:
+    """Batches of a fine-tuning task's features (packed when data.pack), this host's share."""
+    return FeaturePipeline(features, batch_size=batch_size or config.train.batch_size, train=train,
+                           seed=config.seed if train else 0, process_index=jax.process_index(),
+                           process_count=jax.process_count(), num_batches=num_batches,
+                           pack=pack_options(config, train))
+
+
 def make(config, split: str, *, batch_size: int | None = None, num_batches: int | None = None,
          task=None):
     """The data pipeline of `config.data` for `split` ('train' or 'validation'), reading
@@ -200,10 +227,8 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
     d = config.data
     global_batch = batch_size or config.train.batch_size
     if task is not None:
-        return FeaturePipeline(task.features("train" if split == "train" else task.eval_splits[0]),
-                               batch_size=global_batch, train=split == "train", seed=config.seed,
-                               process_index=jax.process_index(),
-                               process_count=jax.process_count(), num_batches=num_batches)
+        return task_pipeline(config, task.features("train" if split == "train" else task.eval_splits[0]),
+                             train=split == "train", batch_size=global_batch, num_batches=num_batches)
     if d.name == "translation":
         return translation_pipeline(config, split, batch_size=global_batch, num_batches=num_batches)
     if d.name not in SOURCES:

@@ -1,0 +1,228 @@
+"""Model throughput against the peers (`python -m bert_jax.bench model`, part of `make bench`).
+
+Ours, in this process, on this machine's devices (no simulated devices):
+  pretrain   the real train step (train.jit_train_step: MLM + NSP, AdamW, dropout on) on a fixed
+             batch of full-length sequences with 20 masked positions; tokens/s and MFU over the
+             timed steps after warmup (MFU: model FLOPs of the objective over the device peak:
+             the spec sheet for accelerators, a measured f32 matmul for CPUs).
+  finetune   GLUE SST-2 fine-tuning through `train.train_and_evaluate` (the CLI's code path:
+             features, packed batches, evaluation on dev): examples/s from the metrics of the
+             steps after the first window, and dev accuracy; packed (the default) and padded.
+Peers (benchmarks/peers.py, run with the interpreter of their own environment, .venv-peers:
+transformers 4.57.6 with torch 2.13.0 and Flax): the same workloads in HF PyTorch and HF Flax
+(fine-tuning with dynamic padding, as HF's examples). Results are ratios ours/peer from the
+same run, since this machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from bert_jax import config as config_lib
+from bert_jax import objectives, optim, sharding, state, train
+from bert_jax.data import glue, vocab
+from bert_jax.metrics import mfu, peak_flops_per_device
+
+REPO = Path(__file__).resolve().parents[1]
+PEERS_SCRIPT = REPO / "benchmarks" / "peers.py"
+# name -> (layers, hidden, heads, mlp, batch); sequence length 128 throughout.
+SHAPES = {"base": (12, 768, 12, 3072, 8), "small": (4, 256, 4, 1024, 16)}
+FINETUNE = {"layers": 6, "hidden": 384, "heads": 6, "mlp": 1536, "batch": 32, "lr": 3e-4,
+            "max_seq_length": 128, "vocab": 8000}
+log = logging.getLogger(__name__)
+
+
+def _model_overrides(layers: int, hidden: int, heads: int, mlp: int) -> list[str]:
+    return [f"model.num_layers={layers}", f"model.emb_dim={hidden}", f"model.num_heads={heads}",
+            f"model.head_dim={hidden // heads}", f"model.mlp_dim={mlp}"]
+
+
+def full_length_batch(batch: int, seq: int, vocab_size: int, predictions: int = 20) -> dict:
+    """Every token real; `predictions` masked positions per sequence; NSP labels."""
+    rng = np.random.default_rng(0)
+    positions = np.sort(np.stack([rng.choice(np.arange(1, seq), predictions, replace=False)
+                                  for _ in range(batch)]), axis=1)
+    segments = (np.arange(seq) >= seq // 2).astype(np.int32)
+    return {"input_ids": rng.integers(5, vocab_size, (batch, seq)).astype(np.int32),
+            "input_mask": np.ones((batch, seq), np.int32),
+            "segment_ids": np.broadcast_to(segments, (batch, seq)).astype(np.int32),
+            "masked_lm_positions": positions.astype(np.int32),
+            "masked_lm_ids": rng.integers(5, vocab_size, (batch, predictions)).astype(np.int32),
+            "masked_lm_weights": np.ones((batch, predictions), np.float32),
+            "next_sentence_labels": rng.integers(0, 2, batch).astype(np.int32)}
+
+
+def pretrain_step(shape: str | tuple, dtype: str, steps: int, warmup: int = 2, seq: int = 128,
+                  vocab_size: int = 30522) -> dict:
+    """Our train step's tokens/s and MFU at a BERT shape (a SHAPES name or its tuple) and
+    compute dtype."""
+    layers, hidden, heads, mlp, batch = SHAPES[shape] if isinstance(shape, str) else shape
+    config = config_lib.load(str(REPO / "configs" / "bert_pretrain.py:base"), [
+        *_model_overrides(layers, hidden, heads, mlp), f"dtype={dtype}", "data.phases=()",
+        f"data.max_seq_length={seq}", "data.max_predictions_per_seq=20",
+        f"train.batch_size={batch}", f"model.vocab_size={vocab_size}", "mesh.data=-1"])
+    mesh = sharding.make_mesh(config.mesh)
+    objective = objectives.for_config(config)
+    tx, schedule = optim.make_optimizer(config)
+    graphdef, _, state_sh = state.abstract_state(config, mesh, tx)
+    with jax.set_mesh(mesh):
+        train_state = state.init_state(config, tx, state_sh)
+        step_fn = train.jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh)
+        batch = sharding.global_batch(full_length_batch(batch, seq, config.model.vocab_size), mesh, 1)
+        t0 = time.perf_counter()
+        step_fn = step_fn.lower(train_state, batch).compile()
+        compile_s = time.perf_counter() - t0
+        for _ in range(warmup):
+            train_state, metrics = step_fn(train_state, batch)
+        jax.block_until_ready(metrics)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            train_state, metrics = step_fn(train_state, batch)
+        metrics = jax.device_get(metrics)
+        seconds = time.perf_counter() - t0
+    peak, source = peak_flops_per_device()
+    devices = 1 if jax.devices()[0].platform == "cpu" else jax.device_count()
+    return {"tokens_per_s": float(metrics["tokens"]) * steps / seconds,
+            "step_s": seconds / steps, "mfu": mfu(float(metrics["flops"]), seconds / steps, devices, peak),
+            "peak_flops": peak, "peak_source": source, "compile_s": compile_s,
+            "loss": float(metrics["loss"])}
+
+
+def sst2_vocab(data_dir: Path, out_dir: Path) -> Path:
+    """An uncased WordPiece vocabulary of the SST-2 training sentences (no public one offline)."""
+    if not vocab.has_tokenizer(out_dir):
+        lines = (e.text_a for e in glue.read_glue("sst2", data_dir / "SST-2" / "train.tsv"))
+        vocab.train_vocab(lines, size=FINETUNE["vocab"], kind="wordpiece", out_dir=out_dir,
+                          lowercase=True)
+    return out_dir
+
+
+def finetune_sst2(data_dir: Path, tokenizer: Path, workdir: Path, steps: int, pack: bool) -> dict:
+    """SST-2 fine-tuning of a randomly initialised FINETUNE-shaped BERT, as `bert-jax train`."""
+    f = FINETUNE
+    n_vocab = vocab.load_tokenizer(tokenizer).vocab_size
+    log_every = 10
+    config = config_lib.load(str(REPO / "configs" / "glue.py:sst2"), [
+        *_model_overrides(f["layers"], f["hidden"], f["heads"], f["mlp"]),
+        f"model.vocab_size={n_vocab}", f"data.data_dir={data_dir}", f"data.tokenizer={tokenizer}",
+        f"data.max_seq_length={f['max_seq_length']}", f"data.pack={pack}",
+        f"train.batch_size={f['batch']}", f"train.steps={steps}", f"train.log_every={log_every}",
+        f"train.checkpoint_every={steps}", "train.keep_checkpoints=1", f"optimizer.learning_rate={f['lr']}"])
+    t0 = time.perf_counter()
+    summary = train.train_and_evaluate(config, str(workdir))
+    wall = time.perf_counter() - t0
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    windows = [m for m in lines if "steps_per_sec" in m and m["step"] > log_every]
+    seconds = sum(log_every / m["steps_per_sec"] for m in windows)  # the last may be shorter: ok
+    timed_steps = log_every * len(windows)
+    return {"examples_per_s": timed_steps * f["batch"] / seconds,
+            "tokens_per_s": float(np.mean([m["tokens_per_sec"] for m in windows])),
+            "dev_accuracy": summary["eval"]["eval/accuracy"], "steps": summary["step"],
+            "wall_s": wall, "pack": pack}
+
+
+def run_peer(python: str, args: list[str], timeout: int = 1800) -> dict:
+    """One peers.py run in the peers' environment: its JSON line, or {"skipped": why}."""
+    try:
+        done = subprocess.run([python, str(PEERS_SCRIPT), *args], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "XLA_FLAGS": ""})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"skipped": f"{type(e).__name__}: {e}"}
+    lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+    if done.returncode or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"skipped": f"peers.py exit {done.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def table(results: dict) -> str:
+    """The side-by-side table with ratios (ours / peer)."""
+    rows = ["| workload | ours | HF Flax | HF PyTorch | ours/Flax | ours/PyTorch |",
+            "|---|---|---|---|---|---|"]
+    for shape in SHAPES:
+        layers, hidden, _, _, batch = SHAPES[shape]
+        for dtype in ("float32", "bfloat16"):
+            ours = results.get(f"pretrain_{shape}_{dtype}", {})
+            flax = results.get(f"hf_flax_pretrain_{shape}", {}) if dtype == "float32" else {}
+            torch = results.get(f"hf_torch_pretrain_{shape}", {}) if dtype == "float32" else {}
+            t = ours.get("tokens_per_s")
+            cell = f"{t:,.0f} tok/s (MFU {ours['mfu']:.1%})" if t else "-"
+            rows.append(f"| pretraining step, {layers}x{hidden}, seq 128, batch {batch}, {dtype} | "
+                        f"{cell} | {_num(flax, 'tokens_per_s')} | {_num(torch, 'tokens_per_s')} | "
+                        f"{_ratio(t, flax.get('tokens_per_s'))} | {_ratio(t, torch.get('tokens_per_s'))} |")
+    f = FINETUNE
+    torch = results.get("hf_torch_finetune_sst2", {})
+    for key, label in (("finetune_sst2_packed", "packed"), ("finetune_sst2_padded", "padded to 128")):
+        ours = results.get(key, {})
+        e = ours.get("examples_per_s")
+        cell = f"{e:.1f} ex/s (dev acc {ours['dev_accuracy']:.3f})" if e else "-"
+        peer = (f"{torch['examples_per_s']:.1f} ex/s (dev acc {torch['dev_accuracy']:.3f})"
+                if torch.get("examples_per_s") else torch.get("skipped", "-"))
+        rows.append(f"| SST-2 fine-tuning {f['layers']}x{f['hidden']}, batch {f['batch']}, ours "
+                    f"{label}, HF dynamic padding | {cell} | | {peer} | | "
+                    f"{_ratio(e, torch.get('examples_per_s'))} |")
+    return "\n".join(rows)
+
+
+def _num(r: dict, key: str) -> str:
+    return f"{r[key]:,.0f}" if r.get(key) else (r.get("skipped", "-")[:60] if r else "-")
+
+
+def bench_model(*, peers_python: str | None, data_dir: Path, steps: int = 10,
+                finetune_steps: int = 250, out: Path | None = None) -> dict:
+    results: dict = {"machine": {"devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+                                 "cpus": os.cpu_count()}}
+    peer_ok = peers_python and Path(peers_python).exists() and PEERS_SCRIPT.exists()
+    why_no_peers = None if peer_ok else (f"no peers environment at {peers_python} (make peers-env)"
+                                         if peers_python else "peers disabled (--peers none)")
+    for shape, (layers, hidden, heads, mlp, batch) in SHAPES.items():
+        for dtype in ("float32", "bfloat16"):
+            results[f"pretrain_{shape}_{dtype}"] = pretrain_step(shape, dtype, steps)
+            print(f"ours pretrain {shape} {dtype}: {json.dumps(results[f'pretrain_{shape}_{dtype}'])}",
+                  file=sys.stderr, flush=True)
+        for framework in ("flax", "torch"):
+            args = ["pretrain", "--framework", framework, "--layers", str(layers), "--hidden",
+                    str(hidden), "--heads", str(heads), "--mlp", str(mlp), "--seq", "128",
+                    "--batch", str(batch), "--steps", str(steps), "--warmup", "2",
+                    "--dtype", "float32"]
+            r = run_peer(peers_python, args) if peer_ok else {"skipped": why_no_peers}
+            results[f"hf_{framework}_pretrain_{shape}"] = r
+            print(f"hf {framework} pretrain {shape}: {json.dumps(r)}", file=sys.stderr, flush=True)
+    if not (data_dir / "SST-2" / "train.tsv").is_file():
+        results["finetune_sst2_packed"] = {"skipped": f"no {data_dir}/SST-2/train.tsv"}
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            tokenizer = sst2_vocab(data_dir, tmp / "vocab")
+            for pack in (True, False):
+                key = f"finetune_sst2_{'packed' if pack else 'padded'}"
+                results[key] = finetune_sst2(data_dir, tokenizer, tmp / key, finetune_steps, pack)
+                print(f"ours {key}: {json.dumps(results[key])}", file=sys.stderr, flush=True)
+            f = FINETUNE
+            args = ["finetune", "--framework", "torch", "--vocab_dir", str(tokenizer),
+                    "--train", str(data_dir / "SST-2" / "train.tsv"),
+                    "--dev", str(data_dir / "SST-2" / "dev.tsv"), "--layers", str(f["layers"]),
+                    "--hidden", str(f["hidden"]), "--heads", str(f["heads"]), "--mlp", str(f["mlp"]),
+                    "--batch", str(f["batch"]), "--steps", str(finetune_steps), "--lr", str(f["lr"]),
+                    "--warmup_ratio", "0.1", "--max_seq_length", str(f["max_seq_length"]), "--seed", "0"]
+            r = run_peer(peers_python, args) if peer_ok else {"skipped": why_no_peers}
+            results["hf_torch_finetune_sst2"] = r
+            print(f"hf torch finetune: {json.dumps(r)}", file=sys.stderr, flush=True)
+    results["table"] = table(results)
+    if out is not None:
+        out.write_text(json.dumps(results, indent=1) + "\n")
+    return results

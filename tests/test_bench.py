@@ -1,0 +1,42 @@
+"""The model benchmark's plumbing (the numbers come from `make bench`, not from tests): our
+step's tokens/s and MFU are the step's own counts over the measured time, a peer runs through
+peers.py (here with this environment's transformers), a missing peer is skipped with a reason,
+and the table prints ratios."""
+
+import sys
+
+import pytest
+
+from bert_jax import modelbench
+
+
+def test_our_pretraining_step_reports_full_length_tokens_and_mfu():
+    r = modelbench.pretrain_step((1, 32, 2, 64, 8), "float32", steps=2, warmup=1, seq=32,
+                                 vocab_size=100)
+    assert r["tokens_per_s"] == pytest.approx(8 * 32 / r["step_s"])  # every token is real
+    assert 0 < r["mfu"] < 1 and r["peak_flops"] > 0
+
+
+def test_a_peer_runs_through_peers_py_and_a_missing_one_is_skipped():
+    pytest.importorskip("torch")
+    r = modelbench.run_peer(sys.executable, [
+        "pretrain", "--framework", "torch", "--layers", "1", "--hidden", "32", "--heads", "2",
+        "--mlp", "64", "--seq", "32", "--batch", "2", "--steps", "1", "--warmup", "1",
+        "--vocab", "100"])
+    assert r["peer"] == "hf_torch" and r["tokens_per_s"] > 0, r
+    missing = modelbench.run_peer("/nonexistent/python", ["pretrain"])
+    assert "FileNotFoundError" in missing["skipped"]
+
+
+def test_the_table_shows_ours_beside_the_peers_with_ratios():
+    results = {"pretrain_base_float32": {"tokens_per_s": 600.0, "mfu": 0.2},
+               "hf_flax_pretrain_base": {"tokens_per_s": 200.0},
+               "hf_torch_pretrain_base": {"skipped": "no peers environment"},
+               "finetune_sst2_packed": {"examples_per_s": 90.0, "dev_accuracy": 0.8},
+               "hf_torch_finetune_sst2": {"examples_per_s": 30.0, "dev_accuracy": 0.79}}
+    table = modelbench.table(results)
+    base = next(line for line in table.splitlines() if "12x768" in line and "float32" in line)
+    assert "600 tok/s" in base and "| 200 |" in base and "3.00x" in base
+    assert "no peers environment" in base
+    sst2 = next(line for line in table.splitlines() if "packed" in line)
+    assert "90.0 ex/s" in sst2 and "3.00x" in sst2

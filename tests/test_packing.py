@@ -1,0 +1,151 @@
+"""Packed fine-tuning batches (data/finetune.pack_batch): every example is in the rows exactly
+once, intact, with its own positions; the model gives each example the same outputs packed or
+alone (classification, tagging, multiple choice); and a fine-tune with dropout off gives the
+same losses and dev metric packed as unpacked, with and without gradient accumulation."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import REPO
+
+from bert_jax import config as config_lib
+from bert_jax import models, objectives, train
+from bert_jax.data import finetune, glue, pipelines, vocab
+
+TINY = dict(vocab_size=97, emb_dim=32, num_layers=2, num_heads=4, head_dim=8, mlp_dim=64, max_len=64)
+
+
+def random_batch(B, T, seed, choices=0, min_len=3):
+    """A batch of B examples ([B, T] or [B, C, T]) of random lengths, with pair segments."""
+    rng = np.random.default_rng(seed)
+    shape = (B, choices, T) if choices else (B, T)
+    lengths = rng.integers(min_len, T + 1, shape[:-1])
+    lengths[rng.random(shape[:-1]) < 0.6] //= 4  # mostly short, as GLUE sentences
+    lengths = np.maximum(lengths, min_len)
+    pos = np.arange(T)
+    mask = (pos < lengths[..., None]).astype(np.int32)
+    ids = rng.integers(5, 97, shape).astype(np.int32) * mask
+    segments = ((pos >= lengths[..., None] // 2) * mask).astype(np.int32)
+    batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments,
+             "label_ids": rng.integers(0, 2, B).astype(np.int32)}
+    if not choices:
+        batch["label_weights"] = (mask * (rng.random((B, T)) < 0.5)).astype(np.float32)
+        batch["tag_ids"] = rng.integers(0, 3, (B, T)).astype(np.int32)  # tagging's label_ids
+    return batch
+
+
+@pytest.mark.parametrize("microbatches,choices", [(1, 0), (2, 0), (4, 0), (1, 4), (2, 4)])
+def test_every_example_is_packed_once_intact_with_its_own_positions(microbatches, choices):
+    B, T = 32, 40
+    batch = random_batch(B, T, seed=microbatches + choices, choices=choices)
+    batch.pop("tag_ids", None)
+    packed = finetune.pack_batch(batch, row_multiple=2, microbatches=microbatches,
+                                 token_index=not choices)
+    rows = len(packed["input_ids"])
+    assert rows in [microbatches * r for r in finetune.row_buckets(B * max(choices, 1) // microbatches, 2)]
+    assert packed["input_mask"].astype(bool).sum() == batch["input_mask"].sum()  # nothing lost
+    if microbatches < 4:  # (4 microbatches of 8 long-tailed examples may need all their rows)
+        assert rows < B * max(choices, 1)  # short examples share rows
+    np.testing.assert_array_equal(packed["label_ids"], batch["label_ids"])  # examples keep order
+    seqs = {k: batch[k].reshape(-1, T) for k in finetune.PACKED}
+    cls = packed["cls_index"].reshape(-1)
+    for s in range(len(cls)):
+        example = s // max(choices, 1)
+        m = example % microbatches  # the train step gives microbatch m rows m, m+k, ...
+        flat = {k: packed[k][m::microbatches].reshape(-1) for k in (*finetune.PACKED, "positions")}
+        n = int(seqs["input_mask"][s].sum())
+        at = cls[s] + np.arange(n)
+        np.testing.assert_array_equal(flat["input_ids"][at], seqs["input_ids"][s, :n])
+        np.testing.assert_array_equal(flat["segment_ids"][at], seqs["segment_ids"][s, :n])
+        np.testing.assert_array_equal(flat["positions"][at], np.arange(n))
+        assert len(set(flat["input_mask"][at])) == 1 and flat["input_mask"][at][0] > 0
+        assert cls[s] // T == (cls[s] + n - 1) // T  # within one row
+        if not choices:
+            np.testing.assert_array_equal(packed["token_index"][s, :n], at)
+    for key in ("input_mask",):  # packed-sequence ids are 1, 2, ... along each row
+        for row in packed[key]:
+            ids = row[row > 0]
+            assert list(dict.fromkeys(ids)) == list(range(1, len(set(ids)) + 1))
+
+
+def test_padding_examples_of_an_eval_batch_take_no_room():
+    batch = finetune.pad_batch({k: v[:5] for k, v in random_batch(8, 16, seed=3).items()
+                                if k != "tag_ids"}, 8)
+    packed = finetune.pack_batch(batch, row_multiple=1)
+    assert packed["input_mask"].astype(bool).sum() == batch["input_mask"].sum()
+    np.testing.assert_array_equal(packed["example_weight"], [1] * 5 + [0] * 3)
+
+
+@pytest.mark.parametrize("name", ["bert_classification", "bert_tagging", "bert_choice"])
+def test_each_example_has_the_same_outputs_packed_or_alone(name):
+    """The packed forward equals the padded one for every example, to float rounding."""
+    model_cfg = {"name": name, **models.bert_model_fields("tiny"), **TINY,
+                 "num_labels": 1 if name == "bert_choice" else 3}
+    model = models.create_model(model_cfg)
+    objective = objectives.for_model(model_cfg)
+    choices = 4 if name == "bert_choice" else 0
+    batch = random_batch(12, 24, seed=5, choices=choices)
+    tags = batch.pop("tag_ids", None)
+    if name == "bert_tagging":
+        batch["label_ids"] = tags
+    else:
+        batch.pop("label_weights", None)
+    packed = finetune.pack_batch(batch, row_multiple=1, token_index=name == "bert_tagging")
+    assert len(packed["input_ids"]) < 12 * max(choices, 1)
+    alone = objective.forward(model, {k: jnp.asarray(v) for k, v in batch.items()}, None)["logits"]
+    together = objective.forward(model, {k: jnp.asarray(v) for k, v in packed.items()}, None)["logits"]
+    assert together.shape == alone.shape
+    if name == "bert_tagging":  # compare the real tokens (padding positions carry no loss)
+        real = batch["input_mask"].astype(bool)
+        np.testing.assert_allclose(np.asarray(together)[real], np.asarray(alone)[real], atol=2e-5)
+    else:
+        np.testing.assert_allclose(together, alone, atol=2e-5)
+    # And the loss terms and metrics, which the train step and evaluation use.
+    loss_b = objective.loss({"logits": alone}, {k: jnp.asarray(v) for k, v in batch.items()})
+    loss_p = objective.loss({"logits": together}, {k: jnp.asarray(v) for k, v in packed.items()})
+    np.testing.assert_allclose(loss_p[0]["task"], loss_b[0]["task"], rtol=1e-5)
+
+
+def _losses(workdir) -> dict[int, float]:
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {m["step"]: m["loss"] for m in lines if "loss" in m}
+
+
+@pytest.fixture(scope="module")
+def sst2_vocab(shared_data, tmp_path_factory):
+    lines = [e.text_a for e in glue.read_glue("sst2", shared_data / "glue/SST-2/train.tsv")[:5000]]
+    return vocab.train_vocab(lines, size=2000, kind="wordpiece", lowercase=True,
+                             out_dir=tmp_path_factory.mktemp("sst2_vocab"))
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_fine_tune_gives_the_same_losses_and_dev_accuracy_packed_or_padded(
+        shared_data, sst2_vocab, tmp_path, accum):
+    """Real SST-2 sentences, dropout off: the same examples in each step, so packing changes
+    only float rounding. 8 devices (data 4 x fsdp 2), `accum` microbatches per step."""
+    runs = {}
+    for pack in (False, True):
+        config = config_lib.load(str(REPO / "configs" / "glue.py:sst2,tiny"), [
+            f"data.data_dir={shared_data / 'glue'}", f"data.tokenizer={sst2_vocab}",
+            "model.vocab_size=2000", "model.dropout_rate=0.0", "model.attention_dropout_rate=0.0",
+            "data.max_train_examples=640", "data.max_seq_length=64", "train.steps=12",
+            "train.log_every=1", "train.eval_every=12", "train.batch_size=32",
+            f"train.grad_accum_steps={accum}", "mesh.data=4", "mesh.fsdp=2", f"data.pack={pack}"])
+        workdir = tmp_path / f"pack_{pack}"
+        runs[pack] = (train.train_and_evaluate(config, str(workdir)), _losses(workdir))
+    (padded, padded_losses), (packed, packed_losses) = runs[False], runs[True]
+    assert sorted(packed_losses) == list(range(1, 13))
+    for step, loss in padded_losses.items():
+        assert packed_losses[step] == pytest.approx(loss, rel=2e-4), step
+    assert packed["eval"]["eval/accuracy"] == padded["eval"]["eval/accuracy"]
+    assert packed["eval"]["eval/loss"] == pytest.approx(padded["eval"]["eval/loss"], rel=2e-4)
+
+
+def test_squad_is_not_packed_and_says_so_when_asked():
+    config = config_lib.load(str(REPO / "configs" / "squad.py:v1,tiny"), [])
+    assert pipelines.pack_options(config, train=True) is None
+    config.data.pack = True
+    with pytest.raises(config_lib.ConfigError, match="data.pack=false"):
+        pipelines.pack_options(config, train=True)
