@@ -247,6 +247,8 @@ def dropout(x: Array, rate: float, rng: Array | None) -> Array:
     if rng is None or rate == 0.0:
         return x
     drop = round(rate * 65536)  # elements whose 16 random bits are below this are dropped
+    if drop >= 65536:
+        raise ValueError(f"dropout rate {rate} rounds to 1 (16-bit draws); use a rate below 0.99998")
     words = jax.random.bits(rng, ((x.size + 1) // 2,), jnp.uint32)
     halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(-1)[:x.size]
     keep = halves.reshape(x.shape) >= drop

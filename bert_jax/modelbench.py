@@ -11,7 +11,10 @@ Ours, in this process, on this machine's devices (no simulated devices):
 Peers (benchmarks/peers.py, run with the interpreter of their own environment, .venv-peers:
 transformers 4.57.6 with torch 2.13.0 and Flax): the same workloads in HF PyTorch and HF Flax
 (fine-tuning with dynamic padding, as HF's examples). Results are ratios ours/peer from the
-same run, since this machine is shared and noisy.
+same run, since this machine is shared and noisy. Each model runs as its users get it: HF's
+BertForPreTraining projects onto the vocabulary at every position, ours (as the original TF
+BERT) at the masked ones only; our fine-tuning examples/s include the compiles of new packed
+row counts (torch compiles nothing; the HF Flax fine-tune in peers.py compiles untimed).
 """
 
 from __future__ import annotations

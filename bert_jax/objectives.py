@@ -55,9 +55,10 @@ def _cross_entropy(logits: Array, labels: Array) -> tuple[Array, Array]:
     """Per-position cross-entropy and correctness, in float32."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     label_logp = jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
-    # Correct when the label scores highest (argmax is a slow reduction on CPU; on a tie
-    # this counts the label as right where argmax would pick the first).
-    return -label_logp, (label_logp >= jnp.max(logp, axis=-1)).astype(jnp.float32)
+    # Correct when the label scores above every other class (argmax is a slow reduction on
+    # CPU); a tie counts as wrong (argmax would pick the lower id).
+    others = jnp.where(jnp.arange(logp.shape[-1]) == labels[..., None], -jnp.inf, logp)
+    return -label_logp, (label_logp > jnp.max(others, axis=-1)).astype(jnp.float32)
 
 
 def _spec(shape: tuple[int, ...], dtype=jnp.int32) -> jax.ShapeDtypeStruct:

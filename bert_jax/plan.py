@@ -130,10 +130,11 @@ def _host_input(cfg, objective, hosts: int, is_task: bool) -> dict[str, Any]:
     """What each host's input pipeline holds (longest phase): its share of a batch, the
     shuffle window (pretraining), and for fine-tuning the split's features (all in memory);
     `cfg` is the config of the longest phase."""
-    spec = objective.batch_spec(cfg)
-    example = sum(int(np.prod(s.shape[1:])) * np.dtype(s.dtype).itemsize for s in spec.values())
+    spec = objective.batch_spec(cfg)  # packed fine-tuning: the most rows a batch can need
+    batch = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in spec.values())
+    example = batch // cfg.train.batch_size
     window = 0 if is_task else int(cfg.data.get("shuffle_window", 0) or 0)
-    return {"example_bytes": example, "batch_bytes": example * cfg.train.batch_size // hosts,
+    return {"example_bytes": example, "batch_bytes": batch // hosts,
             "shuffle_window": window, "shuffle_window_bytes": example * window,
             "grain_workers": int(cfg.data.get("worker_count", 0) or 0),
             "features_in_memory": is_task}

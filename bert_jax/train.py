@@ -144,10 +144,11 @@ def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective
     if "positions" not in spec:  # a fixed shape: compile now (packed: at each new row count)
         phase.compiled[None] = step_fn.lower(state_now, batch_shapes(spec, mesh)).compile()
     t = config.train
-    packed = "packed into rows, " if "positions" in spec else ""
+    compiled = ("packed into rows; compiles at each new row count" if "positions" in spec
+                else f"compiled in {time.perf_counter() - t0:.1f}s")
     log.info(f"phase {index} from step {step}: batch {t.batch_size} x "
-             f"{phase_cfg.data.max_seq_length} tokens ({packed}{t.grad_accum_steps} "
-             f"microbatch(es)); compiled in {time.perf_counter() - t0:.1f}s")
+             f"{phase_cfg.data.max_seq_length} tokens in {t.grad_accum_steps} microbatch(es); "
+             f"{compiled}")
     return phase
 
 

@@ -4,6 +4,10 @@ alone (classification, tagging, multiple choice); and a fine-tune with dropout o
 same losses and dev metric packed as unpacked, with and without gradient accumulation."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -120,27 +124,61 @@ def sst2_vocab(shared_data, tmp_path_factory):
                              out_dir=tmp_path_factory.mktemp("sst2_vocab"))
 
 
-@pytest.mark.parametrize("accum", [1, 2])
-def test_a_fine_tune_gives_the_same_losses_and_dev_accuracy_packed_or_padded(
-        shared_data, sst2_vocab, tmp_path, accum):
-    """Real SST-2 sentences, dropout off: the same examples in each step, so packing changes
-    only float rounding. 8 devices (data 4 x fsdp 2), `accum` microbatches per step."""
-    runs = {}
-    for pack in (False, True):
-        config = config_lib.load(str(REPO / "configs" / "glue.py:sst2,tiny"), [
-            f"data.data_dir={shared_data / 'glue'}", f"data.tokenizer={sst2_vocab}",
+def sst2_overrides(shared_data, sst2_vocab, *more: str) -> list[str]:
+    """Real SST-2 sentences, dropout off, 12 steps, 8 devices (data 4 x fsdp 2)."""
+    return [f"data.data_dir={shared_data / 'glue'}", f"data.tokenizer={sst2_vocab}",
             "model.vocab_size=2000", "model.dropout_rate=0.0", "model.attention_dropout_rate=0.0",
             "data.max_train_examples=640", "data.max_seq_length=64", "train.steps=12",
-            "train.log_every=1", "train.eval_every=12", "train.batch_size=32",
-            f"train.grad_accum_steps={accum}", "mesh.data=4", "mesh.fsdp=2", f"data.pack={pack}"])
-        workdir = tmp_path / f"pack_{pack}"
-        runs[pack] = (train.train_and_evaluate(config, str(workdir)), _losses(workdir))
-    (padded, padded_losses), (packed, packed_losses) = runs[False], runs[True]
+            "train.log_every=1", "train.eval_every=12", "train.batch_size=32", "mesh.data=4",
+            "mesh.fsdp=2", *more]
+
+
+@pytest.fixture(scope="module")
+def padded_run(shared_data, sst2_vocab, tmp_path_factory):
+    config = config_lib.load(str(REPO / "configs" / "glue.py:sst2,tiny"),
+                             sst2_overrides(shared_data, sst2_vocab, "data.pack=false"))
+    workdir = tmp_path_factory.mktemp("padded")
+    return train.train_and_evaluate(config, str(workdir)), _losses(workdir)
+
+
+def assert_same_run(packed, packed_losses, padded_run):
+    padded, padded_losses = padded_run
     assert sorted(packed_losses) == list(range(1, 13))
     for step, loss in padded_losses.items():
         assert packed_losses[step] == pytest.approx(loss, rel=2e-4), step
-    assert packed["eval"]["eval/accuracy"] == padded["eval"]["eval/accuracy"]
-    assert packed["eval"]["eval/loss"] == pytest.approx(padded["eval"]["eval/loss"], rel=2e-4)
+    assert packed["eval/accuracy"] == padded["eval"]["eval/accuracy"]
+    assert packed["eval/loss"] == pytest.approx(padded["eval"]["eval/loss"], rel=2e-4)
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_a_fine_tune_gives_the_same_losses_and_dev_accuracy_packed_or_padded(
+        shared_data, sst2_vocab, tmp_path, padded_run, accum):
+    """The same examples in each step, so packing changes only float rounding; with `accum`
+    microbatches per step (each packed on its own)."""
+    config = config_lib.load(str(REPO / "configs" / "glue.py:sst2,tiny"), sst2_overrides(
+        shared_data, sst2_vocab, "data.pack=true", f"train.grad_accum_steps={accum}"))
+    packed = train.train_and_evaluate(config, str(tmp_path))
+    assert_same_run(packed["eval"], _losses(tmp_path), padded_run)
+
+
+def test_two_processes_pack_the_same_batches(shared_data, sst2_vocab, tmp_path, padded_run):
+    """Multi-host as on a pod (2 processes x 4 devices): each packs the global batch and passes
+    its examples and its rows; the run equals the single-process padded one."""
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    args = [f"--config.{o}" for o in sst2_overrides(shared_data, sst2_vocab, "data.pack=true")]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "bert_jax", "train", f"--config={REPO / 'configs/glue.py'}:sst2,tiny",
+         f"--workdir={tmp_path}", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+                            JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+                            JAX_PROCESS_ID=str(i))) for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert_same_run(summary["eval"], _losses(tmp_path), padded_run)
 
 
 def test_squad_is_not_packed_and_says_so_when_asked():

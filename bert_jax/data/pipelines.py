@@ -21,7 +21,7 @@ import numpy as np
 from grain.experimental import FlatMapIterDataset, FlatMapTransform, WindowShuffleIterDataset
 
 from bert_jax import config as config_lib
-from bert_jax import objectives
+from bert_jax import objectives, sharding
 from bert_jax.data import documents, pretraining, translation, vocab
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
 from bert_jax.data.synthetic import SyntheticPretraining, SyntheticTranslation
@@ -206,9 +206,30 @@ def pack_options(config, train: bool) -> dict | None:
             f"data.pack=True: model.name={config.model.name!r} batches cannot be packed (its "
             "head reads whole rows); set --config.data.pack=false")
     sizes = config_lib.mesh_shape(config.mesh, jax.device_count())
+    _check_host_blocks(config, sizes["data"] * sizes["fsdp"])
     return {"row_multiple": sizes["data"] * sizes["fsdp"],
             "microbatches": config.train.grad_accum_steps if train else 1,
             "token_index": packing == "tokens"}
+
+
+def _check_host_blocks(config, shards: int) -> None:
+    """Every host packs the whole batch and passes rows [p*R/P, (p+1)*R/P) as its share, with
+    indices into the global rows: that needs process p's devices to hold exactly that block of
+    the batch axis (true of the meshes make_mesh builds; checked, since a mismatch would train
+    on the wrong rows silently)."""
+    count = jax.process_count()
+    if count == 1:
+        return
+    mesh = sharding.make_mesh(config.mesh)
+    if shards % count:
+        raise config_lib.ConfigError(f"data.pack=True: the batch shards ({shards}) do not split over "
+                                     f"{count} processes; set --config.data.pack=false")
+    block = shards // count
+    for device, index in sharding.batch_sharding(mesh, 1).devices_indices_map((shards,)).items():
+        if (index[0].start or 0) // block != device.process_index:
+            raise config_lib.ConfigError(
+                "data.pack=True: this mesh does not give each process a contiguous block of the "
+                "batch in process order, which packed batches need; set --config.data.pack=false")
 
 
 def task_pipeline(config, features: dict[str, np.ndarray], *, train: bool, batch_size: int | None = None,
