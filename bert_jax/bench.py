@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from bert_jax import config as config_lib
-from bert_jax import modelbench
+from bert_jax import modelbench, paths
 from bert_jax.data import documents, pipelines, vocab
 from bert_jax.demo import build_corpus
 
@@ -138,7 +138,7 @@ def main() -> None:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.what == "model":
         logging.basicConfig(level=logging.WARNING)
-        shared = Path(os.environ.get("BERT_JAX_SHARED_DATA", Path(__file__).parents[2] / "shared" / "data"))
+        shared = paths.shared_data()
         results = modelbench.bench_model(
             peers_python=None if args.peers == "none" else args.peers,
             data_dir=Path(args.glue) if args.glue else shared / "glue", steps=args.steps,

@@ -12,6 +12,13 @@ from pathlib import Path
 from etils import epath
 
 
+def shared_data() -> Path:
+    """The project's real test data: ../shared/data beside the checkout, or
+    $BERT_JAX_SHARED_DATA (configs/multi30k.py and the benchmarks read it)."""
+    return Path(os.environ.get("BERT_JAX_SHARED_DATA",
+                               Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
 def is_remote(path: str | os.PathLike) -> bool:
     """True for an object-store URL such as gs://bucket/run."""
     return "://" in str(path)

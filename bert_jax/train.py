@@ -112,10 +112,16 @@ class Phase:
     end: int  # the step at which the next phase starts (or train.steps)
     pipeline: Any  # host-local batches, with get_state()/set_state()
     step_fn: Any  # the jitted train step
-    batch_spec: dict  # the largest batch's shapes (objective.batch_spec)
-    # The step compiled for each batch spec seen (packed fine-tuning batches come in a few
-    # row counts, one compile each), keyed by the row count (None: the fixed shape).
+    objective: Any  # what every batch must look like (objective.batch_spec)
+    # Per row count (None: a fixed shape; packed fine-tuning batches come in a few row
+    # counts): the batch spec and the step compiled for it, each made once.
+    specs: dict = dataclasses.field(default_factory=dict)
     compiled: dict = dataclasses.field(default_factory=dict)
+
+    def batch_spec(self, rows: int | None = None) -> dict:
+        if rows not in self.specs:
+            self.specs[rows] = self.objective.batch_spec(self.config, rows)
+        return self.specs[rows]
 
     def step(self, train_state: dict, batch: dict[str, Array]) -> tuple[dict, dict]:
         rows = self.rows(batch)
@@ -139,8 +145,8 @@ def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective
     if saved and saved.get("phase") == index:
         pipeline.set_state(saved["pipeline"])
     t0 = time.perf_counter()
-    spec = objective.batch_spec(phase_cfg)
-    phase = Phase(index, phase_cfg, end, pipeline, step_fn, spec)
+    phase = Phase(index, phase_cfg, end, pipeline, step_fn, objective)
+    spec = phase.batch_spec()  # packed: the largest batch
     if "positions" not in spec:  # a fixed shape: compile now (packed: at each new row count)
         phase.compiled[None] = step_fn.lower(state_now, batch_shapes(spec, mesh)).compile()
     t = config.train
@@ -152,11 +158,11 @@ def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective
     return phase
 
 
-def next_batch(phase: Phase, objective, mesh) -> dict[str, Array]:
+def next_batch(phase: Phase, mesh) -> dict[str, Array]:
     """The next global batch, checked against the shapes the objective trains on."""
     local = next(phase.pipeline)
     batch = sharding.global_batch(local, mesh, jax.process_count())
-    want = objective.batch_spec(phase.config, phase.rows(batch))
+    want = phase.batch_spec(phase.rows(batch))
     got = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
     if got != want:
         diff = sorted(f"{k}: data {got.get(k)}, objective {want.get(k)}"
@@ -332,7 +338,7 @@ def _train(config, workdir: str, task) -> dict[str, Any]:
                 while step < t.steps:
                     if step == phase.end:
                         phase = begin(step, {})
-                    batch = next_batch(phase, objective, mesh)
+                    batch = next_batch(phase, mesh)
                     train_state, metrics = phase.step(train_state, batch)
                     step += 1
                     # Read the previous step's metrics only now, with this one dispatched.

@@ -12,17 +12,14 @@ target tokens, ~240 pairs). Paths in data.* are the shared data beside the check
 data.tokenizer is relative to where the commands run (the repo root in the README).
 """
 
-import os
-from pathlib import Path
 
 import ml_collections
 
 from bert_jax import config as config_lib
-from bert_jax import models
+from bert_jax import models, paths
 
 # ../shared/data beside the checkout (or $BERT_JAX_SHARED_DATA), wherever the command runs.
-_SHARED = os.environ.get("BERT_JAX_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-_DATA = f"{_SHARED}/mt/multi30k"
+_DATA = f"{paths.shared_data()}/mt/multi30k"
 
 
 def get_config(arg: str = "en-de") -> ml_collections.ConfigDict:

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 PACKED = ("input_ids", "input_mask", "segment_ids")  # the per-token arrays that get packed
+ROW_KEYS = (*PACKED, "positions")  # a packed batch's [R, T] arrays; the others are per example
 
 
 def row_buckets(max_rows: int, multiple: int) -> list[int]:
@@ -168,10 +169,9 @@ class FeaturePipeline:
             batch = pad_batch(batch, self.batch_size)
         packed = pack_batch(batch, **self.pack)
         n_rows = len(packed["input_ids"]) // self.process_count
-        share = {"examples": slice(self.offset, self.offset + self.local),
-                 "rows": slice(self.process_index * n_rows, (self.process_index + 1) * n_rows)}
-        return {k: v[share["rows" if k in PACKED or k == "positions" else "examples"]]
-                for k, v in packed.items()}
+        rows = slice(self.process_index * n_rows, (self.process_index + 1) * n_rows)
+        examples = slice(self.offset, self.offset + self.local)
+        return {k: v[rows if k in ROW_KEYS else examples] for k, v in packed.items()}
 
     def get_state(self) -> dict:
         return {"produced": self.produced}
