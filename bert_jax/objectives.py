@@ -21,7 +21,9 @@ BERT batches use the original feature names (input_ids, input_mask, segment_ids,
 masked_lm_positions, masked_lm_ids, masked_lm_weights, next_sentence_labels, label_ids);
 sequence batches (transformer, decoder_lm) use `inputs`/`targets` with optional packing
 keys `<x>_segmentation` (0 = padding, else the packed sequence's id) and `<x>_position`.
-`example_weight` (0 for padding examples of the last eval batch) is optional.
+Packed pretraining rows (data.pack) add `positions` and hold several instances' NSP labels
+as next_sentence_labels/_positions/_weights [B, S]. `example_weight` (0 for padding
+examples of the last eval batch) is optional.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class Objective:
     def flops_per_token(self, seq_len: int) -> dict[str, float]:
         return models.flops_per_token(self.model_cfg, seq_len)
 
+    def rows_vary(self, config) -> bool:
+        """Whether this run's batches come in several row counts (packed fine-tuning)."""
+        return False
+
 
 class _Bert(Objective):
     """BERT inputs: input_ids, input_mask, segment_ids ([B, T] or [B, C, T]); packed batches
@@ -84,7 +90,7 @@ class _Bert(Objective):
     def inputs(batch: dict[str, Array]) -> dict[str, Array]:
         if "positions" in batch:  # packed rows
             return {"token_type_ids": batch["segment_ids"], "segment_ids": batch["input_mask"],
-                    "positions": batch["positions"], "cls_index": batch["cls_index"]}
+                    "positions": batch["positions"], "cls_index": batch.get("cls_index")}
         return {"token_type_ids": batch["segment_ids"], "attention_mask": batch["input_mask"]}
 
     @staticmethod
@@ -115,31 +121,65 @@ class _Bert(Objective):
 
 class Pretraining(_Bert):
     """BERT MLM + NSP: mean cross-entropy over the masked positions plus mean NSP
-    cross-entropy (the original run_pretraining.py loss)."""
+    cross-entropy (the original run_pretraining.py loss). With data.pack, a row holds up to
+    S = data.max_instances_per_row instances (data/pretraining.pack_row): NSP labels, their
+    [CLS] positions and weights are [B, S], and every instance counts once in the means."""
+
+    @staticmethod
+    def packs(config) -> bool:
+        if not config.data.get("pack", False):
+            return False
+        if config.data.get("max_instances_per_row", 0) < 1:
+            raise ConfigError(f"data.max_instances_per_row={config.data.get('max_instances_per_row')}"
+                              " must be >= 1 with data.pack=True (instances packed into one row)")
+        return True
 
     def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         P = config.data.max_predictions_per_seq
-        return {**self.input_spec((B, T)), "masked_lm_positions": _spec((B, P)),
+        spec = {**self.input_spec((B, T)), "masked_lm_positions": _spec((B, P)),
                 "masked_lm_ids": _spec((B, P)), "masked_lm_weights": _spec((B, P), jnp.float32),
                 "next_sentence_labels": _spec((B,))}
+        if self.packs(config):
+            S = config.data.max_instances_per_row
+            spec |= {"positions": _spec((B, T)), "next_sentence_labels": _spec((B, S)),
+                     "next_sentence_positions": _spec((B, S)),
+                     "next_sentence_weights": _spec((B, S), jnp.float32)}
+        return spec
 
     def flops(self, batch: dict[str, Array]) -> Array:
         head = self.flops_per_token(batch["input_ids"].shape[-1])["mlm_head_per_predicted_token"]
         predicted = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
         return super().flops(batch) + 3 * head * predicted
 
+    @staticmethod
+    def _nsp_weight(batch: dict[str, Array]) -> Array:
+        """Per NSP label ([B] or packed [B, S]): 0 for empty slots and padding examples."""
+        w = _example_weight(batch)
+        if "next_sentence_weights" in batch:
+            w = batch["next_sentence_weights"] * w[:, None]
+        return w
+
     def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
         return {"masked_lm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-                "next_sentence": jnp.sum(_example_weight(batch))}
+                "next_sentence": jnp.sum(self._nsp_weight(batch))}
+
+    def forward(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
+                ) -> dict[str, Array]:
+        """mlm_logits [B, P, V] and nsp_logits [B, 2] (packed: [B, S, 2])."""
+        inputs = self.inputs(batch)
+        if "positions" in batch:  # packed: each instance's [CLS] as an index into all B*T tokens
+            B, T = batch["input_ids"].shape
+            inputs["cls_index"] = batch["next_sentence_positions"] + T * jnp.arange(B)[:, None]
+        return model(batch["input_ids"], masked_positions=batch["masked_lm_positions"], rng=rng,
+                     **inputs)
 
     def __call__(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
                  ) -> tuple[Terms, Metrics]:
-        out = model(batch["input_ids"], masked_positions=batch["masked_lm_positions"], rng=rng,
-                    **self.inputs(batch))
+        out = self.forward(model, batch, rng)
         w_BP = batch["masked_lm_weights"].astype(jnp.float32)
         ce_BP, ok_BP = _cross_entropy(out["mlm_logits"], batch["masked_lm_ids"])
-        w_B = _example_weight(batch)
+        w_B = self._nsp_weight(batch)  # [B], or [B, S] packed
         nsp_B, nsp_ok_B = _cross_entropy(out["nsp_logits"], batch["next_sentence_labels"])
         mlm_sum, nsp_sum = jnp.sum(ce_BP * w_BP), jnp.sum(nsp_B * w_B)
         n_mlm, n_ex = jnp.sum(w_BP), jnp.sum(w_B)
@@ -162,6 +202,9 @@ class _FineTuning(_Bert):
     def packs(self, config) -> bool:
         """Whether this run's batches are packed (data.pack and a head that can be)."""
         return bool(config.data.get("pack", False)) and self.packing is not None
+
+    def rows_vary(self, config) -> bool:
+        return self.packs(config)
 
     def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
         return {"task": jnp.sum(_example_weight(batch))}

@@ -133,7 +133,7 @@ class Phase:
         return self.compiled[rows](train_state, batch)
 
     def rows(self, batch: dict) -> int | None:
-        return batch["input_ids"].shape[0] if "positions" in batch else None
+        return batch["input_ids"].shape[0] if self.objective.rows_vary(self.config) else None
 
 
 def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective, mesh, task
@@ -146,11 +146,12 @@ def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective
         pipeline.set_state(saved["pipeline"])
     t0 = time.perf_counter()
     phase = Phase(index, phase_cfg, end, pipeline, step_fn, objective)
-    spec = phase.batch_spec()  # packed: the largest batch
-    if "positions" not in spec:  # a fixed shape: compile now (packed: at each new row count)
-        phase.compiled[None] = step_fn.lower(state_now, batch_shapes(spec, mesh)).compile()
+    vary = objective.rows_vary(phase_cfg)
+    if not vary:  # a fixed shape: compile now (else at each new row count)
+        phase.compiled[None] = step_fn.lower(state_now, batch_shapes(phase.batch_spec(), mesh)
+                                             ).compile()
     t = config.train
-    compiled = ("packed into rows; compiles at each new row count" if "positions" in spec
+    compiled = ("packed into rows; compiles at each new row count" if vary
                 else f"compiled in {time.perf_counter() - t0:.1f}s")
     log.info(f"phase {index} from step {step}: batch {t.batch_size} x "
              f"{phase_cfg.data.max_seq_length} tokens in {t.grad_accum_steps} microbatch(es); "

@@ -42,6 +42,10 @@ def data_defaults() -> ml_collections.ConfigDict:
     d.short_seq_prob = 0.1  # fraction of instances with a shorter random target length
     d.whole_word_masking = False
     d.dupe_factor = 0  # static masking: N fixed maskings cycled; 0: dynamic (new each epoch)
+    # Several short instances per row (first fit; attention stays within an instance, NSP at
+    # each [CLS]): fewer padding tokens, more instances per step than the paper's one per row.
+    d.pack = False
+    d.max_instances_per_row = 4  # with pack: NSP labels per row
     d.shuffle_window = 1000  # instances shuffled within windows of this size
     d.worker_count = 0  # grain worker processes (0: in the training process)
     # Sequence-length phases: ((first step, max_seq_length, max_predictions_per_seq), ...);

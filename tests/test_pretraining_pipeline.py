@@ -4,11 +4,12 @@ eval padding, sequence-length phases, and a short pretraining whose MLM loss fal
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from bert_jax import config as config_lib
-from bert_jax import metrics, train
+from bert_jax import metrics, models, objectives, train
 from bert_jax.data import documents, pipelines, pretraining, vocab
 
 CONFIG = "configs/bert_pretrain.py:tiny"
@@ -43,7 +44,16 @@ def assert_same(batches_a, batches_b):
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-def test_same_seed_same_examples_and_exact_resume(text_config):
+def with_data(config, **fields):
+    """A copy of config with config.data fields changed."""
+    config = config.copy_and_resolve_references()
+    config.data.update(fields)
+    return config
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_same_seed_same_examples_and_exact_resume(text_config, pack):
+    text_config = with_data(text_config, pack=pack)
     first = take(pipelines.make(text_config, "train"), 6)
     again = pipelines.make(text_config, "train")
     assert_same(first, take(again, 6))
@@ -99,6 +109,107 @@ def test_eval_pads_the_last_batch(text_config):
     weights = np.concatenate([b["example_weight"] for b in batches])
     assert weights[:-8].all() and weights.sum() >= 1
     assert weights.sum() < len(weights) or weights.all()
+
+
+def instances(batches, outputs=None, *, cls_id=2):
+    """Every instance of the batches, as (token ids, token types, masked positions within
+    the instance, masked ids, NSP label) bytes, sorted; checks the packed rows' layout. With
+    the model's `outputs` per batch: {instance: (its MLM logits, its NSP logits)}."""
+    out, logits = [], {}
+    for i, b in enumerate(batches):
+        for r in range(len(b["input_ids"])):
+            if not b.get("example_weight", np.ones(len(b["input_ids"])))[r]:
+                continue
+            row = {k: v[r] for k, v in b.items()}
+            if "positions" not in row:
+                row |= {"positions": np.arange(len(row["input_ids"])),
+                        "next_sentence_positions": np.zeros(1, int),
+                        "next_sentence_labels": row["next_sentence_labels"][None],
+                        "next_sentence_weights": np.ones(1)}
+            for slot, (start, label, w) in enumerate(zip(
+                    row["next_sentence_positions"], row["next_sentence_labels"],
+                    row["next_sentence_weights"], strict=True)):
+                if not w:
+                    continue
+                at = np.flatnonzero(row["input_mask"] == row["input_mask"][start])
+                assert row["input_mask"][start] > 0 and row["input_ids"][start] == cls_id
+                np.testing.assert_array_equal(at, start + np.arange(len(at)))  # contiguous
+                np.testing.assert_array_equal(row["positions"][at], np.arange(len(at)))
+                mine = (row["masked_lm_weights"] > 0) & (row["masked_lm_positions"] >= start) & (
+                    row["masked_lm_positions"] < start + len(at))
+                out.append(b"|".join(x.astype(np.int64).tobytes() for x in (
+                    row["input_ids"][at], row["segment_ids"][at],
+                    row["masked_lm_positions"][mine] - start, row["masked_lm_ids"][mine],
+                    np.array([label]))))
+                if outputs is not None:
+                    nsp = outputs[i]["nsp_logits"][r]
+                    logits[out[-1]] = (outputs[i]["mlm_logits"][r][mine],
+                                       nsp[slot] if nsp.ndim == 2 else nsp)
+    return logits if outputs is not None else sorted(out)
+
+
+@pytest.fixture(scope="module")
+def long_rows(text_config):
+    """Rows of 256 tokens: many instances are short of that (a document's end, short targets)."""
+    return with_data(text_config, max_seq_length=256, max_predictions_per_seq=40)
+
+
+def test_packed_rows_hold_every_instance_once_intact(long_rows):
+    plain = list(pipelines.make(long_rows, "validation"))
+    packed = list(pipelines.make(with_data(long_rows, pack=True), "validation"))
+    assert instances(packed) == instances(plain)
+    rows = lambda batches: sum(int(b.get("example_weight", np.ones(8)).sum()) for b in batches)  # noqa: E731
+    assert rows(packed) < rows(plain)  # short instances share rows
+    b = packed[0]
+    S = long_rows.data.max_instances_per_row
+    assert b["next_sentence_labels"].shape == (8, S) and b["positions"].shape == (8, 256)
+    assert (b["next_sentence_weights"].sum(1) >= 1).all()
+    assert (b["masked_lm_weights"].sum(1) <= 40).all()
+
+
+def test_packed_instances_give_the_same_outputs_and_loss_terms(long_rows):
+    """Each instance's MLM and NSP logits, and the summed loss terms, are the same packed or
+    one per row: an instance sees only itself, at its own positions, NSP read at its [CLS]."""
+    config = with_data(long_rows)
+    config.model.update(num_layers=2, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64)
+    model = models.create_model(config_lib.model_config(config))
+    objective = objectives.for_config(config)
+
+    def run(cfg):
+        batches, outputs, sums = list(pipelines.make(cfg, "validation")), [], {}
+        for b in batches:
+            b = {k: jnp.asarray(v) for k, v in b.items()}
+            outputs.append({k: np.asarray(v) for k, v in objective.forward(model, b, None).items()})
+            terms, _ = objective(model, b, None)
+            for k, v in {**terms, **{f"n_{k}": w for k, w in objective.weights(b).items()}}.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        return instances(batches, outputs), sums
+
+    (plain, plain_sums), (packed, packed_sums) = run(config), run(with_data(config, pack=True))
+    assert plain.keys() == packed.keys()
+    for key, (mlm, nsp) in plain.items():
+        np.testing.assert_allclose(packed[key][0], mlm, atol=2e-5)
+        np.testing.assert_allclose(packed[key][1], nsp, atol=2e-5)
+    assert plain_sums.keys() == packed_sums.keys()
+    for k, v in plain_sums.items():
+        assert packed_sums[k] == pytest.approx(v, rel=1e-5), k
+
+
+def test_packed_pretraining_trains_with_accumulation(text_config, tmp_path):
+    config = with_data(text_config, pack=True, max_seq_length=128, max_predictions_per_seq=20)
+    config.train.steps, config.train.eval_every, config.train.log_every = 4, 4, 1
+    config.train.grad_accum_steps, config.schedule.warmup_steps = 2, 1
+    config.train.batch_size = 16
+    summary = train.train_and_evaluate(config, str(tmp_path))
+    rows = [r for r in metrics.read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(np.isfinite(r["loss"]) for r in rows)
+    assert 0 < summary["eval"]["eval/next_sentence_accuracy"] < 1
+
+
+def test_synthetic_data_refuses_packing():
+    config = config_lib.load(CONFIG, ["data.name=synthetic", "data.pack=true"])
+    with pytest.raises(config_lib.ConfigError, match="data.pack"):
+        pipelines.make(config, "train")
 
 
 def test_phases_switch_length_and_resume_exactly(tmp_path):

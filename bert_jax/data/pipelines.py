@@ -3,8 +3,9 @@
 Pretraining pipeline (grain): this host's documents (every process_count-th, so hosts are
 disjoint and together complete) -> shuffled each epoch -> each document turned into
 instances by the create_pretraining_data algorithm with an rng fixed by (seed, document,
-epoch) -> window shuffle -> batches. Every stage is checkpointable, so the iterator state
-saved with a checkpoint resumes the exact stream.
+epoch) -> window shuffle -> (data.pack: instances packed first-fit into rows) -> batches.
+Every stage is checkpointable, so the iterator state saved with a checkpoint resumes the
+exact stream.
 
 Translation pipeline: this host's sentence pairs -> shuffled each epoch -> encoded, too long
 ones dropped -> packed into rows (data/translation.py) -> batches; resumable the same way.
@@ -18,7 +19,12 @@ import logging
 import grain
 import jax
 import numpy as np
-from grain.experimental import FlatMapIterDataset, FlatMapTransform, WindowShuffleIterDataset
+from grain.experimental import (
+    FirstFitPackIterDataset,
+    FlatMapIterDataset,
+    FlatMapTransform,
+    WindowShuffleIterDataset,
+)
 
 from bert_jax import config as config_lib
 from bert_jax import objectives, sharding
@@ -58,7 +64,9 @@ class _Instances(FlatMapTransform):
             get_doc=lambda j: self.docs[int(self.doc_ids[j])],
             max_seq_length=d["max_seq_length"], short_seq_prob=d["short_seq_prob"], rng=rng)
         tok = self.tokenizer
-        return [pretraining.to_features(
+        # Packed rows take each instance unpadded; else one instance per padded row.
+        make = pretraining.instance_features if d.get("pack") else pretraining.to_features
+        return [make(
             inst, cls_id=tok.cls_id, sep_id=tok.sep_id, max_seq_length=d["max_seq_length"],
             max_predictions_per_seq=d["max_predictions_per_seq"], rng=rng,
             vocab_size=tok.vocab_size, mask_id=tok.mask_id,
@@ -136,6 +144,12 @@ class PretrainingPipeline(GrainBatches):
         ds = FlatMapIterDataset(ds, _Instances(docs, np.asarray(doc_ids), tokenizer, data, seed))
         if train and data["shuffle_window"] > 1:
             ds = WindowShuffleIterDataset(ds, window_size=data["shuffle_window"], seed=seed)
+        if data.get("pack"):  # several short instances per row, first fit over a batch of rows
+            lengths = pretraining.pack_lengths(data["max_seq_length"],
+                                               data["max_predictions_per_seq"],
+                                               data["max_instances_per_row"])
+            ds = FirstFitPackIterDataset(ds, length_struct=lengths, num_packing_bins=batch_size,
+                                         seed=seed, shuffle_bins=train).map(pretraining.pack_row)
         super().__init__(ds, batch_size=batch_size, train=train, num_batches=num_batches,
                          worker_count=data["worker_count"])
 
@@ -261,6 +275,9 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
             seed=config.seed, split=split, process_index=jax.process_index(),
             process_count=jax.process_count(), num_batches=num_batches)
     if d.name == "synthetic":
+        if d.get("pack"):
+            raise config_lib.ConfigError("data.pack=True: data.name='synthetic' rows are full length "
+                                         "(nothing to pack); set --config.data.pack=false")
         return SyntheticPretraining(
             vocab_size=config.model.vocab_size, seq_len=d.max_seq_length,
             max_predictions=d.max_predictions_per_seq, batch_size=global_batch,

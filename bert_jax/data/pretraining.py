@@ -2,8 +2,9 @@
 
 Every output is a pure function of (seed, document index, epoch): draw
 `rng = document_rng(seed, doc_index, epoch)`, pass it to `create_instances`, then to
-`to_features` for each instance, in that order. Static masking (the original's dupe_factor)
-is epoch = copy index in range(dupe_factor); dynamic masking is epoch = pass over the data.
+`to_features` (or unpadded `instance_features`, for packing) for each instance, in that
+order. Static masking (the original's dupe_factor) is epoch = copy index in
+range(dupe_factor); dynamic masking is epoch = pass over the data.
 Random-next segments read other documents through `get_doc(index)`, so memory is bounded by
 a few documents. The original shuffles all instances before writing; a pipeline shuffles.
 """
@@ -247,38 +248,81 @@ def mask_instance(tokens: np.ndarray, *, rng: np.random.Generator, vocab_size: i
     return masked, positions.astype(np.int32), labels
 
 
-def to_features(instance: Instance, *, rng: np.random.Generator, cls_id: int, sep_id: int,
-                max_seq_length: int, max_predictions_per_seq: int, vocab_size: int,
-                special_ids: Iterable[int], mask_id: int, masked_lm_prob: float = 0.15,
-                starts_word: np.ndarray | None = None,
-                random_token_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Masks `[CLS] A [SEP] B [SEP]` and pads it into the trainer's batch features.
+def instance_features(instance: Instance, *, rng: np.random.Generator, cls_id: int, sep_id: int,
+                      max_seq_length: int, max_predictions_per_seq: int, vocab_size: int,
+                      special_ids: Iterable[int], mask_id: int, masked_lm_prob: float = 0.15,
+                      starts_word: np.ndarray | None = None,
+                      random_token_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Masks `[CLS] A [SEP] B [SEP]`: the instance's features, unpadded (n tokens, k masked
+    positions, one NSP label; `pad_features` pads them, `pack_row` packs several per row).
 
     starts_word: per vocab id, whether it starts a word (`tokenizer.word_starts(all ids)`),
-    for whole-word masking; None masks single wordpieces. Padding is id 0, as the original.
+    for whole-word masking; None masks single wordpieces.
     """
     a, b = instance.tokens_a, instance.tokens_b
     tokens = np.concatenate([[cls_id], a, [sep_id], b, [sep_id]]).astype(np.int32)
-    n, p = len(tokens), max_predictions_per_seq
-    if n > max_seq_length:
-        raise ValueError(f"instance has {n} tokens > max_seq_length={max_seq_length}")
+    if len(tokens) > max_seq_length:
+        raise ValueError(f"instance has {len(tokens)} tokens > max_seq_length={max_seq_length}")
     masked, positions, labels = mask_instance(
         tokens, rng=rng, vocab_size=vocab_size, special_ids=special_ids, mask_id=mask_id,
-        max_predictions_per_seq=p, masked_lm_prob=masked_lm_prob,
+        max_predictions_per_seq=max_predictions_per_seq, masked_lm_prob=masked_lm_prob,
         word_starts=None if starts_word is None else np.asarray(starts_word)[tokens],
         random_token_ids=random_token_ids)
-    k = len(positions)
-    features = {
-        "input_ids": np.zeros(max_seq_length, np.int32),
-        "input_mask": (np.arange(max_seq_length) < n).astype(np.int32),
-        "segment_ids": np.zeros(max_seq_length, np.int32),
-        "masked_lm_positions": np.zeros(p, np.int32),
-        "masked_lm_ids": np.zeros(p, np.int32),
-        "masked_lm_weights": (np.arange(p) < k).astype(np.float32),
-        "next_sentence_labels": np.array(int(instance.is_random_next), np.int32),  # 1 = random
-    }
-    features["input_ids"][:n] = masked
-    features["segment_ids"][len(a) + 2:n] = 1
-    features["masked_lm_positions"][:k] = positions
-    features["masked_lm_ids"][:k] = labels
-    return features
+    segment_ids = np.zeros(len(tokens), np.int32)
+    segment_ids[len(a) + 2:] = 1
+    return {"input_ids": masked.astype(np.int32), "segment_ids": segment_ids,
+            "masked_lm_positions": positions, "masked_lm_ids": labels.astype(np.int32),
+            "next_sentence_labels": np.array([int(instance.is_random_next)], np.int32)}  # 1 = random
+
+
+def pad_features(f: dict[str, np.ndarray], max_seq_length: int, max_predictions_per_seq: int
+                 ) -> dict[str, np.ndarray]:
+    """One instance's features padded into the trainer's row (padding is id 0, as the original)."""
+    n, k = len(f["input_ids"]), len(f["masked_lm_positions"])
+    T, P = max_seq_length, max_predictions_per_seq
+    return {"input_ids": np.pad(f["input_ids"], (0, T - n)),
+            "input_mask": (np.arange(T) < n).astype(np.int32),
+            "segment_ids": np.pad(f["segment_ids"], (0, T - n)),
+            "masked_lm_positions": np.pad(f["masked_lm_positions"], (0, P - k)),
+            "masked_lm_ids": np.pad(f["masked_lm_ids"], (0, P - k)),
+            "masked_lm_weights": (np.arange(P) < k).astype(np.float32),
+            "next_sentence_labels": f["next_sentence_labels"].reshape(())}
+
+
+def to_features(instance: Instance, **kwargs) -> dict[str, np.ndarray]:
+    """`instance_features` padded to max_seq_length tokens and max_predictions_per_seq."""
+    f = instance_features(instance, **kwargs)
+    return pad_features(f, kwargs["max_seq_length"], kwargs["max_predictions_per_seq"])
+
+
+# Each key's room in a packed row: T tokens, P predictions, S instances (NSP labels).
+def pack_lengths(max_seq_length: int, max_predictions_per_seq: int, max_instances: int
+                 ) -> dict[str, int]:
+    T, P = max_seq_length, max_predictions_per_seq
+    return {"input_ids": T, "segment_ids": T, "masked_lm_positions": P, "masked_lm_ids": P,
+            "next_sentence_labels": max_instances}
+
+
+def pack_row(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A row of several instances from grain's first-fit packer (each key padded to its
+    pack_lengths, with `<key>_segment_ids` 1, 2, ... per instance and 0 for padding) -> the
+    trainer's packed features: input_mask holds each token's instance id, positions restart
+    at 0 in each instance, masked_lm_positions point into the row, and each instance's NSP
+    label is read at its [CLS], next_sentence_positions (next_sentence_weights 0 = empty slot).
+    """
+    token_seg = packed["input_ids_segment_ids"]
+    starts = np.zeros(len(token_seg) + 1, np.int32)  # row offset of each instance id
+    ids, first = np.unique(token_seg, return_index=True)
+    starts[ids] = first
+    mlm_seg = packed["masked_lm_positions_segment_ids"]
+    nsp_seg = packed["next_sentence_labels_segment_ids"]
+    return {"input_ids": packed["input_ids"], "input_mask": token_seg.astype(np.int32),
+            "segment_ids": packed["segment_ids"],
+            "positions": packed["input_ids_positions"].astype(np.int32),
+            "masked_lm_positions": np.where(mlm_seg > 0, packed["masked_lm_positions"]
+                                            + starts[mlm_seg], 0).astype(np.int32),
+            "masked_lm_ids": packed["masked_lm_ids"],
+            "masked_lm_weights": (mlm_seg > 0).astype(np.float32),
+            "next_sentence_labels": packed["next_sentence_labels"],
+            "next_sentence_positions": np.where(nsp_seg > 0, starts[nsp_seg], 0).astype(np.int32),
+            "next_sentence_weights": (nsp_seg > 0).astype(np.float32)}
