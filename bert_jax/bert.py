@@ -67,7 +67,8 @@ class BertModel(nnx.Module):
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                  attention_mask: Array | None = None, *, segment_ids: Array | None = None,
                  positions: Array | None = None, cls_index: Array | None = None,
-                 rng: Array | None = None, return_hidden: bool = False) -> dict[str, Array]:
+                 rng: Array | None = None, return_hidden: bool = False,
+                 return_attention: bool = False) -> dict[str, Array]:
         """Inputs are [B, T] int arrays. token_type_ids: segment A/B (0/1);
         attention_mask: 1 for real tokens, 0 for padding (the HF convention);
         segment_ids: packed-sequence ids (0 = padding), instead of attention_mask;
@@ -76,8 +77,9 @@ class BertModel(nnx.Module):
         shape; packed rows hold several [CLS]); default: each row's first token.
 
         Returns sequence_output [B,T,D], pooled_output [B,D] or [*cls_index.shape, D] (with a
-        pooler) and, with
-        return_hidden, hidden_states [L+1,B,T,D]: the embeddings then every layer's output.
+        pooler); with return_hidden, hidden_states [L+1,B,T,D]: the embeddings then every
+        layer's output; with return_attention, attention [L,B,N,T,T]: every layer's and
+        head's attention probabilities (query x key).
         """
         r = split_rng(rng, 2)
         if token_type_ids is None:
@@ -89,14 +91,17 @@ class BertModel(nnx.Module):
                            else attention_mask.astype(jnp.int32))
         x_BTD = self.embeddings(input_ids, token_type_ids, positions, r[0])
         mask = make_attention_mask(segment_ids, segment_ids)
-        seq_BTD, _, hidden_LBTD = self.encoder(x_BTD, mask, rng=r[1], return_hidden=return_hidden)
+        seq_BTD, _, extras = self.encoder(x_BTD, mask, rng=r[1], return_hidden=return_hidden,
+                                          return_attention=return_attention)
         out = {"sequence_output": seq_BTD}
         if self.pooler is not None:
             cls_BD = (seq_BTD[:, 0] if cls_index is None
                       else seq_BTD.reshape(-1, seq_BTD.shape[-1])[cls_index])
             out["pooled_output"] = jnp.tanh(self.pooler(cls_BD))
         if return_hidden:
-            out["hidden_states"] = jnp.concatenate([x_BTD[None], hidden_LBTD], axis=0)
+            out["hidden_states"] = jnp.concatenate([x_BTD[None], extras["hidden"]], axis=0)
+        if return_attention:
+            out["attention"] = extras["attention"]
         return out
 
 

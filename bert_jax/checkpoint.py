@@ -87,6 +87,13 @@ def save_params(directory: str | os.PathLike, step: int, params: dict, config: d
         mngr.wait_until_finished()
 
 
+def resolve_step(directory: str | os.PathLike, step: int | None = None) -> int:
+    """`step` if the directory has that checkpoint, else its latest (an error names what
+    steps there are)."""
+    with manager(directory) as mngr:
+        return _resolve_step(mngr, directory, step)
+
+
 def _resolve_step(mngr: ocp.CheckpointManager, directory, step: int | None) -> int:
     steps = mngr.all_steps()
     if not steps:

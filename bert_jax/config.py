@@ -41,6 +41,10 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and the fix."""
 
 
+class MissingExtra(ImportError):
+    """An optional dependency a command needs is not installed (the message says how)."""
+
+
 def training_defaults() -> ml_collections.ConfigDict:
     """The keys every training config has, with the defaults of a small CPU run."""
     c = ml_collections.ConfigDict()

@@ -6,7 +6,9 @@
 2. trains a WordPiece vocabulary on it (`bert-jax vocab`);
 3. pretrains a tiny BERT with MLM + NSP (`bert-jax train`), saving Orbax checkpoints;
 4. restores the last checkpoint and evaluates it on the held-out modules (`bert-jax eval`);
-5. prints a summary. Each step prints the command it runs, so it can be rerun by hand.
+5. draws the training curves (`bert-jax plot`) and the attention of every layer and head
+   for one sentence pair (`bert-jax attention`: a PNG and an interactive HTML page);
+6. prints a summary. Each step prints the command it runs, so it can be rerun by hand.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from bert_jax.metrics import read_metrics
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
              "lib2to3", "turtledemo", "ensurepip"}
 HELD_OUT_EVERY = 20
+ATTENTION_TEXT = ("Return the number of items in the list.", "The list may be empty.")
 
 
 def _module_sentences(path: Path) -> list[str]:
@@ -102,6 +105,10 @@ def main(out: str = "demo_out", steps: int = 1000) -> None:
     _run("train", *run)
     print("== 4. restore the last checkpoint and evaluate it on the held-out modules")
     result = json.loads(_run("eval", *run, "--step=latest").splitlines()[-1])
+    print("== 5. pictures: training curves, and attention for one sentence pair")
+    curves = json.loads(_run("plot", f"--workdir={root / 'run'}").splitlines()[-1])
+    maps = json.loads(_run("attention", f"--checkpoint={root / 'run'}", f"--text={ATTENTION_TEXT[0]}",
+                           f"--pair={ATTENTION_TEXT[1]}").splitlines()[-1])
 
     rows = [r for r in read_metrics(root / "run" / "metrics.jsonl") if "masked_lm_accuracy" in r]
     first, last = rows[0], rows[-1]
@@ -114,7 +121,9 @@ def main(out: str = "demo_out", steps: int = 1000) -> None:
           f"{result['eval/next_sentence_accuracy']:.3f}\n"
           f"files: corpus {root / 'corpus'}, vocab {root / 'vocab'}, checkpoints "
           f"{root / 'run' / 'checkpoints'}, metrics {root / 'run' / 'metrics.jsonl'}, eval "
-          f"{root / 'run' / 'eval'}")
+          f"{root / 'run' / 'eval'}\n"
+          f"pictures: curves {curves['figure']}, attention {maps['figure']} and {maps['html']} "
+          "(open it in a browser: pick the layer and head)")
 
 
 if __name__ == "__main__":

@@ -306,17 +306,28 @@ def attention_mask(q_segments_BT: Array, kv_segments_BS: Array, *, causal: bool 
     return mask
 
 
-def dot_product_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, mask_B1TS: Array,
-                          dropout_rate: float, rng: Array | None) -> Array:
-    """softmax(QK^T / sqrt(d_k)) V with a boolean mask and dropout on the probabilities."""
-    if (rng is None or dropout_rate == 0.0) and not _cpu_bf16(q_BTNK, k_BSNK, v_BSNK):
-        # XLA on CPU/TPU, cuDNN flash attention when asked for on GPU.
-        return jax.nn.dot_product_attention(q_BTNK, k_BSNK, v_BSNK, mask=mask_B1TS)
-    # Dropout on the probabilities needs them materialised: spell the softmax out.
+def attention_probs(q_BTNK: Array, k_BSNK: Array, mask_B1TS: Array) -> Array:
+    """softmax(QK^T / sqrt(d_k)) over the keys, float32 [B, N, T, S]; masked keys get 0."""
     scale = 1.0 / math.sqrt(q_BTNK.shape[-1])
     logits_BNTS = matmul("btnk,bsnk->bnts", q_BTNK, k_BSNK).astype(jnp.float32) * scale
     logits_BNTS = jnp.where(mask_B1TS, logits_BNTS, jnp.finfo(jnp.float32).min)
-    probs_BNTS = dropout(jax.nn.softmax(logits_BNTS, axis=-1), dropout_rate, rng)
+    return jax.nn.softmax(logits_BNTS, axis=-1)
+
+
+def dot_product_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, mask_B1TS: Array,
+                          dropout_rate: float, rng: Array | None, probs_out: dict | None = None
+                          ) -> Array:
+    """softmax(QK^T / sqrt(d_k)) V with a boolean mask and dropout on the probabilities.
+    probs_out: a dict that receives the probabilities (before attention dropout), as "probs"."""
+    if (probs_out is None and (rng is None or dropout_rate == 0.0)
+            and not _cpu_bf16(q_BTNK, k_BSNK, v_BSNK)):
+        # XLA on CPU/TPU, cuDNN flash attention when asked for on GPU.
+        return jax.nn.dot_product_attention(q_BTNK, k_BSNK, v_BSNK, mask=mask_B1TS)
+    # Dropout on the probabilities (or returning them) needs them materialised.
+    probs_BNTS = attention_probs(q_BTNK, k_BSNK, mask_B1TS)
+    if probs_out is not None:
+        probs_out["probs"] = probs_BNTS
+    probs_BNTS = dropout(probs_BNTS, dropout_rate, rng)
     return matmul("bnts,bsnk->btnk", probs_BNTS.astype(v_BSNK.dtype), v_BSNK)
 
 
@@ -332,8 +343,9 @@ class Attention(nnx.Module):
         self.dropout_rate = cfg.attention_dropout_rate
 
     def __call__(self, x_BTD: Array, kv_BSD: Array, mask_B1TS: Array, *, rng: Array | None = None,
-                 cache: Cache | None = None, cache_index: Array | None = None
-                 ) -> tuple[Array, Cache | None]:
+                 cache: Cache | None = None, cache_index: Array | None = None,
+                 probs_out: dict | None = None) -> tuple[Array, Cache | None]:
+        """probs_out: a dict that receives the attention probabilities, "probs" [B, N, T, S]."""
         heads = ("batch", "length", "heads", "kv")
         q_BTNK = constrain(self.query(x_BTD), *heads)
         k_BSNK, v_BSNK = constrain(self.key(kv_BSD), *heads), constrain(self.value(kv_BSD), *heads)
@@ -344,7 +356,8 @@ class Attention(nnx.Module):
             k_BSNK = jax.lax.dynamic_update_slice(cache["key"], k_BSNK.astype(cache["key"].dtype), start)
             v_BSNK = jax.lax.dynamic_update_slice(cache["value"], v_BSNK.astype(cache["value"].dtype), start)
             cache = {"key": k_BSNK, "value": v_BSNK}
-        out_BTNK = dot_product_attention(q_BTNK, k_BSNK, v_BSNK, mask_B1TS, self.dropout_rate, rng)
+        out_BTNK = dot_product_attention(q_BTNK, k_BSNK, v_BSNK, mask_B1TS, self.dropout_rate, rng,
+                                         probs_out)
         return self.out(constrain(out_BTNK, *heads)), cache
 
 
@@ -382,25 +395,30 @@ class Block(nnx.Module):
 
     def __call__(self, x_BTD: Array, mask_B1TS: Array, *, encoded_BSD: Array | None = None,
                  cross_mask_B1TS: Array | None = None, rng: Array | None = None,
-                 cache: Cache | None = None, cache_index: Array | None = None
-                 ) -> tuple[Array, Cache | None]:
+                 cache: Cache | None = None, cache_index: Array | None = None,
+                 return_attention: bool = False) -> tuple[Array, Cache | None, dict[str, Array]]:
+        """Returns (output, updated cache, {} or with return_attention the probabilities
+        {"self": [B, N, T, S], and "cross" with cross-attention})."""
         r = split_rng(rng, 5)
         new_cache = None
         x_BTD = constrain(x_BTD, "batch", "length", "embed")
+        probs = {"self": {}, "cross": {}} if return_attention else {}
 
         def self_attention(h):
             nonlocal new_cache
             out, new_cache = self.attention(h, h, mask_B1TS, rng=r[0], cache=cache,
-                                            cache_index=cache_index)
+                                            cache_index=cache_index, probs_out=probs.get("self"))
             return out
 
         x_BTD = self._residual(x_BTD, self.attention_norm, self_attention, r[1])
         if self.cross_attention is not None:
             x_BTD = self._residual(
                 x_BTD, self.cross_attention_norm,
-                lambda h: self.cross_attention(h, encoded_BSD, cross_mask_B1TS, rng=r[2])[0], r[3])
+                lambda h: self.cross_attention(h, encoded_BSD, cross_mask_B1TS, rng=r[2],
+                                               probs_out=probs.get("cross"))[0], r[3])
         x_BTD = self._residual(x_BTD, self.mlp_norm, self.mlp, r[4])
-        return constrain(x_BTD, "batch", "length", "embed"), new_cache
+        probs = {k: v["probs"] for k, v in probs.items() if v}
+        return constrain(x_BTD, "batch", "length", "embed"), new_cache, probs
 
 
 class Stack(nnx.Module):
@@ -427,34 +445,39 @@ class Stack(nnx.Module):
     def __call__(self, x_BTD: Array, mask_B1TS: Array, *, encoded_BSD: Array | None = None,
                  cross_mask_B1TS: Array | None = None, rng: Array | None = None,
                  cache: Cache | None = None, cache_index: Array | None = None,
-                 return_hidden: bool = False) -> tuple[Array, Cache | None, Array | None]:
-        """Returns (output, updated cache, per-layer outputs [L, B, T, D] if return_hidden)."""
+                 return_hidden: bool = False, return_attention: bool = False
+                 ) -> tuple[Array, Cache | None, dict[str, Array]]:
+        """Returns (output, updated cache, extras): extras holds "hidden", every layer's output
+        [L, B, T, D], with return_hidden, and "attention" (and "cross_attention" in a
+        decoder), every layer's probabilities [L, B, N, T, S], with return_attention."""
         graphdef, params = nnx.split(self.layers)
         rngs_L = None if rng is None else jax.random.split(rng, self.num_layers)
 
         def body(h_BTD, xs):
             layer_params, layer_rng, layer_cache = xs
             block = nnx.merge(graphdef, layer_params)
-            h_BTD, layer_cache = block(h_BTD, mask_B1TS, encoded_BSD=encoded_BSD,
-                                       cross_mask_B1TS=cross_mask_B1TS, rng=layer_rng,
-                                       cache=layer_cache, cache_index=cache_index)
-            return h_BTD, (layer_cache, h_BTD if return_hidden else None)
+            h_BTD, layer_cache, probs = block(h_BTD, mask_B1TS, encoded_BSD=encoded_BSD,
+                                              cross_mask_B1TS=cross_mask_B1TS, rng=layer_rng,
+                                              cache=layer_cache, cache_index=cache_index,
+                                              return_attention=return_attention)
+            extras = {f"{k}_attention".removeprefix("self_"): v for k, v in probs.items()}
+            return h_BTD, (layer_cache, {**extras, **({"hidden": h_BTD} if return_hidden else {})})
 
         if self.remat_policy != "none":
             body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy],
                                   prevent_cse=not self.scan)
         xs = (params, rngs_L, cache)
         if self.scan:
-            x_BTD, (cache, hidden_LBTD) = jax.lax.scan(body, x_BTD, xs)
+            x_BTD, (cache, extras) = jax.lax.scan(body, x_BTD, xs)
         else:
             ys = []
             for i in range(self.num_layers):
                 x_BTD, y = body(x_BTD, jax.tree.map(lambda a, i=i: a[i], xs))
                 ys.append(y)
-            cache, hidden_LBTD = jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else (None, None)
+            cache, extras = jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else (None, {})
         if self.final_norm is not None:
             x_BTD = self.final_norm(x_BTD)
-        return x_BTD, cache, hidden_LBTD
+        return x_BTD, cache, extras
 
 
 def init_cache(cfg: ModelConfig, num_layers: int, batch: int, max_len: int) -> Cache:

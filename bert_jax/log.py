@@ -9,12 +9,15 @@ program that imports the library may attach its own handlers instead.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import os
 import sys
 import tempfile
 import threading
 import traceback
+import warnings
 
 ROOT = "bert_jax"
 
@@ -53,6 +56,7 @@ class _LibraryErrors(logging.Filter):
         super().__init__()
         self.path = os.path.join(tempfile.gettempdir(), f"bert_jax-{os.getpid()}-details.log")
         self._file = None
+        self._announced = False
         self._lock = threading.Lock()  # Orbax's threads report at once
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -65,13 +69,16 @@ class _LibraryErrors(logging.Filter):
         self.write(f"{record.levelname} {record.pathname}:{record.lineno}\n{text}")
         return False
 
-    def write(self, text: str) -> None:
+    def write(self, text: str, announce: bool = True) -> None:
+        """Appends to the details file; the first write that `announce`s says where it is."""
         with self._lock:
             if self._file is None:
                 try:
                     self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (till exit)
                 except OSError:
                     return
+            if announce and not self._announced:
+                self._announced = True
                 logging.getLogger(ROOT).warning(f"warning: a storage library reported errors; "
                                                 f"their details are in {self.path}")
             try:
@@ -85,9 +92,10 @@ _DIVERTED = False
 
 
 def divert_library_errors() -> None:
-    """For the CLI: Orbax's and asyncio's error records, and the 'Event loop is closed'
+    """For the CLI: Orbax's and asyncio's error records, the 'Event loop is closed'
     tracebacks that TensorStore's threads report (unraisable) when an abandoned write finishes
-    after Orbax closed its loop, go to a details file instead of the console."""
+    after Orbax closed its loop, and the warnings about coroutines left unawaited, go to a
+    details file instead of the console."""
     global _DIVERTED
     if _DIVERTED:  # once per process (the CLI may run several times in one, as in tests)
         return
@@ -106,6 +114,22 @@ def divert_library_errors() -> None:
             previous(unraisable)
 
     sys.unraisablehook = hook
+    show = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        # A write or read a failed save/restore abandoned is collected unawaited, at exit at
+        # the latest ("sys:1: RuntimeWarning: coroutine '...write_fragment' was never awaited"):
+        # not news to the user, who has the one-line error. Kept in the details file.
+        if issubclass(category, RuntimeWarning) and "was never awaited" in str(message):
+            errors.write(warnings.formatwarning(message, category, filename, lineno, line),
+                         announce=False)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
+    # Collect such leftovers before the interpreter tears the warnings module down (after
+    # that, Python prints them straight to stderr as "sys:1: RuntimeWarning: ...").
+    atexit.register(gc.collect)
 
 
 def _install() -> None:

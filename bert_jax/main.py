@@ -16,6 +16,11 @@
   bert-jax translate --checkpoint <dir> --input <txt> --output <txt> [--beam 4 --alpha 0.6]
                [--reference <txt>]   (prints sacreBLEU against the reference)
   bert-jax average --workdir <dir> --last 5 --out <dir>   (a checkpoint of the mean weights)
+  bert-jax plot --workdir <dir> [<dir> ...] [--out curves.png|.svg] [--x step|time|tokens]
+               [--smoothing 0.6]   (default out: <first dir>/plots/metrics.png, data in .csv beside)
+  bert-jax attention --checkpoint <dir> --text "..." [--pair "..."] [--out a.png|a.html]
+               [--layer -1 --head_index 0]   (default: <dir>/plots/attention.png and .html;
+               data in .json)
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ _HEAD = flags.DEFINE_string("head", None, "convert: our model name for the conve
 _WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep, launch, average: the run "
                                "directory (local or "
                                "gs://; rerunning train resumes it)")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, translate: converted, averaged "
-                                  "or training dir")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, translate, attention: converted, "
+                                  "averaged or training dir")
 _INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "
                              "(`A ||| B` for pairs); translate: source sentences, one per line")
 _OUTPUT = flags.DEFINE_string("output", None, "features: output JSON-lines file; translate: "
@@ -54,20 +59,31 @@ _REFERENCE = flags.DEFINE_string("reference", None, "translate: reference transl
                                  "sacreBLEU and the paper's tokenized BLEU")
 _LAST = flags.DEFINE_integer("last", 5, "average: number of newest checkpoints to average")
 _LAYERS = flags.DEFINE_string("layers", "-1,-2,-3,-4", "features: encoder layers to output")
-_MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "features: tokens per example")
+_MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "features, attention: tokens per "
+                                       "example (at most)")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "features: examples per batch (default "
                                    "8); translate: sentences per batch (default decode.batch_size)")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "info: sequence length for FLOPs "
                                 "(default: config.data.max_seq_length)")
 
-_OUT = flags.DEFINE_string("out", None, "vocab, prepare, average: output directory")
+_OUT = flags.DEFINE_string("out", None, "vocab, prepare, average: output directory; plot, "
+                           "attention: output file (.png, .svg, .pdf; attention also .html)")
+_X = flags.DEFINE_enum("x", "step", ["step", "time", "tokens"], "plot: the x axis (wall time in "
+                       "hours, or real tokens seen)")
+_SMOOTHING = flags.DEFINE_float("smoothing", 0.6, "plot: exponential smoothing weight of train "
+                                "curves, as TensorBoard's (0 = raw only)")
+_TEXT = flags.DEFINE_string("text", None, "attention: the input sentence (an encoder-decoder "
+                            "translates it)")
+_PAIR = flags.DEFINE_string("pair", None, "attention: a second sentence (BERT: segment B)")
+_LAYER = flags.DEFINE_integer("layer", -1, "attention: the layer of the large heatmap")
+_HEAD_INDEX = flags.DEFINE_integer("head_index", 0, "attention: the head of the large heatmap")
 _SIZE = flags.DEFINE_integer("size", 30522, "vocab: vocabulary size (at most)")
 _TYPE = flags.DEFINE_enum("type", "wordpiece", ["wordpiece", "sentencepiece"], "vocab: kind")
 _SP_MODEL = flags.DEFINE_enum("sp_model_type", "unigram", ["unigram", "bpe"],
                               "vocab: SentencePiece algorithm")
 _LOWERCASE = flags.DEFINE_boolean("lowercase", True, "vocab: lowercase (uncased) vocabulary")
 _STEP = flags.DEFINE_string("step", "latest", "eval: latest, best, all or a checkpoint step; "
-                            "export: latest or a step")
+                            "export, attention: latest or a step")
 _SPLIT = flags.DEFINE_string("split", None, "eval (fine-tuning): dev (default), test, or a file path")
 _TOPOLOGY = flags.DEFINE_string("topology", None, "plan: a Cloud TPU slice, e.g. v3-32, v4-32, "
                                 "v5p-64, v5litepod-16, v6e-16")
@@ -92,7 +108,7 @@ _PRINT_COMMANDS = flags.DEFINE_boolean("print_commands", False, "sweep: print on
                                        "command per trial (for a cluster scheduler) instead of running")
 
 COMMANDS = ("train", "eval", "sweep", "vocab", "prepare", "info", "plan", "launch", "convert",
-            "export", "features", "translate", "average")
+            "export", "features", "translate", "average", "plot", "attention")
 # The flags each command reads, for `bert-jax <command> --help`.
 COMMAND_FLAGS = {
     "train": ("config", "workdir"), "eval": ("workdir", "config", "step", "split"),
@@ -107,6 +123,9 @@ COMMAND_FLAGS = {
     "features": ("checkpoint", "input", "output", "layers", "max_seq_length", "batch_size"),
     "translate": ("checkpoint", "input", "output", "beam", "alpha", "reference", "batch_size"),
     "average": ("workdir", "last", "out"),
+    "plot": ("workdir", "out", "x", "smoothing"),
+    "attention": ("checkpoint", "text", "pair", "out", "layer", "head_index", "step",
+                  "max_seq_length"),
 }
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 
@@ -383,6 +402,32 @@ def cmd_average(args: list[str]) -> None:
     print(json.dumps(report))
 
 
+def cmd_plot(args: list[str]) -> None:
+    """Draws training curves of one or more workdirs (loss, learning rate, task and eval
+    metrics; phases marked) into one figure, with its data as CSV beside it."""
+    from bert_jax import plots
+
+    workdirs = [w for w in ([_require(_WORKDIR, "plot")] + args) for w in w.split(",") if w]
+    print(json.dumps(plots.plot_workdirs(workdirs, _OUT.value, x=_X.value,
+                                         smoothing=_SMOOTHING.value)))
+
+
+def cmd_attention(args: list[str]) -> None:
+    """Draws the attention of every layer and head of a checkpoint for one input: a figure
+    and a self-contained interactive HTML page, with the probabilities as JSON beside them."""
+    from bert_jax import attention_maps
+
+    if args:
+        raise app.UsageError(f"unexpected arguments {args}; quote the text: --text \"...\"")
+    step = None if _STEP.value == "latest" else _STEP.value
+    if step is not None and not step.isdigit():
+        raise app.UsageError(f"--step={step!r}: attention takes latest or a checkpoint step")
+    print(json.dumps(attention_maps.attention(
+        _require(_CHECKPOINT, "attention"), _require(_TEXT, "attention"), _PAIR.value,
+        out=_OUT.value, layer=_LAYER.value, head=_HEAD_INDEX.value,
+        step=None if step is None else int(step), max_len=_MAX_SEQ_LENGTH.value)))
+
+
 def main(argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:  # libraries' INFO lines (Orbax: dozens a save) off
         logging.set_verbosity(logging.WARNING)
@@ -398,7 +443,8 @@ def main(argv: list[str]) -> None:
         globals()[f"cmd_{argv[1]}"](argv[2:])
     except app.UsageError as e:  # a missing or malformed flag or argument
         _bad_flag(str(e))
-    except (ValueError, OSError) as e:  # bad input or storage: one line, not a traceback
+    except (ValueError, OSError, config_lib.MissingExtra) as e:  # bad input, storage, an uninstalled
+        # extra: one line, not a traceback
         print(f"bert-jax {argv[1]}: error: {_one_line(e)}", file=sys.stderr)
         sys.exit(1)
 

@@ -1,6 +1,7 @@
 """What the training loop reports: metrics.jsonl, TensorBoard scalars, console progress and MFU.
 
-metrics.jsonl holds one JSON object per write, `{"step": N, name: value, ...}`. Non-finite
+metrics.jsonl holds one JSON object per write, `{"step": N, name: value, ..., "time": unix
+seconds}` ("time": when it was written, for plots against wall time). Non-finite
 values are written as the strings "nan", "inf", "-inf" so every line stays strict JSON;
 `read_metrics` turns them back into floats. Keys starting with "eval/" are evaluation results
 and share the file and the TensorBoard run with the training scalars.
@@ -57,8 +58,10 @@ def _rows(text: str, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl, with "nan"/"inf"/"-inf" turned back into floats."""
-    return [row for _, row in _rows(Path(path).read_text(encoding="utf-8"), str(path))]
+    """The rows of a metrics.jsonl (local or gs://), with "nan"/"inf"/"-inf" turned back into
+    floats."""
+    path = epath.Path(path) if is_remote(path) else Path(path)
+    return [row for _, row in _rows(path.read_text(encoding="utf-8"), str(path))]
 
 
 def _rewrite(path: Path, max_step: int | None) -> None:
@@ -125,9 +128,10 @@ class MetricsWriter:
         """Appends `{"step": step, **metrics}` to metrics.jsonl and TensorBoard, and shows it."""
         if not self.enabled:
             return
-        if "step" in metrics:
-            raise ValueError("metrics may not contain a 'step' key; it is the first argument")
-        row = {"step": int(step), **{k: _encode(v) for k, v in metrics.items()}}
+        if "step" in metrics or "time" in metrics:
+            raise ValueError("metrics may not contain a 'step' or 'time' key; the writer adds them")
+        row = {"step": int(step), **{k: _encode(v) for k, v in metrics.items()},
+               "time": round(time.time(), 3)}
         self._file.write(json.dumps(row, allow_nan=False) + "\n")
         self._file.flush()
         values = [self._summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()]

@@ -103,7 +103,10 @@ def load_model(directory: str | os.PathLike, step: int | None = None,
         model_cfg = checkpoint.read_config(directory, step)["model"]
     model = models.abstract_model(model_cfg)
     abstract = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
+    # On this process's first device, whatever mesh saved it (a pod's checkpoint on a laptop).
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                            abstract)
     params = checkpoint.restore_params(directory, abstract, step)
     graphdef, variables = nnx.split(model)
     nnx.replace_by_pure_dict(variables, params)

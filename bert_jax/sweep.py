@@ -4,8 +4,9 @@ A sweep config (configs/sweeps/*.py) has `base` (the run's `--config` spec), `ov
 (`key=value` strings applied to every trial) and `grid` ({config key: tuple of values}; the
 key `seed` marks repetitions of one setting). Each trial runs `bert-jax train` in its own
 process in `<workdir>/<trial name>`; a trial whose summary.json says it finished is skipped
-and an interrupted one resumes from its checkpoint. Then `results.csv` (a row per trial)
-and `results.md` (per setting: median and best over seeds; the best setting) are written.
+and an interrupted one resumes from its checkpoint. Then `results.csv` (a row per trial),
+`results.md` (per setting: median and best over seeds; the best setting) and `results.png`
+(each seed's metric as a point per setting, medians marked) are written.
 """
 
 from __future__ import annotations
@@ -155,18 +156,38 @@ def write_results(sweep, root: Path, settings: list[dict[str, Any]]) -> list[dic
         if summary:
             metric = summary["best_metric"]
             best = _best_eval(trial_dir, metric) or {}
-            row.update({"best_step": best.get("step"), **{k: v for k, v in best.items() if k != "step"}})
+            row.update({"best_step": best.get("step"),
+                        **{k: v for k, v in best.items() if k not in ("step", "time")}})
         rows.append(row)
     columns = list(dict.fromkeys(k for r in rows for k in r))
     with open(root / "results.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, columns)
         w.writeheader()
         w.writerows(rows)
-    (root / "results.md").write_text(_markdown(sweep, rows, metric), encoding="utf-8")
+    (root / "results.md").write_text(_markdown(sweep, rows, metric, _figure(sweep, root, rows, metric)),
+                                     encoding="utf-8")
     return rows
 
 
-def _markdown(sweep, rows: list[dict[str, Any]], metric: str | None) -> str:
+def _figure(sweep, root: Path, rows: list[dict[str, Any]], metric: str | None) -> str:
+    """results.png (each seed a point, the median a bar, per setting; its data are
+    results.csv); returns the markdown line that shows it, or says why there is none."""
+    if not metric or not any(r.get(metric) is not None for r in rows):
+        return ""
+    from bert_jax import plots
+
+    keys = [k for k in sweep.grid.keys() if k != "seed"]
+    try:
+        fig = plots.sweep_figure(rows, keys, metric, f"{Path(sweep.base).name}: {metric} per setting")
+        plots.save_figure(fig, str(root / "results.png"))
+    except Exception as e:  # noqa: BLE001 (a figure is never worth losing results.md over)
+        log.warning(f"no results.png: {e}")
+        return f"(No figure: {e}.)"
+    return (f"![{metric} per setting](results.png)\n\nEach point is one seed's best {metric}, the "
+            "bar the median over seeds; the points are the rows of results.csv.")
+
+
+def _markdown(sweep, rows: list[dict[str, Any]], metric: str | None, figure: str = "") -> str:
     keys = [k for k in sweep.grid.keys() if k != "seed"]
     lines = [f"# Sweep of {sweep.base}", "", f"{len(rows)} trials; metric: {metric or 'none yet'} "
              "(best evaluation of each trial on dev)", "", "| trial | status | best step | "
@@ -190,4 +211,6 @@ def _markdown(sweep, rows: list[dict[str, Any]], metric: str | None) -> str:
         lines += ["", f"Best setting by median {metric}: "
                   + ", ".join(f"{k}={_fmt(v)}" for k, v in zip(keys, best))
                   + f" ({statistics.median(groups[best]):.4f})"]
+    if figure:
+        lines += ["", figure]
     return "\n".join(lines) + "\n"

@@ -105,19 +105,28 @@ class EncoderDecoder(nnx.Module):
         return self.source_embed if self.target_embed is None else self.target_embed
 
     def encode(self, src_BS: Array, *, src_segments_BS: Array | None = None,
-               src_positions_BS: Array | None = None, rng: Array | None = None) -> Array:
+               src_positions_BS: Array | None = None, rng: Array | None = None,
+               attention_out: dict | None = None) -> Array:
+        """attention_out: a dict that receives "encoder", the self-attention probabilities
+        [L, B, N, S, S]."""
         r = split_rng(rng, 2)
         seg_BS = _default_segments(src_BS, src_segments_BS, self.pad_id)
         x_BSD = self.source_embed(src_BS, _default_positions(src_BS, src_positions_BS), r[0])
-        encoded_BSD, _, _ = self.encoder(x_BSD, attention_mask(seg_BS, seg_BS), rng=r[1])
+        encoded_BSD, _, extras = self.encoder(x_BSD, attention_mask(seg_BS, seg_BS), rng=r[1],
+                                              return_attention=attention_out is not None)
+        if attention_out is not None:
+            attention_out["encoder"] = extras["attention"]
         return encoded_BSD
 
     def decode(self, tgt_in_BT: Array, encoded_BSD: Array, src_segments_BS: Array, *,
                tgt_segments_BT: Array | None = None, tgt_positions_BT: Array | None = None,
                rng: Array | None = None, cache: Cache | None = None,
-               cache_index: Array | int = 0) -> tuple[Array, Cache | None]:
+               cache_index: Array | int = 0, attention_out: dict | None = None
+               ) -> tuple[Array, Cache | None]:
         """Logits [B, T, V] for target inputs (shifted right). With `cache`, the T tokens sit
-        at absolute positions cache_index.. and the cache is updated and returned."""
+        at absolute positions cache_index.. and the cache is updated and returned.
+        attention_out: a dict that receives "decoder" (self-attention [L, B, N, T, T]) and
+        "cross" (encoder-decoder attention [L, B, N, T, S]) probabilities."""
         r = split_rng(rng, 2)
         seg_BT = _default_segments(tgt_in_BT, tgt_segments_BT, self.pad_id)
         offset = 0 if cache is None else cache_index
@@ -126,22 +135,30 @@ class EncoderDecoder(nnx.Module):
         self_mask = _causal_mask(seg_BT, cache, cache_index)
         cross_mask = attention_mask(seg_BT if cache is None else jnp.ones_like(seg_BT),
                                     src_segments_BS)
-        y_BTD, cache, _ = self.decoder(y_BTD, self_mask, encoded_BSD=encoded_BSD,
-                                       cross_mask_B1TS=cross_mask, rng=r[1], cache=cache,
-                                       cache_index=cache_index if cache is not None else None)
+        y_BTD, cache, extras = self.decoder(y_BTD, self_mask, encoded_BSD=encoded_BSD,
+                                            cross_mask_B1TS=cross_mask, rng=r[1], cache=cache,
+                                            cache_index=cache_index if cache is not None else None,
+                                            return_attention=attention_out is not None)
+        if attention_out is not None:
+            attention_out.update(decoder=extras["attention"], cross=extras["cross_attention"])
         table = self.source_embed.token if self.logits is None else self.logits
         return attend(table, y_BTD).astype(jnp.float32), cache
 
     def __call__(self, src_BS: Array, tgt_in_BT: Array, *, src_segments_BS: Array | None = None,
                  tgt_segments_BT: Array | None = None, src_positions_BS: Array | None = None,
-                 tgt_positions_BT: Array | None = None, rng: Array | None = None) -> Array:
+                 tgt_positions_BT: Array | None = None, rng: Array | None = None,
+                 attention_out: dict | None = None) -> Array:
+        """Logits [B, T, V]; attention_out receives "encoder", "decoder" and "cross" attention
+        probabilities (see encode and decode)."""
         r = split_rng(rng, 2)
         src_seg_BS = _default_segments(src_BS, src_segments_BS, self.pad_id)
         encoded_BSD = self.encode(src_BS, src_segments_BS=src_seg_BS,
-                                  src_positions_BS=src_positions_BS, rng=r[0])
+                                  src_positions_BS=src_positions_BS, rng=r[0],
+                                  attention_out=attention_out)
         logits_BTV, _ = self.decode(tgt_in_BT, encoded_BSD, src_seg_BS,
                                     tgt_segments_BT=tgt_segments_BT,
-                                    tgt_positions_BT=tgt_positions_BT, rng=r[1])
+                                    tgt_positions_BT=tgt_positions_BT, rng=r[1],
+                                    attention_out=attention_out)
         return logits_BTV
 
     def init_cache(self, batch: int, max_len: int) -> Cache:
@@ -167,14 +184,20 @@ class DecoderLM(nnx.Module):
 
     def __call__(self, ids_BT: Array, *, segments_BT: Array | None = None,
                  positions_BT: Array | None = None, rng: Array | None = None,
-                 cache: Cache | None = None, cache_index: Array | int = 0
-                 ) -> tuple[Array, Cache | None]:
+                 cache: Cache | None = None, cache_index: Array | int = 0,
+                 attention_out: dict | None = None) -> tuple[Array, Cache | None]:
+        """attention_out: a dict that receives "decoder", the causal self-attention
+        probabilities [L, B, N, T, T]."""
         r = split_rng(rng, 2)
         seg_BT = _default_segments(ids_BT, segments_BT, self.pad_id)
         offset = 0 if cache is None else cache_index
         x_BTD = self.embed(ids_BT, _default_positions(ids_BT, positions_BT, offset), r[0])
-        x_BTD, cache, _ = self.decoder(x_BTD, _causal_mask(seg_BT, cache, cache_index), rng=r[1], cache=cache,
-                                       cache_index=cache_index if cache is not None else None)
+        x_BTD, cache, extras = self.decoder(
+            x_BTD, _causal_mask(seg_BT, cache, cache_index), rng=r[1], cache=cache,
+            cache_index=cache_index if cache is not None else None,
+            return_attention=attention_out is not None)
+        if attention_out is not None:
+            attention_out["decoder"] = extras["attention"]
         table = self.embed.token if self.logits is None else self.logits
         return attend(table, x_BTD).astype(jnp.float32), cache
 

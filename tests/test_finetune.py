@@ -271,6 +271,8 @@ def get_config(arg=""):
     assert len(rows) == 3 and all(",finished," in r for r in rows[1:])
     md = (workdir / "results.md").read_text()
     assert "| 0.001 | 2 |" in md and "Best setting by median eval/accuracy" in md
+    assert "![eval/accuracy per setting](results.png)" in md
+    assert (workdir / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("dataset", ["conll2003", "wnut17"])

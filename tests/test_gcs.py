@@ -1,7 +1,8 @@
 """Training with a gs:// workdir, end to end, against a GCS emulator served from this process
 (localhost only; no network, no credentials): checkpoints, metrics.jsonl, TensorBoard events and
 summary.json land in the bucket; a run that crashed while saving resumes from its last complete
-gs:// checkpoint with identical losses; `bert-jax eval` reads the bucket and writes there."""
+gs:// checkpoint with identical losses; `bert-jax eval` and `bert-jax plot` read the bucket and
+write there."""
 
 import functools
 import json
@@ -154,3 +155,10 @@ def test_train_resume_and_eval_in_a_gs_workdir(gcs):
     assert results[-1]["eval/loss"] == pytest.approx(summary["eval"]["eval/loss"], rel=1e-6)
     assert listing(fs, f"{root}/eval") == ["step_4.json", "step_8.json"]
     assert json.loads(fs.cat(f"{root}/eval/step_8.json")) == results[-1]
+
+    # The run's curves, drawn from the bucket into it.
+    plotted = json.loads(bert_jax(env, "plot", f"--workdir={workdir}").stdout.splitlines()[-1])
+    assert plotted["figure"] == f"{workdir}/plots/metrics.png"
+    assert listing(fs, f"{root}/plots") == ["metrics.csv", "metrics.png"]
+    csv_rows = fs.cat(f"{root}/plots/metrics.csv").decode().splitlines()
+    assert sum(",loss," in r for r in csv_rows) == 8

@@ -49,6 +49,7 @@ def test_jsonl_round_trip_with_nonfinite_values(tmp_path):
     assert strict_json(lines[0])["grad_norm"] == "nan"
     first, second = read_metrics(tmp_path / "metrics.jsonl")
     assert math.isnan(first.pop("grad_norm"))
+    assert time.time() - 60 < first.pop("time") <= second.pop("time") <= time.time()
     assert first == {"step": 3, "loss": 2.5, "up": math.inf, "down": -math.inf, "tokens": 7}
     assert second["loss"] == 0.1 + 0.2  # exact: repr round-trips floats
 
@@ -59,7 +60,8 @@ def test_eval_keys_share_the_file_and_print_an_eval_line(tmp_path):
         w.write(10, {"loss": 3.0})
         w.write(10, {"eval/loss": 3.1, "eval/accuracy": 0.25})
     rows = read_metrics(tmp_path / "metrics.jsonl")
-    assert rows[1] == {"step": 10, "eval/loss": 3.1, "eval/accuracy": 0.25}
+    assert {k: v for k, v in rows[1].items() if k != "time"} == {"step": 10, "eval/loss": 3.1,
+                                                                  "eval/accuracy": 0.25}
     assert "eval step 10: eval/loss 3.1000  eval/accuracy 0.2500" in out.getvalue()
     assert scalars(tmp_path, "eval/loss") == [(10, pytest.approx(3.1))]
 

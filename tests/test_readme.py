@@ -3,7 +3,9 @@
 What the README leaves to the user is substituted, and only that: `/path/to/...` (the
 user's model folders, GLUE data (MRPC with 160 training rows), text) by small real files,
 `/tmp/` by a fresh folder, `../shared/data/` by where that data is (commands run elsewhere);
-`demo_out/corpus` is built as `make demo` builds it. Each command must exit 0.
+`demo_out/corpus` is built as `make demo` builds it, and the demo's run `demo_out/run` is the
+README's own pretraining run of that corpus (/tmp/bert_text, trained by an earlier command).
+Each command must exit 0.
 """
 
 import os
@@ -53,7 +55,7 @@ def test_readme_lists_the_commands():
     commands = readme_commands()
     assert len(commands) >= 15
     for name in ("train", "eval", "sweep", "vocab", "info", "convert", "export", "features",
-                 "translate", "average"):
+                 "translate", "average", "plot", "attention"):
         assert any(c.startswith(PREFIX + name + " ") for c in commands), name
 
 
@@ -83,6 +85,7 @@ def test_readme_commands_run_as_written(tmp_path, small_glue, hf_model, english_
     }
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     for command in readme_commands():
+        command = command.replace("demo_out/run", "/tmp/bert_text")
         command = command.replace("/tmp/", f"{tmp_path}/tmp/").replace(" configs/", f" {REPO}/configs/")
         command = command.replace("../shared/data/", f"{shared_data_dir()}/")
         for placeholder, path in user_files.items():

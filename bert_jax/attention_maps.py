@@ -1,0 +1,243 @@
+"""`bert-jax attention`: the attention probabilities of every layer and head for one input,
+as a figure (a grid of heatmaps, one head larger), a self-contained interactive HTML page
+(pick the map, layer and head; no server, no downloads) and JSON data.
+
+The probabilities are the model's own: BertModel(return_attention=True) and the
+encoder-decoder's `attention_out` return what each attention layer's softmax produced (the
+same values its output is computed from). BERT models show their self-attention over
+[CLS] A [SEP] (B [SEP]); an encoder-decoder translates the text (greedy) and shows its
+cross-attention (target x source), with the encoder's and decoder's self-attention in the
+HTML view; a decoder-only LM shows its causal self-attention.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bert_jax import checkpoint, decode, models, objectives, plots
+from bert_jax import state as state_lib
+from bert_jax.data import vocab
+from bert_jax.paths import workdir_path
+
+OUTPUTS = (".png", ".svg", ".pdf", ".html")
+
+
+def _tokenizer(checkpoint_dir: str, config: dict) -> vocab.Tokenizer:
+    tok_dir = (checkpoint_dir if vocab.has_tokenizer(checkpoint_dir)
+               else config.get("data", {}).get("tokenizer", ""))
+    return vocab.load_tokenizer(vocab.required_dir(tok_dir, "the checkpoint's tokenizer "
+                                                   "(data.tokenizer)"))
+
+
+def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: int | None = None,
+            max_len: int = 128, layer: int = -1, head: int = 0) -> dict[str, Any]:
+    """{"model", "checkpoint", "step", "text", "pair", "maps": {name: {"queries": tokens,
+    "keys": tokens, "probs": [L, N, T, S] float32}}, "default_map"} for one input (`layer`
+    and `head`, the ones to draw large, are checked before the model runs)."""
+    if not text or not text.strip():
+        raise ValueError("--text is empty: give the sentence to look at, e.g. --text 'The cat sat.'")
+    step = checkpoint.resolve_step(checkpoint_dir, step)
+    config = checkpoint.read_config(checkpoint_dir, step)
+    model_cfg = config["model"]
+    name, fields = models.split_model_config(model_cfg)
+    layers = fields.num_decoder_layers or fields.num_layers if name == "transformer" else fields.num_layers
+    _check_choice(layer, head, layers, fields.num_heads)  # before the (slow) model load
+    if max_len < 3:
+        raise ValueError(f"--max_seq_length={max_len} leaves no room for [CLS] A [SEP] B [SEP]")
+    if fields.positions == "learned":
+        max_len = min(max_len, fields.max_len)  # a longer text is cut to the position table
+    if pair is not None and not name.startswith("bert"):
+        raise ValueError(f"--pair: model.name={name!r} takes one text (--text), not a pair")
+    tokenizer = _tokenizer(checkpoint_dir, config)
+    tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
+    _, model = state_lib.load_model(checkpoint_dir, step, model_cfg)
+    graphdef, params = nnx.split(model)
+    out: dict[str, Any] = {"model": name, "checkpoint": str(checkpoint_dir), "step": step,
+                           "text": text, "pair": pair, "max_seq_length": max_len, "maps": {}}
+    if name.startswith("bert"):
+        enc = tokenizer.encode_pair(text, pair, max_len)
+
+        @jax.jit
+        def run(params, ids, types):
+            m = nnx.merge(graphdef, params)
+            encoder = getattr(m, "bert", m)
+            return encoder(ids, types, jnp.ones_like(ids), return_attention=True)["attention"]
+
+        probs = run(params, jnp.asarray([enc.input_ids]), jnp.asarray([enc.token_type_ids]))
+        out["maps"]["self-attention"] = _map(enc.tokens, enc.tokens, probs)
+        out["default_map"] = "self-attention"
+    elif isinstance(objectives.for_model(model_cfg), objectives.Translation):
+        src = np.append(tokenizer.encode(text)[:max_len - 1], tokenizer.sep_id)[None].astype(np.int32)
+        banned = tuple(sorted({tokenizer.cls_id, tokenizer.mask_id} - {tokenizer.sep_id}))
+
+        @jax.jit
+        def translate(params, src):
+            return decode.greedy_search(nnx.merge(graphdef, params), src, eos_id=tokenizer.sep_id,
+                                        banned_ids=banned)
+
+        hyp = np.asarray(translate(params, jnp.asarray(src)))[0]
+        stop = np.flatnonzero(hyp == tokenizer.sep_id)
+        tgt = hyp[:stop[0] + 1] if len(stop) else hyp[hyp != 0]  # with its EOS when produced
+
+        @jax.jit
+        def run(params, src, tgt):
+            found: dict = {}
+            ones = jnp.ones_like(tgt)  # one target sequence: its start token (0) is not padding
+            nnx.merge(graphdef, params)(src, objectives.shift_right(tgt, ones), tgt_segments_BT=ones,
+                                        attention_out=found)
+            return found
+
+        found = run(params, jnp.asarray(src), jnp.asarray(tgt[None]))
+        source, target = tokenizer.tokens(src[0]), tokenizer.tokens(tgt)
+        # Decoder query i produces target token i having read the inputs (start), t_1..t_i-1.
+        inputs = ["(start)", *target[:-1]]
+        out["translation"] = tokenizer.decode(tgt[tgt != tokenizer.sep_id])
+        out["maps"] = {"cross-attention": _map(target, source, found["cross"]),
+                       "encoder self-attention": _map(source, source, found["encoder"]),
+                       "decoder self-attention": _map(target, inputs, found["decoder"])}
+        out["default_map"] = "cross-attention"
+    elif name == "decoder_lm":
+        ids = tokenizer.encode(text)[:max_len].astype(np.int32)
+
+        @jax.jit
+        def run(params, ids):
+            found: dict = {}
+            nnx.merge(graphdef, params)(ids, attention_out=found)
+            return found["decoder"]
+
+        tokens = tokenizer.tokens(ids)
+        out["maps"]["causal self-attention"] = _map(tokens, tokens, run(params, jnp.asarray(ids[None])))
+        out["default_map"] = "causal self-attention"
+    else:
+        raise ValueError(f"--checkpoint={checkpoint_dir}: model.name={name!r} has no attention "
+                         "to show")
+    return out
+
+
+def _map(queries: list[str], keys: list[str], probs_LBNTS) -> dict[str, Any]:
+    probs = np.asarray(probs_LBNTS, np.float32)[:, 0]  # the one input: [L, N, T, S]
+    return {"queries": list(queries), "keys": list(keys), "probs": probs}
+
+
+def figure(result: dict[str, Any], *, layer: int = -1, head: int = 0, map_name: str | None = None):
+    """Every layer (rows) and head (columns) of one map as small heatmaps, and the chosen
+    head larger with the tokens on both axes. Each heatmap's colours run from 0 to that
+    head's largest probability (the large one has a colour bar)."""
+    name = map_name or result["default_map"]
+    m = result["maps"][name]
+    probs, queries, keys = m["probs"], m["queries"], m["keys"]
+    L, N = probs.shape[:2]
+    layer, head = _check_choice(layer, head, L, N)
+    cell = 1.5 if L * N <= 16 else 0.8
+    grid_w, grid_h = cell * N + 0.5, cell * L + 0.6
+    big_w = max(5.0, 0.24 * len(keys) + 2.5)
+    height = max(grid_h, 0.24 * len(queries) + 2.2, 4.5) + 0.8
+    fig = plots.new_figure(figsize=(grid_w + big_w, height))
+    left, right = fig.subfigures(1, 2, width_ratios=[grid_w, big_w], wspace=0.02)
+    axes = left.subplots(L, N, squeeze=False)
+    for li in range(L):
+        for hi in range(N):
+            ax, p = axes[li, hi], probs[li, hi]
+            ax.imshow(p, cmap="Blues", vmin=0, vmax=max(float(p.max()), 1e-9),
+                      interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if (li, hi) == (layer, head):
+                for spine in ax.spines.values():
+                    spine.set_color("tab:red")
+                    spine.set_linewidth(2.5)
+            if li == 0:
+                ax.set_title(f"head {hi}", fontsize=8)
+            if hi == 0:
+                ax.set_ylabel(f"layer {li}", fontsize=8)
+    left.suptitle("every layer and head\n(each from 0 to its max)", fontsize=9)
+    big = right.subplots()
+    im = big.imshow(probs[layer, head], cmap="Blues", vmin=0, interpolation="nearest")
+    big.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
+    big.set_yticks(range(len(queries)), queries, fontsize=8)
+    big.set_xlabel("key (attended to)")
+    big.set_ylabel("query (attending)")
+    big.set_title(f"layer {layer}, head {head}", fontsize=10)
+    right.colorbar(im, ax=big, fraction=0.046, pad=0.02, label="attention probability")
+    title = f"{name}: {result['model']} ({L} layers x {N} heads)"
+    if "translation" in result:
+        title += f"\nsource: {result['text']}\ngreedy translation: {result['translation']}"
+    fig.suptitle(title, fontsize=10, y=1.0, parse_math=False)
+    return fig
+
+
+def _check_choice(layer: int, head: int, L: int, N: int) -> tuple[int, int]:
+    if not -L <= layer < L:
+        raise ValueError(f"--layer={layer} is out of range for {L} layers (use -{L}..{L - 1})")
+    if not -N <= head < N:
+        raise ValueError(f"--head_index={head} is out of range for {N} heads (use -{N}..{N - 1})")
+    return layer % L, head % N
+
+
+def data_json(result: dict[str, Any], decimals: int = 4) -> dict[str, Any]:
+    """The result as JSON-ready data (probabilities rounded to `decimals`)."""
+    return {**{k: v for k, v in result.items() if k != "maps"},
+            "maps": {name: {"queries": m["queries"], "keys": m["keys"],
+                            "shape": ["layer", "head", "query", "key"],
+                            "probs": np.round(m["probs"].astype(np.float64), decimals).tolist()}
+                     for name, m in result["maps"].items()}}
+
+
+def html_page(result: dict[str, Any], *, layer: int = -1, head: int = 0) -> str:
+    """A self-contained page: choose map, layer and head; every head of the layer as
+    thumbnails (click one), the chosen head as a table of probabilities colored by value."""
+    data = data_json(result, decimals=3)
+    first = result["maps"][result["default_map"]]["probs"]
+    layer, head = _check_choice(layer, head, *first.shape[:2])
+    title = f"Attention of {result['model']}: {result['text']}" + (
+        f" ||| {result['pair']}" if result.get("pair") else "")
+    payload = json.dumps({"data": data, "layer": layer, "head": head, "map": result["default_map"]})
+    # Inside <script>, no '<', '>' or '&' of the text may close or comment the element.
+    payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    page = (Path(__file__).parent / "attention_page.html").read_text(encoding="utf-8")
+    fill = {"TITLE": html.escape(title), "DATA": payload}
+    return re.sub(r"\{\{(TITLE|DATA)\}\}", lambda m: fill[m.group(1)], page)  # one pass
+
+
+def write(result: dict[str, Any], out: str, *, layer: int = -1, head: int = 0) -> dict[str, str]:
+    """Writes `out` (.html, or a .png/.svg/.pdf figure) and its data (.json beside it)."""
+    suffix = os.path.splitext(out)[1].lower()
+    if suffix not in OUTPUTS:
+        raise ValueError(f"--out={out}: the file name must end in one of {list(OUTPUTS)}")
+    if suffix == ".html":
+        plots._write_bytes(out, html_page(result, layer=layer, head=head).encode())
+    else:
+        plots.save_figure(figure(result, layer=layer, head=head), out)
+    data = plots.data_path(out, ".json")
+    plots._write_bytes(data, json.dumps(data_json(result)).encode())
+    return {"figure" if suffix != ".html" else "html": out, "data": data}
+
+
+def attention(checkpoint_dir: str, text: str, pair: str | None = None, *, out: str | None = None,
+              layer: int = -1, head: int = 0, step: int | None = None, max_len: int = 128
+              ) -> dict[str, Any]:
+    """`bert-jax attention`: writes `out`, or by default both <checkpoint>/plots/attention.png
+    and .html (each with its .json data)."""
+    for path in [out] if out else []:
+        if os.path.splitext(path)[1].lower() not in OUTPUTS:
+            raise ValueError(f"--out={path}: the file name must end in one of {list(OUTPUTS)}")
+    result = compute(checkpoint_dir, text, pair, step=step, max_len=max_len, layer=layer, head=head)
+    default = str(workdir_path(checkpoint_dir) / "plots" / "attention")
+    outs = [out] if out else [default + ".png", default + ".html"]
+    report: dict[str, Any] = {"model": result["model"], "maps": list(result["maps"]),
+                              "tokens": result["maps"][result["default_map"]]["keys"]}
+    if "translation" in result:
+        report["translation"] = result["translation"]
+    for path in outs:
+        report.update(write(result, path, layer=layer, head=head))
+    return report
