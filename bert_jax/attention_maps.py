@@ -160,7 +160,7 @@ def figure(result: dict[str, Any], *, layer: int = -1, head: int = 0, map_name: 
                 ax.set_title(f"head {hi}", fontsize=8)
             if hi == 0:
                 ax.set_ylabel(f"layer {li}", fontsize=8)
-    left.suptitle("every layer and head\n(each from 0 to its max)", fontsize=9)
+    left.supxlabel("every layer and head (each from 0 to its max)", fontsize=9)
     big = right.subplots()
     im = big.imshow(probs[layer, head], cmap="Blues", vmin=0, interpolation="nearest")
     big.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
@@ -171,9 +171,14 @@ def figure(result: dict[str, Any], *, layer: int = -1, head: int = 0, map_name: 
     right.colorbar(im, ax=big, fraction=0.046, pad=0.02, label="attention probability")
     title = f"{name}: {result['model']} ({L} layers x {N} heads)"
     if "translation" in result:
-        title += f"\nsource: {result['text']}\ngreedy translation: {result['translation']}"
+        title += (f"\nsource: {_cut(result['text'])}\ngreedy translation: "
+                  f"{_cut(result['translation'])}")
     fig.suptitle(title, fontsize=10, y=1.0, parse_math=False)
     return fig
+
+
+def _cut(text: str, n: int = 100) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
 
 
 def _check_choice(layer: int, head: int, L: int, N: int) -> tuple[int, int]:
