@@ -28,6 +28,7 @@ from bert_jax import checkpoint, decode, models, objectives, plots
 from bert_jax import state as state_lib
 from bert_jax.data import vocab
 from bert_jax.paths import workdir_path
+from bert_jax.transformer import DecoderLM, EncoderDecoder
 
 OUTPUTS = (".png", ".svg", ".pdf", ".html")
 
@@ -50,13 +51,15 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
     config = checkpoint.read_config(checkpoint_dir, step)
     model_cfg = config["model"]
     name, fields = models.split_model_config(model_cfg)
-    layers = fields.num_decoder_layers or fields.num_layers if name == "transformer" else fields.num_layers
+    cls = models.MODELS[name]  # what the model is decides what to show, not its name
+    seq2seq, lm = issubclass(cls, EncoderDecoder), issubclass(cls, DecoderLM)
+    layers = (fields.num_decoder_layers or fields.num_layers) if seq2seq else fields.num_layers
     _check_choice(layer, head, layers, fields.num_heads)  # before the (slow) model load
     if max_len < 3:
         raise ValueError(f"--max_seq_length={max_len} leaves no room for [CLS] A [SEP] B [SEP]")
     if fields.positions == "learned":
         max_len = min(max_len, fields.max_len)  # a longer text is cut to the position table
-    if pair is not None and not name.startswith("bert"):
+    if pair is not None and (seq2seq or lm):
         raise ValueError(f"--pair: model.name={name!r} takes one text (--text), not a pair")
     tokenizer = _tokenizer(checkpoint_dir, config)
     tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
@@ -64,7 +67,7 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
     graphdef, params = nnx.split(model)
     out: dict[str, Any] = {"model": name, "checkpoint": str(checkpoint_dir), "step": step,
                            "text": text, "pair": pair, "max_seq_length": max_len, "maps": {}}
-    if name.startswith("bert"):
+    if not (seq2seq or lm):  # BERT: the encoder's self-attention over [CLS] A [SEP] (B [SEP])
         enc = tokenizer.encode_pair(text, pair, max_len)
 
         @jax.jit
@@ -76,7 +79,7 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
         probs = run(params, jnp.asarray([enc.input_ids]), jnp.asarray([enc.token_type_ids]))
         out["maps"]["self-attention"] = _map(enc.tokens, enc.tokens, probs)
         out["default_map"] = "self-attention"
-    elif isinstance(objectives.for_model(model_cfg), objectives.Translation):
+    elif seq2seq:
         src = np.append(tokenizer.encode(text)[:max_len - 1], tokenizer.sep_id)[None].astype(np.int32)
         banned = tuple(sorted({tokenizer.cls_id, tokenizer.mask_id} - {tokenizer.sep_id}))
 
@@ -106,7 +109,7 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
                        "encoder self-attention": _map(source, source, found["encoder"]),
                        "decoder self-attention": _map(target, inputs, found["decoder"])}
         out["default_map"] = "cross-attention"
-    elif name == "decoder_lm":
+    else:
         ids = tokenizer.encode(text)[:max_len].astype(np.int32)
 
         @jax.jit
@@ -118,9 +121,6 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
         tokens = tokenizer.tokens(ids)
         out["maps"]["causal self-attention"] = _map(tokens, tokens, run(params, jnp.asarray(ids[None])))
         out["default_map"] = "causal self-attention"
-    else:
-        raise ValueError(f"--checkpoint={checkpoint_dir}: model.name={name!r} has no attention "
-                         "to show")
     return out
 
 

@@ -128,6 +128,19 @@ def test_attention_of_a_translation_shows_cross_attention(tmp_path, tokenizer_di
     assert (dec[..., np.triu(np.ones(dec.shape[-2:], bool), k=1)] == 0).all()
 
 
+def test_attention_of_a_decoder_lm_is_causal(tmp_path, tokenizer_dir):
+    from bert_jax import attention_maps
+
+    ckpt = saved_model(tmp_path, "decoder_lm", tokenizer_dir)
+    attention_maps.attention(str(ckpt), "The cat sat.", out=str(tmp_path / "lm.html"))
+    m = json.loads((tmp_path / "lm.json").read_text())["maps"]["causal self-attention"]
+    probs = np.asarray(m["probs"])
+    assert probs.shape[-2:] == (len(m["queries"]),) * 2 and m["queries"] == m["keys"]
+    assert (probs[..., np.triu(np.ones(probs.shape[-2:], bool), k=1)] == 0).all()
+    with pytest.raises(ValueError, match="--pair"):
+        attention_maps.attention(str(ckpt), "The cat sat.", "A pair.", out=str(tmp_path / "x.png"))
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     """Two short pretraining runs with a sequence-length phase at step 5 and evaluations."""
