@@ -130,16 +130,21 @@ def _map(queries: list[str], keys: list[str], probs_LBNTS) -> dict[str, Any]:
 
 
 def figure(result: dict[str, Any], *, layer: int = -1, head: int = 0, map_name: str | None = None):
-    """Every layer (rows) and head (columns) of one map as small heatmaps, and the chosen
-    head larger with the tokens on both axes. Each heatmap's colours run from 0 to that
-    head's largest probability (the large one has a colour bar)."""
+    """Every layer (rows) and head (columns) of one map as small heatmaps (tokens on the
+    outer axes when readable), and the chosen head larger with the tokens on both axes.
+    Each heatmap's colours run from 0 to that head's largest probability (the large one
+    has a colour bar)."""
     name = map_name or result["default_map"]
     m = result["maps"][name]
     probs, queries, keys = m["probs"], m["queries"], m["keys"]
     L, N = probs.shape[:2]
     layer, head = _check_choice(layer, head, L, N)
-    cell = 1.5 if L * N <= 16 else 0.8
-    grid_w, grid_h = cell * N + 0.5, cell * L + 0.6
+    # Tokens on the grid's outer axes too when they can be read (a few heads, a sentence);
+    # a BERT-Base grid (144 heads) shows them on the large heatmap and in the HTML page.
+    labelled = L * N <= 16 and max(len(keys), len(queries)) <= 40
+    cell = max(1.5, 0.11 * max(len(keys), len(queries))) if labelled else 0.8
+    margin = 0.07 * max(len(t) for t in [*keys, *queries]) + 0.3 if labelled else 0.0
+    grid_w, grid_h = cell * N + 0.5 + margin, cell * L + 0.6 + margin
     big_w = max(5.0, 0.24 * len(keys) + 2.5)
     height = max(grid_h, 0.24 * len(queries) + 2.2, 4.5) + 0.8
     fig = plots.new_figure(figsize=(grid_w + big_w, height))
@@ -160,6 +165,10 @@ def figure(result: dict[str, Any], *, layer: int = -1, head: int = 0, map_name: 
                 ax.set_title(f"head {hi}", fontsize=8)
             if hi == 0:
                 ax.set_ylabel(f"layer {li}", fontsize=8)
+            if labelled and li == L - 1:
+                ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=5)
+            if labelled and hi == 0:
+                ax.set_yticks(range(len(queries)), queries, fontsize=5)
     left.supxlabel("every layer and head (each from 0 to its max)", fontsize=9)
     big = right.subplots()
     im = big.imshow(probs[layer, head], cmap="Blues", vmin=0, interpolation="nearest")
