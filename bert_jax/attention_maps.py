@@ -33,13 +33,6 @@ from bert_jax.transformer import DecoderLM, EncoderDecoder
 OUTPUTS = (".png", ".svg", ".pdf", ".html")
 
 
-def _tokenizer(checkpoint_dir: str, config: dict) -> vocab.Tokenizer:
-    tok_dir = (checkpoint_dir if vocab.has_tokenizer(checkpoint_dir)
-               else config.get("data", {}).get("tokenizer", ""))
-    return vocab.load_tokenizer(vocab.required_dir(tok_dir, "the checkpoint's tokenizer "
-                                                   "(data.tokenizer)"))
-
-
 def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: int | None = None,
             max_len: int = 128, layer: int = -1, head: int = 0) -> dict[str, Any]:
     """{"model", "checkpoint", "step", "text", "pair", "maps": {name: {"queries": tokens,
@@ -61,7 +54,7 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
         max_len = min(max_len, fields.max_len)  # a longer text is cut to the position table
     if pair is not None and (seq2seq or lm):
         raise ValueError(f"--pair: model.name={name!r} takes one text (--text), not a pair")
-    tokenizer = _tokenizer(checkpoint_dir, config)
+    tokenizer = vocab.checkpoint_tokenizer(checkpoint_dir, config.get("data", {}).get("tokenizer", ""))
     tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
     _, model = state_lib.load_model(checkpoint_dir, step, model_cfg)
     graphdef, params = nnx.split(model)
@@ -229,11 +222,11 @@ def write(result: dict[str, Any], out: str, *, layer: int = -1, head: int = 0) -
     if suffix not in OUTPUTS:
         raise ValueError(f"--out={out}: the file name must end in one of {list(OUTPUTS)}")
     if suffix == ".html":
-        plots._write_bytes(out, html_page(result, layer=layer, head=head).encode())
+        plots.write_bytes(out, html_page(result, layer=layer, head=head).encode())
     else:
         plots.save_figure(figure(result, layer=layer, head=head), out)
     data = plots.data_path(out, ".json")
-    plots._write_bytes(data, json.dumps(data_json(result)).encode())
+    plots.write_bytes(data, json.dumps(data_json(result)).encode())
     return {"figure" if suffix != ".html" else "html": out, "data": data}
 
 

@@ -398,16 +398,16 @@ class Block(nnx.Module):
                  cache: Cache | None = None, cache_index: Array | None = None,
                  return_attention: bool = False) -> tuple[Array, Cache | None, dict[str, Array]]:
         """Returns (output, updated cache, {} or with return_attention the probabilities
-        {"self": [B, N, T, S], and "cross" with cross-attention})."""
+        {"attention": [B, N, T, S], and "cross_attention" with cross-attention})."""
         r = split_rng(rng, 5)
         new_cache = None
         x_BTD = constrain(x_BTD, "batch", "length", "embed")
-        probs = {"self": {}, "cross": {}} if return_attention else {}
+        probs = {"attention": {}, "cross_attention": {}} if return_attention else {}
 
         def self_attention(h):
             nonlocal new_cache
             out, new_cache = self.attention(h, h, mask_B1TS, rng=r[0], cache=cache,
-                                            cache_index=cache_index, probs_out=probs.get("self"))
+                                            cache_index=cache_index, probs_out=probs.get("attention"))
             return out
 
         x_BTD = self._residual(x_BTD, self.attention_norm, self_attention, r[1])
@@ -415,7 +415,7 @@ class Block(nnx.Module):
             x_BTD = self._residual(
                 x_BTD, self.cross_attention_norm,
                 lambda h: self.cross_attention(h, encoded_BSD, cross_mask_B1TS, rng=r[2],
-                                               probs_out=probs.get("cross"))[0], r[3])
+                                               probs_out=probs.get("cross_attention"))[0], r[3])
         x_BTD = self._residual(x_BTD, self.mlp_norm, self.mlp, r[4])
         probs = {k: v["probs"] for k, v in probs.items() if v}
         return constrain(x_BTD, "batch", "length", "embed"), new_cache, probs
@@ -460,8 +460,7 @@ class Stack(nnx.Module):
                                               cross_mask_B1TS=cross_mask_B1TS, rng=layer_rng,
                                               cache=layer_cache, cache_index=cache_index,
                                               return_attention=return_attention)
-            extras = {f"{k}_attention".removeprefix("self_"): v for k, v in probs.items()}
-            return h_BTD, (layer_cache, {**extras, **({"hidden": h_BTD} if return_hidden else {})})
+            return h_BTD, (layer_cache, {**probs, **({"hidden": h_BTD} if return_hidden else {})})
 
         if self.remat_policy != "none":
             body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy],

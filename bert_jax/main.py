@@ -42,9 +42,8 @@ _CONFIG = flags.DEFINE_string("config", None, "train, eval, sweep, prepare, info
                               "overrides")
 _HEAD = flags.DEFINE_string("head", None, "convert: our model name for the converted weights "
                             "(default: from the checkpoint's architectures)")
-_WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep, launch, average: the run "
-                               "directory (local or "
-                               "gs://; rerunning train resumes it)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep, launch, average, plot: the "
+                               "run directory (local or gs://; rerunning train resumes it)")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, translate, attention: converted, "
                                   "averaged or training dir")
 _INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "

@@ -146,8 +146,6 @@ def _ylabel(key: str) -> str:
         return "cross-entropy (nats)"
     if name.endswith("loss_mse"):
         return "mean squared error"
-    if "accuracy" in name or name in ("f1", "exact_match", "mcc", "pearson", "spearman"):
-        return name.replace("_", " ")
     return name.replace("_", " ")
 
 
@@ -246,11 +244,12 @@ def save_figure(fig, out: str) -> str:
         raise ValueError(f"--out={out}: the file name must end in one of {list(FORMATS)}")
     buf = io.BytesIO()
     fig.savefig(buf, format=suffix[1:], dpi=110, bbox_inches="tight")
-    _write_bytes(out, buf.getvalue())
+    write_bytes(out, buf.getvalue())
     return str(out)
 
 
-def _write_bytes(out: str, data: bytes) -> None:
+def write_bytes(out: str, data: bytes) -> None:
+    """Writes a file, local or gs://, making its folder; a clear error names --out."""
     path = workdir_path(out)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -265,7 +264,7 @@ def write_csv(out: str, rows: list[dict[str, Any]]) -> str:
     writer = csv.DictWriter(buf, list(dict.fromkeys(k for r in rows for k in r)))
     writer.writeheader()
     writer.writerows(rows)
-    _write_bytes(out, buf.getvalue().encode())
+    write_bytes(out, buf.getvalue().encode())
     return str(out)
 
 
@@ -292,37 +291,25 @@ def plot_workdirs(workdirs: Sequence[str], out: str | None = None, *, x: str = "
             "phase_starts": {r.name: r.phase_starts for r in runs if r.phase_starts}}
 
 
-def sweep_figure(rows: list[dict[str, Any]], keys: Sequence[str], metric: str, title: str):
-    """Figure of a sweep: per setting (x), each finished trial's `metric` as a point (one
-    per seed) and the median as a bar."""
-    groups: dict[tuple, list[tuple[Any, float]]] = {}
-    for r in rows:
-        if r.get(metric) is not None:
-            groups.setdefault(tuple(r[k] for k in keys), []).append((r.get("seed"), float(r[metric])))
+def sweep_figure(groups: dict[str, list[float]], metric: str, title: str):
+    """Figure of a sweep: per setting (x, labelled by the keys of `groups`), each finished
+    trial's `metric` as a point (one per seed) and the median as a bar."""
     if not groups:
         raise ValueError(f"no finished trial has {metric}")
     fig = new_figure(figsize=(max(4.0, 1.1 * len(groups) + 2), 4.0))
     ax = fig.subplots()
-    for i, values in enumerate(groups.values()):
-        ys = [v for _, v in values]
+    for i, ys in enumerate(groups.values()):
         offsets = np.linspace(-0.15, 0.15, len(ys)) if len(ys) > 1 else [0.0]
         ax.scatter(i + np.asarray(offsets), ys, s=22, color="tab:blue", zorder=3,
                    label="a seed" if i == 0 else None, gid=f"seeds|{i}")
-    medians = [statistics.median(v for _, v in values) for values in groups.values()]
     at = np.arange(len(groups))
-    ax.hlines(medians, at - 0.3, at + 0.3, color="tab:red", linewidth=2.2, zorder=4,
-              label="median", gid="medians")
-    short = {k: k.split(".")[-1] for k in keys}
+    ax.hlines([statistics.median(ys) for ys in groups.values()], at - 0.3, at + 0.3,
+              color="tab:red", linewidth=2.2, zorder=4, label="median", gid="medians")
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(["\n".join(f"{short[k]}={_fmt(v)}" for k, v in zip(keys, s)) or "(one setting)"
-                        for s in groups], fontsize=8)
+    ax.set_xticklabels(list(groups), fontsize=8)
     ax.set_ylabel(metric)
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -164,22 +164,41 @@ def write_results(sweep, root: Path, settings: list[dict[str, Any]]) -> list[dic
         w = csv.DictWriter(f, columns)
         w.writeheader()
         w.writerows(rows)
-    (root / "results.md").write_text(_markdown(sweep, rows, metric, _figure(sweep, root, rows, metric)),
-                                     encoding="utf-8")
+    groups = _groups(sweep, rows, metric)
+    (root / "results.md").write_text(_markdown(sweep, rows, metric, groups,
+                                               _figure(sweep, root, groups, metric)), encoding="utf-8")
     return rows
 
 
-def _figure(sweep, root: Path, rows: list[dict[str, Any]], metric: str | None) -> str:
+def _groups(sweep, rows: list[dict[str, Any]], metric: str | None) -> dict[tuple, list[float]]:
+    """{setting (the grid values but the seed): [metric of each finished trial]}."""
+    keys = [k for k in sweep.grid.keys() if k != "seed"]
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if metric and r.get(metric) is not None:
+            groups.setdefault(tuple(r[k] for k in keys), []).append(r[metric])
+    return groups
+
+
+def figure(sweep, groups: dict[tuple, list[float]], metric: str):
+    """The sweep's figure: per setting (labelled by its grid values), each seed's metric."""
+    from bert_jax import plots
+
+    keys = [k.split(".")[-1] for k in sweep.grid.keys() if k != "seed"]
+    labels = {"\n".join(f"{k}={_fmt(v)}" for k, v in zip(keys, s)) or "(one setting)": values
+              for s, values in groups.items()}
+    return plots.sweep_figure(labels, metric, f"{Path(sweep.base).name}: {metric} per setting")
+
+
+def _figure(sweep, root: Path, groups: dict[tuple, list[float]], metric: str | None) -> str:
     """results.png (each seed a point, the median a bar, per setting; its data are
     results.csv); returns the markdown line that shows it, or says why there is none."""
-    if not metric or not any(r.get(metric) is not None for r in rows):
+    if not groups:
         return ""
     from bert_jax import plots
 
-    keys = [k for k in sweep.grid.keys() if k != "seed"]
     try:
-        fig = plots.sweep_figure(rows, keys, metric, f"{Path(sweep.base).name}: {metric} per setting")
-        plots.save_figure(fig, str(root / "results.png"))
+        plots.save_figure(figure(sweep, groups, metric), str(root / "results.png"))
     except Exception as e:  # noqa: BLE001 (a figure is never worth losing results.md over)
         log.warning(f"no results.png: {e}")
         return f"(No figure: {e}.)"
@@ -187,7 +206,8 @@ def _figure(sweep, root: Path, rows: list[dict[str, Any]], metric: str | None) -
             "bar the median over seeds; the points are the rows of results.csv.")
 
 
-def _markdown(sweep, rows: list[dict[str, Any]], metric: str | None, figure: str = "") -> str:
+def _markdown(sweep, rows: list[dict[str, Any]], metric: str | None,
+              groups: dict[tuple, list[float]], figure: str = "") -> str:
     keys = [k for k in sweep.grid.keys() if k != "seed"]
     lines = [f"# Sweep of {sweep.base}", "", f"{len(rows)} trials; metric: {metric or 'none yet'} "
              "(best evaluation of each trial on dev)", "", "| trial | status | best step | "
@@ -196,10 +216,6 @@ def _markdown(sweep, rows: list[dict[str, Any]], metric: str | None, figure: str
         value = r.get(metric) if metric else None
         lines.append(f"| {r['trial']} | {r['status']} | {r.get('best_step', '')} | "
                      f"{'' if value is None else f'{value:.4f}'} |")
-    groups: dict[tuple, list[float]] = {}
-    for r in rows:
-        if metric and r.get(metric) is not None:
-            groups.setdefault(tuple(r[k] for k in keys), []).append(r[metric])
     if groups:
         lines += ["", "## Per setting (over seeds)", "",
                   "| " + " | ".join(keys) + " | seeds | median | best |",

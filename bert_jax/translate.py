@@ -138,9 +138,7 @@ def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
     """Translates each line of `input_path` into `output_path` (written whole at the end, so
     a failure leaves no partial file); with `reference`, scores the output with sacreBLEU."""
     config = _run_config(checkpoint_dir)
-    tok_dir = checkpoint_dir if vocab.has_tokenizer(checkpoint_dir) else config.data.get("tokenizer", "")
-    tokenizer = vocab.load_tokenizer(vocab.required_dir(tok_dir, "the checkpoint's tokenizer "
-                                                        "(data.tokenizer)"))
+    tokenizer = vocab.checkpoint_tokenizer(checkpoint_dir, config.data.get("tokenizer", ""))
     sources = bleu.read_lines(input_path)
     refs = bleu.read_lines(reference) if reference else None
     if refs is not None and len(refs) != len(sources):

@@ -237,7 +237,8 @@ def test_sweep_figure_shows_each_seed_and_the_median():
     rows = [{"optimizer.learning_rate": lr, "seed": s, "eval/accuracy": acc}
             for lr, accs in ((1e-4, (0.5, 0.7, 0.6)), (3e-4, (0.8, 0.9))) for s, acc in enumerate(accs)]
     rows.append({"optimizer.learning_rate": 1e-3, "seed": 0, "eval/accuracy": None})  # unfinished
-    fig = plots.sweep_figure(rows, ["optimizer.learning_rate"], "eval/accuracy", "t")
+    sw = sweep.sweep_config("glue.py:mrpc", {"optimizer.learning_rate": (1e-4, 3e-4, 1e-3)})
+    fig = sweep.figure(sw, sweep._groups(sw, rows, "eval/accuracy"), "eval/accuracy")
     drawn = {c.get_gid(): c for c in fig.axes[0].collections}
     assert drawn["seeds|0"].get_offsets()[:, 1].tolist() == [0.5, 0.7, 0.6]
     assert drawn["seeds|1"].get_offsets()[:, 1].tolist() == [0.8, 0.9]

@@ -407,6 +407,12 @@ def required_dir(directory: str | Path, key: str = "data.tokenizer") -> str | Pa
     return directory
 
 
+def checkpoint_tokenizer(checkpoint_dir: str | Path, data_tokenizer: str = "") -> Tokenizer:
+    """The tokenizer a checkpoint directory carries, else its run's data.tokenizer."""
+    directory = checkpoint_dir if has_tokenizer(checkpoint_dir) else data_tokenizer
+    return load_tokenizer(required_dir(directory, "the checkpoint's tokenizer (data.tokenizer)"))
+
+
 def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None) -> Tokenizer:
     """Loads the vocab in directory: vocab.txt -> WordPiece, spm.model -> SentencePiece.
 
