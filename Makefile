@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 # The main job, offline: corpus -> WordPiece vocab -> tiny BERT pretraining -> restore + eval.
 demo: install
-	$(BIN)/python -m bert_jax.demo demo_out
+	$(BIN)/python -m bert_jax.tools.demo demo_out
 
 test: install
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q tests
@@ -28,9 +28,9 @@ lint: install
 # peers run in their own environment, .venv-peers; if it cannot be installed they are skipped
 # with the reason). About 20 min on 2 CPU cores; results also in bench_model.json.
 bench: install
-	$(BIN)/python -m bert_jax.bench data
+	$(BIN)/python -m bert_jax.tools.bench data
 	-$(MAKE) peers-env
-	$(BIN)/python -m bert_jax.bench model
+	$(BIN)/python -m bert_jax.tools.bench model
 
 PEERS := .venv-peers
 peers-env: $(PEERS)/.installed
@@ -43,7 +43,7 @@ $(PEERS)/.installed: benchmarks/requirements-peers.txt
 # Translation end to end on Multi30k (configs/multi30k.py; about 80 min on 2 CPU cores):
 # vocab, training, averaging, beam search on test2016, sacreBLEU. Resumes in runs/multi30k_bench.
 bench-mt: install
-	$(BIN)/python -m bert_jax.bench multi30k --workdir runs/multi30k_bench
+	$(BIN)/python -m bert_jax.tools.bench multi30k --workdir runs/multi30k_bench
 
 # Every paper config compiled for the TPU slice its docstring names (libtpu, no TPU; slow:
 # BERT-Large on v3-128 compiles for many minutes on 2 cores). Exits non-zero if one does not fit.

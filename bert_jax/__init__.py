@@ -1,6 +1,6 @@
-"""bert_jax: the Transformer and BERT in JAX/Flax NNX."""
+"""bert_jax: the Transformer and BERT in JAX/Flax NNX.
 
-from bert_jax import log as _log  # noqa: F401 (installs the package logger's console handler)
-from bert_jax import tpu as _tpu
-
-_tpu.quiet_libtpu_off_tpu()  # before JAX starts: libtpu installed on a machine with no TPU
+Importing the package (or any module of it) has no side effects: the CLI entry
+(`bert_jax.main.run`) and the tools' entry points attach the console log handler and quiet
+libtpu on machines without a TPU. The layout and its import rules: README.md ("Map").
+"""

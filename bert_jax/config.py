@@ -15,7 +15,7 @@ from pathlib import Path
 
 import ml_collections
 
-from bert_jax.layers import DTYPES
+from bert_jax.models.layers import DTYPES
 
 MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes, in order
 BATCH_AXES = ("data", "fsdp")  # the axes the examples of a batch are split over

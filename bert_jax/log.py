@@ -3,8 +3,8 @@
 Messages of the `bert_jax` logger go to the console as plain lines: INFO (progress,
 what a run did) to stdout, WARNING and above to stderr, looked up when written so a
 redirected sys.stdout/sys.stderr applies. In a multi-process run only process 0 prints
-INFO lines; every process prints warnings. The CLI sets the level (`configure`); a
-program that imports the library may attach its own handlers instead.
+INFO lines; every process prints warnings. The CLI and the tools attach it (`install`) and
+set the level (`configure`); importing the package attaches nothing.
 """
 
 from __future__ import annotations
@@ -132,7 +132,10 @@ def divert_library_errors() -> None:
     atexit.register(gc.collect)
 
 
-def _install() -> None:
+def install() -> None:
+    """Attaches the console handler (once) and sets INFO: called by the CLI and the tools'
+    entry points, never by `import` (a program that imports the library keeps its own
+    logging setup)."""
     logger = logging.getLogger(ROOT)
     if not any(isinstance(h, _ConsoleHandler) for h in logger.handlers):
         handler = _ConsoleHandler()
@@ -140,6 +143,3 @@ def _install() -> None:
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False  # absl's root handler would print every line a second time
-
-
-_install()

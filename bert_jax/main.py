@@ -167,7 +167,7 @@ def cmd_train(args: list[str]) -> None:
     maybe_initialize_distributed()
     import jax
 
-    from bert_jax import train
+    from bert_jax.training import train
 
     summary = train.train_and_evaluate(_require(_CONFIG, "train"), _require(_WORKDIR, "train"),
                                        set_by_user=_LoadedConfig.set_by_user())
@@ -180,7 +180,7 @@ def cmd_eval(args: list[str]) -> None:
     """Evaluates saved checkpoints on the validation split (with the config stored in the
     checkpoint unless --config is given); prints one JSON line each."""
     maybe_initialize_distributed()
-    from bert_jax import evaluate
+    from bert_jax.training import evaluate
 
     for result in evaluate.evaluate_checkpoints(
             _LoadedConfig.value, _require(_WORKDIR, "eval"), _STEP.value, _SPLIT.value):
@@ -275,7 +275,7 @@ def cmd_plan(args: list[str]) -> None:
     """Compiles the train step of each sequence-length phase and the eval step for a Cloud TPU
     slice (no TPU needed; libtpu: pip install 'bert_jax[tpu]') and prints memory per device
     against its HBM, whether it fits, model FLOPs per step and the projected run time."""
-    from bert_jax import plan
+    from bert_jax.cloud import plan
 
     result = plan.plan(_require(_CONFIG, "plan"), _require(_TOPOLOGY, "plan"), _SLICES.value,
                        _MFU.value)
@@ -289,7 +289,7 @@ def cmd_launch(args: list[str]) -> None:
     sets up every worker at a pinned commit, trains with one log per worker under
     <workdir>/logs, re-queues and resumes after preemption, and deletes the capacity at the
     end (see launch/README.md)."""
-    from bert_jax import launch, plan
+    from bert_jax.cloud import launch, plan
 
     config = _require(_CONFIG, "launch")
     topology, workdir = _require(_TOPOLOGY, "launch"), _require(_WORKDIR, "launch")
@@ -334,7 +334,7 @@ def cmd_launch(args: list[str]) -> None:
 
 def cmd_convert(args: list[str]) -> None:
     """Converts a public checkpoint into a bert_jax checkpoint directory."""
-    from bert_jax import convert
+    from bert_jax.interop import convert
 
     if len(args) != 2 or not args[0].startswith(("hf:", "tf:")):
         raise app.UsageError("usage: bert-jax convert hf:<huggingface_dir> <out_dir>, or "
@@ -349,7 +349,7 @@ def cmd_convert(args: list[str]) -> None:
 
 def cmd_export(args: list[str]) -> None:
     """Writes a checkpoint (a convert output or a training workdir) as a Hugging Face folder."""
-    from bert_jax import export
+    from bert_jax.interop import export
 
     if len(args) != 2 or not args[1].startswith("hf:"):
         raise app.UsageError("usage: bert-jax export <checkpoint_dir> hf:<out_dir>")
@@ -363,7 +363,7 @@ def cmd_export(args: list[str]) -> None:
 
 def cmd_features(args: list[str]) -> None:
     """Writes contextual token vectors of chosen layers, one JSON line per input line."""
-    from bert_jax import features
+    from bert_jax.interop import features
 
     try:
         layers = [int(x) for x in _LAYERS.value.split(",")]
@@ -378,7 +378,7 @@ def cmd_features(args: list[str]) -> None:
 
 def cmd_translate(args: list[str]) -> None:
     """Translates a text file with an encoder-decoder checkpoint; scores it given a reference."""
-    from bert_jax import translate
+    from bert_jax.translation import translate
 
     maybe_initialize_distributed()  # on a pod every host runs this; they decode together
     report = translate.translate_file(
@@ -394,7 +394,7 @@ def cmd_translate(args: list[str]) -> None:
 
 def cmd_average(args: list[str]) -> None:
     """Averages the newest --last checkpoints of a workdir into a new checkpoint --out."""
-    from bert_jax import average
+    from bert_jax.training import average
 
     report = average.average_checkpoints(_require(_WORKDIR, "average"), _LAST.value,
                                          _require(_OUT, "average"))
@@ -404,7 +404,7 @@ def cmd_average(args: list[str]) -> None:
 def cmd_plot(args: list[str]) -> None:
     """Draws training curves of one or more workdirs (loss, learning rate, task and eval
     metrics; phases marked) into one figure, with its data as CSV beside it."""
-    from bert_jax import plots
+    from bert_jax.viz import plots
 
     workdirs = [w for w in ([_require(_WORKDIR, "plot")] + args) for w in w.split(",") if w]
     print(json.dumps(plots.plot_workdirs(workdirs, _OUT.value, x=_X.value,
@@ -414,7 +414,7 @@ def cmd_plot(args: list[str]) -> None:
 def cmd_attention(args: list[str]) -> None:
     """Draws the attention of every layer and head of a checkpoint for one input: a figure
     and a self-contained interactive HTML page, with the probabilities as JSON beside them."""
-    from bert_jax import attention_maps
+    from bert_jax.viz import attention_maps
 
     if args:
         raise app.UsageError(f"unexpected arguments {args}; quote the text: --text \"...\"")
@@ -528,8 +528,19 @@ def print_help(command: str | None) -> None:
         print(f"  --{name}: {flag.help}{default}")
 
 
+def setup_process() -> None:
+    """What a bert_jax process sets up once, before JAX starts: the console log handler, and
+    libtpu told that there is no TPU when it is installed on a machine without one."""
+    from bert_jax import log
+    from bert_jax.cloud import tpu
+
+    log.install()
+    tpu.quiet_libtpu_off_tpu()
+
+
 def run() -> None:
     """Console-script entry point."""
+    setup_process()
     try:
         if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
             print_help(sys.argv[1] if len(sys.argv) > 1 else None)

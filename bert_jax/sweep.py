@@ -182,7 +182,7 @@ def _groups(sweep, rows: list[dict[str, Any]], metric: str | None) -> dict[tuple
 
 def figure(sweep, groups: dict[tuple, list[float]], metric: str):
     """The sweep's figure: per setting (labelled by its grid values), each seed's metric."""
-    from bert_jax import plots
+    from bert_jax.viz import plots
 
     keys = [k.split(".")[-1] for k in sweep.grid.keys() if k != "seed"]
     labels = {"\n".join(f"{k}={_fmt(v)}" for k, v in zip(keys, s)) or "(one setting)": values
@@ -195,7 +195,7 @@ def _figure(sweep, root: Path, groups: dict[tuple, list[float]], metric: str | N
     results.csv); returns the markdown line that shows it, or says why there is none."""
     if not groups:
         return ""
-    from bert_jax import plots
+    from bert_jax.viz import plots
 
     try:
         plots.save_figure(figure(sweep, groups, metric), str(root / "results.png"))

@@ -17,7 +17,7 @@ hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/glue.
 import ml_collections
 
 from bert_jax import tasks
-from bert_jax.data import glue
+from bert_jax.tasks import glue
 
 
 def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:

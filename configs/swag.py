@@ -12,7 +12,7 @@ hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/swag.
 import ml_collections
 
 from bert_jax import tasks
-from bert_jax.data import swag
+from bert_jax.tasks import swag
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:

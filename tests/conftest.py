@@ -9,7 +9,9 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-import bert_jax  # noqa: E402,F401 (imports no jax; quiets libtpu on this TPU-less machine)
+from bert_jax.main import setup_process  # noqa: E402
+
+setup_process()  # as the CLI does: log lines on the console; libtpu told there is no TPU
 
 REPO = Path(__file__).resolve().parents[1]
 

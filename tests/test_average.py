@@ -8,9 +8,10 @@ import pytest
 from conftest import REPO
 from flax import nnx
 
-from bert_jax import average, checkpoint, models, train
 from bert_jax import config as config_lib
-from bert_jax import state as state_lib
+from bert_jax import models
+from bert_jax.training import average, checkpoint, train
+from bert_jax.training import state as state_lib
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,11 @@ import pytest
 from conftest import REPO
 from flax import nnx
 
-from bert_jax import checkpoint, convert, export, models, train
 from bert_jax import config as config_lib
+from bert_jax import models
 from bert_jax.data import vocab
+from bert_jax.interop import convert, export
+from bert_jax.training import checkpoint, train
 
 WORDS = ("the a an cat dog sat on mat hello world good bad movie is was what who where when "
          "why how film it this that and or not very").split()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bert_jax import modelbench
+from bert_jax.tools import modelbench
 
 
 def test_our_pretraining_step_reports_full_length_tokens_and_mfu():

@@ -8,7 +8,7 @@ import pytest
 import sacrebleu
 from conftest import REPO
 
-from bert_jax import bleu
+from bert_jax.translation import bleu
 
 HYPS = ["Die Test-Ergebnisse wurden am Montag veröffentlicht.",
         "Der Bundeskanzler sprach mit den Journalisten in Berlin.",

@@ -10,8 +10,10 @@ import pytest
 from flax import nnx
 
 from bert_jax import config as config_lib
-from bert_jax import decode, models, sharding, state
-from bert_jax.objectives import shift_right
+from bert_jax import models
+from bert_jax.training import sharding, state
+from bert_jax.training.objectives import shift_right
+from bert_jax.translation import decode
 
 EOS = 5  # the small model ends some rows with it, early or late, and runs others to the limit
 MAX_EXTRA = 6

@@ -14,7 +14,9 @@ import pytest
 from conftest import REPO
 from flax import nnx
 
-from bert_jax import checkpoint, convert, export, models, state
+from bert_jax import models
+from bert_jax.interop import convert, export
+from bert_jax.training import checkpoint, state
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -5,8 +5,10 @@ import json
 import numpy as np
 from flax import nnx
 
-from bert_jax import checkpoint, features, models
+from bert_jax import models
 from bert_jax.data import vocab
+from bert_jax.interop import features
+from bert_jax.training import checkpoint
 
 MAX_LEN = 64
 

@@ -16,8 +16,10 @@ import pytest
 from conftest import REPO
 
 from bert_jax import config as config_lib
-from bert_jax import evaluate, tasks, train
-from bert_jax.data import glue, vocab
+from bert_jax import tasks
+from bert_jax.data import vocab
+from bert_jax.tasks import glue
+from bert_jax.training import evaluate, train
 
 
 @pytest.fixture(scope="module")
@@ -169,8 +171,9 @@ def test_init_from_converted_checkpoint(task_vocab, tmp_path):
     """Encoder weights from a converted HF checkpoint, a fresh classifier; mismatches are errors."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from bert_jax import convert, optim, sharding
-    from bert_jax import state as state_lib
+    from bert_jax.interop import convert
+    from bert_jax.training import optim, sharding
+    from bert_jax.training import state as state_lib
 
     hf = transformers.BertConfig(vocab_size=4000, hidden_size=128, num_hidden_layers=2,
                                  num_attention_heads=2, intermediate_size=512)
@@ -277,7 +280,7 @@ def get_config(arg=""):
 
 @pytest.mark.parametrize("dataset", ["conll2003", "wnut17"])
 def test_ner_configs_match_the_files(shared_data, dataset):
-    from bert_jax.data import ner
+    from bert_jax.tasks import ner
 
     config = load(f"ner.py:{dataset},tiny")
     folder = shared_data / "ner" / dataset

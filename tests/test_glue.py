@@ -8,7 +8,8 @@ import types
 import numpy as np
 import pytest
 
-from bert_jax.data import glue, vocab
+from bert_jax.data import vocab
+from bert_jax.tasks import glue
 
 # (task, split, rows) as in ../shared/data/README.md
 REAL_FILES = [("cola", "train", 8551), ("cola", "dev", 1043), ("sst2", "train", 67349), ("sst2", "dev", 872),

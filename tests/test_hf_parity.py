@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bert_jax import convert, state  # noqa: E402
+from bert_jax.interop import convert  # noqa: E402
+from bert_jax.training import state  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 

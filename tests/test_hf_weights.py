@@ -1,4 +1,4 @@
-"""Tests for bert_jax.hf_weights: torch-free, pickle-safe loading of HF checkpoints."""
+"""Tests for bert_jax.interop.hf_weights: torch-free, pickle-safe loading of HF checkpoints."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from bert_jax import hf_weights
-from bert_jax.hf_weights import load_hf_weights
+from bert_jax.interop import hf_weights
+from bert_jax.interop.hf_weights import load_hf_weights
 
 # torch is imported only inside the tests that need it: it is optional and slow to import, and
 # the loader under test must work without it.

@@ -8,7 +8,7 @@ import stat
 import pytest
 from conftest import REPO
 
-from bert_jax import tpu
+from bert_jax.cloud import tpu
 
 CONFIG = str(REPO / "configs/bert_pretrain.py:tiny")
 SMALL = ["--config.model.vocab_size=128", "--config.model.num_layers=1",

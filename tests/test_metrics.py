@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bert_jax import metrics
-from bert_jax.metrics import MetricsWriter, mfu, peak_flops_per_device, read_metrics
+from bert_jax.training import metrics
+from bert_jax.training.metrics import MetricsWriter, mfu, peak_flops_per_device, read_metrics
 
 
 class FakeTTY(io.StringIO):

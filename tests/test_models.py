@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from bert_jax import layers, models
-from bert_jax.layers import ModelConfig, dot_product_attention, dropout, sinusoidal_positions
+from bert_jax import models
+from bert_jax.models import layers
+from bert_jax.models.layers import ModelConfig, dot_product_attention, dropout, sinusoidal_positions
 
 TINY = dict(vocab_size=97, emb_dim=32, num_layers=2, num_heads=4, head_dim=8, mlp_dim=48,
             max_len=40)

@@ -9,7 +9,8 @@ import pytest
 from seqeval import metrics as sq
 from seqeval.metrics.sequence_labeling import get_entities as sq_get_entities
 
-from bert_jax.data import ner, vocab
+from bert_jax.data import vocab
+from bert_jax.tasks import ner
 
 CONLL_TAGS = ("O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER")
 WNUT_TYPES = ("corporation", "creative-work", "group", "location", "person", "product")

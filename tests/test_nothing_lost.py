@@ -14,8 +14,9 @@ import sys
 import pytest
 from conftest import REPO
 
-from bert_jax import checkpoint, evaluate, models, paths, state, train
 from bert_jax import config as config_lib
+from bert_jax import models, paths
+from bert_jax.training import checkpoint, evaluate, state, train
 
 CONFIG = str(REPO / "configs/bert_pretrain.py:tiny")
 SMALL = ["data.name=synthetic", "train.batch_size=8", "data.max_seq_length=16",

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import optim
+from bert_jax.training import optim
 
 
 def sched(name: str, **kw) -> ml_collections.ConfigDict:

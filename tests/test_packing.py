@@ -15,8 +15,11 @@ import pytest
 from conftest import REPO
 
 from bert_jax import config as config_lib
-from bert_jax import models, objectives, train
-from bert_jax.data import finetune, glue, pipelines, vocab
+from bert_jax import models
+from bert_jax.data import finetune, vocab
+from bert_jax.tasks import glue
+from bert_jax.training import input as pipelines
+from bert_jax.training import objectives, train
 
 TINY = dict(vocab_size=97, emb_dim=32, num_layers=2, num_heads=4, head_dim=8, mlp_dim=64, max_len=64)
 

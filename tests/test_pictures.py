@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from bert_jax import checkpoint, models, plots, sweep, train
 from bert_jax import config as config_lib
+from bert_jax import models, sweep
 from bert_jax.data import vocab
+from bert_jax.training import checkpoint, train
+from bert_jax.viz import plots
 
 TINY = dict(emb_dim=32, num_layers=2, num_heads=4, head_dim=8, mlp_dim=48, max_len=64)
 
@@ -115,7 +117,7 @@ def test_attention_command_writes_figure_html_and_data(cli, tmp_path, tokenizer_
 
 
 def test_attention_of_a_translation_shows_cross_attention(tmp_path, tokenizer_dir):
-    from bert_jax import attention_maps
+    from bert_jax.viz import attention_maps
 
     ckpt = saved_model(tmp_path, "transformer", tokenizer_dir)
     report = attention_maps.attention(str(ckpt), "The cat sat.", out=str(tmp_path / "t.html"))
@@ -129,7 +131,7 @@ def test_attention_of_a_translation_shows_cross_attention(tmp_path, tokenizer_di
 
 
 def test_attention_of_a_decoder_lm_is_causal(tmp_path, tokenizer_dir):
-    from bert_jax import attention_maps
+    from bert_jax.viz import attention_maps
 
     ckpt = saved_model(tmp_path, "decoder_lm", tokenizer_dir)
     attention_maps.attention(str(ckpt), "The cat sat.", out=str(tmp_path / "lm.html"))
@@ -155,7 +157,7 @@ def two_runs(tmp_path_factory):
 
 
 def test_plot_draws_what_the_metrics_file_holds(two_runs, cli, tmp_path):
-    from bert_jax.metrics import read_metrics
+    from bert_jax.training.metrics import read_metrics
 
     code, out, err = cli(["plot", f"--workdir={two_runs[0]}", str(two_runs[1])])
     assert code == 0, err
@@ -220,7 +222,7 @@ def test_points_outside_the_logged_steps_are_not_misplaced():
 
 
 def test_html_page_keeps_user_text_as_text():
-    from bert_jax import attention_maps
+    from bert_jax.viz import attention_maps
 
     text = "{{DATA}} <img src=x onerror=alert(1)> </script><!--<script>"
     probs = np.full((1, 1, 2, 2), 0.5, np.float32)

@@ -9,7 +9,9 @@ import pytest
 from conftest import REPO
 
 from bert_jax import config as config_lib
-from bert_jax import models, objectives, optim, plan, sharding, state, tpu, train
+from bert_jax import models
+from bert_jax.cloud import plan, tpu
+from bert_jax.training import objectives, optim, sharding, state, train
 
 CONFIG = str(REPO / "configs/bert_pretrain.py:tiny")
 SMALL = ["model.vocab_size=128", "model.num_layers=1", "train.batch_size=32",

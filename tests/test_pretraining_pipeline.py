@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from bert_jax import config as config_lib
-from bert_jax import metrics, models, objectives, train
-from bert_jax.data import documents, pipelines, pretraining, vocab
+from bert_jax import models
+from bert_jax.data import documents, pretraining, vocab
+from bert_jax.training import input as pipelines
+from bert_jax.training import metrics, objectives, train
 
 CONFIG = "configs/bert_pretrain.py:tiny"
 

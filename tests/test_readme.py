@@ -18,7 +18,7 @@ import time
 import pytest
 from conftest import REPO, shared_data_dir
 
-from bert_jax import demo
+from bert_jax.tools import demo
 
 PREFIX = ".venv/bin/bert-jax "
 

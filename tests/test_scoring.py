@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 from sklearn import metrics
 
-from bert_jax import scoring
+from bert_jax.tasks import scoring
 
 
 def _random_pairs(num_classes: int):

@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax.data import squad, vocab
+from bert_jax.data import vocab
+from bert_jax.tasks import squad
 
 ORACLE = 100.0  # logit at the gold start/end; every other logit is 0
 

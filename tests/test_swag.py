@@ -6,8 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax.data import swag, vocab
+from bert_jax.data import vocab
 from bert_jax.data.vocab import truncate_seq_pair
+from bert_jax.tasks import swag
 
 HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
           "ending0", "ending1", "ending2", "ending3", "label"]

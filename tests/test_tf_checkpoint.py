@@ -14,8 +14,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bert_jax import convert, state, tf_checkpoint
-from bert_jax.tf_checkpoint import TFCheckpointError, read_tf_checkpoint
+from bert_jax.interop import convert, tf_checkpoint
+from bert_jax.interop.tf_checkpoint import TFCheckpointError, read_tf_checkpoint
+from bert_jax.training import state
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tf_bert_tiny"
 PREFIX = FIXTURE / "bert_model.ckpt"
@@ -251,7 +252,7 @@ def test_export_of_tf_checkpoint_loads_in_transformers(converted, expected, tmp_
     """TF -> bert-jax -> Hugging Face: the PyTorch model gives TensorFlow's outputs."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from bert_jax import export
+    from bert_jax.interop import export
 
     export.export_hf(converted[0], tmp_path / "hf")
     hf, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf",

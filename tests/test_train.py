@@ -18,9 +18,9 @@ import pytest
 from conftest import REPO
 
 from bert_jax import config as config_lib
-from bert_jax import metrics, objectives, optim, sharding, train
-from bert_jax import state as state_lib
-from bert_jax.data import pipelines
+from bert_jax.training import input as pipelines
+from bert_jax.training import metrics, objectives, optim, sharding, train
+from bert_jax.training import state as state_lib
 
 CONFIG = "configs/bert_pretrain.py:tiny"
 # Small and fast: ~0.1 s/step on 2 CPU cores.
@@ -285,7 +285,7 @@ def test_impossible_config_fails_before_compile(tmp_path, overrides, message):
 def test_best_checkpoint_is_kept_and_ties_go_to_the_later_step(tmp_path, keep, accuracies, kept, best):
     """keep=K latest plus the best by the task metric: Orbax's BestN and `eval --step best`
     agree, also when evaluations tie (a CI run had 0.75 at both steps 300 and 375)."""
-    from bert_jax import checkpoint, evaluate
+    from bert_jax.training import checkpoint, evaluate
     params, opt_state = {"w": np.zeros(2, np.float32)}, {"m": np.zeros(2, np.float32)}
     ckpt = checkpoint.TrainCheckpointer(tmp_path, keep=keep, best_metric="eval/accuracy")
     for step, acc in enumerate(accuracies, start=1):

@@ -14,9 +14,9 @@ import pytest
 import sacrebleu
 from conftest import REPO, shared_data_dir
 
-from bert_jax import metrics
-from bert_jax.bleu import read_lines
 from bert_jax.data import vocab
+from bert_jax.training import metrics
+from bert_jax.translation.bleu import read_lines
 
 MT = shared_data_dir() / "mt" / "multi30k"
 pytestmark = pytest.mark.skipif(not MT.is_dir(), reason=f"Multi30k not found at {MT}")

@@ -18,9 +18,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import traverse_util
 
-from bert_jax import models, sharding, trees
+from bert_jax import models, trees
 from bert_jax.config import ConfigError
 from bert_jax.paths import workdir_path
+from bert_jax.training import sharding
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import math
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax.layers import (
+from bert_jax.models.layers import (
     Array,
     Cache,
     ModelConfig,

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from bert_jax import checkpoint, models, sharding, trees
+from bert_jax import models, trees
 from bert_jax.config import model_config
+from bert_jax.training import checkpoint, sharding
 
 log = logging.getLogger(__name__)
 

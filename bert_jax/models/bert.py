@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax.layers import (
+from bert_jax.models.layers import (
     ACTIVATIONS,
     Array,
     ModelConfig,
@@ -22,8 +22,8 @@ from bert_jax.layers import (
     logits_flops_per_token,
     split_rng,
 )
-from bert_jax.layers import attention_mask as make_attention_mask
-from bert_jax.transformer import Encoder
+from bert_jax.models.layers import attention_mask as make_attention_mask
+from bert_jax.models.transformer import Encoder
 
 
 class BertEmbeddings(nnx.Module):

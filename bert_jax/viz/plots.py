@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import metrics as metrics_lib
 from bert_jax.config import MissingExtra
 from bert_jax.paths import workdir_path
+from bert_jax.training import metrics as metrics_lib
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def load_run(workdir: str, name: str | None = None) -> Run:
 
 def _phase_starts(workdir: str) -> list[int]:
     """Steps > 0 where a sequence-length phase starts (data.phases of the stored config)."""
-    from bert_jax import checkpoint  # Orbax: slow to import, needed only here
+    from bert_jax.training import checkpoint  # Orbax: slow to import, needed only here
 
     try:
         config = checkpoint.read_config(workdir)

@@ -1,18 +1,18 @@
 """Benchmarks, run by `make bench` (numbers for issue notes come from here).
 
-  python -m bert_jax.bench data [--text 'books/*.txt'] [--seconds 20]
+  python -m bert_jax.tools.bench data [--text 'books/*.txt'] [--seconds 20]
       Pretraining example creation from pre-tokenized array_record shards (`bert-jax
       prepare` output): sequences per second on one core at max_seq_length 128 (masking,
       NSP pairing, batching; the grain pipeline the trainer uses, without workers); and
       `packing`: real tokens per row at lengths 128 and 512, one instance per row and
       packed (data.pack).
 
-  python -m bert_jax.bench multi30k [--workdir runs/multi30k_bench] [--config.x=v ...]
+  python -m bert_jax.tools.bench multi30k [--workdir runs/multi30k_bench] [--config.x=v ...]
       Translation end to end on Multi30k En->De (configs/multi30k.py): shared 8k BPE vocab,
       training (resumes if the workdir has checkpoints), averaging the last 5 checkpoints,
       beam search on test2016 (1,000 sentences), sacreBLEU (13a, cased) and wall times.
 
-  python -m bert_jax.bench model [--peers .venv-peers/bin/python] [--glue ../shared/data/glue]
+  python -m bert_jax.tools.bench model [--peers .venv-peers/bin/python] [--glue ../shared/data/glue]
                                  [--steps 10] [--finetune_steps 250] [--out bench_model.json]
       Train-step tokens/s and MFU (BERT-Base and a small shape, float32 and bfloat16) and
       SST-2 fine-tuning examples/s and dev accuracy (packed and padded), beside HF Flax and
@@ -30,15 +30,17 @@ import time
 from pathlib import Path
 
 from bert_jax import config as config_lib
-from bert_jax import modelbench, paths
-from bert_jax.data import documents, pipelines, vocab
-from bert_jax.demo import build_corpus
+from bert_jax import paths
+from bert_jax.data import documents, vocab
+from bert_jax.tools import modelbench
+from bert_jax.tools.demo import build_corpus
+from bert_jax.training import input as pipelines
 
 
 def bench_data(text: str | None, seconds: float, seq_len: int = 128) -> dict:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
-    configs = Path(__file__).parents[1] / "configs" / "bert_pretrain.py"
+    configs = Path(__file__).parents[2] / "configs" / "bert_pretrain.py"
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if text is None:
@@ -95,9 +97,10 @@ def packing_fill(config, seq_len: int, predictions: int, batches: int = 8) -> di
 
 
 def bench_multi30k(workdir: str, overrides: list[str]) -> dict:
-    from bert_jax import average, train, translate
+    from bert_jax.training import average, train
+    from bert_jax.translation import translate
 
-    configs = Path(__file__).parents[1] / "configs" / "multi30k.py"
+    configs = Path(__file__).parents[2] / "configs" / "multi30k.py"
     work = Path(workdir)
     spm_dir = work / "spm"
     times = {}
@@ -178,4 +181,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from bert_jax.main import setup_process
+
+    setup_process()
     main()

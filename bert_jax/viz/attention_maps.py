@@ -24,11 +24,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bert_jax import checkpoint, decode, models, objectives, plots
-from bert_jax import state as state_lib
+from bert_jax import models
 from bert_jax.data import vocab
+from bert_jax.models.transformer import DecoderLM, EncoderDecoder
 from bert_jax.paths import workdir_path
-from bert_jax.transformer import DecoderLM, EncoderDecoder
+from bert_jax.training import checkpoint, objectives
+from bert_jax.training import state as state_lib
+from bert_jax.translation import decode
+from bert_jax.viz import plots
 
 OUTPUTS = (".png", ".svg", ".pdf", ".html")
 

@@ -16,9 +16,10 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import bleu, checkpoint, decode, objectives, sharding, state
 from bert_jax import config as config_lib
 from bert_jax.data import translation, vocab
+from bert_jax.training import checkpoint, evaluate, objectives, sharding, state
+from bert_jax.translation import bleu, decode
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,10 @@ class TranslationEvaluator:
     evaluate.ObjectiveEvaluator), plus sacreBLEU of the decoded first data.bleu_sentences
     dev sources (0 = all, -1 = none)."""
 
-    def __init__(self, losses, graphdef):
-        self.losses, self.graphdef = losses, graphdef
-        self.config, self.mesh = losses.config, losses.mesh
+    def __init__(self, *, config, graphdef, objective, mesh, task=None):
+        self.losses = evaluate.ObjectiveEvaluator(config=config, graphdef=graphdef,
+                                                  objective=objective, mesh=mesh)
+        self.config, self.graphdef, self.mesh = config, graphdef, mesh
         self.bleu_set = None  # (translator, sources, references), read on first use
 
     def prepare(self) -> None:
@@ -109,8 +111,8 @@ class TranslationEvaluator:
                              list(sources), list(references))
         return self.bleu_set
 
-    def run(self, params, config=None, out_dir=None) -> dict[str, float]:
-        results = self.losses.run(params, config, out_dir)
+    def run(self, params, *, config=None, out_dir=None, splits=None) -> dict[str, float]:
+        results = self.losses.run(params, config=config)
         if self._bleu_set() is not None:
             translate, sources, references = self.bleu_set
             t0 = time.perf_counter()

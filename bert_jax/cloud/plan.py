@@ -20,8 +20,10 @@ import jax
 import numpy as np
 
 from bert_jax import config as config_lib
-from bert_jax import evaluate, objectives, optim, sharding, state, tasks, tpu, train
-from bert_jax.tpu import GiB
+from bert_jax import tasks
+from bert_jax.cloud import tpu
+from bert_jax.cloud.tpu import GiB
+from bert_jax.training import evaluate, objectives, optim, sharding, state, train
 
 
 @dataclasses.dataclass
@@ -100,10 +102,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
                               opt_bytes))
     # Evaluation: the params only, at the last phase's lengths; task eval batches also carry
     # which rows are padding.
-    if is_task:  # the task (its data) is needed only to score outputs, not to compile
-        eval_fn = evaluate.TaskEvaluator(config, graphdef, objective, mesh, task=None).fn
-    else:
-        eval_fn = evaluate.ObjectiveEvaluator(config, graphdef, objective, mesh).fn
+    eval_fn = evaluate.jit_eval_step(config, graphdef, objective, mesh, outputs=is_task)
     eval_cfg = config_lib.phase_config(config, _phase_starts(config)[-1])[1]
     weight = {"example_weight": jax.ShapeDtypeStruct((config.train.batch_size,), np.float32)}
     steps.append(compiled("eval", eval_fn, (state.with_shardings(abstract["params"], state_sh["params"]),),

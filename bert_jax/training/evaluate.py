@@ -1,20 +1,24 @@
-"""Evaluation: the eval steps, evaluators with a `.run(params) -> dict` protocol, and
+"""Evaluation: the eval steps, the evaluator interface (`Evaluator`) and its registry, and
 `bert-jax eval --config ... --workdir <dir> --step latest|best|N|all` over saved checkpoints.
 
-ObjectiveEvaluator: the objective's metrics on the validation split (pretraining: held-out
-documents). TaskEvaluator: a fine-tuning task's official metrics on its dev split(s), from
-the model outputs of every example; it can also write the task's prediction files.
+Evaluators (chosen by the run's task, else by its objective; see `EVALUATORS`):
+"loss", ObjectiveEvaluator: the objective's metrics on the validation split (pretraining:
+held-out documents). "task", TaskEvaluator: a fine-tuning task's official metrics on its dev
+split(s), from the model outputs of every example; it can also write the task's prediction
+files. "translation": the loss plus BLEU of decoded dev sentences (bert_jax.translation).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import json
 import logging
 import re
 import tempfile
 from pathlib import Path
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -23,10 +27,12 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
-from bert_jax import checkpoint, objectives, sharding, state, tasks, translate
 from bert_jax import config as config_lib
-from bert_jax.data import pipelines, vocab
+from bert_jax import tasks
+from bert_jax.data import vocab
 from bert_jax.paths import is_remote, workdir_path
+from bert_jax.training import checkpoint, objectives, sharding, state
+from bert_jax.training import input as pipelines
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,17 @@ def _sharded(config, mesh, fn):
     return fn
 
 
+def jit_eval_step(config, graphdef, objective, mesh, *, outputs: bool = False):
+    """The jitted eval step on params and a batch; with `outputs`, the predict step, whose model
+    outputs are replicated so that every host gets all of them."""
+    if outputs:
+        return jax.jit(_sharded(config, mesh, functools.partial(
+            predict_step, graphdef=graphdef, objective=objective)),
+            out_shardings=sharding.replicated(mesh))
+    return jax.jit(_sharded(config, mesh, functools.partial(
+        eval_step, graphdef=graphdef, objective=objective)))
+
+
 def _finish(total: dict, prefix: str) -> dict[str, float]:
     """Loss and metrics from summed eval_step outputs."""
     total = jax.device_get(total)
@@ -63,20 +80,31 @@ def _finish(total: dict, prefix: str) -> dict[str, float]:
     return out
 
 
+class Evaluator(Protocol):
+    """What the train loop and `bert-jax eval` call. Built as
+    `cls(config=, graphdef=, objective=, mesh=, task=)`; `prepare()` reads the eval data (a bad
+    eval file stops a run before training); `run()` returns {"eval/<metric>": value}."""
+
+    def prepare(self) -> None: ...
+
+    def run(self, params, *, config=None, out_dir=None, splits=None) -> dict[str, float]:
+        """config: the current length phase's config (pretraining); out_dir: where prediction
+        files go (tasks); splits: which eval splits (tasks; default all)."""
+
+
 class ObjectiveEvaluator:
     """The objective's metrics over `train.eval_steps` batches of the validation split."""
 
-    def __init__(self, config, graphdef, objective, mesh):
+    def __init__(self, *, config, graphdef, objective, mesh, task=None):
         self.config, self.mesh = config, mesh
-        self.fn = jax.jit(_sharded(config, mesh, functools.partial(
-            eval_step, graphdef=graphdef, objective=objective)))
+        self.fn = jit_eval_step(config, graphdef, objective, mesh)
 
     def prepare(self) -> None:
         """Reads one validation batch, so missing eval files or too few held-out documents
         stop a run before training rather than at its first evaluation."""
         next(iter(pipelines.make(self.config, "validation", num_batches=1)))
 
-    def run(self, params, config=None, out_dir=None) -> dict[str, float]:
+    def run(self, params, *, config=None, out_dir=None, splits=None) -> dict[str, float]:
         config = config or self.config  # pretraining: the current length phase's config
         pipeline = pipelines.make(config, "validation", num_batches=config.train.eval_steps or None)
         total = None
@@ -89,11 +117,9 @@ class ObjectiveEvaluator:
 class TaskEvaluator:
     """A fine-tuning task's loss, objective metrics and official metrics on its eval splits."""
 
-    def __init__(self, config, graphdef, objective, mesh, task):
+    def __init__(self, *, config, graphdef, objective, mesh, task):
         self.config, self.mesh, self.task = config, mesh, task
-        self.fn = jax.jit(_sharded(config, mesh, functools.partial(
-            predict_step, graphdef=graphdef, objective=objective)),
-            out_shardings=sharding.replicated(mesh))  # every host gets all outputs
+        self.fn = jit_eval_step(config, graphdef, objective, mesh, outputs=True)
 
     def outputs(self, params, split: str) -> tuple[dict, dict[str, np.ndarray]]:
         """(summed losses and metrics, model outputs of every example of `split` in order)."""
@@ -114,7 +140,7 @@ class TaskEvaluator:
         for split in self.task.eval_splits:
             self.task.features(split)
 
-    def run(self, params, config=None, out_dir=None, splits=None) -> dict[str, float]:
+    def run(self, params, *, config=None, out_dir=None, splits=None) -> dict[str, float]:
         results: dict[str, float] = {}
         for i, split in enumerate(splits or self.task.eval_splits):
             prefix = "eval/" if i == 0 else f"eval/{Path(split).stem}/"
@@ -149,13 +175,29 @@ def _local_folder(out_dir):
                 (remote / f.relative_to(tmp)).write_bytes(f.read_bytes())
 
 
-def make_evaluator(config, graphdef, objective, mesh, task=None):
-    if config.data.name == "translation":  # + BLEU of decoded dev sentences
-        return translate.TranslationEvaluator(
-            ObjectiveEvaluator(config, graphdef, objective, mesh), graphdef)
-    if task is None:
-        return ObjectiveEvaluator(config, graphdef, objective, mesh)
-    return TaskEvaluator(config, graphdef, objective, mesh, task)
+# Evaluator kinds. A kind whose code lives above training (translation decodes with its own
+# modules) is named "module:Class" and imported when chosen, so training never imports it: the
+# way big_vision loads its evaluators by name.
+EVALUATORS: dict[str, type | str] = {
+    "loss": ObjectiveEvaluator,
+    "task": TaskEvaluator,
+    "translation": "bert_jax.translation.translate:TranslationEvaluator",
+}
+
+
+def evaluator_class(kind: str) -> type:
+    entry = EVALUATORS[kind]
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        entry = getattr(importlib.import_module(module), name)
+    return entry
+
+
+def make_evaluator(config, graphdef, objective, mesh, task=None) -> Evaluator:
+    """The evaluator of a fine-tuning task, else the one its objective names."""
+    kind = "task" if task is not None else objective.evaluator(config)
+    return evaluator_class(kind)(config=config, graphdef=graphdef, objective=objective, mesh=mesh,
+                                 task=task)
 
 
 def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> list[int]:
@@ -253,7 +295,7 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
             out = eval_dir / f"step_{step}"
             if task is None:
                 _, phase_cfg, _ = config_lib.phase_config(config, max(step - 1, 0))
-                metrics = evaluator.run(params, phase_cfg)
+                metrics = evaluator.run(params, config=phase_cfg)
             else:
                 metrics = evaluator.run(params, out_dir=out, splits=[split] if split else None)
             result = {"step": step, **metrics}

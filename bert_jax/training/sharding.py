@@ -17,8 +17,9 @@ from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from bert_jax import layers, trees
+from bert_jax import trees
 from bert_jax.config import BATCH_AXES, MESH_AXES, ConfigError, mesh_shape
+from bert_jax.models import layers
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:

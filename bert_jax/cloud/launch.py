@@ -22,7 +22,7 @@ import shlex
 import subprocess
 import time
 
-from bert_jax import tpu
+from bert_jax.cloud import tpu
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,10 @@ import numpy as np
 import safetensors.numpy
 from flax import nnx, traverse_util
 
-from bert_jax import checkpoint, models, state
-from bert_jax.convert import hf_config, hf_names
+from bert_jax import models
 from bert_jax.data import vocab
+from bert_jax.interop.convert import hf_config, hf_names
+from bert_jax.training import checkpoint, state
 
 log = logging.getLogger(__name__)
 

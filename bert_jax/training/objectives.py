@@ -80,6 +80,10 @@ class Objective:
         """Whether this run's batches come in several row counts (packed fine-tuning)."""
         return False
 
+    def evaluator(self, config) -> str:
+        """The kind of evaluator (evaluate.EVALUATORS) for runs without a fine-tuning task."""
+        return "loss"
+
 
 class _Bert(Objective):
     """BERT inputs: input_ids, input_mask, segment_ids ([B, T] or [B, C, T]); packed batches
@@ -354,6 +358,10 @@ class _Sequence(Objective):
 
 class Translation(_Sequence):
     """The encoder-decoder on (inputs, targets) pairs: teacher forcing on shifted targets."""
+
+    def evaluator(self, config) -> str:
+        # Real parallel text also gets BLEU of decoded dev sentences; synthetic pairs only the loss.
+        return "translation" if config.data.name == "translation" else "loss"
 
     def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length

@@ -25,11 +25,13 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bert_jax import checkpoint, evaluate, objectives, optim, sharding, state, tasks
 from bert_jax import config as config_lib
-from bert_jax.data import pipelines, vocab
-from bert_jax.metrics import MetricsWriter, mfu, peak_flops_per_device
+from bert_jax import tasks
+from bert_jax.data import vocab
 from bert_jax.paths import WorkdirLock, is_remote, workdir_path
+from bert_jax.training import checkpoint, evaluate, objectives, optim, sharding, state
+from bert_jax.training import input as pipelines
+from bert_jax.training.metrics import MetricsWriter, mfu, peak_flops_per_device
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -363,7 +365,7 @@ def _train(config, workdir: str, task) -> dict[str, Any]:
                         save_now()
                     if evaluate_now:
                         try:
-                            summary["eval"] = evaluator.run(train_state["params"], phase.config)
+                            summary["eval"] = evaluator.run(train_state["params"], config=phase.config)
                         except BaseException:
                             if save and best_metric:
                                 save_now()

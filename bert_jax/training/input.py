@@ -27,10 +27,10 @@ from grain.experimental import (
 )
 
 from bert_jax import config as config_lib
-from bert_jax import objectives, sharding
 from bert_jax.data import documents, pretraining, translation, vocab
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
 from bert_jax.data.synthetic import SyntheticPretraining, SyntheticTranslation
+from bert_jax.training import objectives, sharding
 
 log = logging.getLogger(__name__)
 

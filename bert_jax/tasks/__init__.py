@@ -1,5 +1,8 @@
 """Fine-tuning tasks: a task's data splits -> features for the train loop, and the model's
-outputs on a split -> the official metrics and prediction files.
+outputs on a split -> the official metrics and prediction files. One file per task family
+(glue, ner, squad, swag: reader, features, official metric, writer), the metrics they share
+(scoring) and this registry; a new task lands here. It may import models, data, config and the
+base modules; never training or anything above.
 
 A Task has `main_metric` (ranks checkpoints; higher is better), `eval_splits` (evaluated
 every `train.eval_every` steps; metrics of the first are `eval/<metric>`, of the others
@@ -21,8 +24,9 @@ import ml_collections
 import numpy as np
 
 from bert_jax import config as config_lib
-from bert_jax import models, scoring
-from bert_jax.data import glue, ner, squad, swag, vocab
+from bert_jax import models
+from bert_jax.data import vocab
+from bert_jax.tasks import glue, ner, scoring, squad, swag
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax import checkpoint, trees
+from bert_jax import trees
 from bert_jax.data import vocab
 from bert_jax.paths import is_remote, workdir_path
+from bert_jax.training import checkpoint
 
 
 def _metadata(mngr, step: int) -> dict[tuple[str, ...], Any]:

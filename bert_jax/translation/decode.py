@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax import sharding
+from bert_jax.training import sharding
 
 Array = jax.Array
 PAD = 0

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 from flax import nnx, traverse_util
 
-from bert_jax import checkpoint, models
+from bert_jax import models
 from bert_jax.data import vocab
-from bert_jax.hf_weights import load_hf_weights, resolve_model_dir
-from bert_jax.tf_checkpoint import read_tf_checkpoint
+from bert_jax.interop.hf_weights import load_hf_weights, resolve_model_dir
+from bert_jax.interop.tf_checkpoint import read_tf_checkpoint
+from bert_jax.training import checkpoint
 
 log = logging.getLogger(__name__)
 

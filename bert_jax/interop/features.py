@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bert_jax import checkpoint, models
-from bert_jax import state as state_lib
+from bert_jax import models
 from bert_jax.data import vocab
 from bert_jax.data.finetune import pad_batch
 from bert_jax.data.rows import utf8_errors
+from bert_jax.training import checkpoint
+from bert_jax.training import state as state_lib
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[tuple[str, str | None]]:

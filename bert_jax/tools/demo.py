@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bert_jax.data.pretraining import split_sentences
-from bert_jax.metrics import read_metrics
+from bert_jax.training.metrics import read_metrics
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
              "lib2to3", "turtledemo", "ensurepip"}
@@ -127,4 +127,7 @@ def main(out: str = "demo_out", steps: int = 1000) -> None:
 
 
 if __name__ == "__main__":
+    from bert_jax.main import setup_process
+
+    setup_process()
     main(*sys.argv[1:2], *[int(a) for a in sys.argv[2:3]])

@@ -1,4 +1,9 @@
-"""Model registry: config -> model, named sizes, parameter counts and FLOPs per token."""
+"""The models, in JAX/Flax NNX only: shared layers (layers), BERT and its task heads (bert),
+the Transformer encoder-decoder and decoder-only LM (transformer), and this registry
+(config -> model, named sizes, parameter counts, FLOPs per token). A new model variant lands
+here. Parameters carry logical axis names; no physical mesh axis appears. It may import only
+jax, flax and the base module trees: never config, data, training or anything above.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from bert_jax import trees
-from bert_jax.bert import (
+from bert_jax.models.bert import (
     BertForMultipleChoice,
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -19,8 +24,8 @@ from bert_jax.bert import (
     BertForTokenClassification,
     BertModel,
 )
-from bert_jax.layers import ModelConfig
-from bert_jax.transformer import DecoderLM, EncoderDecoder
+from bert_jax.models.layers import ModelConfig
+from bert_jax.models.transformer import DecoderLM, EncoderDecoder
 
 MODELS = {
     "bert": BertModel,

@@ -1,4 +1,4 @@
-"""Model throughput against the peers (`python -m bert_jax.bench model`, part of `make bench`).
+"""Model throughput against the peers (`python -m bert_jax.tools.bench model`, part of `make bench`).
 
 Ours, in this process, on this machine's devices (no simulated devices):
   pretrain   the real train step (train.jit_train_step: MLM + NSP, AdamW, dropout on) on a fixed
@@ -32,9 +32,10 @@ import jax
 import numpy as np
 
 from bert_jax import config as config_lib
-from bert_jax import objectives, optim, sharding, state, train
-from bert_jax.data import glue, vocab
-from bert_jax.metrics import mfu, peak_flops_per_device
+from bert_jax.data import vocab
+from bert_jax.tasks import glue
+from bert_jax.training import objectives, optim, sharding, state, train
+from bert_jax.training.metrics import mfu, peak_flops_per_device
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS_SCRIPT = REPO / "benchmarks" / "peers.py"

@@ -1,0 +1,117 @@
+"""The package layout: which sub-package may import which (the README's map states the same
+rules), every sub-package says what it owns, and the evaluator registry's named entries
+point where the rules allow."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "bert_jax"
+
+# Each part of the package and the parts it may import (directly or inside functions). A part
+# is a sub-package or a top-level module. Lower layers first: models and data know nothing of
+# training; training knows nothing of translation, interop, cloud, viz or tools; tools are
+# imported by nothing in the library.
+BASE = {"trees", "paths", "log"}
+ALLOWED = {
+    "trees": set(),
+    "paths": set(),
+    "log": set(),
+    "models": {"trees"},
+    "data": {"paths", "trees"},
+    "config": {"models", "paths"},
+    "tasks": BASE | {"config", "models", "data"},
+    "training": BASE | {"config", "models", "data", "tasks"},
+    "translation": BASE | {"config", "models", "data", "training"},
+    "interop": BASE | {"config", "models", "data", "tasks", "training"},
+    "cloud": BASE | {"config", "models", "data", "tasks", "training"},
+    "viz": BASE | {"config", "models", "data", "tasks", "training", "translation"},
+    "sweep": BASE | {"config", "viz"},
+    "tools": BASE | {"config", "models", "data", "tasks", "training", "translation", "interop",
+                     "viz", "main"},
+    "main": BASE | {"config", "models", "data", "tasks", "training", "translation", "interop",
+                    "cloud", "viz", "sweep"},
+    "__main__": {"main"},
+    "__init__": set(),
+}
+
+
+def _part(module: str) -> str:
+    """bert_jax.training.train -> training; bert_jax.config -> config; bert_jax -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imported(path: Path) -> set[str]:
+    """The bert_jax modules `path` imports anywhere in its body (functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("bert_jax"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bert_jax"):
+            if node.module == "bert_jax":  # from bert_jax import config, models
+                found.update(f"bert_jax.{a.name}" for a in node.names)
+            else:
+                found.add(node.module)
+    return found
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def arrows() -> dict[tuple[str, str], list[str]]:
+    """(from part, to part) -> the files that import across that arrow."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        src = _part(_module(path)) if path.parent != PACKAGE else path.stem
+        for target in _imported(path):
+            dst = _part(target)
+            if dst != src:
+                found.setdefault((src, dst), []).append(str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_part_is_in_the_rules():
+    parts = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir()
+                                                       if (p / "__init__.py").is_file()}
+    assert parts == set(ALLOWED), "add the new part to ALLOWED (and to the README's map)"
+
+
+def test_imports_follow_the_allowed_directions():
+    found = arrows()
+    assert ("training", "models") in found and ("main", "training") in found  # the walk sees arrows
+    bad = {f"{a} -> {b}": files for (a, b), files in found.items() if b not in ALLOWED[a]}
+    assert not bad, f"imports against the layout rules: {bad}"
+
+
+def test_the_rules_would_catch_a_wrong_arrow(tmp_path, monkeypatch):
+    """A models module importing training is reported (the check is not vacuous)."""
+    fake = tmp_path / "bert_jax"
+    (fake / "models").mkdir(parents=True)
+    (fake / "models" / "__init__.py").write_text("from bert_jax.training import train\n")
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    monkeypatch.setattr(f"{__name__}.PACKAGE", fake)
+    assert arrows() == {("models", "training"): ["bert_jax/models/__init__.py"]}
+
+
+@pytest.mark.parametrize("package", sorted(p.name for p in PACKAGE.iterdir()
+                                            if (p / "__init__.py").is_file()))
+def test_each_sub_package_says_what_it_owns_and_may_import(package):
+    doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
+    assert doc and len(doc.split()) >= 25, f"bert_jax/{package}/__init__.py needs its paragraph"
+    assert "import" in doc, f"bert_jax/{package}'s docstring should say what it may import"
+
+
+def test_named_evaluators_live_where_training_may_not_import():
+    """Registry entries given by name ("module:Class") load, and name a part above training."""
+    from bert_jax.training import evaluate
+
+    for kind, entry in evaluate.EVALUATORS.items():
+        cls = evaluate.evaluator_class(kind)
+        assert callable(cls.run) and callable(cls.prepare)
+        if isinstance(entry, str):
+            assert _part(entry.partition(":")[0]) not in ALLOWED["training"] | {"training"}
