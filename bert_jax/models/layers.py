@@ -85,6 +85,7 @@ class ModelConfig:
     num_labels: int = 2  # classification heads; 1 = regression
     scan_layers: bool = False  # lax.scan over layers (compile time independent of depth)
     remat_policy: str = "none"  # one of REMAT_POLICIES
+    attention_kernel: str = "xla"  # attention implementation (models/attention.py KERNELS)
     dtype: str = "float32"  # compute dtype; parameters stay float32
 
     def __post_init__(self):
