@@ -38,11 +38,12 @@ def test_bert_returns_the_attention_its_output_is_made_of(scan):
     ids = jnp.asarray(rng.integers(5, 97, (2, 10)), jnp.int32)
     mask = jnp.asarray(np.arange(10) < np.array([[10], [6]]), jnp.int32)  # row 1: 4 padding keys
     types = jnp.zeros_like(ids)
-    out = model(ids, types, mask, return_attention=True)
+    found = {}
+    out = model(ids, types, mask, attention_out=found)
     plain = model(ids, types, mask)  # the fast fused attention, no probabilities
     # With probabilities asked for, the output is computed from them: same result.
     np.testing.assert_allclose(out["sequence_output"], plain["sequence_output"], atol=1e-5)
-    p = np.asarray(out["attention"])
+    p = np.asarray(found["encoder"])
     assert p.shape == (2, 2, 4, 10, 10)  # layers, batch, heads, queries, keys
     np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
     assert (p[:, 1, :, :, 6:] == 0).all()  # padding keys get exactly 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from bert_jax.models.attention import Masking
 from bert_jax.models.layers import (
     ACTIVATIONS,
     Array,
@@ -22,7 +23,6 @@ from bert_jax.models.layers import (
     logits_flops_per_token,
     split_rng,
 )
-from bert_jax.models.layers import attention_mask as make_attention_mask
 from bert_jax.models.transformer import Encoder
 
 
@@ -68,7 +68,7 @@ class BertModel(nnx.Module):
                  attention_mask: Array | None = None, *, segment_ids: Array | None = None,
                  positions: Array | None = None, cls_index: Array | None = None,
                  rng: Array | None = None, return_hidden: bool = False,
-                 return_attention: bool = False) -> dict[str, Array]:
+                 attention_out: dict | None = None) -> dict[str, Array]:
         """Inputs are [B, T] int arrays. token_type_ids: segment A/B (0/1);
         attention_mask: 1 for real tokens, 0 for padding (the HF convention);
         segment_ids: packed-sequence ids (0 = padding), instead of attention_mask;
@@ -78,8 +78,8 @@ class BertModel(nnx.Module):
 
         Returns sequence_output [B,T,D], pooled_output [B,D] or [*cls_index.shape, D] (with a
         pooler); with return_hidden, hidden_states [L+1,B,T,D]: the embeddings then every
-        layer's output; with return_attention, attention [L,B,N,T,T]: every layer's and
-        head's attention probabilities (query x key).
+        layer's output. attention_out: a dict that receives "encoder", every layer's and head's
+        attention probabilities [L,B,N,T,T] (query x key), as every model's attention_out does.
         """
         r = split_rng(rng, 2)
         if token_type_ids is None:
@@ -90,9 +90,9 @@ class BertModel(nnx.Module):
             segment_ids = (jnp.ones_like(input_ids) if attention_mask is None
                            else attention_mask.astype(jnp.int32))
         x_BTD = self.embeddings(input_ids, token_type_ids, positions, r[0])
-        mask = make_attention_mask(segment_ids, segment_ids)
-        seq_BTD, _, extras = self.encoder(x_BTD, mask, rng=r[1], return_hidden=return_hidden,
-                                          return_attention=return_attention)
+        masking = Masking(segment_ids, segment_ids, positions, positions)
+        seq_BTD, _, extras = self.encoder(x_BTD, masking, rng=r[1], return_hidden=return_hidden,
+                                          return_attention=attention_out is not None)
         out = {"sequence_output": seq_BTD}
         if self.pooler is not None:
             cls_BD = (seq_BTD[:, 0] if cls_index is None
@@ -100,8 +100,8 @@ class BertModel(nnx.Module):
             out["pooled_output"] = jnp.tanh(self.pooler(cls_BD))
         if return_hidden:
             out["hidden_states"] = jnp.concatenate([x_BTD[None], extras["hidden"]], axis=0)
-        if return_attention:
-            out["attention"] = extras["attention"]
+        if attention_out is not None:
+            attention_out["encoder"] = extras["attention"]
         return out
 
 

@@ -1,4 +1,6 @@
-"""Building blocks: attention, feed-forward, embeddings, positions, masks, the layer stack.
+"""Building blocks: the model config, dense/embedding/LayerNorm layers, dropout, positions,
+bfloat16 matmuls on CPU, activation sharding constraints. Attention is in attention.py, the
+layer stack in transformer.py.
 
 Shape suffixes used in all model code: B batch, T query length, S key length,
 D model width (emb_dim), N heads, K head dim, F feed-forward width (mlp_dim),
@@ -16,7 +18,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -124,7 +125,7 @@ class ModelConfig:
 # backend, run the plain jnp.einsum / lax.dot_general as before.
 
 
-def _cpu_bf16(*xs: Array) -> bool:
+def cpu_bf16(*xs: Array) -> bool:
     return all(x.dtype == jnp.bfloat16 for x in xs) and jax.default_backend() == "cpu"
 
 
@@ -165,7 +166,7 @@ _bf16_einsum.defvjp(_bf16_einsum_fwd, _bf16_einsum_bwd)
 def matmul(spec: str, a: Array, b: Array) -> Array:
     """jnp.einsum of two operands (two-operand spec, no ellipsis, no repeated or summed-only
     axes); bfloat16 on CPU goes through the f32-accumulating form above."""
-    return _bf16_einsum(spec, a, b) if _cpu_bf16(a, b) else jnp.einsum(spec, a, b)
+    return _bf16_einsum(spec, a, b) if cpu_bf16(a, b) else jnp.einsum(spec, a, b)
 
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -174,7 +175,7 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 def _dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                  out_sharding=None):
     """lax.dot_general for nnx.LinearGeneral(dot_general=...), through `matmul` on CPU bf16."""
-    if not _cpu_bf16(lhs, rhs) or precision is not None or preferred_element_type is not None \
+    if not cpu_bf16(lhs, rhs) or precision is not None or preferred_element_type is not None \
             or out_sharding is not None:
         return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                    preferred_element_type=preferred_element_type,
@@ -287,200 +288,3 @@ def sinusoidal_positions(positions: Array, dim: int) -> Array:
     angles = positions[..., None].astype(jnp.float32) * inv_freq
     table = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # interleave sin, cos
     return table.reshape(*positions.shape, -1)[..., :dim]
-
-
-def attention_mask(q_segments_BT: Array, kv_segments_BS: Array, *, causal: bool = False,
-                   q_offset: Array | int = 0) -> Array:
-    """Boolean mask [B, 1, T, S]: True where query t may attend to key s.
-
-    Segment id 0 marks padding; other ids mark (packed) sequences, which never see each
-    other. Padding queries see every real key, as in the reference BERT, so that no row
-    is empty. Causal masks use absolute indices (query t sits at q_offset + t).
-    """
-    q = q_segments_BT[:, None, :, None]
-    k = kv_segments_BS[:, None, None, :]
-    mask = (k != 0) & ((q == k) | (q == 0))
-    if causal:
-        q_idx = q_offset + jnp.arange(q_segments_BT.shape[1])
-        k_idx = jnp.arange(kv_segments_BS.shape[1])
-        mask = mask & (k_idx[None, :] <= q_idx[:, None])[None, None]
-    return mask
-
-
-def attention_probs(q_BTNK: Array, k_BSNK: Array, mask_B1TS: Array) -> Array:
-    """softmax(QK^T / sqrt(d_k)) over the keys, float32 [B, N, T, S]; masked keys get 0."""
-    scale = 1.0 / math.sqrt(q_BTNK.shape[-1])
-    logits_BNTS = matmul("btnk,bsnk->bnts", q_BTNK, k_BSNK).astype(jnp.float32) * scale
-    logits_BNTS = jnp.where(mask_B1TS, logits_BNTS, jnp.finfo(jnp.float32).min)
-    return jax.nn.softmax(logits_BNTS, axis=-1)
-
-
-def dot_product_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, mask_B1TS: Array,
-                          dropout_rate: float, rng: Array | None, probs_out: dict | None = None
-                          ) -> Array:
-    """softmax(QK^T / sqrt(d_k)) V with a boolean mask and dropout on the probabilities.
-    probs_out: a dict that receives the probabilities (before attention dropout), as "probs"."""
-    if (probs_out is None and (rng is None or dropout_rate == 0.0)
-            and not _cpu_bf16(q_BTNK, k_BSNK, v_BSNK)):
-        # XLA on CPU/TPU, cuDNN flash attention when asked for on GPU.
-        return jax.nn.dot_product_attention(q_BTNK, k_BSNK, v_BSNK, mask=mask_B1TS)
-    # Dropout on the probabilities (or returning them) needs them materialised.
-    probs_BNTS = attention_probs(q_BTNK, k_BSNK, mask_B1TS)
-    if probs_out is not None:
-        probs_out["probs"] = probs_BNTS
-    probs_BNTS = dropout(probs_BNTS, dropout_rate, rng)
-    return matmul("bnts,bsnk->btnk", probs_BNTS.astype(v_BSNK.dtype), v_BSNK)
-
-
-class Attention(nnx.Module):
-    """Multi-head attention (self or encoder-decoder) with an optional key/value cache."""
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        D, N, K = cfg.emb_dim, cfg.num_heads, cfg.head_dim
-        self.query = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
-        self.key = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
-        self.value = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
-        self.out = dense(cfg, (N, K), D, ("heads", "kv", "embed"), axis=(-2, -1), rngs=rngs)
-        self.dropout_rate = cfg.attention_dropout_rate
-
-    def __call__(self, x_BTD: Array, kv_BSD: Array, mask_B1TS: Array, *, rng: Array | None = None,
-                 cache: Cache | None = None, cache_index: Array | None = None,
-                 probs_out: dict | None = None) -> tuple[Array, Cache | None]:
-        """probs_out: a dict that receives the attention probabilities, "probs" [B, N, T, S]."""
-        heads = ("batch", "length", "heads", "kv")
-        q_BTNK = constrain(self.query(x_BTD), *heads)
-        k_BSNK, v_BSNK = constrain(self.key(kv_BSD), *heads), constrain(self.value(kv_BSD), *heads)
-        if cache is not None:
-            # Incremental decoding: write this step's keys/values at cache_index, then
-            # attend over the whole cache (the mask hides the slots not written yet).
-            start = (0, cache_index, 0, 0)
-            k_BSNK = jax.lax.dynamic_update_slice(cache["key"], k_BSNK.astype(cache["key"].dtype), start)
-            v_BSNK = jax.lax.dynamic_update_slice(cache["value"], v_BSNK.astype(cache["value"].dtype), start)
-            cache = {"key": k_BSNK, "value": v_BSNK}
-        out_BTNK = dot_product_attention(q_BTNK, k_BSNK, v_BSNK, mask_B1TS, self.dropout_rate, rng,
-                                         probs_out)
-        return self.out(constrain(out_BTNK, *heads)), cache
-
-
-class FeedForward(nnx.Module):
-    """Position-wise FFN: act(x W_i + b_i) W_o + b_o."""
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.wi = dense(cfg, cfg.emb_dim, cfg.mlp_dim, ("embed", "mlp"), rngs=rngs)
-        self.wo = dense(cfg, cfg.mlp_dim, cfg.emb_dim, ("mlp", "embed"), rngs=rngs)
-        self.activation = cfg.activation
-
-    def __call__(self, x_BTD: Array) -> Array:
-        h_BTF = constrain(ACTIVATIONS[self.activation](self.wi(x_BTD)), "batch", "length", "mlp")
-        return self.wo(h_BTF)
-
-
-class Block(nnx.Module):
-    """One Transformer layer: self-attention, optional cross-attention, FFN; each sublayer
-    wrapped in dropout + residual + LayerNorm (post-LN or pre-LN)."""
-
-    def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs):
-        self.attention = Attention(cfg, rngs=rngs)
-        self.attention_norm = layer_norm(cfg, rngs=rngs)
-        self.cross_attention = Attention(cfg, rngs=rngs) if cross_attention else None
-        self.cross_attention_norm = layer_norm(cfg, rngs=rngs) if cross_attention else None
-        self.mlp = FeedForward(cfg, rngs=rngs)
-        self.mlp_norm = layer_norm(cfg, rngs=rngs)
-        self.pre_norm = cfg.norm == "pre"
-        self.dropout_rate = cfg.dropout_rate
-
-    def _residual(self, x, norm, fn, rng):
-        if self.pre_norm:
-            return x + dropout(fn(norm(x)), self.dropout_rate, rng)
-        return norm(x + dropout(fn(x), self.dropout_rate, rng))
-
-    def __call__(self, x_BTD: Array, mask_B1TS: Array, *, encoded_BSD: Array | None = None,
-                 cross_mask_B1TS: Array | None = None, rng: Array | None = None,
-                 cache: Cache | None = None, cache_index: Array | None = None,
-                 return_attention: bool = False) -> tuple[Array, Cache | None, dict[str, Array]]:
-        """Returns (output, updated cache, {} or with return_attention the probabilities
-        {"attention": [B, N, T, S], and "cross_attention" with cross-attention})."""
-        r = split_rng(rng, 5)
-        new_cache = None
-        x_BTD = constrain(x_BTD, "batch", "length", "embed")
-        probs = {"attention": {}, "cross_attention": {}} if return_attention else {}
-
-        def self_attention(h):
-            nonlocal new_cache
-            out, new_cache = self.attention(h, h, mask_B1TS, rng=r[0], cache=cache,
-                                            cache_index=cache_index, probs_out=probs.get("attention"))
-            return out
-
-        x_BTD = self._residual(x_BTD, self.attention_norm, self_attention, r[1])
-        if self.cross_attention is not None:
-            x_BTD = self._residual(
-                x_BTD, self.cross_attention_norm,
-                lambda h: self.cross_attention(h, encoded_BSD, cross_mask_B1TS, rng=r[2],
-                                               probs_out=probs.get("cross_attention"))[0], r[3])
-        x_BTD = self._residual(x_BTD, self.mlp_norm, self.mlp, r[4])
-        probs = {k: v["probs"] for k, v in probs.items() if v}
-        return constrain(x_BTD, "batch", "length", "embed"), new_cache, probs
-
-
-class Stack(nnx.Module):
-    """num_layers Blocks whose parameters are stacked on a leading 'layers' axis.
-
-    The same parameters run either unrolled (a Python loop) or under lax.scan
-    (`scan_layers`), with an optional remat policy, so checkpoints do not depend on
-    how the stack is executed.
-    """
-
-    def __init__(self, cfg: ModelConfig, num_layers: int, *, cross_attention: bool,
-                 rngs: nnx.Rngs):
-        @nnx.split_rngs(splits=num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        def make(rngs):
-            return Block(cfg, cross_attention=cross_attention, rngs=rngs)
-
-        self.layers = make(rngs)
-        self.final_norm = layer_norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
-        self.num_layers = num_layers
-        self.scan = cfg.scan_layers
-        self.remat_policy = cfg.remat_policy
-
-    def __call__(self, x_BTD: Array, mask_B1TS: Array, *, encoded_BSD: Array | None = None,
-                 cross_mask_B1TS: Array | None = None, rng: Array | None = None,
-                 cache: Cache | None = None, cache_index: Array | None = None,
-                 return_hidden: bool = False, return_attention: bool = False
-                 ) -> tuple[Array, Cache | None, dict[str, Array]]:
-        """Returns (output, updated cache, extras): extras holds "hidden", every layer's output
-        [L, B, T, D], with return_hidden, and "attention" (and "cross_attention" in a
-        decoder), every layer's probabilities [L, B, N, T, S], with return_attention."""
-        graphdef, params = nnx.split(self.layers)
-        rngs_L = None if rng is None else jax.random.split(rng, self.num_layers)
-
-        def body(h_BTD, xs):
-            layer_params, layer_rng, layer_cache = xs
-            block = nnx.merge(graphdef, layer_params)
-            h_BTD, layer_cache, probs = block(h_BTD, mask_B1TS, encoded_BSD=encoded_BSD,
-                                              cross_mask_B1TS=cross_mask_B1TS, rng=layer_rng,
-                                              cache=layer_cache, cache_index=cache_index,
-                                              return_attention=return_attention)
-            return h_BTD, (layer_cache, {**probs, **({"hidden": h_BTD} if return_hidden else {})})
-
-        if self.remat_policy != "none":
-            body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy],
-                                  prevent_cse=not self.scan)
-        xs = (params, rngs_L, cache)
-        if self.scan:
-            x_BTD, (cache, extras) = jax.lax.scan(body, x_BTD, xs)
-        else:
-            ys = []
-            for i in range(self.num_layers):
-                x_BTD, y = body(x_BTD, jax.tree.map(lambda a, i=i: a[i], xs))
-                ys.append(y)
-            cache, extras = jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else (None, {})
-        if self.final_norm is not None:
-            x_BTD = self.final_norm(x_BTD)
-        return x_BTD, cache, extras
-
-
-def init_cache(cfg: ModelConfig, num_layers: int, batch: int, max_len: int) -> Cache:
-    """Empty self-attention key/value cache for incremental decoding: [L, B, S, N, K]."""
-    shape = (num_layers, batch, max_len, cfg.num_heads, cfg.head_dim)
-    return {"key": jnp.zeros(shape, cfg.compute_dtype), "value": jnp.zeros(shape, cfg.compute_dtype)}

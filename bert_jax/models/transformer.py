@@ -1,28 +1,164 @@
-"""The Transformer of Vaswani et al. (2017): Encoder, Decoder, EncoderDecoder; and a
-decoder-only LM (GPT style). Shape suffixes as in layers.py."""
+"""The layer stack (FeedForward, Block, Stack) and the Transformer of Vaswani et al. (2017):
+Encoder, Decoder, EncoderDecoder; and a decoder-only LM (GPT style). Shape suffixes as in
+layers.py. Every model takes `attention_out`, a dict that receives the attention
+probabilities of every layer ("encoder", "decoder", "cross": [L, B, N, T, S]) when given."""
 
 from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from bert_jax.models.attention import Attention, Masking
 from bert_jax.models.layers import (
+    ACTIVATIONS,
+    REMAT_POLICIES,
     Array,
     Cache,
     ModelConfig,
-    Stack,
     attend,
-    attention_mask,
+    constrain,
+    dense,
     dropout,
     embed,
-    init_cache,
     layer_flops_per_token,
+    layer_norm,
     logits_flops_per_token,
     sinusoidal_positions,
     split_rng,
 )
+
+
+class FeedForward(nnx.Module):
+    """Position-wise FFN: act(x W_i + b_i) W_o + b_o."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.wi = dense(cfg, cfg.emb_dim, cfg.mlp_dim, ("embed", "mlp"), rngs=rngs)
+        self.wo = dense(cfg, cfg.mlp_dim, cfg.emb_dim, ("mlp", "embed"), rngs=rngs)
+        self.activation = cfg.activation
+
+    def __call__(self, x_BTD: Array) -> Array:
+        h_BTF = constrain(ACTIVATIONS[self.activation](self.wi(x_BTD)), "batch", "length", "mlp")
+        return self.wo(h_BTF)
+
+
+# The encoder output a decoder layer attends to, with who may see what of it.
+Memory = tuple[Array, Masking]  # (encoded [B, S, D], the cross-attention Masking)
+
+
+class Block(nnx.Module):
+    """One Transformer layer: self-attention, optional cross-attention, FFN; each sublayer
+    wrapped in dropout + residual + LayerNorm (post-LN or pre-LN)."""
+
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs):
+        self.attention = Attention(cfg, rngs=rngs)
+        self.attention_norm = layer_norm(cfg, rngs=rngs)
+        self.cross_attention = Attention(cfg, rngs=rngs) if cross_attention else None
+        self.cross_attention_norm = layer_norm(cfg, rngs=rngs) if cross_attention else None
+        self.mlp = FeedForward(cfg, rngs=rngs)
+        self.mlp_norm = layer_norm(cfg, rngs=rngs)
+        self.pre_norm = cfg.norm == "pre"
+        self.dropout_rate = cfg.dropout_rate
+
+    def _residual(self, x, norm, fn, rng):
+        if self.pre_norm:
+            return x + dropout(fn(norm(x)), self.dropout_rate, rng)
+        return norm(x + dropout(fn(x), self.dropout_rate, rng))
+
+    def __call__(self, x_BTD: Array, masking: Masking, *, memory: Memory | None = None,
+                 rng: Array | None = None, cache: Cache | None = None,
+                 return_attention: bool = False) -> tuple[Array, Cache | None, dict[str, Array]]:
+        """Returns (output, updated cache, {} or with return_attention the probabilities
+        {"attention": [B, N, T, S], and "cross_attention" with a memory}). With `cache`, the
+        queries are written to the cache at masking.q_offset."""
+        r = split_rng(rng, 5)
+        x_BTD = constrain(x_BTD, "batch", "length", "embed")
+        probs = {}
+        new_cache = None
+
+        def self_attention(h):
+            nonlocal new_cache
+            out, new_cache, probs["attention"] = self.attention(
+                h, h, masking, rng=r[0], cache=cache,
+                cache_index=None if cache is None else masking.q_offset, return_probs=return_attention)
+            return out
+
+        x_BTD = self._residual(x_BTD, self.attention_norm, self_attention, r[1])
+        if self.cross_attention is not None:
+            encoded_BSD, cross_masking = memory
+
+            def cross_attention(h):
+                out, _, probs["cross_attention"] = self.cross_attention(
+                    h, encoded_BSD, cross_masking, rng=r[2], return_probs=return_attention)
+                return out
+
+            x_BTD = self._residual(x_BTD, self.cross_attention_norm, cross_attention, r[3])
+        x_BTD = self._residual(x_BTD, self.mlp_norm, self.mlp, r[4])
+        probs = {k: v for k, v in probs.items() if v is not None}
+        return constrain(x_BTD, "batch", "length", "embed"), new_cache, probs
+
+
+class Stack(nnx.Module):
+    """num_layers Blocks whose parameters are stacked on a leading 'layers' axis.
+
+    The same parameters run either unrolled (a Python loop) or under lax.scan
+    (`scan_layers`), with an optional remat policy, so checkpoints do not depend on
+    how the stack is executed.
+    """
+
+    def __init__(self, cfg: ModelConfig, num_layers: int, *, cross_attention: bool,
+                 rngs: nnx.Rngs):
+        @nnx.split_rngs(splits=num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make(rngs):
+            return Block(cfg, cross_attention=cross_attention, rngs=rngs)
+
+        self.layers = make(rngs)
+        self.final_norm = layer_norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
+        self.num_layers = num_layers
+        self.scan = cfg.scan_layers
+        self.remat_policy = cfg.remat_policy
+
+    def __call__(self, x_BTD: Array, masking: Masking, *, memory: Memory | None = None,
+                 rng: Array | None = None, cache: Cache | None = None,
+                 return_hidden: bool = False, return_attention: bool = False
+                 ) -> tuple[Array, Cache | None, dict[str, Array]]:
+        """Returns (output, updated cache, extras): extras holds "hidden", every layer's output
+        [L, B, T, D], with return_hidden, and "attention" (and "cross_attention" in a
+        decoder), every layer's probabilities [L, B, N, T, S], with return_attention."""
+        graphdef, params = nnx.split(self.layers)
+        rngs_L = None if rng is None else jax.random.split(rng, self.num_layers)
+
+        def body(h_BTD, xs):
+            layer_params, layer_rng, layer_cache = xs
+            block = nnx.merge(graphdef, layer_params)
+            h_BTD, layer_cache, probs = block(h_BTD, masking, memory=memory, rng=layer_rng,
+                                              cache=layer_cache, return_attention=return_attention)
+            return h_BTD, (layer_cache, {**probs, **({"hidden": h_BTD} if return_hidden else {})})
+
+        if self.remat_policy != "none":
+            body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy],
+                                  prevent_cse=not self.scan)
+        xs = (params, rngs_L, cache)
+        if self.scan:
+            x_BTD, (cache, extras) = jax.lax.scan(body, x_BTD, xs)
+        else:
+            ys = []
+            for i in range(self.num_layers):
+                x_BTD, y = body(x_BTD, jax.tree.map(lambda a, i=i: a[i], xs))
+                ys.append(y)
+            cache, extras = jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else (None, {})
+        if self.final_norm is not None:
+            x_BTD = self.final_norm(x_BTD)
+        return x_BTD, cache, extras
+
+
+def init_cache(cfg: ModelConfig, num_layers: int, batch: int, max_len: int) -> Cache:
+    """Empty self-attention key/value cache for incremental decoding: [L, B, S, N, K]."""
+    shape = (num_layers, batch, max_len, cfg.num_heads, cfg.head_dim)
+    return {"key": jnp.zeros(shape, cfg.compute_dtype), "value": jnp.zeros(shape, cfg.compute_dtype)}
 
 
 def _default_segments(ids_BT: Array, segments_BT: Array | None, pad_id: int) -> Array:
@@ -35,13 +171,20 @@ def _default_positions(ids_BT: Array, positions_BT: Array | None, offset=0) -> A
     return jnp.broadcast_to(offset + jnp.arange(ids_BT.shape[1]), ids_BT.shape)
 
 
-def _causal_mask(seg_BT: Array, cache: Cache | None, cache_index) -> Array:
+def _causal_masking(seg_BT: Array, pos_BT: Array, cache: Cache | None, cache_index) -> Masking:
     if cache is None:
-        return attention_mask(seg_BT, seg_BT, causal=True)
+        return Masking(seg_BT, seg_BT, pos_BT, pos_BT, causal=True)
     # Decoding: the keys are all cache slots [L, B, S, N, K]; the causal mask hides the
     # slots after the current position, which are not written yet.
-    kv_seg_BS = jnp.ones((seg_BT.shape[0], cache["key"].shape[2]), jnp.int32)
-    return attention_mask(jnp.ones_like(seg_BT), kv_seg_BS, causal=True, q_offset=cache_index)
+    B, S = seg_BT.shape[0], cache["key"].shape[2]
+    slots_BS = jnp.broadcast_to(jnp.arange(S), (B, S))
+    return Masking(jnp.ones_like(seg_BT), jnp.ones((B, S), jnp.int32), pos_BT, slots_BS,
+                   q_offset=cache_index, causal=True)
+
+
+def _record(attention_out: dict | None, **found: Array) -> None:
+    if attention_out is not None:
+        attention_out.update(found)
 
 
 class Encoder(Stack):
@@ -111,14 +254,15 @@ class EncoderDecoder(nnx.Module):
         [L, B, N, S, S]."""
         r = split_rng(rng, 2)
         seg_BS = _default_segments(src_BS, src_segments_BS, self.pad_id)
-        x_BSD = self.source_embed(src_BS, _default_positions(src_BS, src_positions_BS), r[0])
-        encoded_BSD, _, extras = self.encoder(x_BSD, attention_mask(seg_BS, seg_BS), rng=r[1],
-                                              return_attention=attention_out is not None)
-        if attention_out is not None:
-            attention_out["encoder"] = extras["attention"]
+        pos_BS = _default_positions(src_BS, src_positions_BS)
+        x_BSD = self.source_embed(src_BS, pos_BS, r[0])
+        encoded_BSD, _, extras = self.encoder(x_BSD, Masking(seg_BS, seg_BS, pos_BS, pos_BS),
+                                              rng=r[1], return_attention=attention_out is not None)
+        _record(attention_out, encoder=extras.get("attention"))
         return encoded_BSD
 
     def decode(self, tgt_in_BT: Array, encoded_BSD: Array, src_segments_BS: Array, *,
+               src_positions_BS: Array | None = None,
                tgt_segments_BT: Array | None = None, tgt_positions_BT: Array | None = None,
                rng: Array | None = None, cache: Cache | None = None,
                cache_index: Array | int = 0, attention_out: dict | None = None
@@ -132,15 +276,12 @@ class EncoderDecoder(nnx.Module):
         offset = 0 if cache is None else cache_index
         pos_BT = _default_positions(tgt_in_BT, tgt_positions_BT, offset)
         y_BTD = self._target_embedder()(tgt_in_BT, pos_BT, r[0])
-        self_mask = _causal_mask(seg_BT, cache, cache_index)
-        cross_mask = attention_mask(seg_BT if cache is None else jnp.ones_like(seg_BT),
-                                    src_segments_BS)
-        y_BTD, cache, extras = self.decoder(y_BTD, self_mask, encoded_BSD=encoded_BSD,
-                                            cross_mask_B1TS=cross_mask, rng=r[1], cache=cache,
-                                            cache_index=cache_index if cache is not None else None,
+        cross = Masking(seg_BT if cache is None else jnp.ones_like(seg_BT), src_segments_BS, pos_BT,
+                        _default_positions(src_segments_BS, src_positions_BS))
+        y_BTD, cache, extras = self.decoder(y_BTD, _causal_masking(seg_BT, pos_BT, cache, cache_index),
+                                            memory=(encoded_BSD, cross), rng=r[1], cache=cache,
                                             return_attention=attention_out is not None)
-        if attention_out is not None:
-            attention_out.update(decoder=extras["attention"], cross=extras["cross_attention"])
+        _record(attention_out, decoder=extras.get("attention"), cross=extras.get("cross_attention"))
         table = self.source_embed.token if self.logits is None else self.logits
         return attend(table, y_BTD).astype(jnp.float32), cache
 
@@ -156,7 +297,7 @@ class EncoderDecoder(nnx.Module):
                                   src_positions_BS=src_positions_BS, rng=r[0],
                                   attention_out=attention_out)
         logits_BTV, _ = self.decode(tgt_in_BT, encoded_BSD, src_seg_BS,
-                                    tgt_segments_BT=tgt_segments_BT,
+                                    src_positions_BS=src_positions_BS, tgt_segments_BT=tgt_segments_BT,
                                     tgt_positions_BT=tgt_positions_BT, rng=r[1],
                                     attention_out=attention_out)
         return logits_BTV
@@ -191,13 +332,12 @@ class DecoderLM(nnx.Module):
         r = split_rng(rng, 2)
         seg_BT = _default_segments(ids_BT, segments_BT, self.pad_id)
         offset = 0 if cache is None else cache_index
-        x_BTD = self.embed(ids_BT, _default_positions(ids_BT, positions_BT, offset), r[0])
+        pos_BT = _default_positions(ids_BT, positions_BT, offset)
+        x_BTD = self.embed(ids_BT, pos_BT, r[0])
         x_BTD, cache, extras = self.decoder(
-            x_BTD, _causal_mask(seg_BT, cache, cache_index), rng=r[1], cache=cache,
-            cache_index=cache_index if cache is not None else None,
+            x_BTD, _causal_masking(seg_BT, pos_BT, cache, cache_index), rng=r[1], cache=cache,
             return_attention=attention_out is not None)
-        if attention_out is not None:
-            attention_out["decoder"] = extras["attention"]
+        _record(attention_out, decoder=extras.get("attention"))
         table = self.embed.token if self.logits is None else self.logits
         return attend(table, x_BTD).astype(jnp.float32), cache
 

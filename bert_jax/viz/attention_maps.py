@@ -2,12 +2,11 @@
 as a figure (a grid of heatmaps, one head larger), a self-contained interactive HTML page
 (pick the map, layer and head; no server, no downloads) and JSON data.
 
-The probabilities are the model's own: BertModel(return_attention=True) and the
-encoder-decoder's `attention_out` return what each attention layer's softmax produced (the
-same values its output is computed from). BERT models show their self-attention over
-[CLS] A [SEP] (B [SEP]); an encoder-decoder translates the text (greedy) and shows its
-cross-attention (target x source), with the encoder's and decoder's self-attention in the
-HTML view; a decoder-only LM shows its causal self-attention.
+The probabilities are the model's own: every model's `attention_out` dict receives what each
+attention layer's softmax produced (the same values its output is computed from). BERT models
+show their self-attention over [CLS] A [SEP] (B [SEP]); an encoder-decoder translates the
+text (greedy) and shows its cross-attention (target x source), with the encoder's and
+decoder's self-attention in the HTML view; a decoder-only LM shows its causal self-attention.
 """
 
 from __future__ import annotations
@@ -68,9 +67,9 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
 
         @jax.jit
         def run(params, ids, types):
-            m = nnx.merge(graphdef, params)
-            encoder = getattr(m, "bert", m)
-            return encoder(ids, types, jnp.ones_like(ids), return_attention=True)["attention"]
+            m, found = nnx.merge(graphdef, params), {}
+            getattr(m, "bert", m)(ids, types, jnp.ones_like(ids), attention_out=found)
+            return found["encoder"]
 
         probs = run(params, jnp.asarray([enc.input_ids]), jnp.asarray([enc.token_type_ids]))
         out["maps"]["self-attention"] = _map(enc.tokens, enc.tokens, probs)
