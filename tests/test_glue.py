@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue
 
 # (task, split, rows) as in ../shared/data/README.md
@@ -19,7 +19,7 @@ REAL_FILES = [("cola", "train", 8551), ("cola", "dev", 1043), ("sst2", "train", 
 
 @pytest.fixture(scope="module")
 def tok(wordpiece_vocab):
-    return vocab.load_tokenizer(wordpiece_vocab.parent)
+    return tokenizer_lib.load_tokenizer(wordpiece_vocab.parent)
 
 
 def _first_data_row(path, task) -> list[str]:
@@ -191,7 +191,7 @@ def test_truncate_seq_pair_matches_reference():
         for lb in range(9):
             for m in range(12):
                 a, b = list(range(la)), list(range(100, 100 + lb))
-                got = vocab.truncate_seq_pair(a, b, m)
+                got = tokenizer_lib.truncate_seq_pair(a, b, m)
                 assert got == _reference_truncate(a, b, m), (la, lb, m)
 
 

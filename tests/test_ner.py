@@ -9,7 +9,7 @@ import pytest
 from seqeval import metrics as sq
 from seqeval.metrics.sequence_labeling import get_entities as sq_get_entities
 
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import ner
 
 CONLL_TAGS = ("O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER")
@@ -31,7 +31,7 @@ def conll(shared_data) -> dict[str, list[ner.Sentence]]:
 
 @pytest.fixture(scope="module")
 def tokenizer(wordpiece_vocab):
-    return vocab.load_tokenizer(wordpiece_vocab.parent)
+    return tokenizer_lib.load_tokenizer(wordpiece_vocab.parent)
 
 
 def _simple_counts(text: str) -> tuple[int, int]:

@@ -16,7 +16,8 @@ from conftest import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models
-from bert_jax.data import finetune, vocab
+from bert_jax.data import finetune
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue
 from bert_jax.training import input as pipelines
 from bert_jax.training import objectives, train
@@ -123,8 +124,8 @@ def _losses(workdir) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def sst2_vocab(shared_data, tmp_path_factory):
     lines = [e.text_a for e in glue.read_glue("sst2", shared_data / "glue/SST-2/train.tsv")[:5000]]
-    return vocab.train_vocab(lines, size=2000, kind="wordpiece", lowercase=True,
-                             out_dir=tmp_path_factory.mktemp("sst2_vocab"))
+    return tokenizer_lib.train_vocab(lines, size=2000, kind="wordpiece", lowercase=True,
+                                     out_dir=tmp_path_factory.mktemp("sst2_vocab"))
 
 
 def sst2_overrides(shared_data, sst2_vocab, *more: str) -> list[str]:

@@ -18,7 +18,7 @@ from bert_jax.data.pretraining import (
     tokenize_document,
     truncate_seq_pair,
 )
-from bert_jax.data.vocab import load_tokenizer
+from bert_jax.data.tokenizer import load_tokenizer
 
 MAX_LEN, MAX_PRED, DOCS_PER_BOOK = 128, 20, 36
 MAX_NUM_TOKENS = MAX_LEN - 3

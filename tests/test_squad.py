@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import squad
 
 ORACLE = 100.0  # logit at the gold start/end; every other logit is 0
@@ -14,7 +14,7 @@ ORACLE = 100.0  # logit at the gold start/end; every other logit is 0
 
 @pytest.fixture(scope="module")
 def tok(wordpiece_vocab):
-    return vocab.load_tokenizer(wordpiece_vocab.parent)
+    return tokenizer_lib.load_tokenizer(wordpiece_vocab.parent)
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +160,11 @@ def test_oracle_logits_give_back_the_exact_answer(train, train_features, tok):
 
 
 def test_oracle_with_sentencepiece(train, english_lines, tmp_path):
-    sp = vocab.load_tokenizer(vocab.train_vocab(english_lines, size=1500, kind="sentencepiece",
-                                                out_dir=tmp_path))
+    sp = tokenizer_lib.load_tokenizer(tokenizer_lib.train_vocab(
+        english_lines, size=1500, kind="sentencepiece", out_dir=tmp_path))
     examples = train[:3000]
     feats = squad.encode(examples, sp, is_training=True)
-    assert feats.kind == "sentencepiece" and feats.tokens[0][1].startswith(vocab.SP_SPACE)
+    assert feats.kind == "sentencepiece" and feats.tokens[0][1].startswith(tokenizer_lib.SP_SPACE)
     misses = _oracle_misses(examples, feats, sp)
     assert misses["other"] == [] and misses["no window"] == []
     # Lower than WordPiece: an answer is tokenized as a word of its own ("▁1836"), so answers that

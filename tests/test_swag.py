@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax.data import vocab
-from bert_jax.data.vocab import truncate_seq_pair
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.data.tokenizer import truncate_seq_pair
 from bert_jax.tasks import swag
 
 HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
@@ -16,7 +16,7 @@ HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-sou
 
 @pytest.fixture(scope="module")
 def tok(wordpiece_vocab):
-    return vocab.load_tokenizer(wordpiece_vocab.parent)
+    return tokenizer_lib.load_tokenizer(wordpiece_vocab.parent)
 
 
 @pytest.fixture(scope="module")

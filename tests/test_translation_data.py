@@ -6,7 +6,8 @@ import gzip
 import numpy as np
 import pytest
 
-from bert_jax.data import translation, vocab
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.data import translation
 
 EN = ["A man rides a bike.", "Two dogs play in the snow.", "A girl reads a book.",
       "People walk on a busy street.", "A child jumps into the lake.", "An old woman sells fruit."]
@@ -19,9 +20,9 @@ DE = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Ein Mädchen
 def tokenizer(tmp_path_factory):
     out = tmp_path_factory.mktemp("spm")
     lines = (EN + DE) * 20 + [" ".join(EN + DE), " ".join(map(str, range(100)))]
-    vocab.train_vocab(lines, size=120, kind="sentencepiece", out_dir=out, lowercase=False,
-                      sp_model_type="bpe")
-    return vocab.load_tokenizer(out)
+    tokenizer_lib.train_vocab(lines, size=120, kind="sentencepiece", out_dir=out, lowercase=False,
+                              sp_model_type="bpe")
+    return tokenizer_lib.load_tokenizer(out)
 
 
 def _write(path, lines, gz=False):

@@ -20,7 +20,7 @@ from typing import TextIO
 
 import numpy as np
 
-from bert_jax.data.vocab import Tokenizer, pair_lengths
+from bert_jax.data.tokenizer import Tokenizer, pair_lengths
 
 TokenizedDocument = list[np.ndarray]  # int32 token ids per sentence; no empty sentences
 FORMATS = ("sentences", "paragraphs")

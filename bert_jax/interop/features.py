@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from bert_jax import models
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.finetune import pad_batch
 from bert_jax.data.rows import utf8_errors
 from bert_jax.training import checkpoint
@@ -65,7 +65,7 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
         if not -num_layers <= i < num_layers:
             raise ValueError(f"--layers: {i} is out of range for a {num_layers}-layer model "
                              f"(use -{num_layers}..{num_layers - 1})")
-    tokenizer = vocab.load_tokenizer(checkpoint_dir)
+    tokenizer = tokenizer_lib.load_tokenizer(checkpoint_dir)
     tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
     _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)
     encoder = _encoder(model)

@@ -25,7 +25,7 @@ import numpy as np
 
 from bert_jax import config as config_lib
 from bert_jax import models
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue, ner, scoring, squad, swag
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class Task:
     def __init__(self, config: ml_collections.ConfigDict):
         self.config, self.data = config, config.data
         try:
-            self.tokenizer = vocab.load_tokenizer(tokenizer_dir(config))
+            self.tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir(config))
         except FileNotFoundError as e:
             raise config_lib.ConfigError(f"{e}; set --config.data.tokenizer=<the directory of the "
                                          "vocabulary the checkpoint was trained with>") from None

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_jax.data.rows import BadRows, utf8_errors
-from bert_jax.data.vocab import Tokenizer
+from bert_jax.data.tokenizer import Tokenizer
 
 DOCSTART = "-DOCSTART-"
 

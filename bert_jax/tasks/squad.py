@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from bert_jax.data.rows import BadRows, not_utf8
-from bert_jax.data.tokenizers import SPECIAL_TOKENS, reference_basic_tokenize
-from bert_jax.data.vocab import SP_SPACE, Tokenizer
+from bert_jax.data.tokenizer import SP_SPACE, Tokenizer
+from bert_jax.data.wordpiece import SPECIAL_TOKENS, reference_basic_tokenize
 
 # run_squad.py splits paragraphs on these only (U+202F too), not on every Unicode space.
 _WORD = re.compile(r"[^ \t\r\n\u202f]+")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.data.rows import BadRows, utf8_errors
-from bert_jax.data.vocab import Tokenizer
+from bert_jax.data.tokenizer import Tokenizer
 
 NUM_CHOICES = 4
 _ENDINGS = tuple(f"ending{i}" for i in range(NUM_CHOICES))

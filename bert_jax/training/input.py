@@ -27,7 +27,8 @@ from grain.experimental import (
 )
 
 from bert_jax import config as config_lib
-from bert_jax.data import documents, pretraining, translation, vocab
+from bert_jax.data import documents, pretraining, translation
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
 from bert_jax.data.synthetic import SyntheticPretraining, SyntheticTranslation
 from bert_jax.training import objectives, sharding
@@ -158,7 +159,7 @@ def translation_pipeline(config, split: str, *, batch_size: int, num_batches: in
                          ) -> GrainBatches:
     """Packed translation batches of this host's share of `split`'s pairs."""
     d = config.data
-    tokenizer = vocab.load_tokenizer(vocab.required_dir(d.tokenizer))
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
     tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
     pairs = translation.open_pairs(d, split)
     if split == "train":
@@ -283,7 +284,7 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
             max_predictions=d.max_predictions_per_seq, batch_size=global_batch,
             seed=config.seed, split=split, process_index=jax.process_index(),
             process_count=jax.process_count(), num_batches=num_batches)
-    tokenizer = vocab.load_tokenizer(vocab.required_dir(d.tokenizer))
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
     tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
     docs, ids = open_documents(config, split, tokenizer)
     return PretrainingPipeline(

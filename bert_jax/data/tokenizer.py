@@ -17,7 +17,7 @@ import numpy as np
 import sentencepiece as spm
 from tokenizers import normalizers, pre_tokenizers
 
-from bert_jax.data.tokenizers import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
+from bert_jax.data.wordpiece import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
 
 META_NAME, SPM_NAME, SPM_VOCAB_NAME = "bert_jax_tokenizer.json", "spm.model", "spm.vocab"
 SP_SPACE = "\u2581"  # "▁": SentencePiece's marker for a preceding space, i.e. a word start
