@@ -78,7 +78,7 @@ def test_batches_are_well_formed(text_config):
     b = take(pipelines.make(text_config, "train"), 1)[0]
     assert b["input_ids"].shape == (8, 64) and b["masked_lm_ids"].shape == (8, 10)
     assert set(np.unique(b["next_sentence_labels"])) <= {0, 1}
-    lengths = b["input_mask"].sum(1)
+    lengths = b["attention_mask"].sum(1)
     assert (b["input_ids"][np.arange(8), lengths - 1] == 3).all()  # ends in [SEP]
     assert (b["input_ids"][:, 0] == 2).all()  # [CLS]
 
@@ -134,14 +134,15 @@ def instances(batches, outputs=None, *, cls_id=2):
                     row["next_sentence_weights"], strict=True)):
                 if not w:
                     continue
-                at = np.flatnonzero(row["input_mask"] == row["input_mask"][start])
-                assert row["input_mask"][start] > 0 and row["input_ids"][start] == cls_id
+                seq = row["segment_ids"] if "segment_ids" in row else row["attention_mask"]
+                at = np.flatnonzero(seq == seq[start])
+                assert seq[start] > 0 and row["input_ids"][start] == cls_id
                 np.testing.assert_array_equal(at, start + np.arange(len(at)))  # contiguous
                 np.testing.assert_array_equal(row["positions"][at], np.arange(len(at)))
                 mine = (row["masked_lm_weights"] > 0) & (row["masked_lm_positions"] >= start) & (
                     row["masked_lm_positions"] < start + len(at))
                 out.append(b"|".join(x.astype(np.int64).tobytes() for x in (
-                    row["input_ids"][at], row["segment_ids"][at],
+                    row["input_ids"][at], row["token_type_ids"][at],
                     row["masked_lm_positions"][mine] - start, row["masked_lm_ids"][mine],
                     np.array([label]))))
                 if outputs is not None:

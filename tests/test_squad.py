@@ -95,15 +95,15 @@ def test_training_answers_map_back_to_their_text(train):
 
 def test_features_layout(train_features, tok):
     f = train_features
-    assert f.input_ids.shape == f.input_mask.shape == f.segment_ids.shape == (len(f), 384)
+    assert f.input_ids.shape == f.attention_mask.shape == f.token_type_ids.shape == (len(f), 384)
     assert f.input_ids.dtype == f.start_positions.dtype == np.int32
     for i in range(0, len(f), 97):
         n = len(f.tokens[i])
-        assert f.input_mask[i].sum() == n and (f.input_ids[i, n:] == tok.pad_id).all()
+        assert f.attention_mask[i].sum() == n and (f.input_ids[i, n:] == tok.pad_id).all()
         assert f.tokens[i][0] == "[CLS]" and f.tokens[i][-1] == "[SEP]"
-        assert f.tokens[i][f.segment_ids[i].argmax() - 1] == "[SEP]"  # the query's [SEP] has segment 0
+        assert f.tokens[i][f.token_type_ids[i].argmax() - 1] == "[SEP]"  # the query's [SEP] has segment 0
         doc = f.token_to_orig_map[i] >= 0
-        assert (f.segment_ids[i, :n][doc] == 1).all() and f.segment_ids[i, n - 1] == 1
+        assert (f.token_type_ids[i, :n][doc] == 1).all() and f.token_type_ids[i, n - 1] == 1
     inside = f.start_positions > 0
     assert (f.start_positions[inside] <= f.end_positions[inside]).all()
     assert (f.end_positions[~inside] == 0).all()
@@ -207,7 +207,7 @@ def _select(features, rows):
     """The given windows of features, renumbered as examples 0, 1, ..."""
     pick = lambda xs: [xs[r] for r in rows]
     return squad.SquadFeatures(
-        features.input_ids[rows], features.input_mask[rows], features.segment_ids[rows],
+        features.input_ids[rows], features.attention_mask[rows], features.token_type_ids[rows],
         features.start_positions[rows], features.end_positions[rows], np.arange(len(rows), dtype=np.int32),
         pick(features.tokens), pick(features.token_to_orig_map), pick(features.token_is_max_context),
         features.kind, features.lowercase)

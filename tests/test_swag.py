@@ -93,11 +93,11 @@ def test_encode(sample, tok):
     examples = swag.read_swag(sample)
     t = 24
     f = swag.encode(examples, tok, t)
-    assert {k: v.shape for k, v in f.items()} == {"input_ids": (10, 4, t), "input_mask": (10, 4, t),
-                                                   "segment_ids": (10, 4, t), "label_ids": (10,)}
+    assert {k: v.shape for k, v in f.items()} == {"input_ids": (10, 4, t), "attention_mask": (10, 4, t),
+                                                   "token_type_ids": (10, 4, t), "label_ids": (10,)}
     assert f["label_ids"].tolist() == [e.label for e in examples]
     assert (f["input_ids"][..., 0] == tok.cls_id).all()
-    assert ((f["input_ids"] == tok.sep_id).sum(-1) == 2).all() and (f["input_mask"].sum(-1) <= t).all()
+    assert ((f["input_ids"] == tok.sep_id).sum(-1) == 2).all() and (f["attention_mask"].sum(-1) <= t).all()
     for i in (0, 5):
         context = tok.encode(examples[i].context).tolist()
         for j, ending in enumerate(examples[i].endings):
@@ -105,7 +105,7 @@ def test_encode(sample, tok):
             a, b = truncate_seq_pair(context, choice, t - 3)
             row = [tok.cls_id, *a, tok.sep_id, *b, tok.sep_id]
             assert f["input_ids"][i, j, :len(row)].tolist() == row
-            assert f["segment_ids"][i, j].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * (
+            assert f["token_type_ids"][i, j].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * (
                 t - len(row))
     unlabeled = swag.Example("u", "ctx", "st", ("a", "b", "c", "d"), None)
     assert swag.encode([unlabeled], tok, 16)["label_ids"].tolist() == [0]

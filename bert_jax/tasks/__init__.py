@@ -183,7 +183,7 @@ class NerTask(Task):
 
     def encode(self, sentences, training: bool):
         f = ner.encode(sentences, self.tokenizer, self.labels, self.data.max_seq_length)
-        keys = ("input_ids", "input_mask", "segment_ids", "label_ids", "label_weights")
+        keys = ("input_ids", "token_type_ids", "attention_mask", "label_ids", "label_weights")
         return {k: getattr(f, k) for k in keys}, f
 
     def _tags(self, split: str, outputs) -> list[list[str]]:
@@ -247,7 +247,7 @@ class SquadTask(Task):
         f = squad.encode(examples, self.tokenizer, max_seq_length=d.max_seq_length,
                          doc_stride=d.doc_stride, max_query_length=d.max_query_length,
                          is_training=training)
-        keys = ["input_ids", "input_mask", "segment_ids"]
+        keys = ["input_ids", "token_type_ids", "attention_mask"]
         keys += ["start_positions", "end_positions"] if training else []
         return {k: getattr(f, k) for k in keys}, f
 

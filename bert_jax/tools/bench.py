@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bert_jax import config as config_lib
 from bert_jax import paths
-from bert_jax.data import documents
+from bert_jax.data import documents, packing
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tools import modelbench
 from bert_jax.tools.demo import build_corpus
@@ -85,7 +85,7 @@ def packing_fill(config, seq_len: int, predictions: int, batches: int = 8) -> di
         t0 = time.perf_counter()
         for _ in range(batches):
             b = next(pipeline)
-            real += int((b["input_mask"] > 0).sum())
+            real += int(packing.real_tokens(b).sum())
             rows += len(b["input_ids"])
             instances += int(b["next_sentence_weights"].sum()) if pack else len(b["input_ids"])
         name = "packed" if pack else "one_per_row"

@@ -56,10 +56,10 @@ def full_length_batch(batch: int, seq: int, vocab_size: int, predictions: int = 
     rng = np.random.default_rng(0)
     positions = np.sort(np.stack([rng.choice(np.arange(1, seq), predictions, replace=False)
                                   for _ in range(batch)]), axis=1)
-    segments = (np.arange(seq) >= seq // 2).astype(np.int32)
+    token_types = (np.arange(seq) >= seq // 2).astype(np.int32)
     return {"input_ids": rng.integers(5, vocab_size, (batch, seq)).astype(np.int32),
-            "input_mask": np.ones((batch, seq), np.int32),
-            "segment_ids": np.broadcast_to(segments, (batch, seq)).astype(np.int32),
+            "token_type_ids": np.broadcast_to(token_types, (batch, seq)).astype(np.int32),
+            "attention_mask": np.ones((batch, seq), np.int32),
             "masked_lm_positions": positions.astype(np.int32),
             "masked_lm_ids": rng.integers(5, vocab_size, (batch, predictions)).astype(np.int32),
             "masked_lm_weights": np.ones((batch, predictions), np.float32),
