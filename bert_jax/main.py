@@ -227,12 +227,12 @@ def _text_lines(spec: str):
 
 def cmd_vocab(args: list[str]) -> None:
     """Trains a WordPiece or SentencePiece vocabulary on text files or a TFDS dataset."""
-    from bert_jax.data import vocab
+    from bert_jax.data import tokenizer as tokenizer_lib
 
-    out = vocab.train_vocab(_text_lines(_require(_INPUT, "vocab")), size=_SIZE.value,
-                            kind=_TYPE.value, out_dir=_require(_OUT, "vocab"),
-                            lowercase=_LOWERCASE.value, sp_model_type=_SP_MODEL.value)
-    tok = vocab.load_tokenizer(out)
+    out = tokenizer_lib.train_vocab(_text_lines(_require(_INPUT, "vocab")), size=_SIZE.value,
+                                    kind=_TYPE.value, out_dir=_require(_OUT, "vocab"),
+                                    lowercase=_LOWERCASE.value, sp_model_type=_SP_MODEL.value)
+    tok = tokenizer_lib.load_tokenizer(out)
     print(json.dumps({"out": str(out), "kind": tok.kind, "vocab_size": tok.vocab_size}))
 
 

@@ -22,7 +22,7 @@ from flax import nnx
 
 from bert_jax import config as config_lib
 from bert_jax import models
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import convert, export
 from bert_jax.training import checkpoint, train
 
@@ -608,14 +608,14 @@ def shared(tmp_path_factory) -> dict[str, Path]:
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?", "|", *WORDS,
               *"abcdefghijklmnopqrstuvwxyz", *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz")]
     write(root / "vocab" / "vocab.txt", "\n".join(tokens) + "\n")
-    vocab.load_tokenizer(root / "vocab").save(root / "vocab")
+    tokenizer_lib.load_tokenizer(root / "vocab").save(root / "vocab")
 
     run = root / "run"
     argv = shlex.split(PRETRAIN.format(tmp=root).replace(f"{root}/w", str(run)))
     overrides = [a.removeprefix("--config.") for a in argv if a.startswith("--config.")]
     train.train_and_evaluate(config_lib.load(str(REPO / "configs/bert_pretrain.py:tiny"), [
         *overrides, "train.checkpoint_every=1", "train.eval_steps=1"]), str(run))
-    vocab.copy_tokenizer(root / "vocab", run)
+    tokenizer_lib.copy_tokenizer(root / "vocab", run)
     write(run / "eval" / "step_2.json", json.dumps({"step": 2, "eval/loss": 5.0}))
 
     export.export_hf(run, root / "hf")
@@ -630,7 +630,7 @@ def shared(tmp_path_factory) -> dict[str, Path]:
         "data.max_seq_length=16", "train.batch_size=8"])
     params = models.create_model(config_lib.model_config(cfg))
     save_model(ft, params, json.loads(cfg.to_json()))
-    vocab.copy_tokenizer(root / "vocab", ft)
+    tokenizer_lib.copy_tokenizer(root / "vocab", ft)
     write(ft / "eval" / "step_0.json", json.dumps({"step": 0, "eval/accuracy": 0.5}))
     write(ft / "eval" / "step_0" / "SST-2.tsv", "index\tprediction\n0\t1\n")
 

@@ -88,12 +88,12 @@ def _pretraining_batch():
 
 def test_objective_counts_real_tokens_and_their_flops():
     config, batch = _pretraining_batch()
-    batch["input_mask"][:, 10:] = 0  # padding: neither tokens nor FLOPs
+    batch["attention_mask"][:, 10:] = 0  # padding: neither tokens nor FLOPs
     objective = objectives.for_config(config)
     assert {k: (v.shape, v.dtype) for k, v in objective.batch_spec(config).items()} == {
         k: (v.shape, v.dtype) for k, v in batch.items()}
     per_token = models.flops_per_token(config_lib.model_config(config), 16)
-    tokens = batch["input_mask"].sum()
+    tokens = batch["attention_mask"].sum()
     assert float(objective.tokens(batch)) == tokens
     want = 3 * (per_token["encoder_per_token"] * tokens
                 + per_token["mlm_head_per_predicted_token"] * batch["masked_lm_weights"].sum())
@@ -176,8 +176,8 @@ def test_decoder_lm_objective_trains_a_step():
     rng = np.random.default_rng(0)
     targets = rng.integers(1, 50, (8, 8)).astype(np.int32)
     targets[:, 6:] = 0
-    batch = {"targets": targets, "targets_segmentation": (targets > 0).astype(np.int32),
-             "targets_position": np.broadcast_to(np.arange(8, dtype=np.int32), (8, 8)).copy()}
+    batch = {"targets": targets, "targets_segment_ids": (targets > 0).astype(np.int32),
+             "targets_positions": np.broadcast_to(np.arange(8, dtype=np.int32), (8, 8)).copy()}
     assert {k: (v.shape, v.dtype) for k, v in spec.items()} == {
         k: (v.shape, v.dtype) for k, v in batch.items()}
     tx, schedule = optim.make_optimizer(config)

@@ -6,7 +6,7 @@ import numpy as np
 from flax import nnx
 
 from bert_jax import models
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import features
 from bert_jax.training import checkpoint
 
@@ -14,15 +14,15 @@ MAX_LEN = 64
 
 
 def test_features_on_a_sentencepiece_checkpoint(tmp_path, english_lines):
-    spm_dir = vocab.train_vocab(english_lines, size=400, kind="sentencepiece", out_dir=tmp_path / "spm",
-                                lowercase=False)
-    tok = vocab.load_tokenizer(spm_dir)
+    spm_dir = tokenizer_lib.train_vocab(english_lines, size=400, kind="sentencepiece",
+                                        out_dir=tmp_path / "spm", lowercase=False)
+    tok = tokenizer_lib.load_tokenizer(spm_dir)
     cfg = dict(name="bert", vocab_size=tok.vocab_size, emb_dim=16, num_layers=2, num_heads=2,
                head_dim=8, mlp_dim=32, max_len=MAX_LEN)
     params = nnx.to_pure_dict(nnx.state(models.create_model(cfg), nnx.Param))
     ckpt = tmp_path / "ckpt"  # a training workdir's layout: checkpoints/ plus the tokenizer files
     checkpoint.save_params(ckpt, 0, params, {"model": cfg})
-    assert "spm.model" in vocab.copy_tokenizer(spm_dir, ckpt)
+    assert "spm.model" in tokenizer_lib.copy_tokenizer(spm_dir, ckpt)
     lines = [english_lines[0][:60], f"{english_lines[1][:30]} ||| {english_lines[2][:30]}", ""]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", "utf-8")
 

@@ -17,7 +17,7 @@ from conftest import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import tasks
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue
 from bert_jax.training import evaluate, train
 
@@ -28,8 +28,8 @@ def task_vocab(shared_data, tmp_path_factory) -> Path:
     lines = [e.text_a for e in glue.read_glue("sst2", shared_data / "glue/SST-2/train.tsv")[:20000]]
     for e in glue.read_glue("mrpc", shared_data / "glue/MRPC/train.tsv"):
         lines += [e.text_a, e.text_b]
-    return vocab.train_vocab(lines, size=4000, kind="wordpiece",
-                             out_dir=tmp_path_factory.mktemp("task_vocab"), lowercase=True)
+    return tokenizer_lib.train_vocab(lines, size=4000, kind="wordpiece",
+                                     out_dir=tmp_path_factory.mktemp("task_vocab"), lowercase=True)
 
 
 def load(spec: str, *overrides: str):

@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue
 
 # (task, split, rows) as in ../shared/data/README.md
@@ -19,7 +19,7 @@ REAL_FILES = [("cola", "train", 8551), ("cola", "dev", 1043), ("sst2", "train", 
 
 @pytest.fixture(scope="module")
 def tok(wordpiece_vocab):
-    return vocab.load_tokenizer(wordpiece_vocab.parent)
+    return tokenizer_lib.load_tokenizer(wordpiece_vocab.parent)
 
 
 def _first_data_row(path, task) -> list[str]:
@@ -191,7 +191,7 @@ def test_truncate_seq_pair_matches_reference():
         for lb in range(9):
             for m in range(12):
                 a, b = list(range(la)), list(range(100, 100 + lb))
-                got = vocab.truncate_seq_pair(a, b, m)
+                got = tokenizer_lib.truncate_seq_pair(a, b, m)
                 assert got == _reference_truncate(a, b, m), (la, lb, m)
 
 
@@ -204,11 +204,11 @@ def test_encode_layout(tok):
     n = len(row)
     assert n < 40  # no truncation here
     assert {k: (v.shape, v.dtype) for k, v in f.items()} == {
-        k: ((2, 40), np.int32) for k in ("input_ids", "input_mask", "segment_ids", "label_ids")} | {
+        k: ((2, 40), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids", "label_ids")} | {
         "label_ids": ((2,), np.int32)}
     assert f["input_ids"][0, :n].tolist() == row and (f["input_ids"][0, n:] == tok.pad_id).all()
-    assert f["input_mask"][0].tolist() == [1] * n + [0] * (40 - n)
-    assert f["segment_ids"][0].tolist() == [0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1) + [0] * (40 - n)
+    assert f["attention_mask"][0].tolist() == [1] * n + [0] * (40 - n)
+    assert f["token_type_ids"][0].tolist() == [0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1) + [0] * (40 - n)
     assert f["label_ids"].tolist() == [0, 0]  # None -> 0
     with pytest.raises(ValueError, match="'maybe'"):
         glue.encode([glue.Example("0", "a", "b", "maybe")], tok, 8, ("entailment", "not_entailment"))
@@ -217,7 +217,7 @@ def test_encode_layout(tok):
 def test_encode_truncation_real_pairs(shared_data, tok):
     examples = glue.read_glue("rte", shared_data / "glue" / "RTE" / "dev.tsv")
     f = glue.encode(examples, tok, 32, glue.TASKS["rte"].labels)
-    lengths = f["input_mask"].sum(1)
+    lengths = f["attention_mask"].sum(1)
     assert (lengths <= 32).all() and (lengths == 32).any()
     seps = (f["input_ids"] == tok.sep_id).sum(1)
     assert (seps == 2).all() and (f["input_ids"][:, 0] == tok.cls_id).all()
@@ -230,13 +230,13 @@ def test_encode_truncation_real_pairs(shared_data, tok):
     short_b = [i for i in range(len(examples)) if len(ids_b[i]) <= 14 and len(ids_a[i]) + len(ids_b[i]) > 29]
     assert len(short_b) > 10
     for i in short_b:
-        assert f["segment_ids"][i].sum() == len(ids_b[i]) + 1 and lengths[i] == 32
+        assert f["token_type_ids"][i].sum() == len(ids_b[i]) + 1 and lengths[i] == 32
 
 
 def test_encode_single_sentences_and_regression(shared_data, tok):
     sst = glue.read_glue("sst2", shared_data / "glue" / "SST-2" / "dev.tsv")
     f = glue.encode(sst, tok, 12, glue.TASKS["sst2"].labels)
-    assert (f["segment_ids"] == 0).all() and ((f["input_ids"] == tok.sep_id).sum(1) == 1).all()
+    assert (f["token_type_ids"] == 0).all() and ((f["input_ids"] == tok.sep_id).sum(1) == 1).all()
     assert f["label_ids"].tolist() == [int(e.label) for e in sst]
     i = random.Random(0).choice([i for i, e in enumerate(sst) if len(tok.encode(e.text_a)) > 10])
     assert f["input_ids"][i].tolist() == [tok.cls_id, *tok.encode(sst[i].text_a)[:10], tok.sep_id]

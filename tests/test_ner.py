@@ -9,7 +9,7 @@ import pytest
 from seqeval import metrics as sq
 from seqeval.metrics.sequence_labeling import get_entities as sq_get_entities
 
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import ner
 
 CONLL_TAGS = ("O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER")
@@ -31,7 +31,7 @@ def conll(shared_data) -> dict[str, list[ner.Sentence]]:
 
 @pytest.fixture(scope="module")
 def tokenizer(wordpiece_vocab):
-    return vocab.load_tokenizer(wordpiece_vocab.parent)
+    return tokenizer_lib.load_tokenizer(wordpiece_vocab.parent)
 
 
 def _simple_counts(text: str) -> tuple[int, int]:
@@ -106,14 +106,14 @@ def test_encode_round_trip_with_splits(conll, tokenizer):
     f = ner.encode(sentences, tokenizer, labels, t)
     assert len(f) > len(sentences)  # short max_seq_length: long sentences were split
     assert f.input_ids.shape == f.label_ids.shape == f.word_index.shape == (len(f), t)
-    assert f.input_ids.dtype == f.label_ids.dtype == f.input_mask.dtype == np.int32
-    assert f.label_weights.dtype == np.float32 and not f.segment_ids.any()
+    assert f.input_ids.dtype == f.label_ids.dtype == f.attention_mask.dtype == np.int32
+    assert f.label_weights.dtype == np.float32 and not f.token_type_ids.any()
     assert np.array_equal(f.label_weights, (f.word_index >= 0).astype(np.float32))
     assert (f.input_ids[:, 0] == tokenizer.cls_id).all()
-    lengths = f.input_mask.sum(1)
+    lengths = f.attention_mask.sum(1)
     assert (f.input_ids[np.arange(len(f)), lengths - 1] == tokenizer.sep_id).all()
-    assert (f.input_ids[f.input_mask == 0] == tokenizer.pad_id).all()
-    assert (f.label_weights[f.input_mask == 0] == 0).all() and (f.label_weights[:, 0] == 0).all()
+    assert (f.input_ids[f.attention_mask == 0] == tokenizer.pad_id).all()
+    assert (f.label_weights[f.attention_mask == 0] == 0).all() and (f.label_weights[:, 0] == 0).all()
     per_sentence = np.bincount(f.sentence_index, f.label_weights.sum(1), len(sentences))
     assert per_sentence.tolist() == [len(s.words) for s in sentences]
     assert (np.diff(f.sentence_index) >= 0).all()
@@ -144,7 +144,7 @@ def test_encode_odd_words(tokenizer):
     f = ner.encode([s], tokenizer, CONLL_TAGS, 8)
     assert tokenizer.encode("\x07").size == 0 and f.input_ids[0, 1] == tokenizer.unk_id
     assert f.sentence_index.tolist() == [0, 0, 0]  # [UNK] Peter | long word | x
-    assert f.input_mask[1].all() and f.word_index[1].tolist() == [-1, 2, -1, -1, -1, -1, -1, -1]
+    assert f.attention_mask[1].all() and f.word_index[1].tolist() == [-1, 2, -1, -1, -1, -1, -1, -1]
     assert ner.decode_predictions(f, f.label_ids, CONLL_TAGS, [4]) == [s.tags]
     unlabeled = ner.encode([ner.Sentence(s.words, None, 1)], tokenizer, CONLL_TAGS, 8)
     assert np.array_equal(unlabeled.word_index, f.word_index) and not unlabeled.label_ids.any()

@@ -130,11 +130,11 @@ def test_sequence_longer_than_the_position_table_fails_before_anything(tmp_path)
 
 
 def test_missing_eval_files_fail_before_step_1(tmp_path, shared_data):
-    from bert_jax.data import vocab
+    from bert_jax.data import tokenizer as tokenizer_lib
 
     book = shared_data / "text" / "gutenberg" / "austen-emma.txt"
-    vocab.train_vocab(book.read_text().splitlines()[:2000], size=500, kind="wordpiece",
-                      out_dir=tmp_path / "vocab")
+    tokenizer_lib.train_vocab(book.read_text().splitlines()[:2000], size=500, kind="wordpiece",
+                              out_dir=tmp_path / "vocab")
     config = small("data.name=text", f"data.tokenizer={tmp_path / 'vocab'}", f"data.train_files={book}",
                    f"data.eval_files={tmp_path / 'nope*.txt'}", "model.vocab_size=500")
     with pytest.raises(FileNotFoundError, match="nope"):

@@ -1,4 +1,4 @@
-"""Packed fine-tuning batches (data/finetune.pack_batch): every example is in the rows exactly
+"""Packed fine-tuning batches (data/packing.pack_batch): every example is in the rows exactly
 once, intact, with its own positions; the model gives each example the same outputs packed or
 alone (classification, tagging, multiple choice); and a fine-tune with dropout off gives the
 same losses and dev metric packed as unpacked, with and without gradient accumulation."""
@@ -16,7 +16,8 @@ from conftest import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models
-from bert_jax.data import finetune, vocab
+from bert_jax.data import finetune, packing
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue
 from bert_jax.training import input as pipelines
 from bert_jax.training import objectives, train
@@ -35,7 +36,7 @@ def random_batch(B, T, seed, choices=0, min_len=3):
     mask = (pos < lengths[..., None]).astype(np.int32)
     ids = rng.integers(5, 97, shape).astype(np.int32) * mask
     segments = ((pos >= lengths[..., None] // 2) * mask).astype(np.int32)
-    batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments,
+    batch = {"input_ids": ids, "token_type_ids": segments, "attention_mask": mask,
              "label_ids": rng.integers(0, 2, B).astype(np.int32)}
     if not choices:
         batch["label_weights"] = (mask * (rng.random((B, T)) < 0.5)).astype(np.float32)
@@ -48,30 +49,30 @@ def test_every_example_is_packed_once_intact_with_its_own_positions(microbatches
     B, T = 32, 40
     batch = random_batch(B, T, seed=microbatches + choices, choices=choices)
     batch.pop("tag_ids", None)
-    packed = finetune.pack_batch(batch, row_multiple=2, microbatches=microbatches,
+    packed = packing.pack_batch(batch, row_multiple=2, microbatches=microbatches,
                                  token_index=not choices)
     rows = len(packed["input_ids"])
-    assert rows in [microbatches * r for r in finetune.row_buckets(B * max(choices, 1) // microbatches, 2)]
-    assert packed["input_mask"].astype(bool).sum() == batch["input_mask"].sum()  # nothing lost
+    assert rows in [microbatches * r for r in packing.row_buckets(B * max(choices, 1) // microbatches, 2)]
+    assert packed["segment_ids"].astype(bool).sum() == batch["attention_mask"].sum()  # nothing lost
     if microbatches < 4:  # (4 microbatches of 8 long-tailed examples may need all their rows)
         assert rows < B * max(choices, 1)  # short examples share rows
     np.testing.assert_array_equal(packed["label_ids"], batch["label_ids"])  # examples keep order
-    seqs = {k: batch[k].reshape(-1, T) for k in finetune.PACKED}
+    seqs = {k: batch[k].reshape(-1, T) for k in packing.TOKENS}
     cls = packed["cls_index"].reshape(-1)
     for s in range(len(cls)):
         example = s // max(choices, 1)
         m = example % microbatches  # the train step gives microbatch m rows m, m+k, ...
-        flat = {k: packed[k][m::microbatches].reshape(-1) for k in (*finetune.PACKED, "positions")}
-        n = int(seqs["input_mask"][s].sum())
+        flat = {k: packed[k][m::microbatches].reshape(-1) for k in packing.ROW_KEYS}
+        n = int(seqs["attention_mask"][s].sum())
         at = cls[s] + np.arange(n)
         np.testing.assert_array_equal(flat["input_ids"][at], seqs["input_ids"][s, :n])
-        np.testing.assert_array_equal(flat["segment_ids"][at], seqs["segment_ids"][s, :n])
+        np.testing.assert_array_equal(flat["token_type_ids"][at], seqs["token_type_ids"][s, :n])
         np.testing.assert_array_equal(flat["positions"][at], np.arange(n))
-        assert len(set(flat["input_mask"][at])) == 1 and flat["input_mask"][at][0] > 0
+        assert len(set(flat["segment_ids"][at])) == 1 and flat["segment_ids"][at][0] > 0
         assert cls[s] // T == (cls[s] + n - 1) // T  # within one row
         if not choices:
             np.testing.assert_array_equal(packed["token_index"][s, :n], at)
-    for key in ("input_mask",):  # packed-sequence ids are 1, 2, ... along each row
+    for key in ("segment_ids",):  # packed-sequence ids are 1, 2, ... along each row
         for row in packed[key]:
             ids = row[row > 0]
             assert list(dict.fromkeys(ids)) == list(range(1, len(set(ids)) + 1))
@@ -80,8 +81,8 @@ def test_every_example_is_packed_once_intact_with_its_own_positions(microbatches
 def test_padding_examples_of_an_eval_batch_take_no_room():
     batch = finetune.pad_batch({k: v[:5] for k, v in random_batch(8, 16, seed=3).items()
                                 if k != "tag_ids"}, 8)
-    packed = finetune.pack_batch(batch, row_multiple=1)
-    assert packed["input_mask"].astype(bool).sum() == batch["input_mask"].sum()
+    packed = packing.pack_batch(batch, row_multiple=1)
+    assert packed["segment_ids"].astype(bool).sum() == batch["attention_mask"].sum()
     np.testing.assert_array_equal(packed["example_weight"], [1] * 5 + [0] * 3)
 
 
@@ -99,13 +100,13 @@ def test_each_example_has_the_same_outputs_packed_or_alone(name):
         batch["label_ids"] = tags
     else:
         batch.pop("label_weights", None)
-    packed = finetune.pack_batch(batch, row_multiple=1, token_index=name == "bert_tagging")
+    packed = packing.pack_batch(batch, row_multiple=1, token_index=name == "bert_tagging")
     assert len(packed["input_ids"]) < 12 * max(choices, 1)
     alone = objective.forward(model, {k: jnp.asarray(v) for k, v in batch.items()}, None)["logits"]
     together = objective.forward(model, {k: jnp.asarray(v) for k, v in packed.items()}, None)["logits"]
     assert together.shape == alone.shape
     if name == "bert_tagging":  # compare the real tokens (padding positions carry no loss)
-        real = batch["input_mask"].astype(bool)
+        real = batch["attention_mask"].astype(bool)
         np.testing.assert_allclose(np.asarray(together)[real], np.asarray(alone)[real], atol=2e-5)
     else:
         np.testing.assert_allclose(together, alone, atol=2e-5)
@@ -123,8 +124,8 @@ def _losses(workdir) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def sst2_vocab(shared_data, tmp_path_factory):
     lines = [e.text_a for e in glue.read_glue("sst2", shared_data / "glue/SST-2/train.tsv")[:5000]]
-    return vocab.train_vocab(lines, size=2000, kind="wordpiece", lowercase=True,
-                             out_dir=tmp_path_factory.mktemp("sst2_vocab"))
+    return tokenizer_lib.train_vocab(lines, size=2000, kind="wordpiece", lowercase=True,
+                                     out_dir=tmp_path_factory.mktemp("sst2_vocab"))
 
 
 def sst2_overrides(shared_data, sst2_vocab, *more: str) -> list[str]:

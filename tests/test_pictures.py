@@ -13,7 +13,7 @@ from flax import nnx
 
 from bert_jax import config as config_lib
 from bert_jax import models, sweep
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.training import checkpoint, train
 from bert_jax.viz import plots
 
@@ -72,13 +72,13 @@ def test_encoder_decoder_and_lm_return_their_attention():
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(english_lines, tmp_path_factory):
-    return vocab.train_vocab(english_lines, size=600, kind="wordpiece",
-                             out_dir=tmp_path_factory.mktemp("pic_vocab"))
+    return tokenizer_lib.train_vocab(english_lines, size=600, kind="wordpiece",
+                                     out_dir=tmp_path_factory.mktemp("pic_vocab"))
 
 
 def saved_model(tmp_path, name, tokenizer_dir):
     """A checkpoint folder of a fresh tiny `name` model with the tokenizer beside it."""
-    tok = vocab.load_tokenizer(tokenizer_dir)
+    tok = tokenizer_lib.load_tokenizer(tokenizer_dir)
     cfg = tiny(name, vocab_size=tok.vocab_size)
     params = nnx.to_pure_dict(nnx.state(models.create_model(cfg), nnx.Param))
     checkpoint.save_params(tmp_path, 1, params, {"model": cfg})

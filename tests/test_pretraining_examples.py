@@ -18,7 +18,7 @@ from bert_jax.data.pretraining import (
     tokenize_document,
     truncate_seq_pair,
 )
-from bert_jax.data.vocab import load_tokenizer
+from bert_jax.data.tokenizer import load_tokenizer
 
 MAX_LEN, MAX_PRED, DOCS_PER_BOOK = 128, 20, 36
 MAX_NUM_TOKENS = MAX_LEN - 3
@@ -148,7 +148,7 @@ def test_layout_lengths_and_sources(examples, docs, tokenizer):
         a, b, f = ex.instance.tokens_a, ex.instance.tokens_b, ex.features
         assert len(a) >= 1 and len(b) >= 1 and len(a) + len(b) <= MAX_NUM_TOKENS
         assert {k: (v.shape, v.dtype.name) for k, v in f.items()} == {
-            **{k: ((MAX_LEN,), "int32") for k in ("input_ids", "input_mask", "segment_ids")},
+            **{k: ((MAX_LEN,), "int32") for k in ("input_ids", "token_type_ids", "attention_mask")},
             **{k: ((MAX_PRED,), "int32") for k in ("masked_lm_positions", "masked_lm_ids")},
             "masked_lm_weights": ((MAX_PRED,), "float32"), "next_sentence_labels": ((), "int32")}
         n = len(a) + len(b) + 3
@@ -157,8 +157,8 @@ def test_layout_lengths_and_sources(examples, docs, tokenizer):
         ids[positions] = labels
         want = np.concatenate([[tokenizer.cls_id], a, [tokenizer.sep_id], b, [tokenizer.sep_id]])
         np.testing.assert_array_equal(ids, np.pad(want, (0, MAX_LEN - n)))
-        np.testing.assert_array_equal(f["input_mask"], np.arange(MAX_LEN) < n)
-        np.testing.assert_array_equal(f["segment_ids"], [0] * (len(a) + 2) + [1] * (len(b) + 1)
+        np.testing.assert_array_equal(f["attention_mask"], np.arange(MAX_LEN) < n)
+        np.testing.assert_array_equal(f["token_type_ids"], [0] * (len(a) + 2) + [1] * (len(b) + 1)
                                       + [0] * (MAX_LEN - n))
         assert int(f["next_sentence_labels"]) == ex.instance.is_random_next
         # A is always from this document; B from another one exactly when it is random next.
@@ -175,7 +175,7 @@ def test_masking_rate_and_no_special_tokens(examples, tokenizer):
     chosen = total = 0
     for ex in examples:
         f = ex.features
-        n = int(f["input_mask"].sum())
+        n = int(f["attention_mask"].sum())
         positions, labels = _chosen(f)
         # Exactly the original's count: round(15% of all n tokens incl. specials), capped.
         assert len(positions) == min(MAX_PRED, max(1, int(round(n * 0.15))))
@@ -245,7 +245,7 @@ def test_whole_word_masking(docs, tokenizer):
     chosen = budget = multi = 0
     for e in ex:
         f = e.features
-        n = int(f["input_mask"].sum())
+        n = int(f["attention_mask"].sum())
         positions, labels = _chosen(f)
         ids = f["input_ids"].copy()
         ids[positions] = labels

@@ -10,7 +10,8 @@ import pytest
 
 from bert_jax import config as config_lib
 from bert_jax import models
-from bert_jax.data import documents, pretraining, vocab
+from bert_jax.data import documents, pretraining
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.training import input as pipelines
 from bert_jax.training import metrics, objectives, train
 
@@ -21,7 +22,7 @@ CONFIG = "configs/bert_pretrain.py:tiny"
 def tokenizer_dir(shared_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("vocab")
     lines = (shared_data / "text" / "gutenberg" / "austen-emma.txt").read_text().splitlines()
-    vocab.train_vocab(lines, size=4000, kind="wordpiece", out_dir=out)
+    tokenizer_lib.train_vocab(lines, size=4000, kind="wordpiece", out_dir=out)
     return out
 
 
@@ -77,7 +78,7 @@ def test_batches_are_well_formed(text_config):
     b = take(pipelines.make(text_config, "train"), 1)[0]
     assert b["input_ids"].shape == (8, 64) and b["masked_lm_ids"].shape == (8, 10)
     assert set(np.unique(b["next_sentence_labels"])) <= {0, 1}
-    lengths = b["input_mask"].sum(1)
+    lengths = b["attention_mask"].sum(1)
     assert (b["input_ids"][np.arange(8), lengths - 1] == 3).all()  # ends in [SEP]
     assert (b["input_ids"][:, 0] == 2).all()  # [CLS]
 
@@ -91,7 +92,7 @@ def test_two_hosts_get_disjoint_complete_shares(text_config):
                     out.add(ids.tobytes())
         return out
 
-    tokenizer = vocab.load_tokenizer(text_config.data.tokenizer)
+    tokenizer = tokenizer_lib.load_tokenizer(text_config.data.tokenizer)
     docs, ids = pipelines.open_documents(text_config, "validation", tokenizer)
     n_batches = len(list(pipelines.make(text_config, "validation")))  # batches of 8
     # Each host: batches of 4, all hosts the same number (padding once a host runs out).
@@ -133,14 +134,15 @@ def instances(batches, outputs=None, *, cls_id=2):
                     row["next_sentence_weights"], strict=True)):
                 if not w:
                     continue
-                at = np.flatnonzero(row["input_mask"] == row["input_mask"][start])
-                assert row["input_mask"][start] > 0 and row["input_ids"][start] == cls_id
+                seq = row["segment_ids"] if "segment_ids" in row else row["attention_mask"]
+                at = np.flatnonzero(seq == seq[start])
+                assert seq[start] > 0 and row["input_ids"][start] == cls_id
                 np.testing.assert_array_equal(at, start + np.arange(len(at)))  # contiguous
                 np.testing.assert_array_equal(row["positions"][at], np.arange(len(at)))
                 mine = (row["masked_lm_weights"] > 0) & (row["masked_lm_positions"] >= start) & (
                     row["masked_lm_positions"] < start + len(at))
                 out.append(b"|".join(x.astype(np.int64).tobytes() for x in (
-                    row["input_ids"][at], row["segment_ids"][at],
+                    row["input_ids"][at], row["token_type_ids"][at],
                     row["masked_lm_positions"][mine] - start, row["masked_lm_ids"][mine],
                     np.array([label]))))
                 if outputs is not None:
@@ -243,7 +245,7 @@ def test_short_pretraining_on_real_text_lowers_mlm_loss(text_config, tmp_path):
 
 def test_prepare_writes_shards_the_pipeline_reads(text_config, tmp_path):
     counts = documents.prepare(text_config, tmp_path / "shards", docs_per_shard=20)
-    train_docs, train_ids = pipelines.open_documents(text_config, "train", vocab.load_tokenizer(
+    train_docs, train_ids = pipelines.open_documents(text_config, "train", tokenizer_lib.load_tokenizer(
         text_config.data.tokenizer))
     assert counts["train"] == len(train_ids) and counts["validation"] > 0
     config = text_config.copy_and_resolve_references()
@@ -278,7 +280,7 @@ def test_tfds_source_through_data_source(text_config, shared_data, monkeypatch):
     monkeypatch.setattr(tfds, "data_source", data_source)
     config = text_config.copy_and_resolve_references()
     config.data.name, config.data.tfds_name = "tfds", "wikipedia/20230601.en"
-    tok = vocab.load_tokenizer(config.data.tokenizer)
+    tok = tokenizer_lib.load_tokenizer(config.data.tokenizer)
     docs, ids = pipelines.open_documents(config, "train", tok)
     assert calls == [("wikipedia/20230601.en", "train", None)]
     assert len(docs) == 40 and len(ids) == 36  # every 10th document held out

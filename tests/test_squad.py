@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import squad
 
 ORACLE = 100.0  # logit at the gold start/end; every other logit is 0
@@ -14,7 +14,7 @@ ORACLE = 100.0  # logit at the gold start/end; every other logit is 0
 
 @pytest.fixture(scope="module")
 def tok(wordpiece_vocab):
-    return vocab.load_tokenizer(wordpiece_vocab.parent)
+    return tokenizer_lib.load_tokenizer(wordpiece_vocab.parent)
 
 
 @pytest.fixture(scope="module")
@@ -95,15 +95,15 @@ def test_training_answers_map_back_to_their_text(train):
 
 def test_features_layout(train_features, tok):
     f = train_features
-    assert f.input_ids.shape == f.input_mask.shape == f.segment_ids.shape == (len(f), 384)
+    assert f.input_ids.shape == f.attention_mask.shape == f.token_type_ids.shape == (len(f), 384)
     assert f.input_ids.dtype == f.start_positions.dtype == np.int32
     for i in range(0, len(f), 97):
         n = len(f.tokens[i])
-        assert f.input_mask[i].sum() == n and (f.input_ids[i, n:] == tok.pad_id).all()
+        assert f.attention_mask[i].sum() == n and (f.input_ids[i, n:] == tok.pad_id).all()
         assert f.tokens[i][0] == "[CLS]" and f.tokens[i][-1] == "[SEP]"
-        assert f.tokens[i][f.segment_ids[i].argmax() - 1] == "[SEP]"  # the query's [SEP] has segment 0
+        assert f.tokens[i][f.token_type_ids[i].argmax() - 1] == "[SEP]"  # the query's [SEP] has segment 0
         doc = f.token_to_orig_map[i] >= 0
-        assert (f.segment_ids[i, :n][doc] == 1).all() and f.segment_ids[i, n - 1] == 1
+        assert (f.token_type_ids[i, :n][doc] == 1).all() and f.token_type_ids[i, n - 1] == 1
     inside = f.start_positions > 0
     assert (f.start_positions[inside] <= f.end_positions[inside]).all()
     assert (f.end_positions[~inside] == 0).all()
@@ -160,11 +160,11 @@ def test_oracle_logits_give_back_the_exact_answer(train, train_features, tok):
 
 
 def test_oracle_with_sentencepiece(train, english_lines, tmp_path):
-    sp = vocab.load_tokenizer(vocab.train_vocab(english_lines, size=1500, kind="sentencepiece",
-                                                out_dir=tmp_path))
+    sp = tokenizer_lib.load_tokenizer(tokenizer_lib.train_vocab(
+        english_lines, size=1500, kind="sentencepiece", out_dir=tmp_path))
     examples = train[:3000]
     feats = squad.encode(examples, sp, is_training=True)
-    assert feats.kind == "sentencepiece" and feats.tokens[0][1].startswith(vocab.SP_SPACE)
+    assert feats.kind == "sentencepiece" and feats.tokens[0][1].startswith(tokenizer_lib.SP_SPACE)
     misses = _oracle_misses(examples, feats, sp)
     assert misses["other"] == [] and misses["no window"] == []
     # Lower than WordPiece: an answer is tokenized as a word of its own ("▁1836"), so answers that
@@ -207,7 +207,7 @@ def _select(features, rows):
     """The given windows of features, renumbered as examples 0, 1, ..."""
     pick = lambda xs: [xs[r] for r in rows]
     return squad.SquadFeatures(
-        features.input_ids[rows], features.input_mask[rows], features.segment_ids[rows],
+        features.input_ids[rows], features.attention_mask[rows], features.token_type_ids[rows],
         features.start_positions[rows], features.end_positions[rows], np.arange(len(rows), dtype=np.int32),
         pick(features.tokens), pick(features.token_to_orig_map), pick(features.token_is_max_context),
         features.kind, features.lowercase)

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax.data import vocab
-from bert_jax.data.vocab import truncate_seq_pair
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.data.tokenizer import truncate_seq_pair
 from bert_jax.tasks import swag
 
 HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
@@ -16,7 +16,7 @@ HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-sou
 
 @pytest.fixture(scope="module")
 def tok(wordpiece_vocab):
-    return vocab.load_tokenizer(wordpiece_vocab.parent)
+    return tokenizer_lib.load_tokenizer(wordpiece_vocab.parent)
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +93,11 @@ def test_encode(sample, tok):
     examples = swag.read_swag(sample)
     t = 24
     f = swag.encode(examples, tok, t)
-    assert {k: v.shape for k, v in f.items()} == {"input_ids": (10, 4, t), "input_mask": (10, 4, t),
-                                                   "segment_ids": (10, 4, t), "label_ids": (10,)}
+    assert {k: v.shape for k, v in f.items()} == {"input_ids": (10, 4, t), "attention_mask": (10, 4, t),
+                                                   "token_type_ids": (10, 4, t), "label_ids": (10,)}
     assert f["label_ids"].tolist() == [e.label for e in examples]
     assert (f["input_ids"][..., 0] == tok.cls_id).all()
-    assert ((f["input_ids"] == tok.sep_id).sum(-1) == 2).all() and (f["input_mask"].sum(-1) <= t).all()
+    assert ((f["input_ids"] == tok.sep_id).sum(-1) == 2).all() and (f["attention_mask"].sum(-1) <= t).all()
     for i in (0, 5):
         context = tok.encode(examples[i].context).tolist()
         for j, ending in enumerate(examples[i].endings):
@@ -105,7 +105,7 @@ def test_encode(sample, tok):
             a, b = truncate_seq_pair(context, choice, t - 3)
             row = [tok.cls_id, *a, tok.sep_id, *b, tok.sep_id]
             assert f["input_ids"][i, j, :len(row)].tolist() == row
-            assert f["segment_ids"][i, j].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * (
+            assert f["token_type_ids"][i, j].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * (
                 t - len(row))
     unlabeled = swag.Example("u", "ctx", "st", ("a", "b", "c", "d"), None)
     assert swag.encode([unlabeled], tok, 16)["label_ids"].tolist() == [0]

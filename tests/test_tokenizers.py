@@ -7,8 +7,8 @@ import unicodedata
 import pytest
 from tokenizers import BertWordPieceTokenizer
 
-from bert_jax.data.tokenizers import WordPieceTokenizer, load_vocab, reference_basic_tokenize
-from bert_jax.data.vocab import load_tokenizer
+from bert_jax.data.tokenizer import load_tokenizer
+from bert_jax.data.wordpiece import WordPieceTokenizer, load_vocab, reference_basic_tokenize
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()  # longest_first warns on every pair call

@@ -14,7 +14,7 @@ import pytest
 import sacrebleu
 from conftest import REPO, shared_data_dir
 
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.training import metrics
 from bert_jax.translation.bleu import read_lines
 
@@ -35,8 +35,8 @@ TINY = ["--config.model.num_layers=1", "--config.model.num_decoder_layers=1",
 def spm_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("mt_spm")
     lines = read_lines(MT / "val.en.gz") + read_lines(MT / "val.de.gz")
-    vocab.train_vocab(lines, size=512, kind="sentencepiece", out_dir=out, lowercase=False,
-                      sp_model_type="bpe")
+    tokenizer_lib.train_vocab(lines, size=512, kind="sentencepiece", out_dir=out, lowercase=False,
+                              sp_model_type="bpe")
     return out
 
 
@@ -83,7 +83,7 @@ def test_training_logs_loss_and_dev_bleu(run):
     assert len(evals) == 1 and evals[0]["step"] == 12
     assert 0.0 <= evals[0]["eval/bleu"] <= 100.0
     assert {"eval/loss", "eval/nll_loss", "eval/token_accuracy"} <= set(evals[0])
-    assert vocab.has_tokenizer(run)  # the workdir carries its tokenizer for translate
+    assert tokenizer_lib.has_tokenizer(run)  # the workdir carries its tokenizer for translate
 
 
 def test_translate_greedy_and_beam_write_one_line_per_input_and_score(run, tmp_path, cli):

@@ -6,7 +6,8 @@ import gzip
 import numpy as np
 import pytest
 
-from bert_jax.data import translation, vocab
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.data import translation
 
 EN = ["A man rides a bike.", "Two dogs play in the snow.", "A girl reads a book.",
       "People walk on a busy street.", "A child jumps into the lake.", "An old woman sells fruit."]
@@ -19,9 +20,9 @@ DE = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Ein Mädchen
 def tokenizer(tmp_path_factory):
     out = tmp_path_factory.mktemp("spm")
     lines = (EN + DE) * 20 + [" ".join(EN + DE), " ".join(map(str, range(100)))]
-    vocab.train_vocab(lines, size=120, kind="sentencepiece", out_dir=out, lowercase=False,
-                      sp_model_type="bpe")
-    return vocab.load_tokenizer(out)
+    tokenizer_lib.train_vocab(lines, size=120, kind="sentencepiece", out_dir=out, lowercase=False,
+                              sp_model_type="bpe")
+    return tokenizer_lib.load_tokenizer(out)
 
 
 def _write(path, lines, gz=False):
@@ -83,7 +84,7 @@ def test_tfds_records_are_read_by_language(monkeypatch):
 def _segments(batch, key):
     """The packed sequences of every row of `batch[key]`, in order."""
     out = []
-    for ids, seg, pos in zip(batch[key], batch[f"{key}_segmentation"], batch[f"{key}_position"]):
+    for ids, seg, pos in zip(batch[key], batch[f"{key}_segment_ids"], batch[f"{key}_positions"]):
         for s in range(1, seg.max() + 1):
             where = seg == s
             np.testing.assert_array_equal(pos[where], np.arange(where.sum()))
@@ -106,7 +107,7 @@ def test_packed_rows_hold_every_pair_once_with_eos_and_positions(tokenizer):
     assert all(x[-1] == tokenizer.sep_id for x in src + tgt)
     got = sorted((tokenizer.decode(s[:-1]), tokenizer.decode(t[:-1])) for s, t in zip(src, tgt))
     assert got == sorted(zip(pairs.src, pairs.tgt))  # each pair intact, sides kept together
-    fill = np.mean([(b["targets_segmentation"] > 0).mean() for b in batches])
+    fill = np.mean([(b["targets_segment_ids"] > 0).mean() for b in batches])
     assert fill > 0.6, fill  # packed, not one pair per row
 
 

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax.data.tokenizers import SPECIAL_TOKENS, reference_basic_tokenize
-from bert_jax.data.vocab import META_NAME, load_hf_tokenizer, load_tokenizer, train_vocab
+from bert_jax.data.tokenizer import META_NAME, load_hf_tokenizer, load_tokenizer, train_vocab
+from bert_jax.data.wordpiece import SPECIAL_TOKENS, reference_basic_tokenize
 
 EXTRA = ["Café naïve résumé — “quoted” façade", "ΟΔΟΣ'S ΟΔΟΣ. Ελληνικά", "東京 tokyo 2024",
          "don't stop-believing!!", "", "   ", "a" * 101, "[MASK] [CLS] text"]

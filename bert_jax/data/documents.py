@@ -17,7 +17,8 @@ import grain
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from bert_jax.data import pretraining, vocab
+from bert_jax.data import pretraining
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import workdir_path
 
 Document = list[np.ndarray]
@@ -163,7 +164,7 @@ def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[s
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
-    tokenizer = vocab.load_tokenizer(vocab.required_dir(config.data.tokenizer))
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(config.data.tokenizer))
     out.mkdir(parents=True, exist_ok=True)
     every = config.data.heldout_every
     buffers: dict[str, list[Document]] = {"train": [], "validation": []}

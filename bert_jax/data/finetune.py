@@ -7,14 +7,8 @@ with a checkpoint (the number of batches produced) resumes it exactly.
 Evaluation: one pass in order, the last batch padded with `example_weight` 0 rows; every host
 walks the same batches (their shares), so multi-host evaluation stays in step.
 
-Packing (`pack_batch`, on by default for the tasks whose heads read [CLS] or every token): the
-B examples of a batch keep their per-example arrays (labels, weights) in the same order, but
-their token sequences are packed first-fit into rows of max_seq_length, each with its own
-positions (from 0) and packed-sequence id (`input_mask` 1, 2, ... in the row; 0 = padding), so
-attention never crosses examples and every example computes exactly what it computes alone.
-`cls_index` ([B] or [B, C]) and `token_index` ([B, T]) point each example back into the
-flattened rows. The row count is the smallest of a few sizes (`row_buckets`) that holds the
-batch, so a batch of short sentences costs a fraction of B padded rows with few compiles.
+Packing (data.pack, on by default for the tasks whose heads read [CLS] or every token): each
+batch goes through packing.pack_batch (the layout is described in data/packing.py).
 """
 
 from __future__ import annotations
@@ -23,78 +17,7 @@ import math
 
 import numpy as np
 
-PACKED = ("input_ids", "input_mask", "segment_ids")  # the per-token arrays that get packed
-ROW_KEYS = (*PACKED, "positions")  # a packed batch's [R, T] arrays; the others are per example
-
-
-def row_buckets(max_rows: int, multiple: int) -> list[int]:
-    """Row counts a packed batch may have: multiple * 2^k, then max_rows (a multiple of
-    `multiple`), increasing."""
-    sizes, r = [], multiple
-    while r < max_rows:
-        sizes.append(r)
-        r *= 2
-    return sizes + [max_rows]
-
-
-def pack_batch(batch: dict[str, np.ndarray], *, row_multiple: int, microbatches: int = 1,
-               token_index: bool = False) -> dict[str, np.ndarray]:
-    """A batch of B examples ([B, T] or [B, C, T] token arrays) with its token arrays packed
-    into [R, T] rows (see the module docstring). Example i belongs to microbatch i % k and its
-    sequences go into rows r with r % k == that microbatch (the train step's split), and its
-    indices count within its microbatch's rows. R is a bucket size that is a multiple of
-    `row_multiple` * k (the batch shards of the mesh)."""
-    ids = batch["input_ids"]
-    B, T, k = ids.shape[0], ids.shape[-1], microbatches
-    choices = ids.shape[1] if ids.ndim == 3 else 0
-    flat = {key: batch[key].reshape(-1, T) for key in PACKED}  # sequence s = example s // C
-    per_example = max(choices, 1)
-    lengths = (flat["input_mask"] > 0).sum(-1)
-    # First-fit decreasing into each microbatch's rows, longest sequences first.
-    place = np.zeros((len(lengths), 2), np.int64)  # (row within microbatch, start)
-    used = []
-    for m in range(k):
-        seqs = [s for s in range(len(lengths)) if (s // per_example) % k == m]
-        fill: list[int] = []
-        for s in sorted(seqs, key=lambda s: -lengths[s]):
-            n = int(lengths[s])
-            if n == 0:  # an eval batch's padding example: points at row 0, weight 0
-                continue
-            row = next((r for r, f in enumerate(fill) if f + n <= T), None)
-            if row is None:
-                row = len(fill)
-                fill.append(0)
-            place[s] = row, fill[row]
-            fill[row] += n
-        used.append(len(fill))
-    # B is a multiple of k * row_multiple (config.validate), so B * C / k rows (one sequence
-    # each) is the largest bucket.
-    per_micro = next(r for r in row_buckets(B * per_example // k, row_multiple) if r >= max(used))
-    rows = per_micro * k
-    out = {key: np.zeros((rows, T), np.int32) for key in PACKED}
-    out["positions"] = np.zeros((rows, T), np.int32)
-    count = np.zeros(rows, np.int32)  # sequences placed in each row so far
-    seq_order = np.lexsort((place[:, 1], place[:, 0]))  # ids increase along each row
-    for s in seq_order:
-        m = (s // per_example) % k
-        row, start, n = place[s][0] * k + m, place[s][1], int(lengths[s])
-        if n == 0:
-            continue
-        count[row] += 1
-        for key in ("input_ids", "segment_ids"):
-            out[key][row, start:start + n] = flat[key][s, :n]
-        out["input_mask"][row, start:start + n] = count[row]
-        out["positions"][row, start:start + n] = np.arange(n)
-    start_in_micro = place[:, 0] * T + place[:, 1]  # flat index within the microbatch's rows
-    cls = start_in_micro.astype(np.int32)
-    packed = {**{key: v for key, v in batch.items() if key not in PACKED}, **out,
-              "cls_index": cls.reshape(B, choices) if choices else cls}
-    if token_index:
-        if choices:
-            raise ValueError("token_index: tagging batches have one sequence per example")
-        within = np.minimum(np.arange(T)[None, :], np.maximum(lengths[:, None] - 1, 0))
-        packed["token_index"] = (cls[:, None] + within).astype(np.int32)
-    return packed
+from bert_jax.data import packing
 
 
 def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
@@ -114,8 +37,8 @@ class FeaturePipeline:
                  pack: dict | None = None):
         """pack: None (every example padded to max_seq_length) or pack_batch's keyword
         arguments (row_multiple, microbatches, token_index)."""
-        self.features = features
-        self.num_examples = len(next(iter(features.values())))
+        self.features = packing.rename_old(features)  # features may come under old names
+        self.num_examples = len(next(iter(self.features.values())))
         if self.num_examples == 0:
             raise ValueError("no examples to batch")
         if batch_size % process_count:
@@ -167,11 +90,11 @@ class FeaturePipeline:
         batch = {k: v[rows] for k, v in self.features.items()}
         if not self.train:
             batch = pad_batch(batch, self.batch_size)
-        packed = pack_batch(batch, **self.pack)
+        packed = packing.pack_batch(batch, **self.pack)
         n_rows = len(packed["input_ids"]) // self.process_count
         rows = slice(self.process_index * n_rows, (self.process_index + 1) * n_rows)
         examples = slice(self.offset, self.offset + self.local)
-        return {k: v[rows if k in ROW_KEYS else examples] for k, v in packed.items()}
+        return {k: v[rows if k in packing.ROW_KEYS else examples] for k, v in packed.items()}
 
     def get_state(self) -> dict:
         return {"produced": self.produced}

@@ -20,7 +20,7 @@ from typing import TextIO
 
 import numpy as np
 
-from bert_jax.data.vocab import Tokenizer, pair_lengths
+from bert_jax.data.tokenizer import Tokenizer, pair_lengths
 
 TokenizedDocument = list[np.ndarray]  # int32 token ids per sentence; no empty sentences
 FORMATS = ("sentences", "paragraphs")
@@ -268,9 +268,9 @@ def instance_features(instance: Instance, *, rng: np.random.Generator, cls_id: i
         max_predictions_per_seq=max_predictions_per_seq, masked_lm_prob=masked_lm_prob,
         word_starts=None if starts_word is None else np.asarray(starts_word)[tokens],
         random_token_ids=random_token_ids)
-    segment_ids = np.zeros(len(tokens), np.int32)
-    segment_ids[len(a) + 2:] = 1
-    return {"input_ids": masked.astype(np.int32), "segment_ids": segment_ids,
+    token_type_ids = np.zeros(len(tokens), np.int32)
+    token_type_ids[len(a) + 2:] = 1
+    return {"input_ids": masked.astype(np.int32), "token_type_ids": token_type_ids,
             "masked_lm_positions": positions, "masked_lm_ids": labels.astype(np.int32),
             "next_sentence_labels": np.array([int(instance.is_random_next)], np.int32)}  # 1 = random
 
@@ -281,8 +281,8 @@ def pad_features(f: dict[str, np.ndarray], max_seq_length: int, max_predictions_
     n, k = len(f["input_ids"]), len(f["masked_lm_positions"])
     T, P = max_seq_length, max_predictions_per_seq
     return {"input_ids": np.pad(f["input_ids"], (0, T - n)),
-            "input_mask": (np.arange(T) < n).astype(np.int32),
-            "segment_ids": np.pad(f["segment_ids"], (0, T - n)),
+            "token_type_ids": np.pad(f["token_type_ids"], (0, T - n)),
+            "attention_mask": (np.arange(T) < n).astype(np.int32),
             "masked_lm_positions": np.pad(f["masked_lm_positions"], (0, P - k)),
             "masked_lm_ids": np.pad(f["masked_lm_ids"], (0, P - k)),
             "masked_lm_weights": (np.arange(P) < k).astype(np.float32),
@@ -299,16 +299,16 @@ def to_features(instance: Instance, **kwargs) -> dict[str, np.ndarray]:
 def pack_lengths(max_seq_length: int, max_predictions_per_seq: int, max_instances: int
                  ) -> dict[str, int]:
     T, P = max_seq_length, max_predictions_per_seq
-    return {"input_ids": T, "segment_ids": T, "masked_lm_positions": P, "masked_lm_ids": P,
+    return {"input_ids": T, "token_type_ids": T, "masked_lm_positions": P, "masked_lm_ids": P,
             "next_sentence_labels": max_instances}
 
 
 def pack_row(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A row of several instances from grain's first-fit packer (each key padded to its
-    pack_lengths, with `<key>_segment_ids` 1, 2, ... per instance and 0 for padding) -> the
-    trainer's packed features: input_mask holds each token's instance id, positions restart
-    at 0 in each instance, masked_lm_positions point into the row, and each instance's NSP
-    label is read at its [CLS], next_sentence_positions (next_sentence_weights 0 = empty slot).
+    """A row of several instances from packing.first_fit (each key padded to its pack_lengths,
+    with `<key>_segment_ids` 1, 2, ... per instance and 0 for padding) -> a packed BERT row
+    (data/packing.py): segment_ids hold each token's instance id, positions restart at 0 in
+    each instance, masked_lm_positions point into the row, and each instance's NSP label is
+    read at its [CLS], next_sentence_positions (next_sentence_weights 0 = empty slot).
     """
     token_seg = packed["input_ids_segment_ids"]
     starts = np.zeros(len(token_seg) + 1, np.int32)  # row offset of each instance id
@@ -316,8 +316,8 @@ def pack_row(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     starts[ids] = first
     mlm_seg = packed["masked_lm_positions_segment_ids"]
     nsp_seg = packed["next_sentence_labels_segment_ids"]
-    return {"input_ids": packed["input_ids"], "input_mask": token_seg.astype(np.int32),
-            "segment_ids": packed["segment_ids"],
+    return {"input_ids": packed["input_ids"], "token_type_ids": packed["token_type_ids"],
+            "segment_ids": token_seg.astype(np.int32),
             "positions": packed["input_ids_positions"].astype(np.int32),
             "masked_lm_positions": np.where(mlm_seg > 0, packed["masked_lm_positions"]
                                             + starts[mlm_seg], 0).astype(np.int32),

@@ -39,8 +39,8 @@ def _example(rng: np.random.Generator, vocab: int, length: int, max_pred: int
 
     ids = np.full(length, PAD, np.int32)
     ids[:used] = np.concatenate([[CLS], seq[:len_a], [SEP], seq[len_a:], [SEP]])
-    segment = np.zeros(length, np.int32)
-    segment[len_a + 2:used] = 1
+    token_type = np.zeros(length, np.int32)
+    token_type[len_a + 2:used] = 1
     mask = (np.arange(length) < used).astype(np.int32)
 
     candidates = np.flatnonzero(ids >= FIRST_WORD)
@@ -52,7 +52,7 @@ def _example(rng: np.random.Generator, vocab: int, length: int, max_pred: int
                            np.where(action < 0.9, rng.integers(FIRST_WORD, vocab, n_pred), labels))
     pad = max_pred - n_pred
     return {
-        "input_ids": ids, "input_mask": mask, "segment_ids": segment,
+        "input_ids": ids, "attention_mask": mask, "token_type_ids": token_type,
         "masked_lm_positions": np.pad(chosen, (0, pad)).astype(np.int32),
         "masked_lm_ids": np.pad(labels, (0, pad)).astype(np.int32),
         "masked_lm_weights": np.pad(np.ones(n_pred, np.float32), (0, pad)),
@@ -105,7 +105,7 @@ class SyntheticPretraining:
 class SyntheticTranslation(SyntheticPretraining):
     """(inputs, targets) pairs, targets = inputs reversed, one pair per row (no packing):
     lengths uniform in [1, seq_len], padded with 0, with the packing keys of a real
-    translation batch (`<x>_segmentation`: 1 on tokens; `<x>_position`)."""
+    translation batch (`<x>_segment_ids`: 1 on tokens; `<x>_positions`; data/packing.py)."""
 
     def example(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         n = int(rng.integers(1, self.seq_len + 1))
@@ -114,6 +114,6 @@ class SyntheticTranslation(SyntheticPretraining):
         for key, ids in (("inputs", source), ("targets", source[::-1])):
             pad = self.seq_len - n
             out[key] = np.pad(ids, (0, pad))
-            out[f"{key}_segmentation"] = np.pad(np.ones(n, np.int32), (0, pad))
-            out[f"{key}_position"] = np.pad(np.arange(n, dtype=np.int32), (0, pad))
+            out[f"{key}_segment_ids"] = np.pad(np.ones(n, np.int32), (0, pad))
+            out[f"{key}_positions"] = np.pad(np.arange(n, dtype=np.int32), (0, pad))
         return out

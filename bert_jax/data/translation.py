@@ -19,8 +19,8 @@ import logging
 
 import grain
 import numpy as np
-from grain.experimental import FirstFitPackIterDataset
 
+from bert_jax.data import packing
 from bert_jax.data.documents import expand, read_lines
 
 log = logging.getLogger(__name__)
@@ -144,24 +144,17 @@ class _Fits:
         return all(1 < len(ex[k]) <= self.max_len for k in KEYS)  # empty sides carry no signal
 
 
-def _rename(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """grain's packing keys -> the objective's (`<x>_segmentation`, `<x>_position`)."""
-    return {k.replace("_segment_ids", "_segmentation").replace("_positions", "_position"): v
-            for k, v in batch.items()}
-
-
 def packed_dataset(pairs, tokenizer, *, max_len: int, rows: int, seed: int, train: bool,
                    process_index: int = 0, process_count: int = 1, bins: int = 0):
     """grain IterDataset of this host's packed rows: pairs process_index::process_count,
     shuffled each epoch and repeated when training, encoded, longer than max_len dropped,
-    packed first-fit into `bins` rows at a time (default: one batch of rows)."""
+    packed first-fit into `bins` rows at a time (default: one batch of rows), in the layout of
+    data/packing.py (`<x>_segment_ids`, `<x>_positions`)."""
     ds = grain.MapDataset.source(np.arange(process_index, len(pairs), process_count))
     if train:
         ds = ds.shuffle(seed).repeat(None)
     ds = ds.map(_Encode(pairs, tokenizer)).to_iter_dataset().filter(_Fits(max_len))
-    ds = FirstFitPackIterDataset(ds, length_struct={k: max_len for k in KEYS},
-                                 num_packing_bins=bins or rows, seed=seed, shuffle_bins=train)
-    return ds.map(_rename)
+    return packing.first_fit(ds, {k: max_len for k in KEYS}, rows=bins or rows, seed=seed, train=train)
 
 
 def dropped_by_length(pairs, tokenizer, max_len: int, limit: int = 2000) -> float:

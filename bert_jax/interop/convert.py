@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx, traverse_util
 
 from bert_jax import models
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop.hf_weights import load_hf_weights, resolve_model_dir
 from bert_jax.interop.tf_checkpoint import read_tf_checkpoint
 from bert_jax.training import checkpoint
@@ -332,7 +332,8 @@ _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
              "intermediate_size")
 
 
-def read_source(source: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray], vocab.Tokenizer, str]:
+def read_source(source: str | os.PathLike
+                ) -> tuple[dict, dict[str, np.ndarray], tokenizer_lib.Tokenizer, str]:
     """(HF-style config, {HF tensor name: array}, tokenizer, "hf:<folder>" or "tf:<prefix>") of
     a HF folder or cache entry, or of an original TF BERT checkpoint."""
     source = Path(source)
@@ -345,7 +346,7 @@ def read_source(source: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray],
                 f"{config_file}: not found; expected a Hugging Face BERT folder (config.json, "
                 "weights, vocab.txt), a Hugging Face cache entry (models--org--name), or an "
                 "original TensorFlow BERT folder (bert_config.json, vocab.txt, bert_model.ckpt.*)")
-        return (_read_json(config_file), load_hf_weights(folder), vocab.load_hf_tokenizer(folder),
+        return (_read_json(config_file), load_hf_weights(folder), tokenizer_lib.load_hf_tokenizer(folder),
                 f"hf:{folder}")
     config_file = prefix.parent / "bert_config.json"
     if not config_file.is_file():
@@ -354,7 +355,8 @@ def read_source(source: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray],
     weights = read_tf_checkpoint(prefix, keep=lambda n: not _TF_SKIP.search(n))
     # The original release has no tokenizer_config.json: casing follows the vocabulary (cased
     # models have uppercase tokens), which load_tokenizer infers.
-    return _read_json(config_file), tf_to_hf(weights), vocab.load_tokenizer(prefix.parent), f"tf:{prefix}"
+    return (_read_json(config_file), tf_to_hf(weights), tokenizer_lib.load_tokenizer(prefix.parent),
+            f"tf:{prefix}")
 
 
 def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | None = None
@@ -377,7 +379,7 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
     except ValueError as e:
         raise ValueError(f"{origin[3:]}: {e}") from None
     if tokenizer.vocab_size > model_cfg["vocab_size"]:
-        raise ValueError(f"{tokenizer.directory / vocab.VOCAB_NAME} has {tokenizer.vocab_size} "
+        raise ValueError(f"{tokenizer.directory / tokenizer_lib.VOCAB_NAME} has {tokenizer.vocab_size} "
                          f"tokens but the model config says vocab_size={model_cfg['vocab_size']}; "
                          "use the vocab.txt that came with the model")
     params, missing, unused = convert_hf_weights(weights, model_cfg)

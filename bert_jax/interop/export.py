@@ -19,7 +19,7 @@ import safetensors.numpy
 from flax import nnx, traverse_util
 
 from bert_jax import models
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop.convert import hf_config, hf_names
 from bert_jax.training import checkpoint, state
 
@@ -58,7 +58,7 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
     name, fields = models.split_model_config(checkpoint.read_config(source, step)["model"])
     model_cfg = {"name": name, **dataclasses.asdict(fields)}  # stored configs may omit defaults
     try:
-        tokenizer = vocab.load_tokenizer(source)
+        tokenizer = tokenizer_lib.load_tokenizer(source)
     except FileNotFoundError:
         tokenizer = None
     config = hf_config(model_cfg, tokenizer.pad_id if tokenizer else 0)

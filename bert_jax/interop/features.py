@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from bert_jax import models
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.finetune import pad_batch
 from bert_jax.data.rows import utf8_errors
 from bert_jax.training import checkpoint
@@ -65,7 +65,7 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
         if not -num_layers <= i < num_layers:
             raise ValueError(f"--layers: {i} is out of range for a {num_layers}-layer model "
                              f"(use -{num_layers}..{num_layers - 1})")
-    tokenizer = vocab.load_tokenizer(checkpoint_dir)
+    tokenizer = tokenizer_lib.load_tokenizer(checkpoint_dir)
     tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
     _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)
     encoder = _encoder(model)
@@ -78,13 +78,13 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
         return out["hidden_states"][1:]  # the encoder layers' outputs, as all_encoder_layers
 
     inputs = tokenizer.encode_pairs([a for a, _ in pairs], [b for _, b in pairs], max_seq_length)
-    lengths = inputs["input_mask"].sum(1)
+    lengths = inputs["attention_mask"].sum(1)
     with open(output_file, "w", encoding="utf-8") as f:
         for start in range(0, len(pairs), batch_size):
             # Always batch_size rows (padding rows at the end): one shape, one compile.
             batch = pad_batch({k: v[start:start + batch_size] for k, v in inputs.items()}, batch_size)
             hidden_LBTD = np.asarray(all_layers(state, *(jnp.asarray(batch[k]) for k in
-                                                        ("input_ids", "segment_ids", "input_mask"))))
+                                                        ("input_ids", "token_type_ids", "attention_mask"))))
             for row in range(min(batch_size, len(pairs) - start)):
                 tokens = tokenizer.tokens(batch["input_ids"][row, :lengths[start + row]])
                 feats = [{"token": token,

@@ -25,7 +25,7 @@ import numpy as np
 
 from bert_jax import config as config_lib
 from bert_jax import models
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue, ner, scoring, squad, swag
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class Task:
     def __init__(self, config: ml_collections.ConfigDict):
         self.config, self.data = config, config.data
         try:
-            self.tokenizer = vocab.load_tokenizer(tokenizer_dir(config))
+            self.tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir(config))
         except FileNotFoundError as e:
             raise config_lib.ConfigError(f"{e}; set --config.data.tokenizer=<the directory of the "
                                          "vocabulary the checkpoint was trained with>") from None
@@ -183,7 +183,7 @@ class NerTask(Task):
 
     def encode(self, sentences, training: bool):
         f = ner.encode(sentences, self.tokenizer, self.labels, self.data.max_seq_length)
-        keys = ("input_ids", "input_mask", "segment_ids", "label_ids", "label_weights")
+        keys = ("input_ids", "token_type_ids", "attention_mask", "label_ids", "label_weights")
         return {k: getattr(f, k) for k in keys}, f
 
     def _tags(self, split: str, outputs) -> list[list[str]]:
@@ -247,7 +247,7 @@ class SquadTask(Task):
         f = squad.encode(examples, self.tokenizer, max_seq_length=d.max_seq_length,
                          doc_stride=d.doc_stride, max_query_length=d.max_query_length,
                          is_training=training)
-        keys = ["input_ids", "input_mask", "segment_ids"]
+        keys = ["input_ids", "token_type_ids", "attention_mask"]
         keys += ["start_positions", "end_positions"] if training else []
         return {k: getattr(f, k) for k in keys}, f
 

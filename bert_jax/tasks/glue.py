@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.data.rows import BadRows, utf8_errors
-from bert_jax.data.vocab import Tokenizer
+from bert_jax.data.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

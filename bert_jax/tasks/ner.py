@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_jax.data.rows import BadRows, utf8_errors
-from bert_jax.data.vocab import Tokenizer
+from bert_jax.data.tokenizer import Tokenizer
 
 DOCSTART = "-DOCSTART-"
 
@@ -117,8 +117,8 @@ class NerFeatures:
     """Token-classification arrays (one row per sentence chunk) and where each labelled token came from."""
 
     input_ids: np.ndarray  # [N, T] int32: [CLS] pieces [SEP] [PAD]...
-    input_mask: np.ndarray  # [N, T] int32
-    segment_ids: np.ndarray  # [N, T] int32, all 0
+    attention_mask: np.ndarray  # [N, T] int32: 1 on real tokens
+    token_type_ids: np.ndarray  # [N, T] int32, all 0
     label_ids: np.ndarray  # [N, T] int32: tag index at each word's first piece, else 0
     label_weights: np.ndarray  # [N, T] float32: 1 at each word's first piece, else 0
     sentence_index: np.ndarray  # [N] int32: the sentence each row is a chunk of
@@ -172,7 +172,7 @@ def encode(sentences: Sequence[Sentence], tokenizer: Tokenizer, labels: tuple[st
 
     n, t = len(rows), max_seq_length
     input_ids = np.full((n, t), tokenizer.pad_id, np.int32)
-    input_mask = np.zeros((n, t), np.int32)
+    attention_mask = np.zeros((n, t), np.int32)
     label_ids = np.zeros((n, t), np.int32)
     word_index = np.full((n, t), -1, np.int32)
     sentence_index = np.array([r[0] for r in rows], np.int32)
@@ -182,12 +182,12 @@ def encode(sentences: Sequence[Sentence], tokenizer: Tokenizer, labels: tuple[st
         end = 1 + int(lengths.sum())
         input_ids[r, 0], input_ids[r, end] = tokenizer.cls_id, tokenizer.sep_id
         input_ids[r, 1:end] = np.concatenate(word_ids)
-        input_mask[r, :end + 1] = 1
+        attention_mask[r, :end + 1] = 1
         word_index[r, first] = np.arange(start, start + len(word_ids))
         tags = sentences[s_idx].tags
         if tags is not None:
             label_ids[r, first] = [index[g] for g in tags[start:start + len(word_ids)]]
-    return NerFeatures(input_ids, input_mask, np.zeros((n, t), np.int32), label_ids,
+    return NerFeatures(input_ids, attention_mask, np.zeros((n, t), np.int32), label_ids,
                        (word_index >= 0).astype(np.float32), sentence_index, word_index)
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from bert_jax.data.rows import BadRows, not_utf8
-from bert_jax.data.tokenizers import SPECIAL_TOKENS, reference_basic_tokenize
-from bert_jax.data.vocab import SP_SPACE, Tokenizer
+from bert_jax.data.tokenizer import SP_SPACE, Tokenizer
+from bert_jax.data.wordpiece import SPECIAL_TOKENS, reference_basic_tokenize
 
 # run_squad.py splits paragraphs on these only (U+202F too), not on every Unicode space.
 _WORD = re.compile(r"[^ \t\r\n\u202f]+")
@@ -144,8 +144,8 @@ class SquadFeatures:
     """Windows ([CLS] query [SEP] doc part [SEP]) as model inputs, plus what postprocess needs."""
 
     input_ids: np.ndarray  # int32 [F, T], padded with pad_id
-    input_mask: np.ndarray  # int32 [F, T]: 1 on real tokens
-    segment_ids: np.ndarray  # int32 [F, T]: 0 query, 1 doc part and its [SEP]
+    attention_mask: np.ndarray  # int32 [F, T]: 1 on real tokens
+    token_type_ids: np.ndarray  # int32 [F, T]: 0 query, 1 doc part and its [SEP]
     start_positions: np.ndarray | None  # int32 [F], training: answer start in the window, 0 = [CLS] if absent
     end_positions: np.ndarray | None  # int32 [F], training
     example_index: np.ndarray  # int32 [F]: the window's example
@@ -241,15 +241,15 @@ def encode(examples: Sequence[SquadExample], tokenizer: Tokenizer, *, max_seq_le
             maps.append(to_orig)
             max_ctx.append(is_max)
     input_ids = np.full((len(rows), max_seq_length), tokenizer.pad_id, np.int32)
-    input_mask = np.zeros((len(rows), max_seq_length), np.int32)
-    segment_ids = np.zeros((len(rows), max_seq_length), np.int32)
+    token_type_ids = np.zeros((len(rows), max_seq_length), np.int32)
+    attention_mask = np.zeros((len(rows), max_seq_length), np.int32)
     tokens = []
     for f, row in enumerate(rows):
-        input_ids[f, :len(row)], input_mask[f, :len(row)] = row, 1
-        segment_ids[f, doc_offsets[f]:len(row)] = 1
+        input_ids[f, :len(row)], attention_mask[f, :len(row)] = row, 1
+        token_type_ids[f, doc_offsets[f]:len(row)] = 1
         tokens.append(tokenizer.tokens(row))
     pos = np.array(positions, np.int32).reshape(-1, 2)
-    return SquadFeatures(input_ids, input_mask, segment_ids, pos[:, 0] if is_training else None,
+    return SquadFeatures(input_ids, attention_mask, token_type_ids, pos[:, 0] if is_training else None,
                          pos[:, 1] if is_training else None, np.array(example_index, np.int32), tokens,
                          maps, max_ctx, tokenizer.kind, tokenizer.lowercase)
 

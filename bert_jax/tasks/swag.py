@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.data.rows import BadRows, utf8_errors
-from bert_jax.data.vocab import Tokenizer
+from bert_jax.data.tokenizer import Tokenizer
 
 NUM_CHOICES = 4
 _ENDINGS = tuple(f"ending{i}" for i in range(NUM_CHOICES))
@@ -98,14 +98,15 @@ def read_swag(path: str | Path, *, skip_bad_rows: bool = False) -> list[Example]
 
 
 def encode(examples: Sequence[Example], tokenizer: Tokenizer, max_seq_length: int) -> dict[str, np.ndarray]:
-    """[N, 4, T] input_ids, input_mask, segment_ids of [CLS] context [SEP] start ending [SEP]; label_ids."""
+    """[N, 4, T] input_ids, token_type_ids, attention_mask of [CLS] context [SEP] start ending [SEP];
+    label_ids."""
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] and two [SEP]")
     contexts = tokenizer.encode_batch([e.context for e in examples])
     # As the original BERT and HF run_swag: the ending is appended to its start as one second segment.
     choices = tokenizer.encode_batch([f"{e.start} {ending}" for e in examples for ending in e.endings])
     ids_a = [ids for ids in contexts for _ in range(NUM_CHOICES)]
-    flat = tokenizer.pack_pairs(ids_a, choices, max_seq_length)
+    flat = tokenizer.pair_rows(ids_a, choices, max_seq_length)
     features = {k: v.reshape(len(examples), NUM_CHOICES, max_seq_length) for k, v in flat.items()}
     features["label_ids"] = np.array([0 if e.label is None else e.label for e in examples], np.int32)
     return features

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from bert_jax import config as config_lib
 from bert_jax import paths
-from bert_jax.data import documents, vocab
+from bert_jax.data import documents, packing
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tools import modelbench
 from bert_jax.tools.demo import build_corpus
 from bert_jax.training import input as pipelines
@@ -49,7 +50,7 @@ def bench_data(text: str | None, seconds: float, seq_len: int = 128) -> dict:
         else:
             fmt = "paragraphs"
         lines = (line for path in documents.expand(text) for line in open(path, errors="replace"))
-        vocab.train_vocab(lines, size=8192, kind="wordpiece", out_dir=tmp / "vocab")
+        tokenizer_lib.train_vocab(lines, size=8192, kind="wordpiece", out_dir=tmp / "vocab")
         config = config_lib.load(f"{configs}:tiny", [
             f"data.tokenizer={tmp / 'vocab'}", f"data.train_files={text}", f"data.text_format={fmt}",
             f"data.max_seq_length={seq_len}", "data.max_predictions_per_seq=20",
@@ -84,7 +85,7 @@ def packing_fill(config, seq_len: int, predictions: int, batches: int = 8) -> di
         t0 = time.perf_counter()
         for _ in range(batches):
             b = next(pipeline)
-            real += int((b["input_mask"] > 0).sum())
+            real += int(packing.real_tokens(b).sum())
             rows += len(b["input_ids"])
             instances += int(b["next_sentence_weights"].sum()) if pack else len(b["input_ids"])
         name = "packed" if pack else "one_per_row"
@@ -106,12 +107,12 @@ def bench_multi30k(workdir: str, overrides: list[str]) -> dict:
     times = {}
     t0 = time.perf_counter()
     config = config_lib.load(str(configs), [f"data.tokenizer={spm_dir}", *overrides])
-    if not vocab.has_tokenizer(spm_dir):
+    if not tokenizer_lib.has_tokenizer(spm_dir):
         files = config.data.train_files
         lines = (line for lang in (config.data.source_lang, config.data.target_lang)
                  for line in translation_lines(files.replace("{lang}", lang)))
-        vocab.train_vocab(lines, size=config.model.vocab_size, kind="sentencepiece",
-                          out_dir=spm_dir, lowercase=False, sp_model_type="bpe")
+        tokenizer_lib.train_vocab(lines, size=config.model.vocab_size, kind="sentencepiece",
+                                  out_dir=spm_dir, lowercase=False, sp_model_type="bpe")
     times["vocab_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     summary = train.train_and_evaluate(config, str(work / "run"))

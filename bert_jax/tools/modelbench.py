@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from bert_jax import config as config_lib
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue
 from bert_jax.training import objectives, optim, sharding, state, train
 from bert_jax.training.metrics import mfu, peak_flops_per_device
@@ -56,10 +56,10 @@ def full_length_batch(batch: int, seq: int, vocab_size: int, predictions: int = 
     rng = np.random.default_rng(0)
     positions = np.sort(np.stack([rng.choice(np.arange(1, seq), predictions, replace=False)
                                   for _ in range(batch)]), axis=1)
-    segments = (np.arange(seq) >= seq // 2).astype(np.int32)
+    token_types = (np.arange(seq) >= seq // 2).astype(np.int32)
     return {"input_ids": rng.integers(5, vocab_size, (batch, seq)).astype(np.int32),
-            "input_mask": np.ones((batch, seq), np.int32),
-            "segment_ids": np.broadcast_to(segments, (batch, seq)).astype(np.int32),
+            "token_type_ids": np.broadcast_to(token_types, (batch, seq)).astype(np.int32),
+            "attention_mask": np.ones((batch, seq), np.int32),
             "masked_lm_positions": positions.astype(np.int32),
             "masked_lm_ids": rng.integers(5, vocab_size, (batch, predictions)).astype(np.int32),
             "masked_lm_weights": np.ones((batch, predictions), np.float32),
@@ -104,17 +104,17 @@ def pretrain_step(shape: str | tuple, dtype: str, steps: int, warmup: int = 2, s
 
 def sst2_vocab(data_dir: Path, out_dir: Path) -> Path:
     """An uncased WordPiece vocabulary of the SST-2 training sentences (no public one offline)."""
-    if not vocab.has_tokenizer(out_dir):
+    if not tokenizer_lib.has_tokenizer(out_dir):
         lines = (e.text_a for e in glue.read_glue("sst2", data_dir / "SST-2" / "train.tsv"))
-        vocab.train_vocab(lines, size=FINETUNE["vocab"], kind="wordpiece", out_dir=out_dir,
-                          lowercase=True)
+        tokenizer_lib.train_vocab(lines, size=FINETUNE["vocab"], kind="wordpiece", out_dir=out_dir,
+                                  lowercase=True)
     return out_dir
 
 
 def finetune_sst2(data_dir: Path, tokenizer: Path, workdir: Path, steps: int, pack: bool) -> dict:
     """SST-2 fine-tuning of a randomly initialised FINETUNE-shaped BERT, as `bert-jax train`."""
     f = FINETUNE
-    n_vocab = vocab.load_tokenizer(tokenizer).vocab_size
+    n_vocab = tokenizer_lib.load_tokenizer(tokenizer).vocab_size
     log_every = 10
     config = config_lib.load(str(REPO / "configs" / "glue.py:sst2"), [
         *_model_overrides(f["layers"], f["hidden"], f["heads"], f["mlp"]),

@@ -29,7 +29,7 @@ from flax import nnx
 
 from bert_jax import config as config_lib
 from bert_jax import tasks
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import is_remote, workdir_path
 from bert_jax.training import checkpoint, objectives, sharding, state
 from bert_jax.training import input as pipelines
@@ -259,7 +259,7 @@ def run_config(config, workdir: str) -> ml_collections.ConfigDict:
         config.model = ml_collections.ConfigDict(model)
     data = config.data
     if "tokenizer" in data and not (data.tokenizer and Path(data.tokenizer).exists()) and (
-            vocab.has_tokenizer(workdir)):
+            tokenizer_lib.has_tokenizer(workdir)):
         data.tokenizer = str(workdir)
     return config
 

@@ -9,6 +9,9 @@ exact stream.
 
 Translation pipeline: this host's sentence pairs -> shuffled each epoch -> encoded, too long
 ones dropped -> packed into rows (data/translation.py) -> batches; resumable the same way.
+
+Batches come in the layouts of data/packing.py; fields under their old names (input_mask,
+segment_ids as token types, <x>_segmentation) are renamed on the way (packing.rename_old).
 """
 
 from __future__ import annotations
@@ -20,14 +23,14 @@ import grain
 import jax
 import numpy as np
 from grain.experimental import (
-    FirstFitPackIterDataset,
     FlatMapIterDataset,
     FlatMapTransform,
     WindowShuffleIterDataset,
 )
 
 from bert_jax import config as config_lib
-from bert_jax.data import documents, pretraining, translation, vocab
+from bert_jax.data import documents, packing, pretraining, translation
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
 from bert_jax.data.synthetic import SyntheticPretraining, SyntheticTranslation
 from bert_jax.training import objectives, sharding
@@ -104,6 +107,7 @@ class GrainBatches:
             # This host ran out first: all-padding batches keep the hosts in step.
             batch = {k: v[:0] for k, v in self._template.items()}
         self.produced += 1
+        batch = packing.rename_old(batch)  # a dataset may hold its fields under their old names
         if self.train:
             return batch
         self._template = batch
@@ -148,8 +152,8 @@ class PretrainingPipeline(GrainBatches):
             lengths = pretraining.pack_lengths(data["max_seq_length"],
                                                data["max_predictions_per_seq"],
                                                data["max_instances_per_row"])
-            ds = FirstFitPackIterDataset(ds, length_struct=lengths, num_packing_bins=batch_size,
-                                         seed=seed, shuffle_bins=train).map(pretraining.pack_row)
+            ds = packing.first_fit(ds, lengths, rows=batch_size, seed=seed,
+                                   train=train).map(pretraining.pack_row)
         super().__init__(ds, batch_size=batch_size, train=train, num_batches=num_batches,
                          worker_count=data["worker_count"])
 
@@ -158,7 +162,7 @@ def translation_pipeline(config, split: str, *, batch_size: int, num_batches: in
                          ) -> GrainBatches:
     """Packed translation batches of this host's share of `split`'s pairs."""
     d = config.data
-    tokenizer = vocab.load_tokenizer(vocab.required_dir(d.tokenizer))
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
     tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
     pairs = translation.open_pairs(d, split)
     if split == "train":
@@ -210,12 +214,12 @@ def open_documents(config, split: str, tokenizer):
 
 
 def pack_options(config, train: bool) -> dict | None:
-    """pack_batch's arguments for a fine-tuning run's batches, or None (not packed): rows a
+    """packing.pack_batch's arguments for a fine-tuning run's batches, or None (not packed): rows a
     multiple of the mesh's batch shards, one packing per microbatch when training."""
     if not config.data.get("pack", False):
         return None
-    packing = objectives.for_config(config).packing
-    if packing is None:
+    how = objectives.for_config(config).packing
+    if how not in ("cls", "tokens"):
         raise config_lib.ConfigError(
             f"data.pack=True: model.name={config.model.name!r} batches cannot be packed (its "
             "head reads whole rows); set --config.data.pack=false")
@@ -223,7 +227,7 @@ def pack_options(config, train: bool) -> dict | None:
     _check_host_blocks(config, sizes["data"] * sizes["fsdp"])
     return {"row_multiple": sizes["data"] * sizes["fsdp"],
             "microbatches": config.train.grad_accum_steps if train else 1,
-            "token_index": packing == "tokens"}
+            "token_index": how == "tokens"}
 
 
 def _check_host_blocks(config, shards: int) -> None:
@@ -283,7 +287,7 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
             max_predictions=d.max_predictions_per_seq, batch_size=global_batch,
             seed=config.seed, split=split, process_index=jax.process_index(),
             process_count=jax.process_count(), num_batches=num_batches)
-    tokenizer = vocab.load_tokenizer(vocab.required_dir(d.tokenizer))
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
     tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
     docs, ids = open_documents(config, split, tokenizer)
     return PretrainingPipeline(

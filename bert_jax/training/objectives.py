@@ -17,13 +17,15 @@ Every objective (`for_model(model_cfg)`) has:
 Fine-tuning objectives also split __call__ into `forward` (model outputs, kept by
 evaluation) and `loss`.
 
-BERT batches use the original feature names (input_ids, input_mask, segment_ids,
-masked_lm_positions, masked_lm_ids, masked_lm_weights, next_sentence_labels, label_ids);
-sequence batches (transformer, decoder_lm) use `inputs`/`targets` with optional packing
-keys `<x>_segmentation` (0 = padding, else the packed sequence's id) and `<x>_position`.
-Packed pretraining rows (data.pack) add `positions` and hold several instances' NSP labels
-as next_sentence_labels/_positions/_weights [B, S]. `example_weight` (0 for padding
-examples of the last eval batch) is optional.
+Batches are in the layouts of data/packing.py. BERT: input_ids, token_type_ids and either
+attention_mask (unpacked) or segment_ids + positions (packed rows), plus the original
+labels (masked_lm_positions, masked_lm_ids, masked_lm_weights, next_sentence_labels,
+label_ids); packed pretraining rows (data.pack) hold several instances' NSP labels as
+next_sentence_labels/_positions/_weights [B, S]. Sequence batches (transformer, decoder_lm):
+`inputs`/`targets` with optional `<x>_segment_ids` (0 = padding, else the packed sequence's
+id) and `<x>_positions`. `example_weight` (0 for padding examples of the last eval batch) is
+optional. Every objective's `packing` says how its packed batches are read: "cls", "tokens",
+"rows" (data/packing.py), or None when they are never packed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from flax import nnx
 
 from bert_jax import models
 from bert_jax.config import ConfigError, model_config
+from bert_jax.data import packing as packing_lib
 
 Array = jax.Array
 Terms = dict[str, Array]
@@ -68,7 +71,10 @@ def _spec(shape: tuple[int, ...], dtype=jnp.int32) -> jax.ShapeDtypeStruct:
 
 
 class Objective:
-    """What every objective shares: the model config it trains, its FLOPs per token."""
+    """What every objective shares: the model config it trains, its FLOPs per token, and how
+    its packed batches are read (`packing`: "cls", "tokens", "rows" or None; data/packing.py)."""
+
+    packing: str | None = None
 
     def __init__(self, model_cfg: Mapping[str, Any]):
         self.model_cfg = dict(model_cfg)
@@ -85,21 +91,26 @@ class Objective:
         return "loss"
 
 
+# A BERT batch's arrays the model takes by name: unpacked, and packed rows (data/packing.py).
+_UNPACKED_INPUTS = ("token_type_ids", "attention_mask")
+_PACKED_INPUTS = ("token_type_ids", "segment_ids", "positions", "cls_index")
+
+
 class _Bert(Objective):
-    """BERT inputs: input_ids, input_mask, segment_ids ([B, T] or [B, C, T]); packed batches
-    (data/finetune.pack_batch) hold them as [R, T] rows with `positions`, input_mask holding
-    each token's packed-sequence id, and `cls_index` (and for tagging `token_index`)."""
+    """BERT inputs: input_ids, token_type_ids, attention_mask ([B, T] or [B, C, T]); packed
+    batches (packing.pack_batch, pretraining.pack_row) hold input_ids and token_type_ids as
+    [R, T] rows with segment_ids and positions instead of attention_mask, and `cls_index`
+    (and for tagging `token_index`)."""
 
     @staticmethod
     def inputs(batch: dict[str, Array]) -> dict[str, Array]:
-        if "positions" in batch:  # packed rows
-            return {"token_type_ids": batch["segment_ids"], "segment_ids": batch["input_mask"],
-                    "positions": batch["positions"], "cls_index": batch.get("cls_index")}
-        return {"token_type_ids": batch["segment_ids"], "attention_mask": batch["input_mask"]}
+        """The model's keyword inputs of the batch (the names match)."""
+        names = _PACKED_INPUTS if "segment_ids" in batch else _UNPACKED_INPUTS
+        return {k: batch[k] for k in names if k in batch}
 
     @staticmethod
     def input_spec(shape: tuple[int, ...]) -> Spec:
-        return {k: _spec(shape) for k in ("input_ids", "input_mask", "segment_ids")}
+        return {k: _spec(shape) for k in ("input_ids", *_UNPACKED_INPUTS)}
 
     @staticmethod
     def packed_spec(config, rows: int | None, example_shape: tuple[int, ...],
@@ -108,15 +119,13 @@ class _Bert(Objective):
         batch can need) and the indices of its examples ([B] or [B, C])."""
         T = config.data.max_seq_length
         R = rows or math.prod(example_shape)  # at most one sequence per row
-        spec = {**{k: _spec((R, T)) for k in ("input_ids", "input_mask", "segment_ids",
-                                                 "positions")},
-                "cls_index": _spec(example_shape)}
+        spec = {**{k: _spec((R, T)) for k in packing_lib.ROW_KEYS}, "cls_index": _spec(example_shape)}
         if token_index:
             spec["token_index"] = _spec((*example_shape, T))
         return spec
 
     def tokens(self, batch: dict[str, Array]) -> Array:
-        return jnp.sum((batch["input_mask"] > 0).astype(jnp.float32))
+        return jnp.sum(packing_lib.real_tokens(batch).astype(jnp.float32))
 
     def flops(self, batch: dict[str, Array]) -> Array:
         per_token = self.flops_per_token(batch["input_ids"].shape[-1])["encoder_per_token"]
@@ -129,8 +138,9 @@ class Pretraining(_Bert):
     S = data.max_instances_per_row instances (data/pretraining.pack_row): NSP labels, their
     [CLS] positions and weights are [B, S], and every instance counts once in the means."""
 
-    @staticmethod
-    def packs(config) -> bool:
+    packing = "rows"
+
+    def packs(self, config) -> bool:
         if not config.data.get("pack", False):
             return False
         if config.data.get("max_instances_per_row", 0) < 1:
@@ -141,13 +151,15 @@ class Pretraining(_Bert):
     def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         P = config.data.max_predictions_per_seq
-        spec = {**self.input_spec((B, T)), "masked_lm_positions": _spec((B, P)),
+        packed = self.packs(config)
+        tokens = ({k: _spec((B, T)) for k in packing_lib.ROW_KEYS} if packed
+                  else self.input_spec((B, T)))
+        spec = {**tokens, "masked_lm_positions": _spec((B, P)),
                 "masked_lm_ids": _spec((B, P)), "masked_lm_weights": _spec((B, P), jnp.float32),
                 "next_sentence_labels": _spec((B,))}
-        if self.packs(config):
+        if packed:
             S = config.data.max_instances_per_row
-            spec |= {"positions": _spec((B, T)), "next_sentence_labels": _spec((B, S)),
-                     "next_sentence_positions": _spec((B, S)),
+            spec |= {"next_sentence_labels": _spec((B, S)), "next_sentence_positions": _spec((B, S)),
                      "next_sentence_weights": _spec((B, S), jnp.float32)}
         return spec
 
@@ -172,7 +184,7 @@ class Pretraining(_Bert):
                 ) -> dict[str, Array]:
         """mlm_logits [B, P, V] and nsp_logits [B, 2] (packed: [B, S, 2])."""
         inputs = self.inputs(batch)
-        if "positions" in batch:  # packed: each instance's [CLS] as an index into all B*T tokens
+        if "segment_ids" in batch:  # packed: each instance's [CLS] as an index into all B*T tokens
             B, T = batch["input_ids"].shape
             inputs["cls_index"] = batch["next_sentence_positions"] + T * jnp.arange(B)[:, None]
         return model(batch["input_ids"], masked_positions=batch["masked_lm_positions"], rng=rng,
@@ -200,8 +212,6 @@ class _FineTuning(_Bert):
     `packing`: what a packed batch needs to find its examples ("cls": each [CLS]; "tokens":
     every token), or None when the head is not packed (SQuAD's windows are full length, and
     its span softmax runs over the whole row)."""
-
-    packing: str | None = None
 
     def packs(self, config) -> bool:
         """Whether this run's batches are packed (data.pack and a head that can be)."""
@@ -326,15 +336,17 @@ class _Sequence(Objective):
         super().__init__(model_cfg)
         self.label_smoothing = float(label_smoothing)
 
+    packing = "rows"
+
     @staticmethod
-    def packing(batch: dict[str, Array], key: str) -> tuple[Array, Array]:
-        """(segments, positions) of batch[key]: the packing keys if present, else one
-        sequence per row with 0 as padding."""
+    def segments(batch: dict[str, Array], key: str) -> tuple[Array, Array]:
+        """(segment ids, positions) of batch[key]: `<key>_segment_ids` and `<key>_positions` if
+        present, else one sequence per row with 0 as padding."""
         ids = batch[key]
-        segments = batch.get(f"{key}_segmentation", (ids != 0).astype(jnp.int32))
-        positions = batch.get(f"{key}_position",
+        segment_ids = batch.get(f"{key}_segment_ids", (ids != 0).astype(jnp.int32))
+        positions = batch.get(f"{key}_positions",
                               jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape))
-        return segments, positions
+        return segment_ids, positions
 
     def token_loss(self, logits_BTV: Array, targets_BT: Array, w_BT: Array
                    ) -> tuple[Terms, Metrics]:
@@ -352,7 +364,7 @@ class _Sequence(Objective):
         return {"targets": jnp.sum(self._w(batch))}
 
     def _w(self, batch: dict[str, Array]) -> Array:
-        segments, _ = self.packing(batch, "targets")
+        segments, _ = self.segments(batch, "targets")
         return (segments > 0).astype(jnp.float32) * _example_weight(batch, "targets")[:, None]
 
 
@@ -366,24 +378,24 @@ class Translation(_Sequence):
     def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         return {f"{k}{suffix}": _spec((B, T)) for k in ("inputs", "targets")
-                for suffix in ("", "_segmentation", "_position")}
+                for suffix in ("", "_segment_ids", "_positions")}
 
     def __call__(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
                  ) -> tuple[Terms, Metrics]:
-        src_seg, src_pos = self.packing(batch, "inputs")
-        tgt_seg, tgt_pos = self.packing(batch, "targets")
+        src_seg, src_pos = self.segments(batch, "inputs")
+        tgt_seg, tgt_pos = self.segments(batch, "targets")
         logits = model(batch["inputs"], shift_right(batch["targets"], tgt_seg),
                        src_segments_BS=src_seg, tgt_segments_BT=tgt_seg, src_positions_BS=src_pos,
                        tgt_positions_BT=tgt_pos, rng=rng)
         return self.token_loss(logits, batch["targets"], self._w(batch))
 
     def tokens(self, batch: dict[str, Array]) -> Array:
-        return sum(jnp.sum((self.packing(batch, k)[0] > 0).astype(jnp.float32))
+        return sum(jnp.sum((self.segments(batch, k)[0] > 0).astype(jnp.float32))
                    for k in ("inputs", "targets"))
 
     def flops(self, batch: dict[str, Array]) -> Array:
         f = self.flops_per_token(batch["inputs"].shape[-1])
-        src, tgt = (jnp.sum((self.packing(batch, k)[0] > 0).astype(jnp.float32))
+        src, tgt = (jnp.sum((self.segments(batch, k)[0] > 0).astype(jnp.float32))
                     for k in ("inputs", "targets"))
         return 3 * (f["encoder_per_source_token"] * src + f["decoder_per_target_token"] * tgt)
 
@@ -393,11 +405,11 @@ class LanguageModel(_Sequence):
 
     def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
-        return {f"targets{suffix}": _spec((B, T)) for suffix in ("", "_segmentation", "_position")}
+        return {f"targets{suffix}": _spec((B, T)) for suffix in ("", "_segment_ids", "_positions")}
 
     def __call__(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
                  ) -> tuple[Terms, Metrics]:
-        segments, positions = self.packing(batch, "targets")
+        segments, positions = self.segments(batch, "targets")
         logits, _ = model(shift_right(batch["targets"], segments), segments_BT=segments,
                           positions_BT=positions, rng=rng)
         return self.token_loss(logits, batch["targets"], self._w(batch))

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import config as config_lib
 from bert_jax import tasks
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import WorkdirLock, is_remote, workdir_path
 from bert_jax.training import checkpoint, evaluate, objectives, optim, sharding, state
 from bert_jax.training import input as pipelines
@@ -257,7 +257,7 @@ def _prepare_workdir(config, workdir: str) -> None:
     tokenizer = tasks.tokenizer_source(config)
     if (jax.process_index() == 0 and tokenizer and not is_remote(tokenizer)
             and workdir_path(tokenizer).is_dir()):
-        vocab.copy_tokenizer(tokenizer, workdir)
+        tokenizer_lib.copy_tokenizer(tokenizer, workdir)
 
 
 def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = ()) -> dict[str, Any]:

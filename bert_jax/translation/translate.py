@@ -17,7 +17,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from bert_jax import config as config_lib
-from bert_jax.data import translation, vocab
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.data import translation
 from bert_jax.training import checkpoint, evaluate, objectives, sharding, state
 from bert_jax.translation import bleu, decode
 
@@ -106,7 +107,7 @@ class TranslationEvaluator:
             pairs = translation.open_pairs(self.config.data, "validation")
             chosen = range(len(pairs) if n == 0 else min(n, len(pairs)))
             sources, references = zip(*(pairs[i] for i in chosen))
-            tokenizer = vocab.load_tokenizer(vocab.required_dir(self.config.data.tokenizer))
+            tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(self.config.data.tokenizer))
             self.bleu_set = (translator(self.config, self.graphdef, self.mesh, tokenizer),
                              list(sources), list(references))
         return self.bleu_set
@@ -140,7 +141,7 @@ def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
     """Translates each line of `input_path` into `output_path` (written whole at the end, so
     a failure leaves no partial file); with `reference`, scores the output with sacreBLEU."""
     config = _run_config(checkpoint_dir)
-    tokenizer = vocab.checkpoint_tokenizer(checkpoint_dir, config.data.get("tokenizer", ""))
+    tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir, config.data.get("tokenizer", ""))
     sources = bleu.read_lines(input_path)
     refs = bleu.read_lines(reference) if reference else None
     if refs is not None and len(refs) != len(sources):

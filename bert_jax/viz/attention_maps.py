@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from bert_jax import models
-from bert_jax.data import vocab
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.models.transformer import DecoderLM, EncoderDecoder
 from bert_jax.paths import workdir_path
 from bert_jax.training import checkpoint, objectives
@@ -56,7 +56,8 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
         max_len = min(max_len, fields.max_len)  # a longer text is cut to the position table
     if pair is not None and (seq2seq or lm):
         raise ValueError(f"--pair: model.name={name!r} takes one text (--text), not a pair")
-    tokenizer = vocab.checkpoint_tokenizer(checkpoint_dir, config.get("data", {}).get("tokenizer", ""))
+    tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir,
+                                                   config.get("data", {}).get("tokenizer", ""))
     tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
     _, model = state_lib.load_model(checkpoint_dir, step, model_cfg)
     graphdef, params = nnx.split(model)

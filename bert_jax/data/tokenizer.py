@@ -17,7 +17,7 @@ import numpy as np
 import sentencepiece as spm
 from tokenizers import normalizers, pre_tokenizers
 
-from bert_jax.data.tokenizers import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
+from bert_jax.data.wordpiece import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
 
 META_NAME, SPM_NAME, SPM_VOCAB_NAME = "bert_jax_tokenizer.json", "spm.model", "spm.vocab"
 SP_SPACE = "\u2581"  # "▁": SentencePiece's marker for a preceding space, i.e. a word start
@@ -219,30 +219,31 @@ class Tokenizer:
         """Writes the tokenizer files into directory (so a checkpoint carries its tokenizer)."""
         raise NotImplementedError
 
-    def pack_pairs(self, ids_a: Sequence[np.ndarray], ids_b: Sequence[np.ndarray | None],
-                   max_seq_length: int) -> dict[str, np.ndarray]:
-        """[CLS] a [SEP] (b [SEP]) rows, truncated and padded: input_ids, input_mask, segment_ids [N, T]."""
+    def pair_rows(self, ids_a: Sequence[np.ndarray], ids_b: Sequence[np.ndarray | None],
+                  max_seq_length: int) -> dict[str, np.ndarray]:
+        """[CLS] a [SEP] (b [SEP]) rows, truncated and padded: input_ids, token_type_ids (A/B),
+        attention_mask [N, T] (data/packing.py)."""
         n = len(ids_a)
         input_ids = np.full((n, max_seq_length), self.pad_id, np.int32)
-        input_mask = np.zeros((n, max_seq_length), np.int32)
-        segment_ids = np.zeros((n, max_seq_length), np.int32)
+        token_type_ids = np.zeros((n, max_seq_length), np.int32)
+        attention_mask = np.zeros((n, max_seq_length), np.int32)
         cls, sep = [self.cls_id], [self.sep_id]
         for i, (a, b) in enumerate(zip(ids_a, ids_b)):
             a, b = truncate_seq_pair(a, b, max_seq_length - (2 if b is None else 3))
             first = np.concatenate([cls, a, sep])
             row = first if b is None else np.concatenate([first, b, sep])
             input_ids[i, :row.size] = row
-            input_mask[i, :row.size] = 1
-            segment_ids[i, first.size:row.size] = 1
-        return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+            attention_mask[i, :row.size] = 1
+            token_type_ids[i, first.size:row.size] = 1
+        return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
 
     def encode_pairs(self, texts_a: Sequence[str], texts_b: Sequence[str | None],
                      max_seq_length: int) -> dict[str, np.ndarray]:
-        """pack_pairs of the texts (a text_b of None: a single sentence), encoded in two batches."""
+        """pair_rows of the texts (a text_b of None: a single sentence), encoded in two batches."""
         ids_a = self.encode_batch(texts_a)
         encoded_b = iter(self.encode_batch([t for t in texts_b if t is not None]))
         ids_b = [None if t is None else next(encoded_b) for t in texts_b]
-        return self.pack_pairs(ids_a, ids_b, max_seq_length)
+        return self.pair_rows(ids_a, ids_b, max_seq_length)
 
     def encode_pair(self, text_a: str, text_b: str | None = None,
                     max_length: int | None = None) -> Encoded:
@@ -254,10 +255,10 @@ class Tokenizer:
             max_length = len(a) + n_special + (0 if b is None else len(b))
         elif max_length < n_special:
             raise ValueError(f"max_length={max_length} < {n_special} special tokens")
-        row = {k: v[0] for k, v in self.pack_pairs([a], [b], max_length).items()}
-        n = int(row["input_mask"].sum())
+        row = {k: v[0] for k, v in self.pair_rows([a], [b], max_length).items()}
+        n = int(row["attention_mask"].sum())
         input_ids = row["input_ids"][:n].tolist()
-        return Encoded(self.tokens(input_ids), input_ids, row["segment_ids"][:n].tolist())
+        return Encoded(self.tokens(input_ids), input_ids, row["token_type_ids"][:n].tolist())
 
     def _checked(self, ids: Iterable[int]) -> np.ndarray:
         ids = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), np.int64)

@@ -1,5 +1,5 @@
-"""The WordPiece engine behind vocab.Tokenizer: BERT tokenization from a vocab.txt, matching the
-reference BertTokenizer exactly. Use vocab.load_tokenizer; this module is its implementation."""
+"""The WordPiece engine behind tokenizer.Tokenizer: BERT tokenization from a vocab.txt, matching the
+reference BertTokenizer exactly. Use tokenizer.load_tokenizer; this module is its implementation."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ class WordPieceTokenizer:
             normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=False,
                                        strip_accents=strip_accents, lowercase=lowercase)])
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        self._tok = tok  # no post-processor: vocab.Tokenizer adds [CLS]/[SEP] itself
+        self._tok = tok  # no post-processor: tokenizer.Tokenizer adds [CLS]/[SEP] itself
 
     @classmethod
     def from_vocab(cls, vocab_file: str | Path, *, lowercase: bool,
