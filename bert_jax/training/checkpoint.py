@@ -10,7 +10,6 @@ import gc
 import logging
 import os
 import re
-import sys
 from typing import Any
 
 import jax
@@ -18,6 +17,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import traverse_util
 
+from bert_jax import log as log_lib
 from bert_jax import models, trees
 from bert_jax.config import ConfigError
 from bert_jax.paths import workdir_path
@@ -160,38 +160,11 @@ def restore_params(directory: str | os.PathLike, abstract_params: dict,
 
 
 def _quiet_abandoned_reads() -> None:
-    """Silences, for the rest of the process, the reports of the array reads a failed restore
-    abandoned: when collected (at any later time, at exit at the latest) they report into
-    Orbax's closed event loop, which would print dozens of tracebacks under the one-line error.
-    Only those reports are dropped: unraisable exceptions from Orbax's own coroutines or from
-    a closed event loop, and asyncio log records about them; anything else still shows."""
-    global _QUIET_ABANDONED_READS
-    if not _QUIET_ABANDONED_READS:
-        _QUIET_ABANDONED_READS = True
-        previous = sys.unraisablehook
-
-        def hook(unraisable):
-            if not _is_abandoned_read(unraisable.object, unraisable.exc_value):
-                previous(unraisable)
-
-        sys.unraisablehook = hook
-        logging.getLogger("asyncio").addFilter(lambda record: not (
-            _is_abandoned_read(None, record.exc_info and record.exc_info[1])
-            or f"{os.sep}orbax{os.sep}" in record.getMessage()))
+    """The reads a failed restore abandoned report into Orbax's closed event loop when
+    collected: log.divert_library_errors sends that to the details file, not under the
+    one-line error; collected now, out of the except block that held them."""
+    log_lib.divert_library_errors()
     gc.collect()
-
-
-_QUIET_ABANDONED_READS = False
-
-
-def _is_abandoned_read(obj, error) -> bool:
-    """True for what an abandoned Orbax read reports: its coroutine (or the task holding it) is
-    Orbax's, or the error is the closed event loop it reports to."""
-    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-        return True
-    coro = obj.get_coro() if hasattr(obj, "get_coro") else obj
-    code = getattr(coro, "cr_code", None)
-    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
 
 
 def _shapes(tree) -> dict[str, tuple]:
