@@ -285,7 +285,17 @@ class TrainCheckpointer:
                 f"of this config (was optimizer.name changed?); "
                 f"train in a new --workdir, or use the config stored in {where}/config")
 
+    def latest_step(self) -> int | None:
+        """The newest saved step (None before the first save)."""
+        return self.manager.latest_step()
+
+    def reached_preemption(self, step: int) -> bool:
+        """Whether the processes of a multi-process run agreed to stop at `step` (Orbax's
+        preemption sync point); False on one process, where SIGTERM says it directly."""
+        return jax.process_count() > 1 and self.manager.reached_preemption(step)
+
     def wait(self) -> None:
+        """Waits for the async saves to finish; a failed one is the one-line OSError of save."""
         try:
             self.manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001 (as in save)
@@ -300,13 +310,21 @@ class TrainCheckpointer:
             reason = os.strerror(int(code.group(1)))
         else:
             reason = (str(e).splitlines()[0] if str(e) else type(e).__name__)[:300]
-        good = self.manager.latest_step()
+        good = self.latest_step()
         return OSError(f"cannot write a checkpoint in {self.path} ({reason}); fix the storage (space, "
                        f"permissions, quota) and rerun: it resumes from "
                        f"{f'step {good}' if good is not None else 'the start'}")
 
     def close(self) -> None:
         self.manager.close()
+
+    def __enter__(self) -> TrainCheckpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Waits for the last saves (a failed one raises), then closes."""
+        self.wait()
+        self.close()
 
 
 
