@@ -1,8 +1,10 @@
-"""Run configs: loading `file.py:arg` with `--config.x.y=v` overrides, the training defaults
-every config starts from, and validation that fails before anything compiles.
+"""Run configs: every run default (each once, with a one-line comment), loading `file.py:arg`
+with `--config.x.y=v` overrides, and validation that fails before anything compiles.
 
-Config files (configs/*.py) define `get_config(arg)`; they call `training_defaults()` and
-then set `model`, `data` and whatever differs from the defaults.
+Config files (configs/*.py) define `get_config(arg)`: they start from the defaults of their
+kind of run (`pretraining_defaults()`, `finetune_defaults(task, size)`,
+`translation_defaults()`, or `training_defaults()`, the keys every run has), set `model` (the
+model's own fields come from bert_jax.models) and only the values that differ for their setup.
 """
 
 from __future__ import annotations
@@ -90,8 +92,97 @@ def training_defaults() -> ml_collections.ConfigDict:
     return c
 
 
-def translation_defaults(config: ml_collections.ConfigDict) -> None:
-    """Adds the `data` and `decode` sections of a translation run (configs/wmt.py, multi30k.py)."""
+def pretraining_defaults() -> ml_collections.ConfigDict:
+    """training_defaults plus the `data` section of BERT pretraining (configs/bert_pretrain.py)."""
+    config = training_defaults()
+    d = config.data = ml_collections.ConfigDict()
+    d.name = "text"  # text | array_record (bert-jax prepare) | tfds | synthetic
+    d.train_files = ""  # comma-separated globs (text, array_record)
+    d.eval_files = ""  # held-out files; empty: every heldout_every-th document
+    d.heldout_every = 100  # without eval files/split: hold out 1 document in N for eval
+    d.text_format = "paragraphs"  # paragraphs (ordinary text) | sentences (one per line)
+    d.tfds_name = ""  # e.g. wikipedia/20230601.en (read with tfds.data_source)
+    d.tfds_train_split = "train"
+    d.tfds_eval_split = ""  # empty: hold out documents of the train split
+    d.tfds_data_dir = ""
+    d.tokenizer = ""  # directory with vocab.txt (WordPiece) or spm.model (SentencePiece)
+    d.max_seq_length = 128
+    d.max_predictions_per_seq = 20
+    d.masked_lm_prob = 0.15
+    d.short_seq_prob = 0.1  # fraction of instances with a shorter random target length
+    d.whole_word_masking = False
+    d.dupe_factor = 0  # static masking: N fixed maskings cycled; 0: dynamic (new each epoch)
+    # Several short instances per row (first fit; attention stays within an instance, NSP at
+    # each [CLS]): fewer padding tokens, more instances per step than the paper's one per row.
+    d.pack = False
+    d.max_instances_per_row = 4  # with pack: NSP labels per row
+    d.shuffle_window = 1000  # instances shuffled within windows of this size
+    d.worker_count = 0  # grain worker processes (0: in the training process)
+    # Sequence-length phases: ((first step, max_seq_length, max_predictions_per_seq), ...);
+    # empty: one phase with the values above.
+    d.phases = ()
+    return config
+
+
+def finetune_defaults(task: str, size: str = "base") -> ml_collections.ConfigDict:
+    """training_defaults with the BERT paper's fine-tuning recipe (A.3: batch 32, 3 epochs, Adam
+    lr 2e-5 of 5e-5, 3e-5, 2e-5, 10% warmup then linear decay, evaluation on dev) and the
+    `data` section of `task` (glue, ner, squad, swag); `size` tiny or mini: a CPU-sized run."""
+    config = training_defaults()
+    config.optimizer.learning_rate = 2e-5
+    config.optimizer.weight_decay = 0.01
+    config.schedule.name = "warmup_linear"
+    config.schedule.warmup_fraction = 0.1
+    config.train.batch_size = 32
+    config.train.steps = 0  # from train.epochs
+    config.train.epochs = 3.0
+    config.train.eval_every = 0
+    config.train.eval_steps = 0  # the whole dev set
+    config.train.log_every = 50
+    config.train.checkpoint_every = 1000
+    config.train.keep_checkpoints = 1  # plus the best by the task's main metric
+    d = config.data = ml_collections.ConfigDict()
+    d.name = task  # glue | ner | squad | swag
+    d.data_dir = ""  # folder holding the files below (GLUE: the folder with MRPC/, SST-2/, ...)
+    d.train_file, d.dev_file, d.test_file = "", "", ""
+    d.tokenizer = ""  # vocab directory; empty: config.init_from
+    d.max_seq_length = 128
+    # Pack several examples into each max_seq_length row (exact: attention, positions and
+    # heads stay per example), rows in a few bucket sizes; false: one padded row each.
+    d.pack = True
+    d.skip_bad_rows = False  # True: skip malformed rows with a warning instead of stopping
+    d.max_train_examples = 0  # > 0: only the first N training examples
+    if task == "glue":
+        d.task = ""  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli
+        d.source = "files"  # files (GLUE TSV layout under data_dir) | tfds (glue/<task>)
+    elif task == "ner":
+        config.optimizer.learning_rate = 5e-5
+        d.labels = ()  # the tag set, 'O' first (model.num_labels = its length)
+    elif task == "squad":
+        config.optimizer.learning_rate = 5e-5
+        d.version_2 = False  # SQuAD 2.0: questions may have no answer
+        # Not packed: a window already fills its max_seq_length row (doc_stride), and the span
+        # softmax runs over the whole row.
+        d.pack = False
+        d.doc_stride = 128  # tokens between the starts of consecutive windows of a long paragraph
+        d.max_query_length = 64
+        d.n_best_size = 20
+        d.max_answer_length = 30
+        d.null_score_diff_threshold = 0.0  # v2: predict "" when null score - best span > this
+    elif task == "swag":
+        d.num_choices = 4  # endings per example (the reader checks each row)
+    else:
+        raise ConfigError(f"fine-tuning task {task!r}: choose glue, ner, squad or swag")
+    if size in ("tiny", "mini"):  # CPU-sized runs, often from scratch: a larger step size
+        config.optimizer.learning_rate = 1e-3
+        config.train.log_every = 10
+    return config
+
+
+def translation_defaults() -> ml_collections.ConfigDict:
+    """training_defaults plus the `data` and `decode` sections of a translation run
+    (configs/wmt.py, multi30k.py)."""
+    config = training_defaults()
     d = config.data = ml_collections.ConfigDict()
     d.name = "translation"  # translation | synthetic_translation (a copy task, no files)
     d.source_lang, d.target_lang = "en", "de"
@@ -113,6 +204,7 @@ def translation_defaults(config: ml_collections.ConfigDict) -> None:
     c.alpha = 0.6  # GNMT length penalty ((5 + len) / 6) ** alpha
     c.max_extra = 50  # output length limit: source length + max_extra
     c.batch_size = 64  # sentences per decoding batch
+    return config
 
 
 def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:

@@ -46,11 +46,28 @@ def configure(level: int = logging.INFO) -> None:
     logging.getLogger(ROOT).setLevel(level)
 
 
-class _LibraryErrors(logging.Filter):
-    """Keeps the error records of Orbax's background threads and of asyncio (a failed save
-    reports each array it could not write, with a traceback: hundreds of lines) off the
-    console: they go to a details file, and one warning line says where. The failure itself
-    reaches the user as our one-line error when the save or restore is waited on."""
+def _from_storage_library(record: logging.LogRecord) -> bool:
+    return record.name == "asyncio" or f"{os.sep}orbax{os.sep}" in record.pathname
+
+
+def _abandoned_io(obj, error) -> bool:
+    """What a read or write that a failed Orbax save or restore abandoned reports when it is
+    collected (at any later time, at exit at the latest): its coroutine (or the task holding
+    it) is Orbax's, or the error is Orbax's event loop, closed meanwhile."""
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return True
+    coro = obj.get_coro() if hasattr(obj, "get_coro") else obj
+    code = getattr(coro, "cr_code", None)
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
+class _StorageNoise(logging.Filter):
+    """Keeps what Orbax's background threads and asyncio report about a failed save or
+    restore off the console (a failed save reports each array it could not write, with a
+    traceback: hundreds of lines): it goes to a details file. The failure itself reaches the
+    user as our one-line error when the save or restore is waited on; a first error record
+    also prints one warning line naming the file, the aftermath of abandoned reads and writes
+    does not."""
 
     def __init__(self):
         super().__init__()
@@ -60,14 +77,24 @@ class _LibraryErrors(logging.Filter):
         self._lock = threading.Lock()  # Orbax's threads report at once
 
     def filter(self, record: logging.LogRecord) -> bool:
-        library = record.name == "asyncio" or f"{os.sep}orbax{os.sep}" in record.pathname
-        if record.levelno < logging.ERROR or not library:
+        error = record.exc_info[1] if record.exc_info else None
+        aftermath = record.name == "asyncio" and (
+            _abandoned_io(None, error) or f"{os.sep}orbax{os.sep}" in record.getMessage())
+        if not aftermath and (record.levelno < logging.ERROR or not _from_storage_library(record)):
             return True
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + "".join(traceback.format_exception(*record.exc_info))
-        self.write(f"{record.levelname} {record.pathname}:{record.lineno}\n{text}")
+        self.write(f"{record.levelname} {record.pathname}:{record.lineno}\n{text}", announce=not aftermath)
         return False
+
+    def unraisable(self, unraisable) -> bool:
+        """Writes an abandoned read's or write's report to the file; False for anything else."""
+        if not _abandoned_io(unraisable.object, unraisable.exc_value):
+            return False
+        self.write("".join(traceback.format_exception(
+            unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)), announce=False)
+        return True
 
     def write(self, text: str, announce: bool = True) -> None:
         """Appends to the details file; the first write that `announce`s says where it is."""
@@ -88,29 +115,29 @@ class _LibraryErrors(logging.Filter):
                 pass  # the run's one-line error
 
 
-_DIVERTED = False
+_NOISE: _StorageNoise | None = None
 
 
 def divert_library_errors() -> None:
-    """For the CLI: Orbax's and asyncio's error records, the 'Event loop is closed'
-    tracebacks that TensorStore's threads report (unraisable) when an abandoned write finishes
-    after Orbax closed its loop, and the warnings about coroutines left unawaited, go to a
-    details file instead of the console."""
-    global _DIVERTED
-    if _DIVERTED:  # once per process (the CLI may run several times in one, as in tests)
+    """Orbax's noise, handled here and only here, installed once per process (the CLI installs
+    it at start; a failed restore installs it in any program, since the reads it abandoned
+    report later): Orbax's and asyncio's error records, the unraisable reports of abandoned
+    reads and writes (into Orbax's closed event loop) and the warnings about their coroutines
+    left unawaited go to a details file instead of the console."""
+    global _NOISE
+    if _NOISE is not None:  # once per process (the CLI may run several times in one, as in tests)
         return
-    _DIVERTED = True
-    errors = _LibraryErrors()
+    noise = _NOISE = _StorageNoise()
+    # The records' own loggers (asyncio; absl, which Orbax logs through) for a program without
+    # handlers of its own, and the root handlers for Orbax modules with a logger of their own.
+    for logger in (logging.getLogger("asyncio"), logging.getLogger("absl")):
+        logger.addFilter(noise)
     for handler in logging.getLogger().handlers:
-        handler.addFilter(errors)
+        handler.addFilter(noise)
     previous = sys.unraisablehook
 
     def hook(unraisable):
-        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == \
-                "Event loop is closed":  # a callback into Orbax's loop after it was closed
-            errors.write("".join(traceback.format_exception(
-                unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)))
-        else:
+        if not noise.unraisable(unraisable):
             previous(unraisable)
 
     sys.unraisablehook = hook
@@ -121,8 +148,8 @@ def divert_library_errors() -> None:
         # the latest ("sys:1: RuntimeWarning: coroutine '...write_fragment' was never awaited"):
         # not news to the user, who has the one-line error. Kept in the details file.
         if issubclass(category, RuntimeWarning) and "was never awaited" in str(message):
-            errors.write(warnings.formatwarning(message, category, filename, lineno, line),
-                         announce=False)
+            noise.write(warnings.formatwarning(message, category, filename, lineno, line),
+                        announce=False)
         else:
             show(message, category, filename, lineno, file, line)
 

@@ -24,62 +24,27 @@ from bert_jax import config as config_lib
 from bert_jax import models
 
 
-def data_defaults() -> ml_collections.ConfigDict:
-    d = ml_collections.ConfigDict()
-    d.name = "text"  # text | array_record (bert-jax prepare) | tfds | synthetic
-    d.train_files = ""  # comma-separated globs (text, array_record)
-    d.eval_files = ""  # held-out files; empty: every heldout_every-th document
-    d.heldout_every = 100  # without eval files/split: hold out 1 document in N for eval
-    d.text_format = "paragraphs"  # paragraphs (ordinary text) | sentences (one per line)
-    d.tfds_name = ""  # e.g. wikipedia/20230601.en (read with tfds.data_source)
-    d.tfds_train_split = "train"
-    d.tfds_eval_split = ""  # empty: hold out documents of the train split
-    d.tfds_data_dir = ""
-    d.tokenizer = ""  # directory with vocab.txt (WordPiece) or spm.model (SentencePiece)
-    d.max_seq_length = 128
-    d.max_predictions_per_seq = 20
-    d.masked_lm_prob = 0.15
-    d.short_seq_prob = 0.1  # fraction of instances with a shorter random target length
-    d.whole_word_masking = False
-    d.dupe_factor = 0  # static masking: N fixed maskings cycled; 0: dynamic (new each epoch)
-    # Several short instances per row (first fit; attention stays within an instance, NSP at
-    # each [CLS]): fewer padding tokens, more instances per step than the paper's one per row.
-    d.pack = False
-    d.max_instances_per_row = 4  # with pack: NSP labels per row
-    d.shuffle_window = 1000  # instances shuffled within windows of this size
-    d.worker_count = 0  # grain worker processes (0: in the training process)
-    # Sequence-length phases: ((first step, max_seq_length, max_predictions_per_seq), ...);
-    # empty: one phase with the values above.
-    d.phases = ()
-    return d
-
-
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
-    config = config_lib.training_defaults()
+    config = config_lib.pretraining_defaults()
     config.model = ml_collections.ConfigDict(
         models.model_section("bert_pretraining", models.bert_model_fields(arg)))
-    config.data = data_defaults()
-    config.train.batch_size = 256
-    config.train.steps = 1_000_000
-    config.train.log_every = 100
-    config.train.eval_every = 10_000
-    config.train.eval_steps = 100
-    config.train.checkpoint_every = 10_000
     config.train.keep_checkpoints = 5
-    config.schedule.warmup_steps = 10_000
-    config.data.phases = ((0, 128, 20), (900_000, 512, 80))
-    if arg == "base":
-        config.mesh.data = -1
-    elif arg == "large":
-        config.mesh.data, config.mesh.fsdp = -1, 8
+    if arg in ("base", "large"):  # the paper's schedule
+        config.train.batch_size = 256
+        config.train.steps = 1_000_000
+        config.train.log_every = 100
+        config.train.eval_every = 10_000
+        config.train.eval_steps = 100
+        config.train.checkpoint_every = 10_000
+        config.schedule.warmup_steps = 10_000
+        config.data.phases = ((0, 128, 20), (900_000, 512, 80))
+        if arg == "large":
+            config.mesh.fsdp = 8  # and data=-1 (the default): the other 16 of 128 devices
     else:  # the miniatures: a CPU-sized run
         config.model.vocab_size = 8192
-        config.data.phases = ()
         config.data.max_seq_length = 64
         config.data.max_predictions_per_seq = 10
-        config.train.batch_size = 32
         config.train.steps = 300
-        config.train.log_every = 10
         config.train.eval_every = 100
         config.train.eval_steps = 4
         config.train.checkpoint_every = 100

@@ -16,16 +16,17 @@ hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/glue.
 
 import ml_collections
 
-from bert_jax import tasks
+from bert_jax import config as config_lib
+from bert_jax import models
 from bert_jax.tasks import glue
 
 
 def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     task, _, size = arg.partition(",")
     spec = glue.task_spec(task)
-    config = tasks.finetune_defaults("bert_classification", size or "base",
-                                     num_labels=1 if spec.labels is None else len(spec.labels))
-    config.data.name = "glue"
+    config = config_lib.finetune_defaults("glue", size or "base")
+    config.model = ml_collections.ConfigDict(models.model_section(
+        "bert_classification", models.bert_model_fields(size or "base"),
+        num_labels=1 if spec.labels is None else len(spec.labels)))  # 1: regression (STS-B)
     config.data.task = task
-    config.data.source = "files"  # files (GLUE TSV layout under data_dir) | tfds (glue/<task>)
     return config

@@ -23,13 +23,12 @@ _DATA = f"{paths.shared_data()}/mt/multi30k"
 
 
 def get_config(arg: str = "en-de") -> ml_collections.ConfigDict:
-    config = config_lib.training_defaults()
+    config = config_lib.translation_defaults()
     fields = models.transformer_model_fields("base", vocab_size=8000)
     fields.update(num_layers=3, num_decoder_layers=3, emb_dim=256, num_heads=4, head_dim=64,
                   mlp_dim=1024, norm="pre", dropout_rate=0.1, attention_dropout_rate=0.1)
     config.model = ml_collections.ConfigDict(models.model_section("transformer", fields))
 
-    config_lib.translation_defaults(config)
     d = config.data
     if arg not in ("en-de", "de-en"):
         raise ValueError(f"configs/multi30k.py:{arg}: choose en-de or de-en")
@@ -39,7 +38,6 @@ def get_config(arg: str = "en-de") -> ml_collections.ConfigDict:
     d.test_files = f"{_DATA}/test_2016_flickr.{{lang}}.gz"
     d.tokenizer = "runs/multi30k_spm"
     d.max_seq_length = 64
-    d.bleu_sentences = 0  # the whole dev set (1,014 pairs)
 
     config.optimizer.name = "adam"
     config.optimizer.learning_rate = 1e-3
@@ -56,5 +54,4 @@ def get_config(arg: str = "en-de") -> ml_collections.ConfigDict:
     config.train.eval_steps = 0  # the whole dev set
     config.train.checkpoint_every = 250
     config.train.keep_checkpoints = 5
-    config.decode.beam_size = 4
     return config

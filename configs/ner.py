@@ -13,7 +13,8 @@ hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/ner.p
 
 import ml_collections
 
-from bert_jax import tasks
+from bert_jax import config as config_lib
+from bert_jax import models
 
 _TYPES = {"conll2003": ("LOC", "MISC", "ORG", "PER"),
           "wnut17": ("corporation", "creative-work", "group", "location", "person", "product")}
@@ -26,9 +27,9 @@ def get_config(arg: str = "conll2003") -> ml_collections.ConfigDict:
     if dataset not in _TYPES:
         raise ValueError(f"configs/ner.py:{arg}: choose one of {sorted(_TYPES)}")
     labels = ("O", *(f"{p}-{t}" for p in "BI" for t in _TYPES[dataset]))
-    config = tasks.finetune_defaults("bert_tagging", size or "base", num_labels=len(labels),
-                                     learning_rate=5e-5)
-    config.data.name = "ner"
+    config = config_lib.finetune_defaults("ner", size or "base")
+    config.model = ml_collections.ConfigDict(models.model_section(
+        "bert_tagging", models.bert_model_fields(size or "base"), num_labels=len(labels)))
     config.data.labels = labels
     config.data.train_file, config.data.dev_file, config.data.test_file = _FILES[dataset]
     return config

@@ -14,28 +14,22 @@ hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/squad
 
 import ml_collections
 
-from bert_jax import tasks
+from bert_jax import config as config_lib
+from bert_jax import models
 
 
 def get_config(arg: str = "v1") -> ml_collections.ConfigDict:
     version, _, size = arg.partition(",")
     if version not in ("v1", "v2"):
         raise ValueError(f"configs/squad.py:{arg}: choose v1 or v2")
-    # Not packed: a window already fills its max_seq_length row (doc_stride), and the span
-    # softmax runs over the whole row.
-    config = tasks.finetune_defaults("bert_span", size or "base", num_labels=2, learning_rate=5e-5,
-                                     pack=False)
+    config = config_lib.finetune_defaults("squad", size or "base")
+    config.model = ml_collections.ConfigDict(models.model_section(
+        "bert_span", models.bert_model_fields(size or "base"), num_labels=2))
     config.train.epochs = 3.0 if version == "v1" else 2.0
     config.train.batch_size = 32 if version == "v1" else 48
     d = config.data
-    d.name = "squad"
     d.version_2 = version == "v2"
     name = "v1.1" if version == "v1" else "v2.0"
-    d.train_file, d.dev_file, d.test_file = f"train-{name}.json", f"dev-{name}.json", ""
+    d.train_file, d.dev_file = f"train-{name}.json", f"dev-{name}.json"
     d.max_seq_length = 384
-    d.doc_stride = 128  # tokens between the starts of consecutive windows of a long paragraph
-    d.max_query_length = 64
-    d.n_best_size = 20
-    d.max_answer_length = 30
-    d.null_score_diff_threshold = 0.0  # v2: predict "" when null score - best span > this
     return config

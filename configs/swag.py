@@ -11,15 +11,15 @@ hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/swag.
 
 import ml_collections
 
-from bert_jax import tasks
-from bert_jax.tasks import swag
+from bert_jax import config as config_lib
+from bert_jax import models
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
-    config = tasks.finetune_defaults("bert_choice", arg, num_labels=1)
+    config = config_lib.finetune_defaults("swag", arg)
+    config.model = ml_collections.ConfigDict(models.model_section(
+        "bert_choice", models.bert_model_fields(arg), num_labels=1))  # one score per ending
     config.train.batch_size = 16
-    config.data.name = "swag"
-    config.data.num_choices = swag.NUM_CHOICES  # endings per example (the reader checks each row)
     config.data.train_file, config.data.dev_file, config.data.test_file = (
         "train.csv", "val.csv", "test.csv")
     return config

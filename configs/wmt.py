@@ -31,18 +31,13 @@ _STEPS = {"base": 100_000, "big": 300_000}
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
-    config = config_lib.training_defaults()
+    config = config_lib.translation_defaults()
     config.model = ml_collections.ConfigDict(models.model_section(
         "transformer", models.transformer_model_fields(arg, vocab_size=37000)))
 
-    config_lib.translation_defaults(config)
     d = config.data
-    d.source_lang, d.target_lang = "en", "de"
     d.tfds_name = "wmt14_translate/de-en"  # train: WMT14 (4.5M pairs); validation: newstest2013
-    d.tokenizer = ""  # the shared 37k BPE (README: bert-jax vocab ... --size 37000)
-    d.max_seq_length = 256  # tokens per row, each side (longer pairs are dropped)
     d.bleu_sentences = 1000  # of newstest2013's 3000, at each evaluation
-    config.decode.beam_size, config.decode.alpha = 4, 0.6  # paper 6.1
 
     config.optimizer.name = "adam"
     config.optimizer.learning_rate = 1.0  # rsqrt_paper: the scale of d_model^-0.5 * ...

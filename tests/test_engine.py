@@ -201,6 +201,26 @@ def test_compute_dtype_is_set_once():
         config_lib.validate(config, 8)
 
 
+
+def _keys(section, prefix=""):
+    return {k for key, value in section.items()
+            for k in (_keys(value, f"{prefix}{key}.") if hasattr(value, "items") else [prefix + key])}
+
+
+@pytest.mark.parametrize("spec,defaults", [
+    ("bert_pretrain.py:base", config_lib.pretraining_defaults),
+    ("bert_pretrain.py:tiny", config_lib.pretraining_defaults),
+    *[(f"{task}.py", functools.partial(config_lib.finetune_defaults, task))
+      for task in ("glue", "ner", "squad", "swag")],
+    ("wmt.py:big", config_lib.translation_defaults),
+    ("multi30k.py", config_lib.translation_defaults)])
+def test_config_files_set_values_the_defaults_define(spec, defaults):
+    """Every default lives in config.py: a config file adds its model and no key of its own."""
+    config = config_lib.load(str(REPO / "configs" / spec))
+    assert _keys(config.to_dict()) - _keys({"model": config.model.to_dict()}) == _keys(
+        defaults().to_dict())
+
+
 class _Task:
     def num_train_examples(self):
         return 1000

@@ -1,8 +1,9 @@
 """Fine-tuning tasks: a task's data splits -> features for the train loop, and the model's
 outputs on a split -> the official metrics and prediction files. One file per task family
 (glue, ner, squad, swag: reader, features, official metric, writer), the metrics they share
-(scoring) and this registry; a new task lands here. It may import models, data, config and the
-base modules; never training or anything above.
+(scoring) and this registry; a new task lands here (its `data` keys' defaults beside the
+others, in config.finetune_defaults). It may import models, data, config and the base modules;
+never training or anything above.
 
 A Task has `main_metric` (ranks checkpoints; higher is better), `eval_splits` (evaluated
 every `train.eval_every` steps; metrics of the first are `eval/<metric>`, of the others
@@ -24,7 +25,6 @@ import ml_collections
 import numpy as np
 
 from bert_jax import config as config_lib
-from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue, ner, scoring, squad, swag
 
@@ -315,38 +315,3 @@ def resolve_steps(config, task: Task | None) -> ml_collections.ConfigDict:
                  f"schedule.warmup_steps={config.schedule.warmup_steps}")
     return config
 
-
-def finetune_defaults(model_name: str, size: str, num_labels: int, learning_rate: float = 2e-5,
-                      pack: bool = True) -> ml_collections.ConfigDict:
-    """The BERT paper's fine-tuning setup (A.3): batch 32, 3 epochs, Adam lr 2e-5 (of
-    5e-5, 3e-5, 2e-5), 10% warmup then linear decay, dropout 0.1, evaluation on dev."""
-    config = config_lib.training_defaults()
-    config.model = ml_collections.ConfigDict(models.model_section(
-        model_name, models.bert_model_fields(size or "base"), num_labels=num_labels))
-    config.optimizer.learning_rate = learning_rate
-    config.optimizer.weight_decay = 0.01
-    config.schedule.name = "warmup_linear"
-    config.schedule.warmup_fraction = 0.1
-    config.train.batch_size = 32
-    config.train.steps = 0  # from train.epochs
-    config.train.epochs = 3.0
-    config.train.eval_every = 0
-    config.train.eval_steps = 0  # the whole dev set
-    config.train.log_every = 50
-    config.train.checkpoint_every = 1000
-    config.train.keep_checkpoints = 1  # plus the best by the task's main metric
-    d = config.data = ml_collections.ConfigDict()
-    d.name = ""  # glue | squad | ner | swag
-    d.data_dir = ""  # folder holding the files below (GLUE: the folder with MRPC/, SST-2/, ...)
-    d.train_file, d.dev_file, d.test_file = "", "", ""
-    d.tokenizer = ""  # vocab directory; empty: config.init_from
-    d.max_seq_length = 128
-    # Pack several examples into each max_seq_length row (exact: attention, positions and
-    # heads stay per example), rows in a few bucket sizes; false: one padded row each.
-    d.pack = pack
-    d.skip_bad_rows = False  # True: skip malformed rows with a warning instead of stopping
-    d.max_train_examples = 0  # > 0: only the first N training examples
-    if size in ("tiny", "mini"):  # CPU-sized runs, often from scratch: a larger step size
-        config.optimizer.learning_rate = 1e-3
-        config.train.log_every = 10
-    return config

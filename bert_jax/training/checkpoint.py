@@ -10,7 +10,6 @@ import gc
 import logging
 import os
 import re
-import sys
 from typing import Any
 
 import jax
@@ -18,6 +17,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import traverse_util
 
+from bert_jax import log as log_lib
 from bert_jax import models, trees
 from bert_jax.config import ConfigError
 from bert_jax.paths import workdir_path
@@ -160,38 +160,11 @@ def restore_params(directory: str | os.PathLike, abstract_params: dict,
 
 
 def _quiet_abandoned_reads() -> None:
-    """Silences, for the rest of the process, the reports of the array reads a failed restore
-    abandoned: when collected (at any later time, at exit at the latest) they report into
-    Orbax's closed event loop, which would print dozens of tracebacks under the one-line error.
-    Only those reports are dropped: unraisable exceptions from Orbax's own coroutines or from
-    a closed event loop, and asyncio log records about them; anything else still shows."""
-    global _QUIET_ABANDONED_READS
-    if not _QUIET_ABANDONED_READS:
-        _QUIET_ABANDONED_READS = True
-        previous = sys.unraisablehook
-
-        def hook(unraisable):
-            if not _is_abandoned_read(unraisable.object, unraisable.exc_value):
-                previous(unraisable)
-
-        sys.unraisablehook = hook
-        logging.getLogger("asyncio").addFilter(lambda record: not (
-            _is_abandoned_read(None, record.exc_info and record.exc_info[1])
-            or f"{os.sep}orbax{os.sep}" in record.getMessage()))
+    """The reads a failed restore abandoned report into Orbax's closed event loop when
+    collected: log.divert_library_errors sends that to the details file, not under the
+    one-line error; collected now, out of the except block that held them."""
+    log_lib.divert_library_errors()
     gc.collect()
-
-
-_QUIET_ABANDONED_READS = False
-
-
-def _is_abandoned_read(obj, error) -> bool:
-    """True for what an abandoned Orbax read reports: its coroutine (or the task holding it) is
-    Orbax's, or the error is the closed event loop it reports to."""
-    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-        return True
-    coro = obj.get_coro() if hasattr(obj, "get_coro") else obj
-    code = getattr(coro, "cr_code", None)
-    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
 
 
 def _shapes(tree) -> dict[str, tuple]:
@@ -312,7 +285,17 @@ class TrainCheckpointer:
                 f"of this config (was optimizer.name changed?); "
                 f"train in a new --workdir, or use the config stored in {where}/config")
 
+    def latest_step(self) -> int | None:
+        """The newest saved step (None before the first save)."""
+        return self.manager.latest_step()
+
+    def reached_preemption(self, step: int) -> bool:
+        """Whether the processes of a multi-process run agreed to stop at `step` (Orbax's
+        preemption sync point); False on one process, where SIGTERM says it directly."""
+        return jax.process_count() > 1 and self.manager.reached_preemption(step)
+
     def wait(self) -> None:
+        """Waits for the async saves to finish; a failed one is the one-line OSError of save."""
         try:
             self.manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001 (as in save)
@@ -327,13 +310,21 @@ class TrainCheckpointer:
             reason = os.strerror(int(code.group(1)))
         else:
             reason = (str(e).splitlines()[0] if str(e) else type(e).__name__)[:300]
-        good = self.manager.latest_step()
+        good = self.latest_step()
         return OSError(f"cannot write a checkpoint in {self.path} ({reason}); fix the storage (space, "
                        f"permissions, quota) and rerun: it resumes from "
                        f"{f'step {good}' if good is not None else 'the start'}")
 
     def close(self) -> None:
         self.manager.close()
+
+    def __enter__(self) -> TrainCheckpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Waits for the last saves (a failed one raises), then closes."""
+        self.wait()
+        self.close()
 
 
 

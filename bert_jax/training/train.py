@@ -1,5 +1,7 @@
-"""The training loop: the jitted sharded train step, then `train_and_evaluate`: state init or
-resume, one `Phase` per sequence length, metrics, evaluation, checkpoints, preemption.
+"""The training loop, in named pieces: the jitted sharded `train_step`; one `Phase` per
+sequence length (its data and compiled step); `cadence` (when to evaluate and save);
+`report_step` (metrics lines), `save_and_evaluate`, `Preemption`; `train_loop` runs them in
+order, and `train_and_evaluate` sets a run up (`restore_or_init`, `log_setup`) around it.
 
 The state (state.py) is {params, opt_state, step}, sharded by the logical axis rules; the
 batch is sharded over ('data', 'fsdp'). What a batch holds and what it costs comes from the
@@ -198,45 +200,98 @@ class Window:
         self.start, self.steps, self.tokens, self.flops = time.perf_counter(), 0, 0.0, 0.0
 
 
-def report_step(step: int, metrics_dev: dict, window: Window, *, writer: MetricsWriter, config,
-                peak: tuple[float, int], last_good) -> dict | None:
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What the pieces of the loop share, fixed for the whole run (built by `_train`)."""
+
+    config: Any
+    mesh: Any
+    task: Any  # the fine-tuning task, None for pretraining data
+    objective: Any
+    step_fn: Any  # the jitted train step, compiled per phase (start_phase)
+    evaluator: Any
+    ckpt: checkpoint.TrainCheckpointer
+    writer: MetricsWriter
+    config_json: dict  # the run config, stored with each checkpoint
+    peak: tuple[float, int]  # (peak FLOP/s per device, how many such peaks the devices have)
+    best_metric: str | None  # fine-tuning keeps the best checkpoint by this eval metric
+
+
+def report_step(run: Run, step: int, metrics_dev: dict, window: Window) -> dict | None:
     """Host side of a finished step: NaN check, then (every train.log_every steps and at the
     end) the metrics line with tokens/s and MFU over the window. Returns the line if written."""
     m = {k: float(v) for k, v in jax.device_get(metrics_dev).items()}
     if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
+        good = run.ckpt.latest_step()
         raise TrainingDiverged(
             f"step {step}: loss {m['loss']}, grad norm {m['grad_norm']} (not finite); "
-            f"stopped. Last good checkpoint: {last_good()}; lower "
-            f"optimizer.learning_rate or raise schedule.warmup_steps")
+            f"stopped. Last good checkpoint: {f'{run.ckpt.path}/{good}' if good is not None else 'none'}; "
+            f"lower optimizer.learning_rate or raise schedule.warmup_steps")
     window.steps += 1
     window.tokens += m.pop("tokens")
     window.flops += m.pop("flops")
-    t = config.train
+    t = run.config.train
     if step % t.log_every and step != t.steps:
         return None
     seconds = max(time.perf_counter() - window.start, 1e-9)
-    peak_flops, num_peaks = peak
+    peak_flops, num_peaks = run.peak
     m.update(steps_per_sec=window.steps / seconds, tokens_per_sec=window.tokens / seconds,
              mfu=mfu(window.flops / window.steps, seconds / window.steps, num_peaks, peak_flops))
-    writer.write(step, m)
+    run.writer.write(step, m)
     window.restart()
     return m
 
 
-def save_checkpoint(ckpt: checkpoint.TrainCheckpointer, step: int, train_state: dict, phase: Phase,
-                    config_json: dict, metrics: dict | None = None) -> None:
+def _report(run: Run, pending: tuple[int, dict], window: Window, summary: dict) -> None:
+    """report_step of a pending (step, metrics); a metrics line it writes is the summary's."""
+    line = report_step(run, *pending, window)
+    if line is not None:
+        summary["metrics"] = line
+
+
+def save_checkpoint(run: Run, step: int, train_state: dict, phase: Phase,
+                    metrics: dict | None = None) -> None:
     """Saves the state and the data position (phase, pipeline state) as checkpoint `step`."""
     data_state = {"phase": phase.index, "pipeline": phase.pipeline.get_state()}
-    ckpt.save(step, train_state["params"], train_state["opt_state"], data_state, config_json,
-              metrics=metrics)
+    run.ckpt.save(step, train_state["params"], train_state["opt_state"], data_state, run.config_json,
+                  metrics=metrics)
 
 
-class _Preemption:
-    """SIGTERM (TPU maintenance / preemption) -> save at the next step boundary and exit 0."""
+def save_and_evaluate(run: Run, step: int, train_state: dict, phase: Phase, *, evaluate_now: bool,
+                      save: bool) -> dict[str, float] | None:
+    """The save and evaluation due after `step` (see cadence). Saved before evaluating, so a
+    failing evaluation loses no training; a run that keeps the best checkpoint saves with the
+    evaluation's metrics, or without them if the evaluation fails. Returns the evaluation's
+    metrics (None when none was due)."""
+    with_metrics = save and evaluate_now and run.best_metric is not None
+    if save and not with_metrics:
+        save_checkpoint(run, step, train_state, phase)
+    if not evaluate_now:
+        return None
+    try:
+        results = run.evaluator.run(train_state["params"], config=phase.config)
+    except BaseException:
+        if with_metrics:
+            save_checkpoint(run, step, train_state, phase)
+        raise
+    run.writer.write(step, results)
+    if with_metrics:
+        save_checkpoint(run, step, train_state, phase, metrics=results)
+    return results
 
-    def __init__(self):
+
+class Preemption:
+    """SIGTERM (TPU maintenance / preemption), or in a multi-process run the processes'
+    agreement to stop (Orbax's preemption sync point): save at the next step and exit 0."""
+
+    def __init__(self, ckpt: checkpoint.TrainCheckpointer):
+        self.ckpt = ckpt
         self.requested = threading.Event()
         self._old = None
+
+    def due(self, step: int) -> bool:
+        """Whether the run stops after `step` (saving it first)."""
+        return self.requested.is_set() or self.ckpt.reached_preemption(step)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -246,6 +301,47 @@ class _Preemption:
     def __exit__(self, *exc):
         if self._old is not None:
             signal.signal(signal.SIGTERM, self._old)
+
+
+def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[str, Any]:
+    """Steps from `start` to train.steps, each dispatched before the previous step's metrics
+    are read (the host never waits inside a step), with the phase switches, reports, saves,
+    evaluations and preemption due after each. Returns the summary (step, preempted, the
+    last metrics line, the last evaluation)."""
+    t = run.config.train
+    summary: dict[str, Any] = {"step": start, "preempted": False}
+    window = Window(start=time.perf_counter())
+    pending, step = None, start
+    with Preemption(run.ckpt) as preemption:
+        while step < t.steps:
+            if step == phase.end:
+                phase = start_phase(run.config, step, {}, step_fn=run.step_fn, state_now=train_state,
+                                    objective=run.objective, mesh=run.mesh, task=run.task)
+            train_state, metrics = phase.step(train_state, next_batch(phase, run.mesh))
+            step += 1
+            if pending is not None:  # the previous step's metrics, read with this one dispatched
+                _report(run, pending, window, summary)
+            pending = (step, metrics)
+            preempted = preemption.due(step)
+            evaluate_now, save = cadence(step, t, preempted=preempted,
+                                         keeps_best=run.best_metric is not None)
+            if not (evaluate_now or save):
+                continue
+            _report(run, pending, window, summary)
+            pending = None
+            results = save_and_evaluate(run, step, train_state, phase, evaluate_now=evaluate_now,
+                                        save=save)
+            if results is not None:
+                summary["eval"] = results
+            window.restart()  # evaluation and saving stay out of the next tokens/s
+            if preempted:
+                log.info(f"SIGTERM: saved checkpoint {run.ckpt.path}/{step}; exiting")
+                summary["preempted"] = True
+                break
+        if pending is not None:
+            _report(run, pending, window, summary)
+    summary["step"] = step
+    return summary
 
 
 def _prepare_workdir(config, workdir: str) -> None:
@@ -260,6 +356,71 @@ def _prepare_workdir(config, workdir: str) -> None:
         tokenizer_lib.copy_tokenizer(tokenizer, workdir)
 
 
+def restore_or_init(config, ckpt: checkpoint.TrainCheckpointer, tx, mesh, abstract, state_sh,
+                    config_json: dict) -> tuple[int, dict, dict]:
+    """(start step, train state, saved data position): the latest good checkpoint's, or a
+    fresh state (with the init_from weights) at step 0."""
+    restored = ckpt.restore_latest(state.with_shardings(abstract["params"], state_sh["params"]),
+                                   state.with_shardings(abstract["opt_state"], state_sh["opt_state"]),
+                                   config_json)
+    if restored:
+        start, params, opt_state, data_state = restored
+        step0 = jax.device_put(jnp.int32(start), state_sh["step"])
+        log.info(f"resumed from {ckpt.path}/{start}")
+        return start, {"params": params, "opt_state": opt_state, "step": step0}, data_state
+    target = state.with_shardings(abstract["params"], state_sh["params"])
+    pretrained = state.pretrained(config, target, mesh) if config.init_from else None
+    return 0, state.init_state(config, tx, state_sh, pretrained), {}
+
+
+def log_setup(config, mesh, abstract, state_sh) -> tuple[float, int]:
+    """Logs the devices, mesh, peak FLOP/s, model and state size; returns (peak FLOP/s per
+    device, how many such peaks the devices have) for MFU."""
+    peak, peak_source = peak_flops_per_device()
+    # Simulated CPU devices share one measured host peak; real accelerators each have theirs.
+    num_peaks = 1 if jax.devices()[0].platform == "cpu" else jax.device_count()
+    n_params = sum(x.size for x in jax.tree.leaves(abstract["params"]))
+    log.info(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
+             f"({jax.process_count()} processes); mesh {dict(mesh.shape)}; peak "
+             f"{peak / 1e12:.2f} TFLOP/s per device ({peak_source})\n"
+             f"model: {config.model.name}, {n_params:,} parameters; state "
+             f"{sharding.bytes_per_device(abstract, state_sh) / 2**20:,.1f} MiB per device")
+    return peak, num_peaks
+
+
+def _train(config, workdir: str, task) -> dict[str, Any]:
+    objective = objectives.for_config(config)
+    tx, schedule = optim.make_optimizer(config)
+    mesh = sharding.make_mesh(config.mesh)
+    t = config.train
+    _prepare_workdir(config, workdir)
+    config_json = json.loads(config.to_json())
+    graphdef, abstract, state_sh = state.abstract_state(config, mesh, tx)
+    best_metric = f"eval/{task.main_metric}" if task else None
+    with jax.set_mesh(mesh), checkpoint.TrainCheckpointer(
+            workdir, keep=t.keep_checkpoints, best_metric=best_metric) as ckpt:
+        start, train_state, data_state = restore_or_init(config, ckpt, tx, mesh, abstract, state_sh,
+                                                         config_json)
+        if start >= t.steps:
+            log.info(f"already trained: checkpoint step {start} >= train.steps={t.steps}")
+            return {"step": start, "preempted": False}
+        step_fn = jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh)
+        evaluator = evaluate.make_evaluator(config, graphdef, objective, mesh, task)
+        evaluator.prepare()  # a missing or bad eval file stops the run now, not after training
+        peak = log_setup(config, mesh, abstract, state_sh)
+        phase = start_phase(config, start, data_state, step_fn=step_fn, state_now=train_state,
+                            objective=objective, mesh=mesh, task=task)
+        with MetricsWriter(workdir, enabled=jax.process_index() == 0, total_steps=t.steps,
+                           resume_step=start) as writer:
+            run = Run(config, mesh, task, objective, step_fn, evaluator, ckpt, writer, config_json,
+                      peak, best_metric)
+            summary = train_loop(run, phase, train_state, start)
+    summary.update(steps=t.steps, best_metric=best_metric)
+    if jax.process_index() == 0:  # sweeps read it to skip finished runs
+        (workdir_path(workdir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
 def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = ()) -> dict[str, Any]:
     """Trains `config` in `workdir`, resuming from its latest good checkpoint if any; with
     init_from, model sizes the user did not set (`set_by_user`: dotted keys) come from that
@@ -270,122 +431,3 @@ def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = ()) 
     config = tasks.resolve_steps(config, task)
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
         return _train(config, workdir, task)
-
-
-def _train(config, workdir: str, task) -> dict[str, Any]:
-    objective = objectives.for_config(config)
-    tx, schedule = optim.make_optimizer(config)
-    mesh = sharding.make_mesh(config.mesh)
-    t = config.train
-    _prepare_workdir(config, workdir)
-    config_json = json.loads(config.to_json())
-
-    graphdef, abstract, state_sh = state.abstract_state(config, mesh, tx)
-    with jax.set_mesh(mesh):
-        best_metric = f"eval/{task.main_metric}" if task else None
-        ckpt = checkpoint.TrainCheckpointer(workdir, keep=t.keep_checkpoints, best_metric=best_metric)
-        restored = ckpt.restore_latest(state.with_shardings(abstract["params"], state_sh["params"]),
-                                       state.with_shardings(abstract["opt_state"], state_sh["opt_state"]),
-                                       config_json)
-        if restored:
-            start, params, opt_state, data_state = restored
-            step0 = jax.device_put(jnp.int32(start), state_sh["step"])
-            train_state = {"params": params, "opt_state": opt_state, "step": step0}
-            log.info(f"resumed from {ckpt.path}/{start}")
-        else:
-            target = state.with_shardings(abstract["params"], state_sh["params"])
-            pretrained = state.pretrained(config, target, mesh) if config.init_from else None
-            start, data_state = 0, {}
-            train_state = state.init_state(config, tx, state_sh, pretrained)
-        if start >= t.steps:
-            log.info(f"already trained: checkpoint step {start} >= train.steps={t.steps}")
-            ckpt.close()
-            return {"step": start, "preempted": False}
-
-        step_fn = jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh)
-        evaluator = evaluate.make_evaluator(config, graphdef, objective, mesh, task)
-        evaluator.prepare()  # a missing or bad eval file stops the run now, not after training
-        peak, peak_source = peak_flops_per_device()
-        # Simulated CPU devices share one measured host peak; real accelerators each have theirs.
-        num_peaks = 1 if jax.devices()[0].platform == "cpu" else jax.device_count()
-        n_params = sum(x.size for x in jax.tree.leaves(abstract["params"]))
-        log.info(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
-                 f"({jax.process_count()} processes); mesh {dict(mesh.shape)}; peak "
-                 f"{peak / 1e12:.2f} TFLOP/s per device ({peak_source})\n"
-                 f"model: {config.model.name}, {n_params:,} parameters; state "
-                 f"{sharding.bytes_per_device(abstract, state_sh) / 2**20:,.1f} MiB per device")
-
-        def begin(step: int, saved: dict) -> Phase:
-            return start_phase(config, step, saved, step_fn=step_fn, state_now=train_state,
-                               objective=objective, mesh=mesh, task=task)
-
-        def last_good() -> str:
-            good = ckpt.manager.latest_step()
-            return f"{ckpt.path}/{good}" if good is not None else "none"
-
-        phase = begin(start, data_state)
-        writer = MetricsWriter(workdir, enabled=jax.process_index() == 0, total_steps=t.steps,
-                               resume_step=start)
-        summary: dict[str, Any] = {"step": start, "preempted": False}
-        window = Window(start=time.perf_counter())
-
-        def finish(pending: tuple[int, dict]) -> None:
-            line = report_step(*pending, window, writer=writer, config=config,
-                               peak=(peak, num_peaks), last_good=last_good)
-            if line is not None:
-                summary["metrics"] = line
-
-        pending, step = None, start
-        try:
-            with _Preemption() as preemption:
-                while step < t.steps:
-                    if step == phase.end:
-                        phase = begin(step, {})
-                    batch = next_batch(phase, mesh)
-                    train_state, metrics = phase.step(train_state, batch)
-                    step += 1
-                    # Read the previous step's metrics only now, with this one dispatched.
-                    if pending is not None:
-                        finish(pending)
-                    pending = (step, metrics)
-                    preempted = preemption.requested.is_set() or (
-                        jax.process_count() > 1 and ckpt.manager.reached_preemption(step))
-                    evaluate_now, save = cadence(step, t, preempted=preempted,
-                                                 keeps_best=best_metric is not None)
-                    if not (evaluate_now or save):
-                        continue
-                    finish(pending)
-                    pending = None
-                    save_now = functools.partial(save_checkpoint, ckpt, step, train_state, phase,
-                                                 config_json)
-                    # Saved before evaluating, so a failing evaluation loses no training; a
-                    # run that keeps the best checkpoint saves with the evaluation's metrics,
-                    # or without them if the evaluation fails.
-                    if save and not (evaluate_now and best_metric):
-                        save_now()
-                    if evaluate_now:
-                        try:
-                            summary["eval"] = evaluator.run(train_state["params"], config=phase.config)
-                        except BaseException:
-                            if save and best_metric:
-                                save_now()
-                            raise
-                        writer.write(step, summary["eval"])
-                        if save and best_metric:
-                            save_now(metrics=summary["eval"])
-                    window.restart()  # evaluation and saving stay out of the next tokens/s
-                    if preempted:
-                        log.info(f"SIGTERM: saved checkpoint {ckpt.path}/{step}; exiting")
-                        summary["preempted"] = True
-                        break
-                if pending is not None:
-                    finish(pending)
-        finally:
-            ckpt.wait()
-            ckpt.close()
-            writer.close()
-        summary["step"] = step
-        summary.update(steps=t.steps, best_metric=best_metric)
-        if jax.process_index() == 0:  # sweeps read it to skip finished runs
-            (workdir_path(workdir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        return summary

@@ -78,9 +78,8 @@ class Translator:
 def translator(config, graphdef, mesh, tokenizer, **changes) -> Translator:
     """A Translator with the config's `decode` section (the defaults where a run has none);
     `changes` that are not None take precedence."""
-    defaults = ml_collections.ConfigDict()
-    config_lib.translation_defaults(defaults)
-    d = {**defaults.decode.to_dict(), **(config.decode.to_dict() if "decode" in config else {})}
+    d = {**config_lib.translation_defaults().decode.to_dict(),
+         **(config.decode.to_dict() if "decode" in config else {})}
     d.update({k: v for k, v in changes.items() if v is not None})
     return Translator(config, graphdef, mesh, tokenizer, **d)
 
