@@ -23,7 +23,7 @@ def get_config(arg: str = "v1") -> ml_collections.ConfigDict:
         raise ValueError(f"configs/squad.py:{arg}: choose v1 or v2")
     # Not packed: a window already fills its max_seq_length row (doc_stride), and the span
     # softmax runs over the whole row.
-    config = tasks.finetune_defaults("bert_span", size or "base", num_labels=2, learning_rate=5e-5,
+    config = tasks.finetune_defaults("bert_span", size or "base", learning_rate=5e-5,
                                      pack=False)
     config.train.epochs = 3.0 if version == "v1" else 2.0
     config.train.batch_size = 32 if version == "v1" else 48

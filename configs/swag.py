@@ -16,7 +16,7 @@ from bert_jax.tasks import swag
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
-    config = tasks.finetune_defaults("bert_choice", arg, num_labels=1)
+    config = tasks.finetune_defaults("bert_choice", arg)
     config.train.batch_size = 16
     config.data.name = "swag"
     config.data.num_choices = swag.NUM_CHOICES  # endings per example (the reader checks each row)

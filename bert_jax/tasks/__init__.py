@@ -316,13 +316,14 @@ def resolve_steps(config, task: Task | None) -> ml_collections.ConfigDict:
     return config
 
 
-def finetune_defaults(model_name: str, size: str, num_labels: int, learning_rate: float = 2e-5,
-                      pack: bool = True) -> ml_collections.ConfigDict:
+def finetune_defaults(model_name: str, size: str, num_labels: int | None = None,
+                      learning_rate: float = 2e-5, pack: bool = True) -> ml_collections.ConfigDict:
     """The BERT paper's fine-tuning setup (A.3): batch 32, 3 epochs, Adam lr 2e-5 (of
     5e-5, 3e-5, 2e-5), 10% warmup then linear decay, dropout 0.1, evaluation on dev."""
     config = config_lib.training_defaults()
+    labels = {} if num_labels is None else {"num_labels": num_labels}  # heads with a label count
     config.model = ml_collections.ConfigDict(models.model_section(
-        model_name, models.bert_model_fields(size or "base"), num_labels=num_labels))
+        model_name, models.bert_model_fields(size or "base"), **labels))
     config.optimizer.learning_rate = learning_rate
     config.optimizer.weight_decay = 0.01
     config.schedule.name = "warmup_linear"
