@@ -9,11 +9,11 @@ Each field says in its metadata, in one place:
             with the same value; init_from compares these), "state" (a run resumes only with the
             same value: the parameters' tree and what they compute), or "run" (free to change
             between runs of the same weights: dropout, initialisation, execution, dtype);
-  flops     whether the FLOPs count (models.flops_per_token) depends on it;
+  flops     whether the FLOPs count (models.flops_per_token) depends on it (a test checks it);
   choices, least: the values it may take (checked at creation);
   only      the models of its family that read it (default: all of them).
 The checkpoint compatibility lists (training/checkpoint.py) and the test that the FLOPs count
-reads exactly the `flops` fields (tests/test_models.py) are derived from this metadata.
+reads exactly the `flops` fields (tests/test_model_configs.py) follow this metadata.
 """
 
 from __future__ import annotations
