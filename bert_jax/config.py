@@ -17,7 +17,8 @@ from pathlib import Path
 
 import ml_collections
 
-from bert_jax.models.layers import DTYPES
+from bert_jax import models
+from bert_jax.models.config import DTYPES
 
 MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes, in order
 BATCH_AXES = ("data", "fsdp")  # the axes the examples of a batch are split over
@@ -243,6 +244,8 @@ def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
             leaf = ".".join(names)
             break
         name = names.pop(0)
+        if where == "config.model" and not names and name not in node:
+            _check_model_reads(node.get("name"), name, text)
         if not isinstance(node, ml_collections.ConfigDict) or name not in node:
             valid = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
             raise ConfigError(f"unknown config key {key!r}: {where} has no {name!r}; "
@@ -261,6 +264,14 @@ def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
     except (ValueError, SyntaxError) as e:
         raise ConfigError(f"--config.{key}={text!r}: expected {type(old).__name__} "
                           f"like the default {old!r} ({e})") from None
+
+
+def _check_model_reads(model_name, field: str, text: str) -> None:
+    """A model field the chosen model does not read (so not in its section): an error naming
+    both rather than 'unknown key'."""
+    if (model_name in models.MODELS and field in models.ALL_FIELDS
+            and field not in models.model_fields(model_name)):
+        raise ConfigError(models.not_read(model_name, field, text, where="--config.model"))
 
 
 def _parse_like(old, text: str):
@@ -323,7 +334,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
              training: bool = True) -> None:
     """Checks that need no compile: dtype, positivity, lengths, mesh and batch divisibility;
     `training=False` (evaluation) skips the training-only ones. (Each choice is checked by
-    its owner: model fields by ModelConfig, optimizer and schedule by optim.make_optimizer.)"""
+    its owner: model fields by their family's config (models/config.py), optimizer and schedule
+    by optim.make_optimizer.)"""
     if config.dtype not in DTYPES:
         raise ConfigError(f"dtype={config.dtype!r}; choose one of {list(DTYPES)}")
     model_dtype = config.model.get("dtype")
@@ -340,9 +352,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if "max_seq_length" in config.data and config.data.max_seq_length < 3:
         raise ConfigError(f"data.max_seq_length={config.data.max_seq_length} leaves no room for "
                           "[CLS] A [SEP] B [SEP]; use at least 3")
-    if config.model.get("positions", "learned") == "learned" and max(lengths) > config.model.max_len:
+    try:  # a field the model does not read, or a value it cannot take
+        _, model = models.split_model_config(model_config(config))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if model.max_positions is not None and max(lengths) > model.max_positions:
         raise ConfigError(f"data.max_seq_length={max(lengths)} exceeds the model's position table "
-                          f"(model.max_len={config.model.max_len}); use at most {config.model.max_len}")
+                          f"(model.max_len={model.max_len}); use at most {model.max_len}")
     if not 0.0 <= t.get("label_smoothing", 0.0) < 1.0:
         raise ConfigError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     sizes = mesh_shape(config.mesh, num_devices)

@@ -24,7 +24,7 @@ def get_config(arg: str = "v1") -> ml_collections.ConfigDict:
         raise ValueError(f"configs/squad.py:{arg}: choose v1 or v2")
     config = config_lib.finetune_defaults("squad", size or "base")
     config.model = ml_collections.ConfigDict(models.model_section(
-        "bert_span", models.bert_model_fields(size or "base"), num_labels=2))
+        "bert_span", models.bert_model_fields(size or "base")))
     config.train.epochs = 3.0 if version == "v1" else 2.0
     config.train.batch_size = 32 if version == "v1" else 48
     d = config.data

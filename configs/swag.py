@@ -18,7 +18,7 @@ from bert_jax import models
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = config_lib.finetune_defaults("swag", arg)
     config.model = ml_collections.ConfigDict(models.model_section(
-        "bert_choice", models.bert_model_fields(arg), num_labels=1))  # one score per ending
+        "bert_choice", models.bert_model_fields(arg)))  # one score per ending
     config.train.batch_size = 16
     config.data.train_file, config.data.dev_file, config.data.test_file = (
         "train.csv", "val.csv", "test.csv")

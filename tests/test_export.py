@@ -144,8 +144,6 @@ def test_models_hf_cannot_express_are_refused(tmp_path):
     small = dict(vocab_size=len(VOCAB), emb_dim=16, num_layers=1, num_heads=2, head_dim=8,
                  mlp_dim=16, max_len=16)
     cases = {"pre_ln": (dict(name="bert", norm="pre", **small), r"model.norm='pre'"),
-             "sinusoidal": (dict(name="bert_pretraining", positions="sinusoidal", **small),
-                            r"model.positions='sinusoidal'"),
              "transformer": (dict(name="transformer", **small), "model.name='transformer' has no"),
              "no_segments": (dict(name="bert", **{**small, "type_vocab_size": 0}),
                              "type_vocab_size=0")}
@@ -155,6 +153,15 @@ def test_models_hf_cannot_express_are_refused(tmp_path):
         with pytest.raises(ValueError, match=message):
             export.export_hf(tmp_path / name, tmp_path / f"{name}_out")
         assert not (tmp_path / f"{name}_out").exists()
+    # A BERT always has a learned position table: sinusoidal is no BERT setting (not even one
+    # export refuses); a checkpoint whose stored config says so (saved before the per-family
+    # model configs) holds a learned table, and exports.
+    bert = dict(name="bert_pretraining", **small)
+    with pytest.raises(ValueError, match=r"model.positions='sinusoidal'.*'bert_pretraining'"):
+        models.create_model(dict(bert, positions="sinusoidal"))
+    params = nnx.to_pure_dict(nnx.state(models.create_model(bert), nnx.Param))
+    checkpoint.save_params(tmp_path / "sinusoidal", 0, params, {"model": dict(bert, positions="sinusoidal")})
+    export.export_hf(tmp_path / "sinusoidal", tmp_path / "sinusoidal_out")
     with pytest.raises(FileNotFoundError, match="no checkpoints/ folder"):
         export.export_hf(tmp_path / "nothing", tmp_path / "out")
     (tmp_path / "full").mkdir()

@@ -11,6 +11,7 @@ from flax import nnx
 
 from bert_jax import models
 from bert_jax.models import layers
+from bert_jax.models.config import BertConfig
 from bert_jax.models.layers import ModelConfig, dropout, sinusoidal_positions
 
 TINY = dict(vocab_size=97, emb_dim=32, num_layers=2, num_heads=4, head_dim=8, mlp_dim=48,
@@ -24,8 +25,7 @@ def tiny(name, **kw):
         fields.update(num_decoder_layers=2, dropout_rate=0.1)
     if name == "decoder_lm":
         fields.update(norm="pre", positions="learned", scale_embeddings=False)
-    fields.update(kw)
-    return {"name": name, **fields}
+    return models.model_section(name, fields, **kw)
 
 
 def rand_ids(shape, seed=0, low=5, high=97):
@@ -194,7 +194,7 @@ def test_heads_shapes():
     assert models.create_model(tiny("bert_tagging", num_labels=5))(ids)["logits"].shape == (2, 10, 5)
     span = models.create_model(tiny("bert_span"))(ids)
     assert span["start_logits"].shape == span["end_logits"].shape == (2, 10)
-    choice = models.create_model(tiny("bert_choice", num_labels=1))(rand_ids((2, 4, 10)))
+    choice = models.create_model(tiny("bert_choice"))(rand_ids((2, 4, 10)))
     assert choice["logits"].shape == (2, 4)
     assert models.create_model(tiny("bert_classification", num_labels=1))(ids)["logits"].shape \
         == (2, 1)
@@ -240,7 +240,7 @@ def _layer(d, f, cross=False):
 @pytest.mark.parametrize("size,published,layers,d,vocab", [
     ("base", 110e6, 12, 768, 30522), ("large", 340e6, 24, 1024, 30522)])
 def test_bert_parameter_counts(size, published, layers, d, vocab):
-    model = models.abstract_model(dict(name="bert", **models.bert_model_fields(size)))
+    model = models.abstract_model(models.model_section("bert", models.bert_model_fields(size)))
     total = models.param_counts(model)["total"]
     embeddings = (vocab + 512 + 2) * d + 2 * d
     assert total == embeddings + layers * _layer(d, 4 * d) + d * d + d
@@ -274,4 +274,4 @@ def test_flops_per_token_matches_xla_cost_analysis():
 
 def test_model_config_roundtrips_through_fields():
     fields = models.bert_model_fields("tiny")
-    assert dataclasses.asdict(ModelConfig(**fields)) == fields
+    assert dataclasses.asdict(BertConfig(**fields)) == fields

@@ -89,8 +89,8 @@ def test_padding_examples_of_an_eval_batch_take_no_room():
 @pytest.mark.parametrize("name", ["bert_classification", "bert_tagging", "bert_choice"])
 def test_each_example_has_the_same_outputs_packed_or_alone(name):
     """The packed forward equals the padded one for every example, to float rounding."""
-    model_cfg = {"name": name, **models.bert_model_fields("tiny"), **TINY,
-                 "num_labels": 1 if name == "bert_choice" else 3}
+    labels = {} if name == "bert_choice" else {"num_labels": 3}
+    model_cfg = models.model_section(name, {**models.bert_model_fields("tiny"), **TINY}, **labels)
     model = models.create_model(model_cfg)
     objective = objectives.for_model(model_cfg)
     choices = 4 if name == "bert_choice" else 0

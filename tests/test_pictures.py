@@ -28,7 +28,7 @@ def tiny(name, vocab_size=97, **kw):
             fields.update(norm="pre", positions="learned", scale_embeddings=False)
     else:
         fields = {**models.bert_model_fields("tiny"), **TINY, "vocab_size": vocab_size}
-    return {"name": name, **fields, **kw}
+    return models.model_section(name, fields, **kw)
 
 
 @pytest.mark.parametrize("scan", [False, True])

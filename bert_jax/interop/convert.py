@@ -146,8 +146,9 @@ def model_config_from_hf(hf: dict[str, Any], name: str | None = None, use_pooler
         raise ValueError(f"config.json: hidden_size={hidden} is not divisible by "
                          f"num_attention_heads={heads}; a BERT config splits the width evenly")
     num_labels = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels", 2)
-    return dict(
-        name=name, vocab_size=hf["vocab_size"], emb_dim=hidden,
+    # The fields model `name` reads: the pooler and the label count only where it has them.
+    return models.model_section(name, dict(
+        vocab_size=hf["vocab_size"], emb_dim=hidden,
         num_layers=hf["num_hidden_layers"], num_heads=heads, head_dim=hidden // heads,
         mlp_dim=hf["intermediate_size"], max_len=hf.get("max_position_embeddings", 512),
         type_vocab_size=hf.get("type_vocab_size", 2),
@@ -155,8 +156,7 @@ def model_config_from_hf(hf: dict[str, Any], name: str | None = None, use_pooler
         attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
         activation=HF_ACTIVATIONS[act], layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
         initializer_range=hf.get("initializer_range", 0.02), use_pooler=use_pooler,
-        num_labels=1 if name == "bert_choice" else num_labels,
-    )
+        num_labels=num_labels))
 
 
 def hf_config(model_cfg: dict[str, Any], pad_token_id: int = 0) -> dict[str, Any]:
@@ -166,9 +166,7 @@ def hf_config(model_cfg: dict[str, Any], pad_token_id: int = 0) -> dict[str, Any
     if name not in HF_ARCHITECTURE:
         raise ValueError(f"model.name={name!r} has no Hugging Face BERT equivalent; exportable: "
                          f"{sorted(HF_ARCHITECTURE)}")
-    differs = {"norm": "post", "positions": "learned", "scale_embeddings": False}
-    bad = [f"model.{k}={getattr(cfg, k)!r} (HF BERT: {v!r})" for k, v in differs.items()
-           if getattr(cfg, k) != v]
+    bad = [f"model.norm={cfg.norm!r} (HF BERT: 'post')"] if cfg.norm != "post" else []
     if cfg.num_heads * cfg.head_dim != cfg.emb_dim:
         bad.append(f"model.num_heads*head_dim={cfg.num_heads * cfg.head_dim} (HF BERT: "
                    f"emb_dim={cfg.emb_dim})")

@@ -7,7 +7,6 @@ through convert.py's table, the one both directions share.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -55,14 +54,14 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out}: not empty; choose a new output folder")
-    name, fields = models.split_model_config(checkpoint.read_config(source, step)["model"])
-    model_cfg = {"name": name, **dataclasses.asdict(fields)}  # stored configs may omit defaults
+    model_cfg = models.complete_model_config(checkpoint.read_config(source, step)["model"])
+    name = model_cfg["name"]
     try:
         tokenizer = tokenizer_lib.load_tokenizer(source)
     except FileNotFoundError:
         tokenizer = None
     config = hf_config(model_cfg, tokenizer.pad_id if tokenizer else 0)
-    if name == "bert" and not fields.use_pooler:
+    if name == "bert" and not model_cfg["use_pooler"]:
         log.warning("warning: this encoder has no pooler; transformers' BertModel will "
                     "initialise one (pooler_output is meaningless, last_hidden_state is exact)")
     _, model = state.load_model(source, step, model_cfg)

@@ -57,7 +57,7 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
     if max_seq_length < 3:
         raise ValueError(f"--max_seq_length={max_seq_length} leaves no room for [CLS] A [SEP] B [SEP]; "
                          "use at least 3")
-    if fields.positions == "learned" and max_seq_length > fields.max_len:
+    if fields.max_positions is not None and max_seq_length > fields.max_positions:
         raise ValueError(f"--max_seq_length={max_seq_length} exceeds the model's position table "
                          f"(max_len={fields.max_len} in {checkpoint_dir}); use at most {fields.max_len}")
     num_layers = fields.num_layers

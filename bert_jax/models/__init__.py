@@ -1,8 +1,9 @@
-"""The models, in JAX/Flax NNX only: shared layers (layers), BERT and its task heads (bert),
-the Transformer encoder-decoder and decoder-only LM (transformer), and this registry
-(config -> model, named sizes, parameter counts, FLOPs per token). A new model variant lands
-here. Parameters carry logical axis names; no physical mesh axis appears. It may import only
-jax, flax and the base module trees: never config, data, training or anything above.
+"""The models, in JAX/Flax NNX only: their configs, one per family (config), shared layers
+(layers), BERT and its task heads (bert), the Transformer encoder-decoder and decoder-only LM
+(transformer), and this registry (config -> model, named sizes, parameter counts, FLOPs per
+token). A new model variant lands here. Parameters carry logical axis names; no physical mesh
+axis appears. It may import only jax, flax and the base module trees: never config, data,
+training or anything above.
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ from bert_jax.models.bert import (
     BertForTokenClassification,
     BertModel,
 )
-from bert_jax.models.layers import ModelConfig
+from bert_jax.models.config import (
+    BertConfig,
+    DecoderLMConfig,
+    EncoderDecoderConfig,
+    ModelConfig,
+)
 from bert_jax.models.transformer import DecoderLM, EncoderDecoder
 
 MODELS = {
@@ -38,6 +44,14 @@ MODELS = {
     "decoder_lm": DecoderLM,
 }
 
+# Each model's config family (models/config.py): its `model` section holds the fields it reads.
+CONFIGS: dict[str, type[ModelConfig]] = {
+    **{name: BertConfig for name in MODELS if name.startswith("bert")},
+    "transformer": EncoderDecoderConfig,
+    "decoder_lm": DecoderLMConfig,
+}
+ALL_FIELDS = tuple(dict.fromkeys(f.name for c in set(CONFIGS.values()) for f in dataclasses.fields(c)))
+
 # (layers, hidden); heads = hidden / 64, FFN = 4 * hidden. tiny..medium are the
 # "Well-Read Students" miniatures released with BERT; base and large are the paper's.
 BERT_SIZES = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512),
@@ -47,54 +61,102 @@ BERT_SIZES = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (
 TRANSFORMER_SIZES = {"base": (6, 512, 2048, 8, 0.1), "big": (6, 1024, 4096, 16, 0.3)}
 
 
-def _all_fields(**fields) -> dict[str, Any]:
-    """Every ModelConfig field (so any of them can be overridden from the command line)."""
-    return dataclasses.asdict(ModelConfig(**fields))
+def model_fields(name: str) -> tuple[str, ...]:
+    """The config fields model `name` reads (dtype included, which a run config sets at top
+    level); its `model` section holds these and `name`."""
+    return tuple(f.name for f in dataclasses.fields(CONFIGS[name])
+                 if name in (f.metadata["only"] or (name,)))
 
 
-def model_section(name: str, fields: Mapping[str, Any], **changes) -> dict[str, Any]:
-    """A config's `model` section: the name and every field but `dtype`, which a run config
-    sets once at top level (config.dtype)."""
-    return {"name": name, **{k: v for k, v in {**fields, **changes}.items() if k != "dtype"}}
+def _check_name(name: Any) -> None:
+    if name not in MODELS:
+        raise ValueError(f"model.name={name!r}; choose one of {sorted(MODELS)}")
+
+
+def not_read(name: str, field: str, value: Any, where: str = "model") -> str:
+    """The error for a field model `name` does not read (the model would ignore it)."""
+    readers = sorted(m for m in MODELS if field in model_fields(m))
+    return (f"{where}.{field}={value!r}: model {name!r} ({CONFIGS[name].family} family) does not "
+            f"read {field}, so the setting would do nothing; remove it ({field} is read by: "
+            f"{', '.join(readers)})")
+
+
+def model_section(name: str, preset: Mapping[str, Any], **changes) -> dict[str, Any]:
+    """A config's `model` section for model `name`: the fields it reads (all but `dtype`, which
+    a run config sets once at top level, config.dtype), from its family's defaults, then the
+    `preset` (e.g. bert_model_fields; fields `name` does not read are left out), then `changes`,
+    each a field `name` reads."""
+    _check_name(name)
+    reads = [k for k in model_fields(name) if k != "dtype"]
+    unknown = sorted(set(preset) - set(ALL_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {reads}")
+    for key, value in changes.items():
+        if key not in model_fields(name):
+            raise ValueError(not_read(name, key, value))
+    values = {**dataclasses.asdict(CONFIGS[name]()), **preset, **changes}
+    return {"name": name, **{k: values[k] for k in reads}}
 
 
 def bert_model_fields(size: str) -> dict[str, Any]:
-    """ModelConfig fields of a named BERT size (vocab 30522, 512 positions, 2 segments)."""
+    """BertConfig fields of a named BERT size (vocab 30522, 512 positions, 2 segments)."""
     if size not in BERT_SIZES:
         raise ValueError(f"unknown BERT size {size!r}; choose one of {sorted(BERT_SIZES)}")
     layers, hidden = BERT_SIZES[size]
-    return _all_fields(vocab_size=30522, emb_dim=hidden, num_layers=layers, num_heads=hidden // 64,
-                head_dim=64, mlp_dim=4 * hidden, max_len=512, type_vocab_size=2,
-                dropout_rate=0.1, attention_dropout_rate=0.1, activation="gelu",
-                layer_norm_eps=1e-12, norm="post", positions="learned",
-                initializer="truncated_normal", initializer_range=0.02)
+    return dataclasses.asdict(BertConfig(
+        vocab_size=30522, emb_dim=hidden, num_layers=layers, num_heads=hidden // 64, head_dim=64,
+        mlp_dim=4 * hidden, max_len=512, type_vocab_size=2, dropout_rate=0.1,
+        attention_dropout_rate=0.1, activation="gelu", layer_norm_eps=1e-12, norm="post",
+        initializer="truncated_normal", initializer_range=0.02))
 
 
 def transformer_model_fields(size: str, vocab_size: int = 37000) -> dict[str, Any]:
-    """ModelConfig fields of the paper's Transformer base/big (shared 37k BPE vocabulary)."""
+    """EncoderDecoderConfig fields of the paper's Transformer base/big (shared 37k BPE
+    vocabulary); a decoder_lm's model_section takes those it reads."""
     if size not in TRANSFORMER_SIZES:
         raise ValueError(f"unknown Transformer size {size!r}; choose one of "
                          f"{sorted(TRANSFORMER_SIZES)}")
     layers, d_model, d_ff, heads, rate = TRANSFORMER_SIZES[size]
-    return _all_fields(vocab_size=vocab_size, emb_dim=d_model, num_layers=layers,
-                num_decoder_layers=layers, num_heads=heads, head_dim=d_model // heads,
-                mlp_dim=d_ff, type_vocab_size=0, dropout_rate=rate, attention_dropout_rate=rate,
-                activation="relu", layer_norm_eps=1e-6, norm="post", positions="sinusoidal",
-                initializer="xavier_uniform", share_embeddings=True, tie_output=True,
-                scale_embeddings=True, use_pooler=False)
+    return dataclasses.asdict(EncoderDecoderConfig(
+        vocab_size=vocab_size, emb_dim=d_model, num_layers=layers, num_decoder_layers=layers,
+        num_heads=heads, head_dim=d_model // heads, mlp_dim=d_ff, dropout_rate=rate,
+        attention_dropout_rate=rate, activation="relu", layer_norm_eps=1e-6, norm="post",
+        positions="sinusoidal", initializer="xavier_uniform", share_embeddings=True,
+        tie_output=True, scale_embeddings=True))
 
 
 def split_model_config(model_cfg: Mapping[str, Any]) -> tuple[str, ModelConfig]:
-    """(`name`, ModelConfig) from a config's `model` section; unknown keys are errors."""
+    """(`name`, its family's config) from a config's `model` section; unknown keys, and fields
+    the model does not read, are errors."""
     fields = dict(model_cfg)
     name = fields.pop("name", None)
-    if name not in MODELS:
-        raise ValueError(f"model.name={name!r}; choose one of {sorted(MODELS)}")
-    valid = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(fields) - valid)
+    _check_name(name)
+    reads = model_fields(name)
+    unknown = sorted(set(fields) - set(ALL_FIELDS))
     if unknown:
-        raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {sorted(valid)}")
-    return name, ModelConfig(**fields)
+        raise ValueError(f"unknown model config key(s) {unknown}; valid keys: {sorted(reads)}")
+    unread = [k for k in fields if k not in reads]
+    if unread:
+        raise ValueError(not_read(name, unread[0], fields[unread[0]]))
+    return name, CONFIGS[name](**fields)
+
+
+def complete_model_config(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """`name` and every field the model reads, defaults filled in (a stored config may leave
+    out fields at their defaults)."""
+    name, cfg = split_model_config(model_cfg)
+    return {"name": name, **{k: getattr(cfg, k) for k in model_fields(name)}}
+
+
+def stored_model_config(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A `model` section as a checkpoint stored it, read with today's per-family configs:
+    checkpoints saved before them hold every model's fields, so the fields this model does not
+    read are left out (it never read them: its weights were made without them)."""
+    name = model_cfg.get("name")
+    if name not in MODELS:
+        return dict(model_cfg)
+    reads = model_fields(name)
+    return {k: v for k, v in model_cfg.items() if k == "name" or k in reads or k not in ALL_FIELDS}
 
 
 def create_model(model_cfg: Mapping[str, Any], *, seed: int = 0) -> nnx.Module:

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bert_jax.models.attention import Masking
+from bert_jax.models.config import BertConfig
 from bert_jax.models.layers import (
     ACTIVATIONS,
     Array,
-    ModelConfig,
     attend,
     dense,
     dropout,
@@ -29,7 +29,7 @@ from bert_jax.models.transformer import Encoder
 class BertEmbeddings(nnx.Module):
     """Token + segment (token type) + learned position embeddings, LayerNorm, dropout."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.word = embed(cfg, cfg.vocab_size, ("vocab", "embed"), rngs=rngs)
         self.position = embed(cfg, cfg.max_len, (None, "embed"), rngs=rngs)
         self.token_type = (embed(cfg, cfg.type_vocab_size, (None, "embed"), rngs=rngs)
@@ -46,7 +46,7 @@ class BertEmbeddings(nnx.Module):
         return dropout(self.norm(x_BTD), self.dropout_rate, rng)
 
 
-def encoder_flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+def encoder_flops_per_token(cfg: BertConfig, seq_len: int) -> dict[str, float]:
     """Forward matmul FLOPs per token of the encoder (embeddings and heads are negligible)."""
     return {"encoder_per_token": cfg.num_layers * layer_flops_per_token(cfg, seq_len)}
 
@@ -57,7 +57,7 @@ class BertModel(nnx.Module):
     encoder_path: tuple[str, ...] = ()  # where a BertModel's parameters sit in this model
     flops_per_token = staticmethod(encoder_flops_per_token)
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, use_pooler: bool | None = None):
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs, use_pooler: bool | None = None):
         self.embeddings = BertEmbeddings(cfg, rngs=rngs)
         self.encoder = Encoder(cfg, rngs=rngs)
         use_pooler = cfg.use_pooler if use_pooler is None else use_pooler
@@ -115,7 +115,7 @@ class BertTask(nnx.Module):
 class MaskedLMHead(nnx.Module):
     """dense + activation + LayerNorm, then the decoder tied to the token embeddings + bias."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.transform = dense(cfg, cfg.emb_dim, cfg.emb_dim, ("embed", "mlp"), rngs=rngs)
         self.norm = layer_norm(cfg, rngs=rngs)
         self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.float32), out_sharding=("vocab",))
@@ -130,13 +130,13 @@ class BertForPreTraining(BertTask):
     """MLM + next-sentence prediction."""
 
     @staticmethod
-    def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+    def flops_per_token(cfg: BertConfig, seq_len: int) -> dict[str, float]:
         """The encoder's, plus the MLM head's per predicted token (transform + vocabulary)."""
         return {**encoder_flops_per_token(cfg, seq_len),
                 "mlm_head_per_predicted_token": 2 * cfg.emb_dim * cfg.emb_dim
                 + logits_flops_per_token(cfg)}
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
         self.mlm = MaskedLMHead(cfg, rngs=rngs)
         self.nsp = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs)
@@ -156,7 +156,7 @@ class BertForPreTraining(BertTask):
 class BertForSequenceClassification(BertTask):
     """Pooled [CLS] -> dropout -> dense: num_labels classes, or a regression when 1."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
         self.classifier = dense(cfg, cfg.emb_dim, cfg.num_labels, ("embed", None), rngs=rngs)
         self.dropout_rate = cfg.dropout_rate
@@ -172,7 +172,7 @@ class BertForSequenceClassification(BertTask):
 class BertForTokenClassification(BertTask):
     """Per-token tags: sequence output -> dropout -> dense."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=False)
         self.classifier = dense(cfg, cfg.emb_dim, cfg.num_labels, ("embed", None), rngs=rngs)
         self.dropout_rate = cfg.dropout_rate
@@ -188,7 +188,7 @@ class BertForTokenClassification(BertTask):
 class BertForQuestionAnswering(BertTask):
     """Span QA: start and end logits from one dense layer (the start/end vectors)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=False)
         self.qa = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs)
 
@@ -202,7 +202,7 @@ class BertForQuestionAnswering(BertTask):
 class BertForMultipleChoice(BertTask):
     """One score per choice from its pooled [CLS]; softmax over choices in the loss."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
         self.classifier = dense(cfg, cfg.emb_dim, 1, ("embed", None), rngs=rngs)
         self.dropout_rate = cfg.dropout_rate

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from bert_jax.models.config import DTYPES, REMAT_POLICIES, ModelConfig  # noqa: F401 (re-exported)
+
 Array = jax.Array
 Cache = dict[str, Array]
-
-DTYPES = ("float32", "bfloat16")  # compute dtypes; parameters are always float32
 
 # Activation sharding: `constrain(x, axes)` pins an activation's layout by logical axis names
 # (batch, length, embed, heads, kv, mlp, vocab) while a `sharding.activation_sharding`
@@ -48,72 +46,6 @@ def constraining(fn: Callable[[Array, tuple[str, ...]], Array]):
 def constrain(x: Array, *axes: str) -> Array:
     fn = _CONSTRAIN.get()
     return x if fn is None else fn(x, axes)
-
-
-REMAT_POLICIES = {
-    "none": None,  # no rematerialisation
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Hyperparameters of every model in the library (BERT defaults)."""
-
-    vocab_size: int = 30522
-    emb_dim: int = 768  # d_model / hidden_size
-    num_layers: int = 12  # encoder layers (or decoder layers of a decoder-only LM)
-    num_decoder_layers: int = 0  # encoder-decoder only
-    num_heads: int = 12
-    head_dim: int = 64  # d_k = d_v
-    mlp_dim: int = 3072  # d_ff / intermediate_size
-    max_len: int = 512  # learned position table size (sinusoidal: no limit)
-    type_vocab_size: int = 2  # BERT segment A/B embeddings; 0 = none
-    dropout_rate: float = 0.1  # embeddings, residual branches, heads
-    attention_dropout_rate: float = 0.1  # on the attention probabilities
-    activation: str = "gelu"  # relu | gelu (exact erf, as BERT) | gelu_tanh
-    layer_norm_eps: float = 1e-12
-    norm: str = "post"  # post: LN(x + f(x)) (paper, BERT); pre: x + f(LN(x)) (GPT-2)
-    positions: str = "learned"  # learned | sinusoidal
-    initializer: str = "truncated_normal"  # truncated_normal (BERT) | xavier_uniform (Vaswani)
-    initializer_range: float = 0.02
-    share_embeddings: bool = True  # encoder-decoder: source and target share one table
-    tie_output: bool = True  # output projection = embedding table transposed
-    scale_embeddings: bool = False  # multiply embeddings by sqrt(emb_dim) (paper 3.4)
-    use_pooler: bool = True  # BERT [CLS] pooler
-    num_labels: int = 2  # classification heads; 1 = regression
-    scan_layers: bool = False  # lax.scan over layers (compile time independent of depth)
-    remat_policy: str = "none"  # one of REMAT_POLICIES
-    attention_kernel: str = "xla"  # attention implementation (models/attention.py KERNELS)
-    dtype: str = "float32"  # compute dtype; parameters stay float32
-
-    def __post_init__(self):
-        choices = {
-            "activation": ("relu", "gelu", "gelu_tanh"),
-            "norm": ("post", "pre"),
-            "positions": ("learned", "sinusoidal"),
-            "initializer": ("truncated_normal", "xavier_uniform"),
-            "remat_policy": tuple(REMAT_POLICIES),
-            "dtype": DTYPES,
-        }
-        for name, valid in choices.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"model.{name}={getattr(self, name)!r}; choose one of {valid}")
-        least = {"vocab_size": 1, "emb_dim": 1, "num_layers": 1, "num_decoder_layers": 0,
-                 "num_heads": 1, "head_dim": 1, "mlp_dim": 1, "max_len": 1, "type_vocab_size": 0,
-                 "num_labels": 1}
-        for name, low in least.items():
-            if getattr(self, name) < low:
-                raise ValueError(f"model.{name}={getattr(self, name)!r} must be >= {low}")
-        for name in ("dropout_rate", "attention_dropout_rate"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"model.{name}={getattr(self, name)!r} must be in [0, 1)")
-
-    @property
-    def compute_dtype(self) -> Any:
-        return jnp.dtype(self.dtype)
 
 
 # XLA on CPU runs a bfloat16 x bfloat16 dot natively (AVX512-BF16/AMX through its YNNPACK

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bert_jax.models.attention import Attention, Masking
+from bert_jax.models.config import DecoderLMConfig, EncoderDecoderConfig
 from bert_jax.models.layers import (
     ACTIVATIONS,
     REMAT_POLICIES,
@@ -205,7 +206,7 @@ class Decoder(Stack):
 class TokenEmbedder(nnx.Module):
     """Token embeddings (optionally x sqrt(d)) + sinusoidal or learned positions + dropout."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderLMConfig, *, rngs: nnx.Rngs):
         self.token = embed(cfg, cfg.vocab_size, ("vocab", "embed"), rngs=rngs)
         self.position = (embed(cfg, cfg.max_len, (None, "embed"), rngs=rngs)
                          if cfg.positions == "learned" else None)
@@ -226,7 +227,7 @@ class EncoderDecoder(nnx.Module):
     """The Transformer: shared source/target embeddings and tied pre-softmax weights
     (paper 3.4) when `share_embeddings` / `tie_output`."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, pad_id: int = 0):
+    def __init__(self, cfg: EncoderDecoderConfig, *, rngs: nnx.Rngs, pad_id: int = 0):
         self.source_embed = TokenEmbedder(cfg, rngs=rngs)
         self.target_embed = None if cfg.share_embeddings else TokenEmbedder(cfg, rngs=rngs)
         self.encoder = Encoder(cfg, rngs=rngs)
@@ -237,7 +238,7 @@ class EncoderDecoder(nnx.Module):
         self.pad_id = pad_id
 
     @staticmethod
-    def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+    def flops_per_token(cfg: EncoderDecoderConfig, seq_len: int) -> dict[str, float]:
         """Forward matmul FLOPs per source token (encoder) and per target token (decoder)."""
         decoder_layers = cfg.num_decoder_layers or cfg.num_layers
         return {"encoder_per_source_token": cfg.num_layers * layer_flops_per_token(cfg, seq_len),
@@ -310,7 +311,7 @@ class DecoderLM(nnx.Module):
     """Decoder-only language model (GPT style): causal self-attention blocks, no
     cross-attention, output tied to the token embeddings."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, pad_id: int = 0):
+    def __init__(self, cfg: DecoderLMConfig, *, rngs: nnx.Rngs, pad_id: int = 0):
         self.embed = TokenEmbedder(cfg, rngs=rngs)
         self.decoder = Stack(cfg, cfg.num_layers, cross_attention=False, rngs=rngs)
         self.logits = None if cfg.tie_output else embed(cfg, cfg.vocab_size, ("vocab", "embed"),
@@ -319,7 +320,7 @@ class DecoderLM(nnx.Module):
         self.pad_id = pad_id
 
     @staticmethod
-    def flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+    def flops_per_token(cfg: DecoderLMConfig, seq_len: int) -> dict[str, float]:
         return {"decoder_per_token": cfg.num_layers * layer_flops_per_token(cfg, seq_len)
                 + logits_flops_per_token(cfg)}
 

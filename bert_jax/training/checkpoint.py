@@ -5,7 +5,6 @@ checkpoint takes either; tokenizer files (vocab.txt, ...) sit in `<dir>` itself.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
@@ -20,19 +19,19 @@ from flax import traverse_util
 from bert_jax import log as log_lib
 from bert_jax import models, trees
 from bert_jax.config import ConfigError
+from bert_jax.models.config import fields_of_kind
 from bert_jax.paths import workdir_path
 from bert_jax.training import sharding
 
 log = logging.getLogger(__name__)
 
 
-# Model fields that must agree for pretrained weights to fit (dropout, dtype, scan, heads may differ).
-ARCHITECTURE_FIELDS = ("vocab_size", "emb_dim", "num_layers", "num_heads", "head_dim", "mlp_dim",
-                       "max_len", "type_vocab_size", "activation", "norm", "positions")
+# From each model config field's `kind` (models/config.py). Model fields that must agree for
+# pretrained weights to fit (dropout, dtype, scan, heads may differ):
+ARCHITECTURE_FIELDS = fields_of_kind("architecture")
 # Fields that must agree for a training run to resume from a checkpoint: the model's
 # parameters (their shapes and tree) and what they compute.
-STATE_FIELDS = ("name", *ARCHITECTURE_FIELDS, "num_decoder_layers", "use_pooler", "num_labels",
-                "share_embeddings", "tie_output", "scale_embeddings")
+STATE_FIELDS = ("name", *ARCHITECTURE_FIELDS, *fields_of_kind("state"))
 
 
 def changed_fields(before: dict, now: dict, fields, prefix: str) -> str:
@@ -121,7 +120,8 @@ def _unreadable(directory, step: int, item: str, error: Exception) -> ValueError
 
 
 def read_config(directory: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
-    """The run config stored with a checkpoint (latest step by default)."""
+    """The run config stored with a checkpoint (latest step by default); its model section
+    holds the fields its model reads (models.stored_model_config)."""
     with manager(directory) as mngr:
         step = _resolve_step(mngr, directory, step)
         try:
@@ -131,7 +131,8 @@ def read_config(directory: str | os.PathLike, step: int | None = None) -> dict[s
         if not isinstance(config, dict) or "model" not in config:
             raise ValueError(f"{checkpoint_dir(directory)}/{step}: its stored config has no model "
                              "section; the checkpoint is damaged or not one of ours")
-        return config
+        # Checkpoints saved before the per-family model configs store every model's fields.
+        return {**config, "model": models.stored_model_config(config["model"])}
 
 
 def restore_params(directory: str | os.PathLike, abstract_params: dict,
@@ -345,12 +346,11 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abs
     training workdir) also has, restored sharded onto `mesh`. Returns (params found, our
     parameters not found (fresh heads), checkpoint parameters not used). A differing
     architecture is a ConfigError naming the fields."""
-    def complete(cfg: dict) -> dict:  # stored configs may leave out fields at their defaults
-        name, fields = models.split_model_config(cfg)
-        return {"name": name, **dataclasses.asdict(fields)}
-
-    source_cfg, model_cfg = complete(read_config(directory)["model"]), complete(model_cfg)
-    diff = [k for k in ARCHITECTURE_FIELDS if model_cfg[k] != source_cfg[k]]
+    # Stored configs may leave out fields at their defaults; compare the fields both models read.
+    source_cfg = models.complete_model_config(read_config(directory)["model"])
+    model_cfg = models.complete_model_config(model_cfg)
+    diff = [k for k in ARCHITECTURE_FIELDS if k in model_cfg and k in source_cfg
+            and model_cfg[k] != source_cfg[k]]
     if diff:
         found = "; ".join(f"model.{k}: config {model_cfg[k]!r}, checkpoint {source_cfg[k]!r}" for k in diff)
         fix = " ".join(f"--config.model.{k}={source_cfg[k]}" for k in diff)

@@ -67,8 +67,9 @@ def sizes_from_init(config, set_by_user: Collection[str] = ()):
     if not config.get("init_from"):
         return config
     theirs = checkpoint.read_config(config.init_from)["model"]
-    taken = {k: theirs[k] for k in checkpoint.ARCHITECTURE_FIELDS
-             if k in theirs and f"model.{k}" not in set_by_user and config.model.get(k) != theirs[k]}
+    taken = {k: theirs[k] for k in checkpoint.ARCHITECTURE_FIELDS  # those both models read
+             if k in theirs and k in config.model and f"model.{k}" not in set_by_user
+             and config.model[k] != theirs[k]}
     if not taken:
         return config
     config = config.copy_and_resolve_references()

@@ -52,8 +52,8 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
     _check_choice(layer, head, layers, fields.num_heads)  # before the (slow) model load
     if max_len < 3:
         raise ValueError(f"--max_seq_length={max_len} leaves no room for [CLS] A [SEP] B [SEP]")
-    if fields.positions == "learned":
-        max_len = min(max_len, fields.max_len)  # a longer text is cut to the position table
+    if fields.max_positions is not None:
+        max_len = min(max_len, fields.max_positions)  # a longer text is cut to the position table
     if pair is not None and (seq2seq or lm):
         raise ValueError(f"--pair: model.name={name!r} takes one text (--text), not a pair")
     tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir,

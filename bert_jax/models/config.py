@@ -1,0 +1,143 @@
+"""Model configs, one per model family, sharing a common core: `ModelConfig` holds the fields
+every model reads; `BertConfig` (bert, bert_pretraining and the BERT task heads),
+`DecoderLMConfig` (decoder_lm) and `EncoderDecoderConfig` (transformer) add their own. A
+model's `model` config section holds exactly the fields that model reads, so a setting a model
+would ignore is an error naming the field and the model (models.split_model_config).
+
+Each field says in its metadata, in one place:
+  kind      what it is to a checkpoint: "architecture" (pretrained weights fit only a model
+            with the same value; init_from compares these), "state" (a run resumes only with the
+            same value: the parameters' tree and what they compute), or "run" (free to change
+            between runs of the same weights: dropout, initialisation, execution, dtype);
+  flops     whether the FLOPs count (models.flops_per_token) depends on it (a test checks it);
+  choices, least: the values it may take (checked at creation);
+  only      the models of its family that read it (default: all of them).
+The checkpoint compatibility lists (training/checkpoint.py) and the test that the FLOPs count
+reads exactly the `flops` fields (tests/test_model_configs.py) follow this metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+DTYPES = ("float32", "bfloat16")  # compute dtypes; parameters are always float32
+
+REMAT_POLICIES = {
+    "none": None,  # no rematerialisation
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+KINDS = ("architecture", "state", "run")
+
+
+def _field(default: Any, kind: str, *, flops: bool = False, choices: tuple | None = None,
+           least: int | None = None, only: tuple[str, ...] | None = None) -> Any:
+    """A config field with its metadata (see the module docstring)."""
+    assert kind in KINDS, kind
+    meta = {"kind": kind, "flops": flops, "choices": choices, "least": least, "only": only}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The fields every model family reads (BERT defaults)."""
+
+    family: ClassVar[str] = "common"
+
+    vocab_size: int = _field(30522, "architecture", flops=True, least=1)
+    emb_dim: int = _field(768, "architecture", flops=True, least=1)  # d_model / hidden_size
+    num_layers: int = _field(12, "architecture", flops=True, least=1)  # encoder (or decoder-only) layers
+    num_heads: int = _field(12, "architecture", flops=True, least=1)
+    head_dim: int = _field(64, "architecture", flops=True, least=1)  # d_k = d_v
+    mlp_dim: int = _field(3072, "architecture", flops=True, least=1)  # d_ff / intermediate_size
+    max_len: int = _field(512, "architecture", least=1)  # learned position table size
+    activation: str = _field("gelu", "architecture",  # gelu: exact erf, as BERT
+                             choices=("relu", "gelu", "gelu_tanh"))
+    norm: str = _field("post", "architecture",  # post: LN(x + f(x)) (paper, BERT); pre: x + f(LN(x))
+                       choices=("post", "pre"))
+    dropout_rate: float = _field(0.1, "run")  # embeddings, residual branches, heads
+    attention_dropout_rate: float = _field(0.1, "run")  # on the attention probabilities
+    layer_norm_eps: float = _field(1e-12, "run")
+    initializer: str = _field("truncated_normal", "run",  # BERT | Vaswani
+                              choices=("truncated_normal", "xavier_uniform"))
+    initializer_range: float = _field(0.02, "run")  # truncated_normal's stddev
+    scan_layers: bool = _field(False, "run")  # lax.scan over layers (compile time independent of depth)
+    remat_policy: str = _field("none", "run", choices=tuple(REMAT_POLICIES))
+    attention_kernel: str = _field("xla", "run")  # attention implementation (models/attention.py)
+    dtype: str = _field("float32", "run", choices=DTYPES)  # compute dtype; parameters stay float32
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value, meta = getattr(self, f.name), f.metadata
+            if meta["choices"] is not None and value not in meta["choices"]:
+                raise ValueError(f"model.{f.name}={value!r}; choose one of {meta['choices']}")
+            if meta["least"] is not None and value < meta["least"]:
+                raise ValueError(f"model.{f.name}={value!r} must be >= {meta['least']}")
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be in [0, 1)")
+
+    @property
+    def compute_dtype(self) -> Any:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the position embeddings cover (None: no limit)."""
+        return self.max_len
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BertConfig(ModelConfig):
+    """BERT: learned positions (max_len), segment A/B embeddings, post-LN, the MLM head tied to
+    the word embeddings; a pooler on the bare encoder by choice, on the heads that need one."""
+
+    family: ClassVar[str] = "BERT"
+
+    type_vocab_size: int = _field(2, "architecture", least=0)  # segment A/B embeddings; 0 = none
+    use_pooler: bool = _field(True, "state", only=("bert",))  # [CLS] pooler of the bare encoder
+    num_labels: int = _field(2, "state", least=1,  # 1 = regression
+                             only=("bert_classification", "bert_tagging"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecoderLMConfig(ModelConfig):
+    """A decoder-only LM (GPT style): token embeddings with learned or sinusoidal positions."""
+
+    family: ClassVar[str] = "decoder-only"
+
+    positions: str = _field("learned", "architecture", choices=("learned", "sinusoidal"))
+    tie_output: bool = _field(True, "state")  # output projection = embedding table transposed
+    scale_embeddings: bool = _field(False, "state")  # embeddings x sqrt(emb_dim) (paper 3.4)
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.max_len if self.positions == "learned" else None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderDecoderConfig(DecoderLMConfig):
+    """The Transformer encoder-decoder (Vaswani et al.)."""
+
+    family: ClassVar[str] = "encoder-decoder"
+
+    num_decoder_layers: int = _field(0, "state", flops=True, least=0)  # 0 = num_layers
+    share_embeddings: bool = _field(True, "state")  # source and target share one table
+
+
+FAMILIES = (ModelConfig, BertConfig, DecoderLMConfig, EncoderDecoderConfig)
+
+
+def fields_of_kind(kind: str) -> tuple[str, ...]:
+    """The fields of every family whose metadata kind is `kind`, core fields first."""
+    assert kind in KINDS, kind
+    out: dict[str, None] = {}
+    for family in FAMILIES:
+        out.update((f.name, None) for f in dataclasses.fields(family) if f.metadata["kind"] == kind)
+    return tuple(out)
