@@ -69,8 +69,8 @@ def test_explicit_softmax_path_equals_the_fused_one():
 
 def test_unknown_kernel_is_an_error_naming_the_field():
     with pytest.raises(ValueError, match=r"model.attention_kernel='flash'.*\['xla'\]"):
-        models.create_model({"name": "bert", **models.bert_model_fields("tiny"),
-                             "attention_kernel": "flash"})
+        models.create_model(models.model_section("bert", models.bert_model_fields("tiny"),
+                                                 attention_kernel="flash"))
 
 
 def test_every_kernel_has_the_reference_signature():

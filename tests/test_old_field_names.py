@@ -67,7 +67,7 @@ def test_array_record_examples_with_the_old_names_train_as_the_new(tmp_path):
     assert sorted(old) == sorted(new)
     for k in new:
         np.testing.assert_array_equal(old[k], new[k])
-    model_cfg = {"name": "bert_pretraining", **models.bert_model_fields("tiny"), **TINY}
+    model_cfg = models.model_section("bert_pretraining", models.bert_model_fields("tiny"), **TINY)
     model, objective = models.create_model(model_cfg), objectives.for_model(model_cfg)
     terms = [objective(model, {k: jnp.asarray(v) for k, v in b.items()}, None)[0] for b in (old, new)]
     assert {k: float(v) for k, v in terms[0].items()} == {k: float(v) for k, v in terms[1].items()}

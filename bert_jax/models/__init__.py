@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from bert_jax import trees
+from bert_jax.models import attention
 from bert_jax.models.bert import (
     BertForMultipleChoice,
     BertForPreTraining,
@@ -138,7 +139,9 @@ def split_model_config(model_cfg: Mapping[str, Any]) -> tuple[str, ModelConfig]:
     unread = [k for k in fields if k not in reads]
     if unread:
         raise ValueError(not_read(name, unread[0], fields[unread[0]]))
-    return name, CONFIGS[name](**fields)
+    cfg = CONFIGS[name](**fields)
+    attention.kernel(cfg.attention_kernel)  # an unknown kernel: an error naming the field
+    return name, cfg
 
 
 def complete_model_config(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
