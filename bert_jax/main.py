@@ -33,6 +33,7 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from bert_jax import config as config_lib
+from bert_jax.paths import REPO
 
 # Each command imports its own modules when it runs, so a command does not pay for the others'
 # imports (TensorFlow datasets, torch-free HF readers, Orbax...).
@@ -297,7 +298,7 @@ def cmd_launch(args: list[str]) -> None:
     if not workdir.startswith("gs://"):
         raise ValueError(f"--workdir={workdir}: the workers of a slice share a gs:// workdir "
                          "(checkpoints, logs); a local path would be one per worker")
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     origin, head, dirty = launch.git_head(str(root))
     path, colon, arg = _CONFIG.value.partition(":")
     try:  # the workers run the repository's copy of the config file

@@ -11,12 +11,14 @@ from pathlib import Path
 
 from etils import epath
 
+# The checkout this package runs from (configs/, benchmarks/ and the README sit there).
+REPO = Path(__file__).resolve().parents[1]
+
 
 def shared_data() -> Path:
     """The project's real test data: ../shared/data beside the checkout, or
     $BERT_JAX_SHARED_DATA (configs/multi30k.py and the benchmarks read it)."""
-    return Path(os.environ.get("BERT_JAX_SHARED_DATA",
-                               Path(__file__).resolve().parents[2] / "shared" / "data"))
+    return Path(os.environ.get("BERT_JAX_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
 def is_remote(path: str | os.PathLike) -> bool:

@@ -41,7 +41,7 @@ from bert_jax.training import input as pipelines
 def bench_data(text: str | None, seconds: float, seq_len: int = 128) -> dict:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
-    configs = Path(__file__).parents[2] / "configs" / "bert_pretrain.py"
+    configs = paths.REPO / "configs" / "bert_pretrain.py"
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if text is None:
@@ -101,7 +101,7 @@ def bench_multi30k(workdir: str, overrides: list[str]) -> dict:
     from bert_jax.training import average, train
     from bert_jax.translation import translate
 
-    configs = Path(__file__).parents[2] / "configs" / "multi30k.py"
+    configs = paths.REPO / "configs" / "multi30k.py"
     work = Path(workdir)
     spm_dir = work / "spm"
     times = {}

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from bert_jax.data.pretraining import split_sentences
+from bert_jax.paths import REPO
 from bert_jax.training.metrics import read_metrics
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
@@ -94,7 +95,7 @@ def main(out: str = "demo_out", steps: int = 1000) -> None:
     print("== 2. WordPiece vocabulary")
     _run("vocab", f"--input={root / 'corpus' / 'train.txt'}", "--size=8192", "--type=wordpiece",
          f"--out={root / 'vocab'}") if not (root / "vocab" / "vocab.txt").exists() else None
-    run = [f"--config={Path(__file__).parents[1] / 'configs' / 'bert_pretrain.py'}:tiny",
+    run = [f"--config={REPO / 'configs' / 'bert_pretrain.py'}:tiny",
            f"--workdir={root / 'run'}", f"--config.data.tokenizer={root / 'vocab'}",
            f"--config.data.train_files={root / 'corpus' / 'train.txt'}",
            f"--config.data.eval_files={root / 'corpus' / 'heldout.txt'}",

@@ -33,11 +33,11 @@ import numpy as np
 
 from bert_jax import config as config_lib
 from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.paths import REPO
 from bert_jax.tasks import glue
 from bert_jax.training import objectives, optim, sharding, state, train
 from bert_jax.training.metrics import mfu, peak_flops_per_device
 
-REPO = Path(__file__).resolve().parents[1]
 PEERS_SCRIPT = REPO / "benchmarks" / "peers.py"
 # name -> (layers, hidden, heads, mlp, batch); sequence length 128 throughout.
 SHAPES = {"base": (12, 768, 12, 3072, 8), "small": (4, 256, 4, 1024, 16)}
