@@ -18,7 +18,7 @@ Data: TFDS wmt14_translate/de-en (newstest2013 as dev) and a shared 37k BPE:
   bert-jax translate --checkpoint runs/wmt_base_avg --input newstest2014.en \
     --output newstest2014.out --reference newstest2014.de
 (TFDS reads datasets built as array_record: `tfds build --file_format=array_record`.)
-The README runs the same config end to end on the WMT files of ../shared/data.
+docs/translation.md runs the same config end to end on the WMT files of ../shared/data.
 """
 
 import ml_collections
@@ -39,7 +39,7 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     d = config.data
     d.source_lang, d.target_lang = "en", "de"
     d.tfds_name = "wmt14_translate/de-en"  # train: WMT14 (4.5M pairs); validation: newstest2013
-    d.tokenizer = ""  # the shared 37k BPE (README: bert-jax vocab ... --size 37000)
+    d.tokenizer = ""  # the shared 37k BPE (docs/translation.md: bert-jax vocab ... --size 37000)
     d.max_seq_length = 256  # tokens per row, each side (longer pairs are dropped)
     d.bleu_sentences = 1000  # of newstest2013's 3000, at each evaluation
     config.decode.beam_size, config.decode.alpha = 4, 0.6  # paper 6.1
