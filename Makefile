@@ -1,10 +1,11 @@
-# bert_jax: `make demo` runs the main job, `make test` the tests (both install first).
+# bert_jax: `make demo` runs the main job, `make test` the tests (both install first);
+# `make test-quick` the quick tier (tests not marked slow; docs/testing.md).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench peers-env bench-mt plan-paper clean
+.PHONY: install demo test test-quick lint bench peers-env bench-mt plan-paper clean
 
 install: $(STAMP)
 
@@ -20,6 +21,10 @@ demo: install
 
 test: install
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q tests
+
+# Everyday work: every test not marked slow (under 5 minutes on 2 cores).
+test-quick: install
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -m "not slow" tests
 
 lint: install
 	$(BIN)/ruff check bert_jax configs tests

@@ -1,7 +1,7 @@
 """A small Transformer on Multi30k (29,000 image-caption pairs) that trains on one CPU
 machine: En->De by default (`arg` "de-en" reverses it), sacreBLEU on test2016 via translate.
 
-Shared 8k SentencePiece BPE over both languages, cased (train it first, README):
+Shared 8k SentencePiece BPE over both languages, cased (train it first, docs/translation.md):
   bert-jax vocab --input '../shared/data/mt/multi30k/train.*.gz' --type sentencepiece \\
     --sp_model_type bpe --size 8000 --lowercase=false --out runs/multi30k_spm
   bert-jax train --config configs/multi30k.py --workdir runs/multi30k
@@ -9,7 +9,7 @@ Model: 3+3 layers, d_model 256, 4 heads, d_ff 1024, pre-LayerNorm (steadier than
 paper's post-LN at this size and learning rate), dropout 0.1, label smoothing 0.1, tied
 embeddings; batches of 64 rows x 64 tokens a side, ~92% full after packing (~3,800 real
 target tokens, ~240 pairs). Paths in data.* are the shared data beside the checkout;
-data.tokenizer is relative to where the commands run (the repo root in the README).
+data.tokenizer is relative to where the commands run (the repo root in docs/translation.md).
 """
 
 

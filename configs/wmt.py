@@ -18,7 +18,7 @@ Data: TFDS wmt14_translate/de-en (newstest2013 as dev) and a shared 37k BPE:
   bert-jax translate --checkpoint runs/wmt_base_avg --input newstest2014.en \
     --output newstest2014.out --reference newstest2014.de
 (TFDS reads datasets built as array_record: `tfds build --file_format=array_record`.)
-The README runs the same config end to end on the WMT files of ../shared/data.
+docs/translation.md runs the same config end to end on the WMT files of ../shared/data.
 """
 
 import ml_collections

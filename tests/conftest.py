@@ -1,10 +1,22 @@
-"""Test setup: 8 simulated CPU devices (set before jax is imported) and the shared data."""
+"""Test setup: 8 simulated CPU devices (set before jax is imported), one compilation cache for
+the session, and the shared data."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# JAX's disk cache of compiled programs, new for each session and shared with the bert-jax
+# processes the tests start (they inherit the environment): the many tests that build the same
+# tiny model compile its init, train and eval steps once, then load them (a bad-input test's
+# `train` 6 s -> 2 s). The programs are the same, so are the numbers.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bert_jax_test_jit_")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402

@@ -680,6 +680,7 @@ def test_bad_input_is_one_line_and_loses_nothing(case, shared, cli, tmp_path):
     assert {k: after.get(k) for k in before} == before, "a checkpoint or result changed"
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_one_line_in_a_real_process(shared, tmp_path):
     # The reads a failed Orbax restore abandons report later, into a closed event loop: only a
     # real process, exiting, shows whether they reach the console.

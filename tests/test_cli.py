@@ -39,6 +39,7 @@ def test_bad_override_is_a_clear_error():
     assert "num_layer" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_convert_then_features_match_pytorch(tmp_path, wordpiece_vocab, english_lines):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -170,6 +170,7 @@ def test_models_hf_cannot_express_are_refused(tmp_path):
         export.export_hf(tmp_path / "pre_ln", tmp_path / "full")
 
 
+@pytest.mark.slow
 def test_export_command(tmp_path):
     fine_tuned_workdir(tmp_path / "run", 2)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")

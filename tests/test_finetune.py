@@ -53,6 +53,7 @@ def sst2_run(shared_data, task_vocab, tmp_path_factory):
     return config, workdir, train.train_and_evaluate(config, str(workdir))
 
 
+@pytest.mark.slow
 def test_sst2_subset_beats_majority(sst2_run, shared_data):
     config, workdir, summary = sst2_run
     dev = glue.read_glue("sst2", shared_data / "glue/SST-2/dev.tsv")
@@ -65,6 +66,7 @@ def test_sst2_subset_beats_majority(sst2_run, shared_data):
     assert [e["step"] for e in evals] == [150, 300, 375]
 
 
+@pytest.mark.slow
 def test_eval_best_checkpoint_writes_leaderboard_tsv(sst2_run, shared_data):
     config, workdir, _ = sst2_run
     evals = {json.loads(x)["step"]: json.loads(x)["eval/accuracy"]
@@ -85,6 +87,7 @@ def test_eval_best_checkpoint_writes_leaderboard_tsv(sst2_run, shared_data):
     assert acc == pytest.approx(result["eval/accuracy"])
 
 
+@pytest.mark.slow
 def test_mrpc_beats_majority_and_predicts_test(shared_data, task_vocab, tmp_path):
     """From scratch (no pretrained checkpoint offline) MRPC is hard: GLUE's non-pretrained
     baselines sit near the majority class. The run must get above it at some evaluation (a
@@ -117,6 +120,7 @@ def test_mrpc_beats_majority_and_predicts_test(shared_data, task_vocab, tmp_path
     assert len((tmp_path / "eval" / f"step_{step}" / "MRPC.tsv").read_text().splitlines()) == 1 + 408
 
 
+@pytest.mark.slow
 def test_ner_conll_trains_and_writes_tags(shared_data, task_vocab, tmp_path):
     config = load("ner.py:conll2003,tiny", f"data.data_dir={shared_data / 'ner/conll2003'}",
                   f"data.tokenizer={task_vocab}", "model.vocab_size=4000", "data.max_seq_length=64",
@@ -132,6 +136,7 @@ def test_ner_conll_trains_and_writes_tags(shared_data, task_vocab, tmp_path):
     assert len(words) == 46435 and all(len(w) == 3 for w in words)  # word gold pred
 
 
+@pytest.mark.slow
 def test_swag_multiple_choice(shared_data, task_vocab, tmp_path):
     fixture = shared_data / "fixtures/swag_sample.jsonl"
     config = load("swag.py:tiny", f"data.train_file={fixture}", f"data.dev_file={fixture}",
@@ -146,6 +151,7 @@ def test_swag_multiple_choice(shared_data, task_vocab, tmp_path):
     assert len(rows.splitlines()) == 11
 
 
+@pytest.mark.slow
 def test_squad_trains_and_writes_predictions(shared_data, task_vocab, tmp_path):
     dev = json.loads((shared_data / "squad/dev-v1.1.json").read_text())
     dev["data"] = dev["data"][:2]
@@ -167,6 +173,7 @@ def test_squad_trains_and_writes_predictions(shared_data, task_vocab, tmp_path):
     assert set(nbest) == questions and all(1 <= len(v) <= 20 for v in nbest.values())
 
 
+@pytest.mark.slow
 def test_init_from_converted_checkpoint(task_vocab, tmp_path):
     """Encoder weights from a converted HF checkpoint, a fresh classifier; mismatches are errors."""
     torch = pytest.importorskip("torch")
@@ -209,6 +216,7 @@ def _cli(*args, **kw):
                           capture_output=True, text=True, timeout=600, **kw)
 
 
+@pytest.mark.slow
 def test_malformed_row_stops_with_file_and_line(shared_data, task_vocab, tmp_path):
     folder = tmp_path / "RTE"
     folder.mkdir()
@@ -230,6 +238,7 @@ def test_malformed_row_stops_with_file_and_line(shared_data, task_vocab, tmp_pat
     assert "skipped 1 malformed row" in proc.stderr
 
 
+@pytest.mark.slow
 def test_sweep_interrupted_and_resumed(shared_data, task_vocab, tmp_path):
     sweep_file = tmp_path / "sweep.py"
     sweep_file.write_text(f'''

@@ -117,6 +117,7 @@ def losses(fs, path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
+@pytest.mark.slow
 def test_train_resume_and_eval_in_a_gs_workdir(gcs):
     fs, env = gcs
     root, workdir = f"{BUCKET}/run", f"gs://{BUCKET}/run"

@@ -150,6 +150,7 @@ def test_a_local_workdir_is_refused_before_any_call(cli, gcloud):
 
 
 @pytest.mark.skipif(not tpu.libtpu_installed(), reason="libtpu is not installed: launch plans with it")
+@pytest.mark.slow
 def test_a_config_that_does_not_fit_is_refused_before_any_call(cli, gcloud):
     _, calls = gcloud
     argv = [a for a in launch_argv("--config.train.batch_size=65536", "--config.data.max_seq_length=512",

@@ -155,6 +155,7 @@ def assert_same_run(packed, packed_losses, padded_run):
 
 
 @pytest.mark.parametrize("accum", [1, 2])
+@pytest.mark.slow
 def test_a_fine_tune_gives_the_same_losses_and_dev_accuracy_packed_or_padded(
         shared_data, sst2_vocab, tmp_path, padded_run, accum):
     """The same examples in each step, so packing changes only float rounding; with `accum`
@@ -165,6 +166,7 @@ def test_a_fine_tune_gives_the_same_losses_and_dev_accuracy_packed_or_padded(
     assert_same_run(packed["eval"], _losses(tmp_path), padded_run)
 
 
+@pytest.mark.slow
 def test_two_processes_pack_the_same_batches(shared_data, sst2_vocab, tmp_path, padded_run):
     """Multi-host as on a pod (2 processes x 4 devices): each packs the global batch and passes
     its examples and its rows; the run equals the single-process padded one."""

@@ -157,6 +157,7 @@ def two_runs(tmp_path_factory):
     return root / "seed0", root / "seed1"
 
 
+@pytest.mark.slow
 def test_plot_draws_what_the_metrics_file_holds(two_runs, cli, tmp_path):
     from bert_jax.training.metrics import read_metrics
 

@@ -52,6 +52,7 @@ def v4_plan():
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_plan_memory_per_device_matches_the_sharding_arithmetic(v4_plan):
     config = small()
     n_params = models.param_counts(models.abstract_model(config_lib.model_config(config)))["total"]
@@ -76,6 +77,7 @@ def test_plan_memory_per_device_matches_the_sharding_arithmetic(v4_plan):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_fsdp_shards_the_state_and_v3_counts_each_tensorcore(v4_plan):
     fsdp = plan.plan(small("mesh.data=1", "mesh.fsdp=4"), "v4-8")["steps"][0]
     assert fsdp["params"] < v4_plan["steps"][0]["params"] / 3
@@ -84,12 +86,14 @@ def test_fsdp_shards_the_state_and_v3_counts_each_tensorcore(v4_plan):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_two_slices_split_the_data_axis_over_the_slices():
     result = plan.plan(small(), "v4-8", slices=2)
     assert result["slice"]["devices"] == 8 and result["mesh"]["data"] == 8 and result["fits"]
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_an_oversized_batch_does_not_fit_in_the_compilers_words(cli):
     argv = ["plan", "--config", CONFIG, *(f"--config.{o}" for o in SMALL), "--topology", "v3-8",
             "--config.train.batch_size=65536", "--config.data.max_seq_length=512",
@@ -101,6 +105,7 @@ def test_an_oversized_batch_does_not_fit_in_the_compilers_words(cli):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_plan_json_for_scripts(cli):
     code, out, err = cli(["plan", "--config", CONFIG, *(f"--config.{o}" for o in SMALL),
                           "--topology", "v4-8", "--json"])

@@ -199,6 +199,7 @@ def test_packed_instances_give_the_same_outputs_and_loss_terms(long_rows):
         assert packed_sums[k] == pytest.approx(v, rel=1e-5), k
 
 
+@pytest.mark.slow
 def test_packed_pretraining_trains_with_accumulation(text_config, tmp_path):
     config = with_data(text_config, pack=True, max_seq_length=128, max_predictions_per_seq=20)
     config.train.steps, config.train.eval_every, config.train.log_every = 4, 4, 1
@@ -216,6 +217,7 @@ def test_synthetic_data_refuses_packing():
         pipelines.make(config, "train")
 
 
+@pytest.mark.slow
 def test_phases_switch_length_and_resume_exactly(tmp_path):
     args = ["data.name=synthetic", "model.vocab_size=256", "train.batch_size=8",
             "train.log_every=1", "schedule.name=constant", "schedule.warmup_steps=0",
@@ -232,6 +234,7 @@ def test_phases_switch_length_and_resume_exactly(tmp_path):
     assert a == b and len(a) == 9
 
 
+@pytest.mark.slow
 def test_short_pretraining_on_real_text_lowers_mlm_loss(text_config, tmp_path):
     config = text_config.copy_and_resolve_references()
     config.train.steps, config.train.eval_every, config.train.log_every = 60, 60, 10

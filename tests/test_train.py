@@ -68,6 +68,7 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mesh", [dict(fsdp=8, data=1), dict(data=2, fsdp=2, tensor=2)])
+@pytest.mark.slow
 def test_meshes_give_the_same_losses(reference, tmp_path, mesh):
     config = small_config("--config.train.steps=12")
     config.mesh.update(mesh)
@@ -78,6 +79,7 @@ def test_meshes_give_the_same_losses(reference, tmp_path, mesh):
                                rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_single_device_gives_the_same_losses(reference, tmp_path):
     train_cli(tmp_path, "--config.train.steps=12", devices=1)
     got = losses(tmp_path)
@@ -85,6 +87,7 @@ def test_single_device_gives_the_same_losses(reference, tmp_path):
                                rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_same_losses(reference, tmp_path):
     """Multi-host as on a pod: 2 processes x 4 devices, each loading half of every batch."""
     with socket.socket() as sock:
@@ -185,6 +188,7 @@ def _wait_for_step(workdir, proc, step, timeout=300, checkpoint=None):
     raise AssertionError(f"step {step} not reached in {timeout}s")
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_gives_identical_losses(reference, tmp_path):
     proc = train_cli(tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=4",
                      wait=False)
@@ -208,6 +212,7 @@ def test_kill_9_then_resume_gives_identical_losses(reference, tmp_path):
                                [reference[s] for s in range(1, 13)], rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_0_then_resumes(reference, tmp_path):
     proc = train_cli(tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=100",
                      wait=False)
@@ -222,6 +227,7 @@ def test_sigterm_saves_and_exits_0_then_resumes(reference, tmp_path):
     assert [got[s] for s in range(1, 13)] == [reference[s] for s in range(1, 13)]
 
 
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back_to_previous(reference, tmp_path):
     train_cli(tmp_path, "--config.train.steps=8", "--config.train.checkpoint_every=4")
     assert steps_on_disk(tmp_path) == [4, 8]
@@ -237,6 +243,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_previous(reference, tmp_path):
     assert [got[s] for s in range(5, 13)] == [reference[s] for s in range(5, 13)]
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_good_checkpoints(tmp_path):
     train_cli(tmp_path, "--config.train.steps=4", "--config.train.checkpoint_every=4",
               "--config.schedule.warmup_steps=2")

@@ -127,6 +127,7 @@ def test_average_from_the_command_line_is_a_checkpoint_translate_takes(run, tmp_
     assert code == 1 and "--out" in err  # never overwrites a checkpoint
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_is_bitwise_identical(run, spm_dir, tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     argv = _args(tmp_path, spm_dir, "--config.train.steps=12", "--config.train.checkpoint_every=4",
