@@ -22,7 +22,7 @@ demo: install
 test: install
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q tests
 
-# Everyday work: every test not marked slow (under 5 minutes on 2 cores).
+# Everyday work: every test not marked slow (about 5 minutes on 2 cores; docs/testing.md).
 test-quick: install
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -m "not slow" tests
 

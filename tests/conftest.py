@@ -28,6 +28,15 @@ setup_process()  # as the CLI does: log lines on the console; libtpu told there 
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """The quick tier (`-m "not slow"`) mostly compiles tiny models and runs them a few steps:
+    XLA's CPU backend without its LLVM optimisations compiles them a third faster (and runs
+    long trainings slower, so `make test`, which runs the slow tests, keeps the default). Set
+    here, before the first computation creates the CPU client that reads XLA_FLAGS."""
+    if config.option.markexpr.replace(" ", "") == "notslow":
+        os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+
+
 def shared_data_dir() -> Path:
     """../shared/data beside the checkout, or $BERT_JAX_SHARED_DATA."""
     return Path(os.environ.get("BERT_JAX_SHARED_DATA", REPO.parent / "shared" / "data"))

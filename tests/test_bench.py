@@ -10,6 +10,7 @@ import pytest
 from bert_jax.tools import modelbench
 
 
+@pytest.mark.slow
 def test_our_pretraining_step_reports_full_length_tokens_and_mfu():
     r = modelbench.pretrain_step((1, 32, 2, 64, 8), "float32", steps=2, warmup=1, seq=32,
                                  vocab_size=100)

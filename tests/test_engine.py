@@ -130,6 +130,7 @@ def test_plain_wmt_train_names_the_missing_tokenizer(tmp_path):
         train.train_and_evaluate(config, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_transformer_trains_through_the_engine(tmp_path):
     summary = train.train_and_evaluate(tiny_wmt(), str(tmp_path))
     rows = metrics.read_metrics(tmp_path / "metrics.jsonl")

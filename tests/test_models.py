@@ -111,6 +111,7 @@ def test_packed_decoder_segments_are_causal_and_separate():
 
 
 @pytest.mark.parametrize("remat", ["none", "full", "dots"])
+@pytest.mark.slow
 def test_scan_equals_unrolled(remat):
     cfg = tiny("bert_pretraining", num_layers=3)
     unrolled = models.create_model(cfg)

@@ -171,6 +171,7 @@ def test_packed_rows_hold_every_instance_once_intact(long_rows):
     assert (b["masked_lm_weights"].sum(1) <= 40).all()
 
 
+@pytest.mark.slow
 def test_packed_instances_give_the_same_outputs_and_loss_terms(long_rows):
     """Each instance's MLM and NSP logits, and the summed loss terms, are the same packed or
     one per row: an instance sees only itself, at its own positions, NSP read at its [CLS]."""

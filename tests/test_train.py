@@ -111,6 +111,7 @@ def test_two_processes_give_the_same_losses(reference, tmp_path):
     assert steps_on_disk(tmp_path) == [4, 8, 12]
 
 
+@pytest.mark.slow
 def test_losses_fall_and_metrics_are_complete(tmp_path):
     config = small_config("--config.train.steps=40", "--config.train.eval_every=20",
                           "--config.train.checkpoint_every=20")
@@ -139,6 +140,7 @@ def _step_inputs(config, accum):
     return mesh, tx, state_sh, jax.jit(step)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch():
     # Dropout off: microbatches would otherwise draw different dropout masks than one batch.
     config = small_config("--config.model.dropout_rate=0.0",
@@ -157,6 +159,7 @@ def test_gradient_accumulation_equals_one_big_batch():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p4, p1)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_state():
     config = small_config("--config.model.dropout_rate=0.0", "--config.model.attention_dropout_rate=0.0")
     local = next(pipelines.make(config, "train"))

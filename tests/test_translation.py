@@ -19,7 +19,8 @@ from bert_jax.training import metrics
 from bert_jax.translation.bleu import read_lines
 
 MT = shared_data_dir() / "mt" / "multi30k"
-pytestmark = pytest.mark.skipif(not MT.is_dir(), reason=f"Multi30k not found at {MT}")
+pytestmark = [pytest.mark.skipif(not MT.is_dir(), reason=f"Multi30k not found at {MT}"),
+              pytest.mark.slow]  # trains a Transformer (and kills one)
 
 # A tiny model on the 1,014 dev pairs: ~0.1 s per step on 2 cores.
 TINY = ["--config.model.num_layers=1", "--config.model.num_decoder_layers=1",
@@ -127,7 +128,6 @@ def test_average_from_the_command_line_is_a_checkpoint_translate_takes(run, tmp_
     assert code == 1 and "--out" in err  # never overwrites a checkpoint
 
 
-@pytest.mark.slow
 def test_kill_9_then_resume_is_bitwise_identical(run, spm_dir, tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     argv = _args(tmp_path, spm_dir, "--config.train.steps=12", "--config.train.checkpoint_every=4",
