@@ -189,7 +189,7 @@ def translation_defaults() -> ml_collections.ConfigDict:
     d.source_lang, d.target_lang = "en", "de"
     d.train_files = ""  # "dir/train.{lang}.gz" (line-aligned, {lang} per side) or "*.tsv"; "" = TFDS
     d.eval_files = ""  # the dev set, same forms ("" = TFDS tfds_eval_split)
-    d.test_files = ""  # the test set (README: bert-jax translate ... --reference)
+    d.test_files = ""  # the test set (docs/translation.md: bert-jax translate ... --reference)
     d.tsv_langs = ""  # a TSV's column languages in order, e.g. "en,de" ("" = source,target)
     d.tfds_name = ""  # e.g. wmt14_translate/de-en, read with tfds.data_source
     d.tfds_train_split, d.tfds_eval_split = "train", "validation"

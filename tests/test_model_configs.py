@@ -172,6 +172,7 @@ def test_old_stored_configs_load(tmp_path, name):
         assert "embeddings" in found["bert"]
 
 
+@pytest.mark.slow  # trains, evaluates, exports and averages a run
 def test_a_checkpoint_saved_before_per_family_configs_resumes_evaluates_and_exports(cli, tmp_path):
     work = tmp_path / "w"
     code, out, err = cli(PRETRAIN + OLD_RUN + ["--config.train.steps=2", "--workdir", str(work)])
