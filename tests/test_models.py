@@ -11,8 +11,8 @@ from flax import nnx
 
 from bert_jax import models
 from bert_jax.models import layers
-from bert_jax.models.config import BertConfig
-from bert_jax.models.layers import ModelConfig, dropout, sinusoidal_positions
+from bert_jax.models.config import BertConfig, ModelConfig
+from bert_jax.models.layers import dropout, sinusoidal_positions
 
 TINY = dict(vocab_size=97, emb_dim=32, num_layers=2, num_heads=4, head_dim=8, mlp_dim=48,
             max_len=40)

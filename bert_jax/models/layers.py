@@ -1,6 +1,6 @@
-"""Building blocks: the model config, dense/embedding/LayerNorm layers, dropout, positions,
-bfloat16 matmuls on CPU, activation sharding constraints. Attention is in attention.py, the
-layer stack in transformer.py.
+"""Building blocks: dense/embedding/LayerNorm layers, dropout, positions, bfloat16 matmuls on
+CPU, activation sharding constraints. The model configs are in config.py, attention in
+attention.py, the layer stack in transformer.py.
 
 Shape suffixes used in all model code: B batch, T query length, S key length,
 D model width (emb_dim), N heads, K head dim, F feed-forward width (mlp_dim),
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax.models.config import DTYPES, REMAT_POLICIES, ModelConfig  # noqa: F401 (re-exported)
+from bert_jax.models.config import ModelConfig
 
 Array = jax.Array
 Cache = dict[str, Array]

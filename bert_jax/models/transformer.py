@@ -12,10 +12,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bert_jax.models.attention import Attention, Masking
-from bert_jax.models.config import DecoderLMConfig, EncoderDecoderConfig
+from bert_jax.models.config import REMAT_POLICIES, DecoderLMConfig, EncoderDecoderConfig
 from bert_jax.models.layers import (
     ACTIVATIONS,
-    REMAT_POLICIES,
     Array,
     Cache,
     ModelConfig,
