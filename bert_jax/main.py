@@ -104,6 +104,8 @@ _COMMIT = flags.DEFINE_string("commit", None, "launch: commit the workers run (d
 _SKIP_PLAN = flags.DEFINE_boolean("skip_plan", False, "launch: do not compile the plan first "
                                   "(where libtpu cannot be installed)")
 _POLL = flags.DEFINE_float("poll_seconds", 30.0, "launch: seconds between state checks")
+_PYTHON = flags.DEFINE_string("python", None, "launch: the workers' Python, major.minor (default: "
+                              "this machine's; uv provides it where the image's python3 differs)")
 _PRINT_COMMANDS = flags.DEFINE_boolean("print_commands", False, "sweep: print one `bert-jax train` "
                                        "command per trial (for a cluster scheduler) instead of running")
 
@@ -117,7 +119,7 @@ COMMAND_FLAGS = {
     "prepare": ("config", "out"), "info": ("config", "seq_len"),
     "plan": ("config", "topology", "slices", "mfu", "json"),
     "launch": ("config", "workdir", "topology", "name", "zone", "project", "runtime_version", "spot",
-               "keep", "dry_run", "max_restarts", "repo", "commit", "skip_plan", "poll_seconds"),
+               "keep", "dry_run", "max_restarts", "repo", "commit", "skip_plan", "poll_seconds", "python"),
     "convert": ("head",),
     "export": ("step",),
     "features": ("checkpoint", "input", "output", "layers", "max_seq_length", "batch_size"),
@@ -290,7 +292,7 @@ def cmd_launch(args: list[str]) -> None:
     sets up every worker at a pinned commit, trains with one log per worker under
     <workdir>/logs, re-queues and resumes after preemption, and deletes the capacity at the
     end (see launch/README.md)."""
-    from bert_jax.cloud import launch, plan
+    from bert_jax.cloud import bringup, launch, plan
 
     config = _require(_CONFIG, "launch")
     topology, workdir = _require(_TOPOLOGY, "launch"), _require(_WORKDIR, "launch")
@@ -308,9 +310,10 @@ def cmd_launch(args: list[str]) -> None:
                          f"({root} at the commit they run); put the config file in it and commit "
                          f"it") from None
     repo, commit = _REPO.value or origin, _COMMIT.value or head
-    if (not repo or not commit) and _DRY_RUN.value:
-        print("warning: no git checkout here: the dry run shows REPO_URL and COMMIT for --repo "
-              "and --commit", file=sys.stderr)
+    placeholders = (not repo or not commit) and _DRY_RUN.value
+    if placeholders:
+        print("warning: no --repo/--commit, and no git origin/HEAD here to take them from: the dry "
+              "run shows REPO_URL/COMMIT and checks neither them nor the config file", file=sys.stderr)
         repo, commit = repo or "REPO_URL", commit or "COMMIT"
     if not repo or not commit:
         raise app.UsageError("launch needs --repo and --commit (no git checkout here to take "
@@ -318,6 +321,16 @@ def cmd_launch(args: list[str]) -> None:
     if dirty and not _COMMIT.value:
         print(f"warning: uncommitted changes here are not on the workers, which run {commit}",
               file=sys.stderr)
+    # Before compiling or renting anything: what would make the workers fail.
+    python = bringup.check_python(_PYTHON.value or bringup.default_python())
+    if not placeholders:
+        commit = bringup.check_remote(root, repo, commit, _DRY_RUN.value)
+        bringup.check_config(root, worker_config.partition(":")[0], commit)
+    bringup.check_workdir(workdir, _DRY_RUN.value)
+    pins, notes = bringup.lock(root / "pyproject.toml")
+    print(bringup.describe(python, pins))
+    for note in notes:
+        print(f"warning: not pinned for the workers: {note}", file=sys.stderr)
     if _SKIP_PLAN.value:
         print("warning: --skip_plan: the config was not compiled for the slice", file=sys.stderr)
     else:
@@ -329,7 +342,8 @@ def cmd_launch(args: list[str]) -> None:
         name=name, zone=zone, topology=topology, workdir=workdir, repo=repo, commit=commit,
         train_args=["--config", worker_config, *(f"--config.{o}" for o in _LoadedConfig.overrides)],
         project=_PROJECT.value, runtime_version=_RUNTIME.value, spot=_SPOT.value, keep=_KEEP.value,
-        dry_run=_DRY_RUN.value, max_restarts=_MAX_RESTARTS.value, poll_seconds=_POLL.value)
+        dry_run=_DRY_RUN.value, max_restarts=_MAX_RESTARTS.value, poll_seconds=_POLL.value,
+        python=python, lock=tuple(pins))
     print(json.dumps(launch.run(run)))
 
 

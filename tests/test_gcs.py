@@ -163,3 +163,18 @@ def test_train_resume_and_eval_in_a_gs_workdir(gcs):
     assert listing(fs, f"{root}/plots") == ["metrics.csv", "metrics.png"]
     csv_rows = fs.cat(f"{root}/plots/metrics.csv").decode().splitlines()
     assert sum(",loss," in r for r in csv_rows) == 8
+
+
+def test_launch_checks_the_workdir_is_writable(gcs):
+    """`bert-jax launch` writes and deletes a probe in the workdir before creating capacity; a
+    bucket that does not exist is named (and not created)."""
+    fs, env = gcs
+    check = "from bert_jax.cloud import bringup; bringup.check_workdir({!r}, dry_run=False)"
+    ok = subprocess.run([sys.executable, "-c", check.format(f"gs://{BUCKET}/probed")], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert not fs.exists(f"{BUCKET}/probed") or listing(fs, f"{BUCKET}/probed") == []
+    bad = subprocess.run([sys.executable, "-c", check.format("gs://no-such-bucket/run")], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "cannot write to the workdir gs://no-such-bucket/run" in bad.stderr
+    assert "no-such-bucket" not in [b.rstrip("/") for b in fs.ls("")]

@@ -4,7 +4,9 @@
 2. The capacity is requested as a queued resource (on-demand, or `--spot`) and waited for:
    WAITING_FOR_RESOURCES / PROVISIONING are reported as they change, FAILED stops.
 3. Every worker is set up, idempotently and with retries: the repository at a pinned commit,
-   a virtualenv with `bert_jax[tpu]`, a stale libtpu lockfile removed.
+   a virtualenv with this machine's Python (uv provides it where the image's python3 is
+   another version) and `bert_jax[tpu]` at the versions installed here (bringup.py), a stale
+   libtpu lockfile removed.
 4. `bert-jax train` starts on every worker (one process per host); each worker's log is kept
    as `<workdir>/logs/worker_<i>.log` (copied there every minute) and worker 0's is streamed.
 5. Preempted (the queued resource SUSPENDED, or its node gone): the capacity is requested
@@ -22,7 +24,7 @@ import shlex
 import subprocess
 import time
 
-from bert_jax.cloud import tpu
+from bert_jax.cloud import bringup, tpu
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ class Launch:
     max_restarts: int = 3
     poll_seconds: float = 30.0
     setup_retries: int = 3
+    python: str = dataclasses.field(default_factory=bringup.default_python)  # workers' major.minor
+    lock: tuple[str, ...] = ()  # name==version pins the workers install with (bringup.lock)
 
 
 class Gcloud:
@@ -81,14 +85,17 @@ def _where(launch: Launch) -> list[str]:
 def setup_script(launch: Launch) -> str:
     """Shell run on every worker before training: safe to run again (restarts, retries)."""
     repo, commit = shlex.quote(launch.repo), shlex.quote(launch.commit)
+    lock = bringup.LOCK_FILE
     return "; ".join([
         "set -e",
+        # the versions of the machine that planned the run, as pip constraints
+        f"printf '%s\\n' {shlex.join(launch.lock)} > {lock}" if launch.lock else f": > {lock}",
         f"[ -d bert_jax/.git ] || git clone --quiet {repo} bert_jax",
         "cd bert_jax",
         f"git fetch --quiet origin || true; git checkout --quiet --force {commit}",
-        "[ -x .venv/bin/python ] || python3 -m venv .venv",
+        bringup.python_setup(launch.python),
         ".venv/bin/pip install --quiet --upgrade pip",
-        ".venv/bin/pip install --quiet -e '.[tpu]'",
+        f".venv/bin/pip install --quiet -c ../{lock} -e '.[{','.join(bringup.EXTRAS)}]'",
         # a run killed by preemption or Ctrl-C leaves libtpu's lockfile behind
         "sudo rm -f /tmp/libtpu_lockfile 2>/dev/null || rm -f /tmp/libtpu_lockfile",
     ])
