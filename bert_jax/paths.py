@@ -96,14 +96,18 @@ def local_copy(src: str | os.PathLike, *, keep=None) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="bert_jax_copy_") as tmp:
         local = Path(tmp) / remote.name
         if remote.is_dir():
-            for root, _, files in remote.walk():
-                rel = str(root)[len(str(remote)):].strip("/")
-                if keep is not None and rel:
-                    continue
-                (local / rel).mkdir(parents=True, exist_ok=True)
-                for name in files:
-                    if name and (keep is None or keep(name)):
-                        copy_file(epath.Path(root) / name, local / rel / name)
+            import fsspec
+
+            fs, base = fsspec.core.url_to_fs(str(remote))
+            fs.invalidate_cache()
+            local.mkdir()
+            for name, info in sorted(fs.find(base, detail=True).items()):
+                rel = name[len(base):].strip("/")
+                if (info.get("type") != "file" or name.endswith("/") or not rel
+                        or (keep is not None and ("/" in rel or not keep(rel)))):
+                    continue  # folder markers; with `keep`, subfolders and other files
+                (local / rel).parent.mkdir(parents=True, exist_ok=True)
+                copy_file(f"{str(src).split('://', 1)[0]}://{name}", local / rel)
         elif remote.is_file():
             copy_file(remote, local)
         yield local

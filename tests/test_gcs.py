@@ -317,3 +317,37 @@ def test_prepared_array_record_shards_on_gs(corpus, vocab, gcs_here, cli):
     with pytest.raises(FileExistsError, match=f"{shards} exists and is not empty"):
         documents.prepare(text_config, shards)
 
+
+
+@pytest.mark.slow  # ~25 s: Orbax saves and restores through the emulator
+def test_checkpoint_tools_read_and_write_gs(vocab, gcs_here):
+    """features, export and convert with every input and output in the bucket (a tiny BERT
+    checkpoint saved there with its gs:// tokenizer, as a gs:// training workdir holds them)."""
+    from flax import nnx
+
+    from bert_jax import models
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.interop import convert, export, features
+    from bert_jax.training import checkpoint
+
+    fs, root = gcs_here, f"gs://{BUCKET}/tools"
+    cfg = dict(name="bert", vocab_size=1000, emb_dim=16, num_layers=2, num_heads=2, head_dim=8,
+               mlp_dim=32, max_len=32)
+    params = nnx.to_pure_dict(nnx.state(models.create_model(cfg), nnx.Param))
+    checkpoint.save_params(f"{root}/ckpt", 0, params, {"model": cfg})
+    assert "vocab.txt" in tokenizer_lib.copy_tokenizer(vocab, f"{root}/ckpt")
+    fs.pipe(f"{BUCKET}/tools/in.txt", b"Emma was happy.\nShe smiled. ||| He did not.\n")
+
+    assert features.extract_features(f"{root}/ckpt", f"{root}/in.txt", f"{root}/out/f.jsonl",
+                                     layers=(-1,), max_seq_length=32, batch_size=2) == 2
+    rows = [json.loads(x) for x in fs.cat(f"{BUCKET}/tools/out/f.jsonl").decode().splitlines()]
+    assert [r["features"][0]["token"] for r in rows] == ["[CLS]", "[CLS]"]
+
+    report = export.export_hf(f"{root}/ckpt", f"{root}/hf")
+    assert report["out"] == f"{root}/hf" and report["tokenizer"]
+    assert listing(fs, f"{BUCKET}/tools/hf") == ["config.json", "model.safetensors",
+                                                "tokenizer_config.json", "vocab.txt"]
+    report = convert.convert_hf(f"{root}/hf", f"{root}/converted")
+    assert report["source"] == f"hf:{root}/hf"  # named as given, not as its local copy
+    assert {"checkpoints", "vocab.txt"} <= set(listing(fs, f"{BUCKET}/tools/converted"))
+    assert checkpoint.read_config(f"{root}/converted")["model"]["vocab_size"] == 1000
