@@ -1,12 +1,23 @@
-"""Workdirs: local folders and object-store URLs (gs://...) as one kind of path, and the
-lock that keeps two runs out of one workdir."""
+"""Paths: local files and object-store URLs (gs://...) as one kind of path for everything the
+code reads or writes (data, tokenizers, checkpoints, outputs), globs over either, and the lock
+that keeps two runs out of one workdir.
+
+Local paths behave exactly as Python's own (pathlib.Path, glob.glob); only a URL goes through
+etils.epath / fsspec (gcsfs for gs://). Code that needs a real local file (a C++ reader or
+writer without object-store support) stages it through `local_copy` / `staged_output`."""
 
 from __future__ import annotations
 
+import contextlib
+import glob as glob_lib
 import json
 import os
+import re
+import shutil
 import socket
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from etils import epath
@@ -30,6 +41,92 @@ def workdir_path(directory: str | os.PathLike) -> epath.Path:
     """A local folder (made absolute) or an object store URL such as gs://bucket/run, as a path
     (pathlib.Path would turn "gs://b/run" into the local folder "gs:/b/run")."""
     return epath.Path(directory if is_remote(directory) else Path(directory).absolute())
+
+
+def path(p: str | os.PathLike) -> Path | epath.Path:
+    """`p` as a path object: a local path as pathlib.Path (as given: a relative one stays
+    relative, so messages show what the user typed), a URL such as gs://b/x as epath.Path (which
+    has the same methods: /, open, read_bytes, read_text, write_*, is_file, is_dir, exists,
+    iterdir, mkdir, name, parent)."""
+    return epath.Path(p) if is_remote(p) else Path(p)
+
+
+def glob(pattern: str) -> list[str]:
+    """The sorted paths matching `pattern` (*, ?, [...]), local or gs://.
+
+    Local: glob.glob's result unchanged. An object store: the same syntax and meaning as far as
+    an object store allows: only objects (never the zero-byte `folder/` markers that the Cloud
+    Console's "Create folder" leaves, nor implied folders), `*` not matching a leading dot (as
+    glob.glob), `**` one level like `*` (as glob.glob without recursive=True), and a fresh
+    listing each time (gcsfs caches listings, which would hide files another host or process
+    wrote since)."""
+    if not is_remote(pattern):
+        return sorted(glob_lib.glob(pattern))
+    import fsspec  # gcsfs for gs:// (a dependency of this package)
+
+    protocol = str(pattern).split("://", 1)[0]
+    fs, stripped = fsspec.core.url_to_fs(str(pattern))
+    stripped = re.sub(r"\*\*+", "*", stripped)
+    fs.invalidate_cache()
+    found = fs.glob(stripped, detail=True)
+    hidden_ok = os.path.basename(stripped).startswith(".")
+    return sorted(f"{protocol}://{name}" for name, info in found.items()
+                  if info.get("type") == "file" and not name.endswith("/")
+                  and (hidden_ok or not os.path.basename(name).startswith(".")))
+
+
+def copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Copies one file between any two places (local or object store)."""
+    if not is_remote(src) and not is_remote(dst):
+        shutil.copyfile(src, dst)
+    else:
+        path(dst).write_bytes(path(src).read_bytes())
+
+
+@contextlib.contextmanager
+def local_copy(src: str | os.PathLike, *, keep=None) -> Iterator[Path]:
+    """A local path to read `src` from: `src` itself when local; for a URL, a temporary copy of
+    the file or of the folder with everything under it (with `keep`, a predicate on file
+    names, only the matching files directly in the folder), deleted on exit. For readers that
+    open only local files."""
+    if not is_remote(src):
+        yield Path(src)
+        return
+    remote = epath.Path(src)
+    with tempfile.TemporaryDirectory(prefix="bert_jax_copy_") as tmp:
+        local = Path(tmp) / remote.name
+        if remote.is_dir():
+            import fsspec
+
+            fs, base = fsspec.core.url_to_fs(str(remote))
+            fs.invalidate_cache()
+            local.mkdir()
+            for name, info in sorted(fs.find(base, detail=True).items()):
+                rel = name[len(base):].strip("/")
+                if (info.get("type") != "file" or name.endswith("/") or not rel
+                        or (keep is not None and ("/" in rel or not keep(rel)))):
+                    continue  # folder markers; with `keep`, subfolders and other files
+                (local / rel).parent.mkdir(parents=True, exist_ok=True)
+                copy_file(f"{str(src).split('://', 1)[0]}://{name}", local / rel)
+        elif remote.is_file():
+            copy_file(remote, local)
+        yield local
+
+
+@contextlib.contextmanager
+def staged_output(out: str | os.PathLike) -> Iterator[Path]:
+    """A local folder to write `out`'s files into: `out` itself when local; for a URL, a
+    temporary folder whose files are uploaded to `out` when the block ends without error."""
+    if not is_remote(out):
+        yield Path(out)
+        return
+    with tempfile.TemporaryDirectory(prefix="bert_jax_out_") as tmp:
+        yield Path(tmp)
+        for f in sorted(Path(tmp).rglob("*")):
+            if f.is_file():
+                dst = epath.Path(out) / f.relative_to(tmp).as_posix()
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_bytes(f.read_bytes())
 
 
 LOCK_NAME = "run.lock"

@@ -5,6 +5,9 @@ Variants (`arg`):
          TensorCore is one), mesh data=-1 (all devices):
            bert-jax train --config configs/bert_pretrain.py:base --workdir gs://BUCKET/bert_base \\
              --config.data.tokenizer=gs://BUCKET/vocab --config.data.train_files='gs://BUCKET/shards/*'
+         (text files; the vocab from `bert-jax vocab --input 'gs://BUCKET/text/*' --out
+         gs://BUCKET/vocab`; or array_record shards of `bert-jax prepare --out gs://BUCKET/shards`
+         with --config.data.name=array_record --config.data.train_files='gs://BUCKET/shards/train-*')
   large  L24 H1024 A16 (340M) on 64 chips: a v3-128 slice (8x8 chips, 128 devices), mesh fsdp=8
          and data=-1 (16), same flags.
 Check either before renting the slice (compiles for it here; pip install 'bert_jax[tpu]'):

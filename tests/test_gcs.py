@@ -2,9 +2,12 @@
 (localhost only; no network, no credentials): checkpoints, metrics.jsonl, TensorBoard events and
 summary.json land in the bucket; a run that crashed while saving resumes from its last complete
 gs:// checkpoint with identical losses; `bert-jax eval` and `bert-jax plot` read the bucket and
-write there."""
+write there. Every other path on gs:// too (in-process): globs of text files, a tokenizer,
+`vocab --input/--out`, `prepare --out` and array_record shards read from the bucket, the
+`features`/`translate` inputs and outputs."""
 
 import functools
+import gzip
 import json
 import os
 import re
@@ -90,12 +93,37 @@ def gcs():
                # layout before mkdir/rm/mv; the emulator has no such API (60 s timeouts each).
                GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
                TENSORSTORE_GCS_HTTP_URL=url,  # tensorstore (Orbax arrays)
+               CLOUD_STORAGE_EMULATOR_ENDPOINT=url,  # google-cloud-cpp (array_record's reader)
                GOOGLE_AUTH_TOKEN_FOR_TESTING="test")  # tensorstore: no credential lookup
     fs = gcsfs_core.GCSFileSystem(endpoint_url=url, token="anon", skip_instance_cache=True)
     yield fs, env
     httpd.shutdown()
     httpd.server_close()
     thread.join()
+
+
+def _forget_gcs_clients() -> None:
+    """Drops the cached gcsfs clients (etils epath keeps one for the process), so the next
+    gs:// access builds one from the current environment."""
+    from etils.epath import backend
+
+    backend.fsspec_backend._get_filesystem.cache_clear()
+    gcsfs_core.GCSFileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="module")
+def gcs_here(gcs):
+    """The emulator for this process (bert_jax called in-process: the `cli` fixture); the
+    environment and gcsfs clients are restored afterwards."""
+    fs, env = gcs
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("STORAGE_EMULATOR_HOST", "FSSPEC_GS_TOKEN", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+                    "TENSORSTORE_GCS_HTTP_URL", "CLOUD_STORAGE_EMULATOR_ENDPOINT",
+                    "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+            mp.setenv(key, env[key])
+        _forget_gcs_clients()
+        yield fs
+    _forget_gcs_clients()
 
 
 def bert_jax(env, *args) -> subprocess.CompletedProcess:
@@ -178,3 +206,163 @@ def test_launch_checks_the_workdir_is_writable(gcs):
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "cannot write to the workdir gs://no-such-bucket/run" in bad.stderr
     assert "no-such-bucket" not in [b.rstrip("/") for b in fs.ls("")]
+
+
+def _book(shared_data, name: str, lines: int) -> bytes:
+    return b"\n".join((shared_data / "text" / "gutenberg" / name).read_bytes().splitlines()[:lines])
+
+
+@pytest.fixture(scope="module")
+def corpus(gcs_here, shared_data):
+    """gs://bucket/corpus/: a plain and a gzipped book excerpt, with what a real bucket may also
+    hold beside them: the Cloud Console's zero-byte `corpus/` folder marker, a subfolder, and a
+    hidden file; a glob `corpus/*` must read only the two books."""
+    fs = gcs_here
+    fs.pipe(f"{BUCKET}/corpus/", b"")
+    fs.pipe(f"{BUCKET}/corpus/emma.txt", _book(shared_data, "austen-emma.txt", 1500))
+    fs.pipe(f"{BUCKET}/corpus/ball.txt.gz", gzip.compress(_book(shared_data, "chesterton-ball.txt", 1500)))
+    fs.pipe(f"{BUCKET}/corpus/old/", b"")
+    fs.pipe(f"{BUCKET}/corpus/old/draft.txt", b"not part of the corpus\n")
+    fs.pipe(f"{BUCKET}/corpus/.partial", b"\xff half an upload")
+    return f"gs://{BUCKET}/corpus"
+
+
+@pytest.fixture(scope="module")
+def vocab(corpus):
+    """gs://bucket/vocab: a WordPiece vocab of the corpus, written to the bucket."""
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.main import _text_lines
+
+    return str(tokenizer_lib.train_vocab(_text_lines(f"{corpus}/*"), size=1000, kind="wordpiece",
+                                         out_dir=f"gs://{BUCKET}/vocab"))
+
+
+def test_globs_on_gs_match_what_a_local_glob_would(corpus, gcs_here):
+    from bert_jax import paths
+    from bert_jax.data import documents
+
+    assert paths.glob(f"{corpus}/*") == [f"{corpus}/ball.txt.gz", f"{corpus}/emma.txt"]
+    assert paths.glob(f"{corpus}/[e]*.txt") == [f"{corpus}/emma.txt"]
+    assert paths.glob(f"{corpus}/**") == paths.glob(f"{corpus}/*")  # ** is one level, as glob.glob
+    assert paths.glob(f"{corpus}/*/*.txt") == [f"{corpus}/old/draft.txt"]
+    assert paths.glob(f"{corpus}/.p*") == [f"{corpus}/.partial"]
+    assert paths.glob(f"{corpus}/emma.txt") == [f"{corpus}/emma.txt"]
+    # A file another client wrote after a listing is seen (gcsfs caches listings).
+    other = gcsfs_core.GCSFileSystem(endpoint_url=os.environ["STORAGE_EMULATOR_HOST"], token="anon",
+                                     skip_instance_cache=True)
+    other.pipe(f"{BUCKET}/late/a.txt", b"a")
+    assert paths.glob(f"gs://{BUCKET}/late/*") == [f"gs://{BUCKET}/late/a.txt"]
+    other.pipe(f"{BUCKET}/late/b.txt", b"b")
+    assert paths.glob(f"gs://{BUCKET}/late/*") == [f"gs://{BUCKET}/late/a.txt", f"gs://{BUCKET}/late/b.txt"]
+    with pytest.raises(FileNotFoundError, match=r"data.train_files=.*no file matches 'gs://bucket/nope/\*'"):
+        documents.expand(f"gs://{BUCKET}/nope/*", "data.train_files")
+
+
+def test_vocab_from_gs_text_into_gs(corpus, vocab, gcs_here, cli):
+    fs = gcs_here
+    code, out, err = cli(["vocab", "--input", f"{corpus}/*", "--size", "1000", "--out",
+                          f"gs://{BUCKET}/vocab_cli"])
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1]) == {"out": f"gs://{BUCKET}/vocab_cli", "kind": "wordpiece",
+                                                "vocab_size": 1000}
+    assert listing(fs, f"{BUCKET}/vocab_cli") == ["bert_jax_tokenizer.json", "tokenizer_config.json",
+                                                 "vocab.txt"]
+    assert fs.cat(f"{BUCKET}/vocab_cli/vocab.txt") == fs.cat(f"{BUCKET}/vocab/vocab.txt")
+    assert b"draft" not in fs.cat(f"{BUCKET}/vocab/vocab.txt")  # the subfolder's file was not read
+
+
+def test_pretraining_from_gs_text_and_tokenizer(corpus, vocab, gcs_here, cli, tmp_path):
+    """The config docstring's pod command, on a CPU: text globs and tokenizer on gs://."""
+    fs = gcs_here
+    workdir = tmp_path / "run"
+    code, out, err = cli(["train", f"--config={CONFIG}", f"--workdir={workdir}",
+                          f"--config.data.tokenizer={vocab}",
+                          f"--config.data.train_files={corpus}/*", "--config.model.vocab_size=1000",
+                          "--config.train.steps=2", "--config.train.batch_size=8",
+                          "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
+                          "--config.train.eval_steps=1", "--config.data.heldout_every=5",
+                          "--config.schedule.warmup_steps=1"])
+    assert code == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1])["step"] == 2
+    # The workdir carries the tokenizer (so it can be an init_from), copied from the bucket.
+    assert (workdir / "vocab.txt").read_bytes() == fs.cat(f"{BUCKET}/vocab/vocab.txt")
+
+
+def test_sentencepiece_tokenizer_on_gs(corpus, gcs_here, cli):
+    from bert_jax.data import tokenizer as tokenizer_lib
+
+    code, _, err = cli(["vocab", "--input", f"{corpus}/emma.txt", "--size", "400", "--type",
+                        "sentencepiece", "--out", f"gs://{BUCKET}/spm"])
+    assert code == 0, err
+    tok = tokenizer_lib.load_tokenizer(f"gs://{BUCKET}/spm")
+    assert tok.kind == "sentencepiece" and tok.vocab_size <= 400
+    assert tok.decode(tok.encode("Emma was happy.")).lower() == "emma was happy."
+    with pytest.raises(FileNotFoundError, match=f"no tokenizer in gs://{BUCKET}/corpus:"):
+        tokenizer_lib.load_tokenizer(corpus)  # named as given, not as gs:/bucket/corpus
+
+
+def test_prepared_array_record_shards_on_gs(corpus, vocab, gcs_here, cli):
+    """`prepare --out gs://...` uploads the shards; training reads them from the bucket (the
+    array_record reader opens gs:// itself) as it reads the text."""
+    from bert_jax import config as config_lib
+    from bert_jax.data import documents
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.training import input as pipelines
+
+    text = [f"data.tokenizer=gs://{BUCKET}/vocab", f"data.train_files={corpus}/*",
+            "model.vocab_size=1000", "data.heldout_every=5", "data.max_seq_length=32",
+            "data.max_predictions_per_seq=5", "train.batch_size=8"]
+    shards = f"gs://{BUCKET}/shards"
+    code, out, err = cli(["prepare", f"--config={CONFIG}", f"--out={shards}",
+                          *(f"--config.{o}" for o in text)])
+    assert code == 0, err
+    counts = json.loads(out.splitlines()[0])["documents"]
+    assert listing(gcs_here, f"{BUCKET}/shards") == ["train-00000.array_record",
+                                                    "validation-00000.array_record"]
+    text_config = config_lib.load(CONFIG, text)
+    tok = tokenizer_lib.load_tokenizer(text_config.data.tokenizer)
+    docs, train_ids = pipelines.open_documents(text_config, "train", tok)
+    stored = documents.ArrayRecordDocuments(documents.expand(f"{shards}/train-*"))
+    assert len(stored) == counts["train"] == len(train_ids)
+    for i in (0, len(stored) - 1):  # the same documents and token ids as the text gives
+        assert [s.tolist() for s in stored[i]] == [s.tolist() for s in docs[int(train_ids[i])]]
+    config = config_lib.load(CONFIG, text + ["data.name=array_record", f"data.train_files={shards}/train-*",
+                                             f"data.eval_files={shards}/validation-*"])
+    assert next(pipelines.make(config, "train"))["input_ids"].shape == (8, 32)
+    with pytest.raises(FileExistsError, match=f"{shards} exists and is not empty"):
+        documents.prepare(text_config, shards)
+
+
+
+@pytest.mark.slow  # ~25 s: Orbax saves and restores through the emulator
+def test_checkpoint_tools_read_and_write_gs(vocab, gcs_here):
+    """features, export and convert with every input and output in the bucket (a tiny BERT
+    checkpoint saved there with its gs:// tokenizer, as a gs:// training workdir holds them)."""
+    from flax import nnx
+
+    from bert_jax import models
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.interop import convert, export, features
+    from bert_jax.training import checkpoint
+
+    fs, root = gcs_here, f"gs://{BUCKET}/tools"
+    cfg = dict(name="bert", vocab_size=1000, emb_dim=16, num_layers=2, num_heads=2, head_dim=8,
+               mlp_dim=32, max_len=32)
+    params = nnx.to_pure_dict(nnx.state(models.create_model(cfg), nnx.Param))
+    checkpoint.save_params(f"{root}/ckpt", 0, params, {"model": cfg})
+    assert "vocab.txt" in tokenizer_lib.copy_tokenizer(vocab, f"{root}/ckpt")
+    fs.pipe(f"{BUCKET}/tools/in.txt", b"Emma was happy.\nShe smiled. ||| He did not.\n")
+
+    assert features.extract_features(f"{root}/ckpt", f"{root}/in.txt", f"{root}/out/f.jsonl",
+                                     layers=(-1,), max_seq_length=32, batch_size=2) == 2
+    rows = [json.loads(x) for x in fs.cat(f"{BUCKET}/tools/out/f.jsonl").decode().splitlines()]
+    assert [r["features"][0]["token"] for r in rows] == ["[CLS]", "[CLS]"]
+
+    report = export.export_hf(f"{root}/ckpt", f"{root}/hf")
+    assert report["out"] == f"{root}/hf" and report["tokenizer"]
+    assert listing(fs, f"{BUCKET}/tools/hf") == ["config.json", "model.safetensors",
+                                                "tokenizer_config.json", "vocab.txt"]
+    report = convert.convert_hf(f"{root}/hf", f"{root}/converted")
+    assert report["source"] == f"hf:{root}/hf"  # named as given, not as its local copy
+    assert {"checkpoints", "vocab.txt"} <= set(listing(fs, f"{BUCKET}/tools/converted"))
+    assert checkpoint.read_config(f"{root}/converted")["model"]["vocab_size"] == 1000

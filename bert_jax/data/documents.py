@@ -7,9 +7,9 @@ that, `bert-jax prepare` writes array_record shards that are read record by reco
 
 from __future__ import annotations
 
-import glob
 import gzip
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +17,7 @@ import grain
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from bert_jax import paths
 from bert_jax.data import pretraining
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import workdir_path
@@ -25,11 +26,12 @@ Document = list[np.ndarray]
 
 
 def expand(patterns: str, what: str = "") -> list[str]:
-    """Comma-separated globs -> sorted file list; no match is an error naming `what` (a key or flag)."""
+    """Comma-separated globs (local or gs://, see paths.glob) -> sorted file list; no match is
+    an error naming `what` (a key or flag)."""
     files: list[str] = []
     where = f"{what}={patterns!r}: " if what else ""
     for pattern in filter(None, (p.strip() for p in patterns.split(","))):
-        matched = sorted(glob.glob(pattern))
+        matched = paths.glob(pattern)
         if not matched:
             raise FileNotFoundError(f"{where}no file matches {pattern!r}; check the path (a glob "
                                     "is expanded here, so quote it in the shell)")
@@ -100,10 +102,24 @@ class TextDocuments:
 
 
 class ArrayRecordDocuments:
-    """Pre-tokenized documents written by `bert-jax prepare`."""
+    """Pre-tokenized documents written by `bert-jax prepare` (local or gs://: array_record
+    >= 0.8.6 reads gs:// objects itself, with Application Default Credentials)."""
 
     def __init__(self, files: Sequence[str]):
-        self.source = grain.sources.ArrayRecordDataSource(list(files))
+        try:
+            self.source = grain.sources.ArrayRecordDataSource(list(files))
+        except RuntimeError as e:  # the C++ reader's "open() failed: ...; opening <file>"
+            remote = [f for f in files if paths.is_remote(f)]
+            if not remote or "gs://" not in str(e):
+                raise
+            import array_record
+
+            raise OSError(
+                f"array_record {getattr(array_record, '__version__', '')} cannot read {remote[0]} "
+                f"({str(e).splitlines()[0][:200]}); array_record >= 0.8.6 reads gs:// with the "
+                "machine's Google credentials (`gcloud auth application-default login` off "
+                "Cloud): upgrade it (pip install -U array_record), check the credentials, or "
+                "copy the shards to a local disk and point data.train_files there") from None
 
     def __len__(self) -> int:
         return len(self.source)
@@ -134,7 +150,15 @@ class TfdsDocuments:
 
 
 def write_array_record(docs, path: str | Path) -> int:
-    """Writes documents (an iterable of Document) to one array_record file; returns count."""
+    """Writes documents (an iterable of Document) to one array_record file, local or gs://
+    (written locally, then uploaded: array_record's writer opens only local files); returns
+    the count."""
+    if paths.is_remote(path):
+        with tempfile.TemporaryDirectory(prefix="bert_jax_shard_") as tmp:
+            local = Path(tmp) / "shard.array_record"
+            n = write_array_record(docs, local)
+            paths.copy_file(local, path)
+        return n
     writer = ArrayRecordWriter(str(path), "group_size:1")
     n = 0
     for doc in docs:
@@ -160,8 +184,9 @@ def _source_documents(config, tokenizer):
 
 def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[str, int]:
     """Tokenizes config.data's corpus once into array_record shards `train-NNNNN` and (every
-    data.heldout_every-th document) `validation-NNNNN`; returns documents per split."""
-    out = Path(out_dir)
+    data.heldout_every-th document) `validation-NNNNN` (local or gs://); returns documents per
+    split."""
+    out = paths.path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(config.data.tokenizer))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import TextIO
 
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.data.tokenizer import Tokenizer, pair_lengths
 
 TokenizedDocument = list[np.ndarray]  # int32 token ids per sentence; no empty sentences
@@ -53,8 +55,26 @@ def split_sentences(paragraph: str) -> list[str]:
     return sentences
 
 
+class _RemoteText(io.TextIOWrapper):
+    """Text over an object-store file (gzipped or not) that closes the object when closed."""
+
+    def __init__(self, raw, gz: bool):
+        self._raw = raw
+        super().__init__(gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw, encoding="utf-8",
+                         errors="replace")
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
+
+
 def _open_text(path: str | Path) -> TextIO:
-    """A text stream over a plain or gzipped file; undecodable bytes become U+FFFD."""
+    """A text stream over a plain or gzipped file (local or gs://); undecodable bytes become
+    U+FFFD."""
+    if paths.is_remote(path):
+        return _RemoteText(paths.path(path).open("rb"), gz=str(path).endswith(".gz"))
     if str(path).endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8", errors="replace")
     return open(path, encoding="utf-8", errors="replace")

@@ -8,6 +8,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from bert_jax import paths
+
 log = logging.getLogger(__name__)
 
 SKIP_HINT = ". Fix the file or set data.skip_bad_rows=True to skip such rows"
@@ -40,7 +42,7 @@ class BadRows:
 
 def not_utf8(path: str | os.PathLike, error: UnicodeDecodeError | None = None) -> ValueError:
     """`<path>:<line>: not UTF-8: ...` for a file whose bytes do not decode, naming the first bad line."""
-    with open(path, "rb") as f:
+    with paths.path(path).open("rb") as f:
         for line, raw in enumerate(f, 1):
             try:
                 raw.decode("utf-8")

@@ -8,7 +8,6 @@ import dataclasses
 import heapq
 import itertools
 import json
-import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -17,6 +16,7 @@ import numpy as np
 import sentencepiece as spm
 from tokenizers import normalizers, pre_tokenizers
 
+from bert_jax import paths
 from bert_jax.data.wordpiece import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
 
 META_NAME, SPM_NAME, SPM_VOCAB_NAME = "bert_jax_tokenizer.json", "spm.model", "spm.vocab"
@@ -143,7 +143,8 @@ def _train_sentencepiece(lines: Iterator[str], size: int, out_dir: Path, lowerca
 
 def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | Path,
                 lowercase: bool = True, sp_model_type: Literal["unigram", "bpe"] = "unigram") -> Path:
-    """Trains a vocab of at most `size` tokens on text lines into out_dir; returns out_dir."""
+    """Trains a vocab of at most `size` tokens on text lines into out_dir (local or gs://: written
+    locally, then uploaded); returns out_dir."""
     if kind not in ("wordpiece", "sentencepiece"):
         raise ValueError(f"train_vocab: kind={kind!r}, expected 'wordpiece' or 'sentencepiece'")
     if sp_model_type not in ("unigram", "bpe"):
@@ -151,15 +152,16 @@ def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | 
     if size <= len(SPECIAL_TOKENS):
         raise ValueError(f"train_vocab: size={size} leaves no room beside the special tokens "
                          f"{' '.join(SPECIAL_TOKENS)}")
-    lines, out_dir = _text_lines(inputs), Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if kind == "wordpiece":
-        n = _train_wordpiece(lines, size, out_dir, lowercase)
-    else:
-        n = _train_sentencepiece(lines, size, out_dir, lowercase, sp_model_type)
-    meta = {"kind": kind, "lowercase": lowercase, "vocab_size": n}
-    (out_dir / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
-    return out_dir
+    lines = _text_lines(inputs)
+    with paths.staged_output(out_dir) as local:
+        local.mkdir(parents=True, exist_ok=True)
+        if kind == "wordpiece":
+            n = _train_wordpiece(lines, size, local, lowercase)
+        else:
+            n = _train_sentencepiece(lines, size, local, lowercase, sp_model_type)
+        meta = {"kind": kind, "lowercase": lowercase, "vocab_size": n}
+        (local / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+    return paths.path(out_dir)
 
 
 def pair_lengths(len_a: int, len_b: int, max_length: int) -> tuple[int, int]:
@@ -317,7 +319,10 @@ class _SentencePiece(Tokenizer):
 
     def __init__(self, directory: Path, lowercase: bool | None) -> None:
         path = directory / SPM_NAME
-        self._sp = sp = spm.SentencePieceProcessor(model_file=str(path))
+        if paths.is_remote(path):  # sentencepiece opens only local files: give it the bytes
+            self._sp = sp = spm.SentencePieceProcessor(model_proto=path.read_bytes())
+        else:
+            self._sp = sp = spm.SentencePieceProcessor(model_file=str(path))
         pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
         ids = [sp.piece_to_id(t) for t in SPECIAL_TOKENS]  # an absent piece maps to unk's id
         if missing := [t for t, i in zip(SPECIAL_TOKENS, ids) if pieces[i] != t]:
@@ -350,13 +355,20 @@ class _SentencePiece(Tokenizer):
 
     def save(self, directory: str | Path) -> None:
         """Copies spm.model (and spm.vocab, bert_jax_tokenizer.json when present)."""
-        directory = Path(directory)
+        directory = paths.path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if directory.resolve() == self.directory.resolve():
+        if _same_dir(directory, self.directory):
             return
         for name in (SPM_NAME, SPM_VOCAB_NAME, META_NAME):
             if (self.directory / name).is_file():
-                shutil.copyfile(self.directory / name, directory / name)
+                paths.copy_file(self.directory / name, directory / name)
+
+
+def _same_dir(a, b) -> bool:
+    """Whether two folders (local or URLs) are the same."""
+    if paths.is_remote(a) or paths.is_remote(b):
+        return str(a).rstrip("/") == str(b).rstrip("/")
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def _read_json(path: Path) -> dict:
@@ -386,18 +398,18 @@ def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
     """Copies the tokenizer files in src (those of TOKENIZER_FILES present) into dst, so a
     training workdir, like a `bert-jax convert` output, carries its tokenizer and can be
     given as init_from. Files already in dst are kept. Returns the names copied."""
-    src, dst = Path(src), Path(dst)
-    if src.resolve() == dst.resolve():
+    src, dst = paths.path(src), paths.path(dst)
+    if _same_dir(src, dst):
         return []
     copied = [n for n in TOKENIZER_FILES if (src / n).is_file() and not (dst / n).exists()]
     for name in copied:
-        shutil.copyfile(src / name, dst / name)
+        paths.copy_file(src / name, dst / name)
     return copied
 
 
 def has_tokenizer(directory: str | Path) -> bool:
     """Whether `directory` holds tokenizer files (vocab.txt or spm.model)."""
-    return any((Path(directory) / name).is_file() for name in (VOCAB_NAME, SPM_NAME))
+    return any((paths.path(directory) / name).is_file() for name in (VOCAB_NAME, SPM_NAME))
 
 
 def required_dir(directory: str | Path, key: str = "data.tokenizer") -> str | Path:
@@ -419,8 +431,9 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None) -> T
 
     WordPiece casing: `lowercase` if given, else bert_jax_tokenizer.json's, else HF tokenizer_config.json's
     do_lower_case, else uncased iff no vocab token outside [brackets] has an uppercase letter.
+    `directory` may be local or gs://.
     """
-    directory = Path(directory)
+    directory = paths.path(directory)
     files = {"wordpiece": VOCAB_NAME, "sentencepiece": SPM_NAME}
     found = [kind for kind, name in files.items() if (directory / name).is_file()]
     kind = _metadata(directory).get("kind")
@@ -438,4 +451,5 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None) -> T
 def load_hf_tokenizer(directory: str | Path) -> Tokenizer:
     """A Hugging Face BERT folder's vocab.txt read as its BertTokenizer reads it: lowercase unless
     tokenizer_config.json says do_lower_case=false (HF's default, unlike load_tokenizer's guess)."""
-    return _WordPiece(Path(directory), _read_json(Path(directory) / CONFIG_NAME).get("do_lower_case", True))
+    directory = paths.path(directory)
+    return _WordPiece(directory, _read_json(directory / CONFIG_NAME).get("do_lower_case", True))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
+from bert_jax import paths
 from bert_jax.data.rows import utf8_errors
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -21,14 +22,14 @@ _CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73
 
 
 def load_vocab(path: str | Path) -> list[str]:
-    """Reads vocab.txt: one token per line, id = line number."""
-    path = Path(path)
+    """Reads vocab.txt (local or gs://): one token per line, id = line number."""
+    path = paths.path(path)
     if not path.is_file():
         raise FileNotFoundError(f"BERT vocab file not found: {path}; expected the model's vocab.txt "
                                 "(one token per line) there")
     # As HF load_vocab: text-mode readlines (universal newlines, so \r\n and \r end a line but
     # \x0b, \x1c, \u2028 ... do not, unlike str.splitlines) and only the "\n" is stripped.
-    with utf8_errors(path), open(path, encoding="utf-8") as f:
+    with utf8_errors(path), path.open(encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f.readlines()]
 
 
@@ -124,7 +125,7 @@ class WordPieceTokenizer:
                             lowercase: bool | None = None) -> WordPieceTokenizer:
         """Loads vocab.txt and the HF tokenizer_config.json options; `lowercase` overrides its
         do_lower_case, and both absent means lowercase (HF BertTokenizer's default)."""
-        directory = Path(directory)
+        directory = paths.path(directory)
         config_path = directory / CONFIG_NAME
         try:
             config = json.loads(config_path.read_text("utf-8")) if config_path.is_file() else {}
@@ -139,11 +140,10 @@ class WordPieceTokenizer:
                               tokenize_chinese_chars=config.get("tokenize_chinese_chars", True))
 
     def save(self, directory: str | Path) -> None:
-        """Writes vocab.txt and an HF-style tokenizer_config.json."""
-        directory = Path(directory)
+        """Writes vocab.txt and an HF-style tokenizer_config.json (local or gs://)."""
+        directory = paths.path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        with open(directory / VOCAB_NAME, "w", encoding="utf-8", newline="\n") as f:
-            f.writelines(tok + "\n" for tok in self.vocab)
+        (directory / VOCAB_NAME).write_bytes("".join(tok + "\n" for tok in self.vocab).encode("utf-8"))
         config = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
                   "strip_accents": self.strip_accents,
                   "tokenize_chinese_chars": self.tokenize_chinese_chars,

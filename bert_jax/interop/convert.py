@@ -10,18 +10,19 @@ vocab.txt, bert_model.ckpt.index + .data-*), read without TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flax import nnx, traverse_util
 
-from bert_jax import models
+from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop.hf_weights import load_hf_weights, resolve_model_dir
 from bert_jax.interop.tf_checkpoint import read_tf_checkpoint
@@ -357,34 +358,62 @@ def read_source(source: str | os.PathLike
             f"tf:{prefix}")
 
 
+@contextlib.contextmanager
+def _local_source(source: str | os.PathLike) -> Iterator[str | os.PathLike]:
+    """`source` itself when local; for a gs:// source, a temporary local copy of what
+    read_source reads: the folder, or a TF checkpoint prefix's files with the folder's
+    bert_config.json and tokenizer files (not the folder's other checkpoints)."""
+    if not paths.is_remote(source):
+        yield source
+        return
+    remote = paths.path(source)
+    if paths.path(f"{source}.index").is_file():
+        beside = {"bert_config.json", *tokenizer_lib.TOKENIZER_FILES}
+
+        def keep(name: str) -> bool:
+            return name.startswith(f"{remote.name}.") or name in beside
+        with paths.local_copy(remote.parent, keep=keep) as local:
+            yield local / remote.name
+    elif remote.is_dir():
+        with paths.local_copy(remote) as local:
+            yield local
+    else:
+        raise FileNotFoundError(f"{source}: no such folder or TensorFlow checkpoint prefix "
+                                "(<prefix>.index); expected a Hugging Face BERT folder or an "
+                                "original TensorFlow BERT checkpoint")
+
+
 def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | None = None
                ) -> dict[str, Any]:
     """Converts a HF BERT folder or cache entry, or an original TF BERT checkpoint, into a
-    bert_jax checkpoint directory; returns a report."""
-    out = Path(out)
+    bert_jax checkpoint directory (either may be local or gs://); returns a report."""
+    out = paths.path(out)
     if checkpoint.checkpoint_dir(out).exists():
         raise FileExistsError(f"{out}: already holds checkpoints; choose a new output folder")
-    hf_cfg, weights, tokenizer, origin = read_source(source)
-    names = {normalise_name(k): k for k in weights}
-    name = choose_head(hf_cfg, names, name)
-    if "classifier.weight" in names and not {"id2label", "num_labels"} & set(hf_cfg):
-        # TF run_classifier.py checkpoints: bert_config.json does not say; the head does.
-        hf_cfg = {**hf_cfg, "num_labels": weights[names["classifier.weight"]].shape[0]}
-    # A bare encoder saved without its pooler (add_pooling_layer=False) stays without one.
-    try:
-        model_cfg = model_config_from_hf(hf_cfg, name, use_pooler=name != "bert" or
-                                         "pooler.dense.weight" in names)
-    except ValueError as e:
-        raise ValueError(f"{origin[3:]}: {e}") from None
-    if tokenizer.vocab_size > model_cfg["vocab_size"]:
-        raise ValueError(f"{tokenizer.directory / tokenizer_lib.VOCAB_NAME} has {tokenizer.vocab_size} "
-                         f"tokens but the model config says vocab_size={model_cfg['vocab_size']}; "
-                         "use the vocab.txt that came with the model")
-    params, missing, unused = convert_hf_weights(weights, model_cfg)
-    encoder = "".join(f"{k}/" for k in models.encoder_path(name))
-    essential = [p for p in missing if p.startswith(encoder) and p.removeprefix(encoder) not in _POOLER]
-    if essential:
-        raise ValueError(f"{origin[3:]}: encoder weights missing from the checkpoint: {essential}")
-    checkpoint.save_params(out, 0, params, {"model": model_cfg, "source": origin})
-    tokenizer.save(out)
-    return {"model": name, "missing": missing, "unused": unused, "out": str(out), "source": origin}
+    with _local_source(source) as local:
+        hf_cfg, weights, tokenizer, origin = read_source(local)
+        if local != source:  # name the source, not its temporary copy
+            origin = origin[:3] + str(source) + origin[3 + len(str(local)):]
+        names = {normalise_name(k): k for k in weights}
+        name = choose_head(hf_cfg, names, name)
+        if "classifier.weight" in names and not {"id2label", "num_labels"} & set(hf_cfg):
+            # TF run_classifier.py checkpoints: bert_config.json does not say; the head does.
+            hf_cfg = {**hf_cfg, "num_labels": weights[names["classifier.weight"]].shape[0]}
+        # A bare encoder saved without its pooler (add_pooling_layer=False) stays without one.
+        try:
+            model_cfg = model_config_from_hf(hf_cfg, name, use_pooler=name != "bert" or
+                                             "pooler.dense.weight" in names)
+        except ValueError as e:
+            raise ValueError(f"{origin[3:]}: {e}") from None
+        if tokenizer.vocab_size > model_cfg["vocab_size"]:
+            raise ValueError(f"{tokenizer.directory / tokenizer_lib.VOCAB_NAME} has {tokenizer.vocab_size} "
+                             f"tokens but the model config says vocab_size={model_cfg['vocab_size']}; "
+                             "use the vocab.txt that came with the model")
+        params, missing, unused = convert_hf_weights(weights, model_cfg)
+        encoder = "".join(f"{k}/" for k in models.encoder_path(name))
+        essential = [p for p in missing if p.startswith(encoder) and p.removeprefix(encoder) not in _POOLER]
+        if essential:
+            raise ValueError(f"{origin[3:]}: encoder weights missing from the checkpoint: {essential}")
+        checkpoint.save_params(out, 0, params, {"model": model_cfg, "source": origin})
+        tokenizer.save(out)
+        return {"model": name, "missing": missing, "unused": unused, "out": str(out), "source": origin}

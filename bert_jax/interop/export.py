@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import safetensors.numpy
 from flax import nnx, traverse_util
 
-from bert_jax import models
+from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop.convert import hf_config, hf_names
 from bert_jax.training import checkpoint, state
@@ -50,8 +49,9 @@ def hf_state_dict(model_cfg: dict[str, Any], params: dict) -> dict[str, np.ndarr
 def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | None = None
               ) -> dict[str, Any]:
     """Writes checkpoint `step` (latest by default) of `source` as a Hugging Face folder `out`;
-    returns a report."""
-    out = Path(out)
+    returns a report. `source` and `out` may be local or gs:// (the files are written locally,
+    then uploaded)."""
+    out = paths.path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out}: not empty; choose a new output folder")
     model_cfg = models.complete_model_config(checkpoint.read_config(source, step)["model"])
@@ -66,13 +66,14 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
                     "initialise one (pooler_output is meaningless, last_hidden_state is exact)")
     _, model = state.load_model(source, step, model_cfg)
     tensors = hf_state_dict(model_cfg, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    # transformers refuses safetensors files without format metadata.
-    safetensors.numpy.save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    if tokenizer is not None and tokenizer.kind == "wordpiece":
-        tokenizer.save(out)
-    else:
+    with paths.staged_output(out) as local:
+        local.mkdir(parents=True, exist_ok=True)
+        (local / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        # transformers refuses safetensors files without format metadata.
+        safetensors.numpy.save_file(tensors, local / "model.safetensors", metadata={"format": "pt"})
+        if tokenizer is not None and tokenizer.kind == "wordpiece":
+            tokenizer.save(local)
+    if not (tokenizer is not None and tokenizer.kind == "wordpiece"):
         what = "a SentencePiece model" if tokenizer else "no tokenizer"
         log.warning(f"warning: {source} has {what}; {out} gets no tokenizer files (HF BERT "
                     "reads a WordPiece vocab.txt)")

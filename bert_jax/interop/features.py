@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bert_jax import models
+from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.finetune import pad_batch
 from bert_jax.data.rows import utf8_errors
@@ -21,8 +20,9 @@ from bert_jax.training import state as state_lib
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[tuple[str, str | None]]:
-    """(text_a, text_b) per input line; `A ||| B` lines are pairs, as in the original."""
-    with utf8_errors(path), open(path, encoding="utf-8") as f:
+    """(text_a, text_b) per input line (a local or gs:// file); `A ||| B` lines are pairs, as in
+    the original."""
+    with utf8_errors(path), paths.path(path).open(encoding="utf-8") as f:
         for line in f:
             line = line.strip()
             a, sep, b = line.partition(" ||| ")
@@ -37,8 +37,9 @@ def _encoder(model: nnx.Module) -> nnx.Module:
 def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.PathLike,
                      output_file: str | os.PathLike, layers: Sequence[int] = (-1, -2, -3, -4),
                      max_seq_length: int = 128, batch_size: int = 8) -> int:
-    """Writes one JSON line per input line; returns the number of lines written."""
-    if not Path(input_file).is_file():
+    """Writes one JSON line per input line; returns the number of lines written. Every path may
+    be local or gs://."""
+    if not paths.path(input_file).is_file():
         raise FileNotFoundError(f"--input={input_file}: no such file; expected a text file with one "
                                 "example per line (`A ||| B` for pairs)")
     pairs = list(read_lines(input_file))
@@ -48,7 +49,7 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
     if batch_size < 1:
         raise ValueError(f"--batch_size={batch_size} must be >= 1")
     try:
-        Path(output_file).parent.mkdir(parents=True, exist_ok=True)
+        paths.path(output_file).parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OSError(f"--output={output_file}: cannot create its folder ({e.strerror or e}); "
                       "choose another --output") from None
@@ -79,7 +80,7 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
 
     inputs = tokenizer.encode_pairs([a for a, _ in pairs], [b for _, b in pairs], max_seq_length)
     lengths = inputs["attention_mask"].sum(1)
-    with open(output_file, "w", encoding="utf-8") as f:
+    with paths.path(output_file).open("w", encoding="utf-8") as f:
         for start in range(0, len(pairs), batch_size):
             # Always batch_size rows (padding rows at the end): one shape, one compile.
             batch = pad_batch({k: v[start:start + batch_size] for k, v in inputs.items()}, batch_size)

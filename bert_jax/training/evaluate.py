@@ -28,7 +28,7 @@ from etils import epath
 from flax import nnx
 
 from bert_jax import config as config_lib
-from bert_jax import tasks
+from bert_jax import paths, tasks
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import is_remote, workdir_path
 from bert_jax.training import checkpoint, objectives, sharding, state
@@ -258,7 +258,7 @@ def run_config(config, workdir: str) -> ml_collections.ConfigDict:
             log.info(f"model from the checkpoint in {workdir}, not --config ({changed})")
         config.model = ml_collections.ConfigDict(model)
     data = config.data
-    if "tokenizer" in data and not (data.tokenizer and Path(data.tokenizer).exists()) and (
+    if "tokenizer" in data and not (data.tokenizer and paths.path(data.tokenizer).exists()) and (
             tokenizer_lib.has_tokenizer(workdir)):
         data.tokenizer = str(workdir)
     return config

@@ -345,14 +345,12 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
 
 
 def _prepare_workdir(config, workdir: str) -> None:
-    """Creates a local workdir and copies the tokenizer into it, so the workdir can later be
-    an init_from or a checkpoint for features."""
-    if is_remote(workdir):
-        return
-    workdir_path(workdir).mkdir(parents=True, exist_ok=True)
+    """Creates the workdir and copies the tokenizer into it (local or gs://, either way), so
+    the workdir can later be an init_from or a checkpoint for features."""
+    if not is_remote(workdir):
+        workdir_path(workdir).mkdir(parents=True, exist_ok=True)
     tokenizer = tasks.tokenizer_source(config)
-    if (jax.process_index() == 0 and tokenizer and not is_remote(tokenizer)
-            and workdir_path(tokenizer).is_dir()):
+    if jax.process_index() == 0 and tokenizer and workdir_path(tokenizer).is_dir():
         tokenizer_lib.copy_tokenizer(tokenizer, workdir)
 
 

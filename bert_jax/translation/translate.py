@@ -17,6 +17,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from bert_jax import config as config_lib
+from bert_jax import paths
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data import translation
 from bert_jax.training import checkpoint, evaluate, objectives, sharding, state
@@ -138,7 +139,8 @@ def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
                    beam_size: int | None = None, alpha: float | None = None,
                    batch_size: int | None = None, reference: str | None = None) -> dict:
     """Translates each line of `input_path` into `output_path` (written whole at the end, so
-    a failure leaves no partial file); with `reference`, scores the output with sacreBLEU."""
+    a failure leaves no partial file); with `reference`, scores the output with sacreBLEU. Every
+    path may be local or gs://."""
     config = _run_config(checkpoint_dir)
     tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir, config.data.get("tokenizer", ""))
     sources = bleu.read_lines(input_path)
@@ -153,11 +155,15 @@ def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
                       batch_size=batch_size)(params, sources, progress_every=10.0)
     seconds = time.perf_counter() - t0
     if jax.process_index() == 0:
-        out = Path(output_path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".partial")
-        tmp.write_text("".join(h + "\n" for h in hyps), "utf-8")
-        os.replace(tmp, out)
+        text = "".join(h + "\n" for h in hyps)
+        if paths.is_remote(output_path):  # an object appears whole when its upload completes
+            paths.path(output_path).write_text(text, "utf-8")
+        else:
+            out = Path(output_path)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(out.name + ".partial")
+            tmp.write_text(text, "utf-8")
+            os.replace(tmp, out)
     report = {"output": output_path, "sentences": len(hyps), "seconds": round(seconds, 1)}
     if refs is not None:
         report["sacrebleu"] = bleu.corpus_bleu(hyps, refs)
