@@ -31,11 +31,13 @@ lint: install
 
 # Example creation (data), then model throughput beside HF Flax and HF PyTorch (model; the
 # peers run in their own environment, .venv-peers; if it cannot be installed they are skipped
-# with the reason). About 20 min on 2 CPU cores; results also in bench_model.json.
+# with the reason), and a resumed run's time to its first step with and without the
+# compilation cache (restart). About 20 min on 2 CPU cores; results also in bench_model.json.
 bench: install
 	$(BIN)/python -m bert_jax.tools.bench data
 	-$(MAKE) peers-env
 	$(BIN)/python -m bert_jax.tools.bench model
+	$(BIN)/python -m bert_jax.tools.bench restart
 
 PEERS := .venv-peers
 peers-env: $(PEERS)/.installed

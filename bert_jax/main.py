@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from absl import app, flags, logging
@@ -106,6 +107,11 @@ _SKIP_PLAN = flags.DEFINE_boolean("skip_plan", False, "launch: do not compile th
 _POLL = flags.DEFINE_float("poll_seconds", 30.0, "launch: seconds between state checks")
 _PYTHON = flags.DEFINE_string("python", None, "launch: the workers' Python, major.minor (default: "
                               "this machine's; uv provides it where the image's python3 differs)")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", "auto", "train, eval, translate, features, attention: JAX's persistent "
+    "cache of compiled programs, so a restart loads them instead of compiling again: auto (the "
+    "gs:// --workdir's compilation_cache/ folder, else ~/.cache/bert_jax/jit; "
+    "$JAX_COMPILATION_CACHE_DIR if set), off, or a directory (local or gs://)")
 _PRINT_COMMANDS = flags.DEFINE_boolean("print_commands", False, "sweep: print one `bert-jax train` "
                                        "command per trial (for a cluster scheduler) instead of running")
 
@@ -113,7 +119,8 @@ COMMANDS = ("train", "eval", "sweep", "vocab", "prepare", "info", "plan", "launc
             "export", "features", "translate", "average", "plot", "attention")
 # The flags each command reads, for `bert-jax <command> --help`.
 COMMAND_FLAGS = {
-    "train": ("config", "workdir"), "eval": ("workdir", "config", "step", "split"),
+    "train": ("config", "workdir", "compilation_cache"),
+    "eval": ("workdir", "config", "step", "split", "compilation_cache"),
     "sweep": ("config", "workdir", "print_commands"),
     "vocab": ("input", "size", "type", "sp_model_type", "lowercase", "out"),
     "prepare": ("config", "out"), "info": ("config", "seq_len"),
@@ -122,14 +129,28 @@ COMMAND_FLAGS = {
                "keep", "dry_run", "max_restarts", "repo", "commit", "skip_plan", "poll_seconds", "python"),
     "convert": ("head",),
     "export": ("step",),
-    "features": ("checkpoint", "input", "output", "layers", "max_seq_length", "batch_size"),
-    "translate": ("checkpoint", "input", "output", "beam", "alpha", "reference", "batch_size"),
+    "features": ("checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
+                 "compilation_cache"),
+    "translate": ("checkpoint", "input", "output", "beam", "alpha", "reference", "batch_size",
+                  "compilation_cache"),
     "average": ("workdir", "last", "out"),
     "plot": ("workdir", "out", "x", "smoothing"),
     "attention": ("checkpoint", "text", "pair", "out", "layer", "head_index", "step",
-                  "max_seq_length"),
+                  "max_seq_length", "compilation_cache"),
 }
+# The commands that compile a model, and so use the persistent compilation cache.
+COMPILING = ("train", "eval", "translate", "features", "attention")
+# The cache of local runs: one per user, shared by every run, eval and translation of the
+# machine (entries are keyed by the program, the JAX version, devices and flags).
+LOCAL_COMPILATION_CACHE = "~/.cache/bert_jax/jit"
+LOCAL_COMPILATION_CACHE_BYTES = 8 * 2**30  # least recently used entries go beyond this
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
+
+
+class _Started:
+    """When the command started (unix time): a training job's wall time (goodput) begins here."""
+
+    at: float | None = None
 
 
 class _LoadedConfig:
@@ -173,7 +194,8 @@ def cmd_train(args: list[str]) -> None:
     from bert_jax.training import train
 
     summary = train.train_and_evaluate(_require(_CONFIG, "train"), _require(_WORKDIR, "train"),
-                                       set_by_user=_LoadedConfig.set_by_user())
+                                       set_by_user=_LoadedConfig.set_by_user(),
+                                       started=_Started.at)
     if jax.process_index() == 0:
             print(json.dumps({k: summary[k] for k in ("step", "preempted")}
                          | {"metrics": summary.get("metrics"), "eval": summary.get("eval")}))
@@ -454,6 +476,8 @@ def main(argv: list[str]) -> None:
             got = f"unknown command {argv[1]!r}; " if len(argv) > 1 else ""
             raise app.UsageError(f"{got}usage: bert-jax <command> [flags]; commands: "
                                  f"{', '.join(COMMANDS)}")
+        if argv[1] in COMPILING:
+            setup_compilation_cache(_COMPILATION_CACHE.value, argv[1], _WORKDIR.value)
         globals()[f"cmd_{argv[1]}"](argv[2:])
     except app.UsageError as e:  # a missing or malformed flag or argument
         _bad_flag(str(e))
@@ -461,6 +485,49 @@ def main(argv: list[str]) -> None:
         # extra: one line, not a traceback
         print(f"bert-jax {argv[1]}: error: {_one_line(e)}", file=sys.stderr)
         sys.exit(1)
+
+
+def compilation_cache_dir(setting: str, command: str, workdir: str | None,
+                          environ=os.environ) -> str | None:
+    """Where JAX keeps compiled programs for `command` (None: nowhere) from --compilation_cache.
+    auto: a JAX_COMPILATION_CACHE_DIR the user set; for train and eval with a gs:// workdir,
+    <workdir>/compilation_cache (a pod's restart gets fresh VMs: their local disks are gone,
+    the bucket is not, and every worker shares it); else LOCAL_COMPILATION_CACHE, shared by
+    the machine's runs (reruns, sweep trials, eval and translate of one model), kept out of
+    workdirs so they stay small to copy."""
+    if setting == "off":
+        return None
+    if setting != "auto":
+        return setting if "://" in setting else os.path.abspath(os.path.expanduser(setting))
+    if environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return environ["JAX_COMPILATION_CACHE_DIR"]
+    if command in ("train", "eval") and workdir and workdir.startswith("gs://"):
+        return workdir.rstrip("/") + "/compilation_cache"
+    base = environ.get("XDG_CACHE_HOME")
+    return (os.path.join(base, "bert_jax", "jit") if base
+            else os.path.expanduser(LOCAL_COMPILATION_CACHE))
+
+
+def setup_compilation_cache(setting: str, command: str, workdir: str | None) -> None:
+    """Points JAX's persistent compilation cache at compilation_cache_dir (before anything
+    compiles: JAX opens the cache at its first compile). What the user set through JAX's own
+    environment variables (JAX_ENABLE_COMPILATION_CACHE, JAX_COMPILATION_CACHE_DIR,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS...) stands unless --compilation_cache says
+    otherwise; programs compiled in under a second (JAX's threshold) are not stored."""
+    import jax
+
+    path = compilation_cache_dir(setting, command, workdir)
+    if path is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return
+    if setting == "auto" and (os.environ.get("JAX_COMPILATION_CACHE_DIR")
+                              or not jax.config.jax_enable_compilation_cache):
+        return  # the user's own JAX settings
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    if (setting == "auto" and "://" not in path
+            and "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ):
+        jax.config.update("jax_compilation_cache_max_size", LOCAL_COMPILATION_CACHE_BYTES)
 
 
 def _one_line(error: BaseException) -> str:
@@ -555,6 +622,7 @@ def setup_process() -> None:
 
 def run() -> None:
     """Console-script entry point."""
+    _Started.at = time.time()
     setup_process()
     try:
         if any(arg in HELP_FLAGS for arg in sys.argv[1:]):

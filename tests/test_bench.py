@@ -41,3 +41,20 @@ def test_the_table_shows_ours_beside_the_peers_with_ratios():
     assert "no peers environment" in base
     sst2 = next(line for line in table.splitlines() if "packed" in line)
     assert "90.0 ex/s" in sst2 and "3.00x" in sst2
+
+
+@pytest.mark.slow
+def test_restart_benchmark_resumes_from_the_cache(tmp_path):
+    """`bench restart`: a first run, and its resumed run with the cache (loads the train step)
+    and without (compiles it)."""
+    from bert_jax.tools import bench
+
+    small = ["--config.train.batch_size=16", "--config.data.max_seq_length=32",
+             "--config.data.max_predictions_per_seq=5", "--config.model.vocab_size=256"]
+    r = bench.bench_restart("configs/bert_pretrain.py:tiny", small, str(tmp_path))
+    runs = r["runs"]
+    assert list(runs) == ["first run (empty cache)", "resumed, cache on", "resumed, cache off"]
+    assert r["resumed_from_step"] >= 1 and r["cache_bytes"] > 0
+    assert runs["resumed, cache on"]["compile_s"] < runs["resumed, cache off"]["compile_s"]
+    assert all(0 < row["compile_s"] < row["first_step_s"] for row in runs.values())
+    assert r["table"].count("\n") == 4

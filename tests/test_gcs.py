@@ -366,3 +366,23 @@ def test_checkpoint_tools_read_and_write_gs(vocab, gcs_here):
     assert report["source"] == f"hf:{root}/hf"  # named as given, not as its local copy
     assert {"checkpoints", "vocab.txt"} <= set(listing(fs, f"{BUCKET}/tools/converted"))
     assert checkpoint.read_config(f"{root}/converted")["model"]["vocab_size"] == 1000
+
+
+@pytest.mark.slow
+def test_a_gs_workdir_keeps_the_compilation_cache_and_goodput(gcs):
+    """Without JAX_COMPILATION_CACHE_DIR, `train` keeps compiled programs under the gs://
+    workdir; a second run of the same config loads every one of them (writes no new entry)."""
+    fs, env = gcs
+    env = {k: v for k, v in env.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    root = f"{BUCKET}/cached"
+    train = ["train", f"--config={CONFIG}", *SMALL, "--config.train.steps=2",
+             "--config.schedule.warmup_steps=1", "--config.train.checkpoint_every=2"]
+    bert_jax(env, *train, f"--workdir=gs://{root}")
+    entries = listing(fs, f"{root}/compilation_cache")
+    assert any(e.startswith("jit_") for e in entries), entries
+    attempt = json.loads(fs.cat(f"{root}/goodput.json"))["attempts"][-1]
+    assert attempt["step"] == 2 and 0 < attempt["train_s"] < attempt["wall_s"]
+    # Another workdir, the same programs, read from the first one's cache.
+    bert_jax(env, *train, f"--workdir=gs://{BUCKET}/again",
+             f"--compilation_cache=gs://{root}/compilation_cache")
+    assert listing(fs, f"{root}/compilation_cache") == entries

@@ -46,6 +46,8 @@ elif "ssh" in args:
         env = dict(os.environ, HOME=home, PATH=home + "/bin:" + os.environ["PATH"])
         sys.exit(subprocess.run(["bash", "-c", command], cwd=home, env=env).returncode)
     sys.exit(pop("train_exit" if "bert-jax train" in command else "setup_exit"))
+elif args[:2] == ["storage", "cat"]:  # the workdir's goodput.json, if the script has one
+    print(json.dumps(script["goodput"])) if script.get("goodput") else sys.exit(1)
 '''
 # A TPU VM stand-in: python3 reports the image's version; `python3 -m venv`, `python3 -m pip
 # install --user uv` and `uv venv --python V` make what they would (a .venv whose python reports
@@ -136,17 +138,20 @@ def gcloud(tmp_path, monkeypatch, checkout, workdirs):
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_GCLOUD_DIR", str(tmp_path))
 
-    def script(states=("ACTIVE",), train_exit=(0,), setup_exit=(0,), worker=None):
+    def script(states=("ACTIVE",), train_exit=(0,), setup_exit=(0,), worker=None, goodput=None):
         (tmp_path / "script.json").write_text(json.dumps(
             {"states": list(states), "train_exit": list(train_exit), "setup_exit": list(setup_exit),
-             "worker": worker and str(worker)}))
+             "worker": worker and str(worker), "goodput": goodput}))
 
     def calls() -> list[str]:
-        """Each call as 'verb' words: create, describe, setup, train, delete."""
+        """Each call on the capacity as 'verb' words: create, describe, setup, train, delete
+        (reads of the workdir, `storage cat`, left out)."""
         path = tmp_path / "calls.jsonl"
         out = []
         for line in (path.read_text().splitlines() if path.exists() else []):
             args = json.loads(line)
+            if args[:2] == ["storage", "cat"]:
+                continue
             if "ssh" in args:
                 out.append("train" if any("bert-jax train" in a for a in args) else "setup")
             else:
@@ -201,6 +206,27 @@ def test_preemption_requeues_and_resumes(cli, gcloud):
                        "create", "describe", "setup", "train", "delete"]
     assert "preempted (SUSPENDED); requesting it again (restart 1 of 3)" in err
     assert json.loads(out.splitlines()[-1]) == {"restarts": 1}
+
+
+def test_the_summary_reports_goodput_per_restart(cli, gcloud):
+    script, calls = gcloud
+    attempt = {"start_step": 0, "step": 47, "wall_s": 100.0, "init_s": 5.0, "compile_s": 10.0,
+               "data_s": 1.0, "train_s": 80.0, "eval_s": 2.0, "save_s": 1.0, "redone_steps": 0,
+               "redone_s": 0.0}
+    resumed = {**attempt, "start_step": 40, "step": 100, "train_s": 60.0, "wall_s": 70.0,
+               "redone_steps": 7, "redone_s": 12.0}
+    script(states=["ACTIVE", "SUSPENDED", "ACTIVE"], train_exit=[255, 0],
+           goodput={"attempts": [attempt, resumed], "saves": [[40, 68.0], [100, 140.0]]})
+    code, out, err = cli(launch_argv())
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["restarts"] == 1
+    g = summary["goodput"]
+    assert g["goodput"] == round((140 - 12) / 170, 4) and g["redone_steps"] == 7
+    assert [a["steps"] for a in g["attempts"]] == ["0-47", "40-100"]
+    assert g["attempts"][0]["lost_steps"] == 7 and g["attempts"][0]["goodput"] == round(68 / 100, 4)
+    assert "goodput 75.3% over 2 run(s): steps 0-47 68.0%; steps 40-100 85.7%" in out
+    assert "storage cat gs://bucket/run/goodput.json" in out
 
 
 def test_too_many_preemptions_stop_and_delete(cli, gcloud):

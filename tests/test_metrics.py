@@ -113,6 +113,17 @@ def test_plain_console_lines(tmp_path):
     assert last == "step 1000/1000  loss 3.0000  eta 0:00:00"
 
 
+def test_console_lines_show_goodput(tmp_path):
+    out, tty = io.StringIO(), FakeTTY()
+    for stream in (out, tty):
+        with MetricsWriter(tmp_path / str(id(stream)), stream=stream, total_steps=100) as w:
+            w.write(50, {"loss": 2.0, "steps_per_sec": 10.0, "goodput": 0.874,
+                         "goodput/train_s": 40.0, "goodput/wall_s": 45.8})
+    assert out.getvalue().startswith("step 50/100  loss 2.0000  goodput 87%  eta ")
+    assert "loss 2.0000  10.00 steps/s  goodput 87%  eta 0:00:05" in tty.getvalue()
+    assert "train_s" not in out.getvalue() + tty.getvalue()
+
+
 def test_tty_progress_bar_redraws_in_place(tmp_path):
     out = FakeTTY()
     with MetricsWriter(tmp_path, stream=out, total_steps=100) as w:

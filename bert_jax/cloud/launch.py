@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shlex
 import subprocess
@@ -191,7 +192,8 @@ def run(launch: Launch) -> dict:
             code = ssh_all(gcloud, launch, train_script(launch))
             if code == 0:
                 log.info(f"training finished; logs in {launch.workdir.rstrip('/')}/logs/")
-                return {"restarts": restarts}
+                found = goodput_summary(gcloud, launch)
+                return {"restarts": restarts, **({"goodput": found} if found else {})}
             now = state(gcloud, launch)
             if now not in PREEMPTED:
                 raise LaunchError(f"training failed on {launch.name} (exit {code}, slice {now}); "
@@ -219,3 +221,26 @@ def git_head(path: str = ".") -> tuple[str, str, bool]:
         return subprocess.run(["git", "-C", path, *args], capture_output=True, text=True,
                               check=False).stdout.strip()
     return git("remote", "get-url", "origin"), git("rev-parse", "HEAD"), bool(git("status", "--porcelain"))
+
+
+
+def goodput_summary(gcloud: Gcloud, launch: Launch) -> dict | None:
+    """The run's goodput (training/goodput.py: kept train-step time / wall time), in all and
+    per attempt, from <workdir>/goodput.json (read with gcloud, as everything here); None
+    where there is none to read."""
+    from bert_jax.training import goodput
+
+    if launch.dry_run:
+        return None
+    out = gcloud("storage", "cat", f"{launch.workdir.rstrip('/')}/{goodput.FILE}", capture=True)
+    try:
+        found = goodput.summarize(json.loads(out.stdout)) if out.returncode == 0 else None
+    except ValueError:
+        found = None
+    if found is None:
+        log.warning(f"warning: no goodput: {launch.workdir.rstrip('/')}/{goodput.FILE} could not "
+                    "be read")
+        return None
+    log.info(f"goodput {100 * found['goodput']:.1f}% over {len(found['attempts'])} run(s): "
+             + "; ".join(f"steps {a['steps']} {100 * a['goodput']:.1f}%" for a in found["attempts"]))
+    return found

@@ -17,6 +17,14 @@
       Train-step tokens/s and MFU (BERT-Base and a small shape, float32 and bfloat16) and
       SST-2 fine-tuning examples/s and dev accuracy (packed and padded), beside HF Flax and
       HF PyTorch run in their own environment (modelbench.py; `make peers-env` builds it).
+
+  python -m bert_jax.tools.bench restart [--config configs/bert_pretrain.py:tiny] [--config.x=v ...]
+      Time to the first step of a training run and of its resumed run, with JAX's persistent
+      compilation cache and without: `bert-jax train` (synthetic data, log every step) is
+      stopped by SIGTERM after its first step (it saves, as when preempted), then resumed
+      twice from that checkpoint, once with the cache the first run filled and once with
+      --compilation_cache=off. Each row: seconds from the process start to the first step's
+      metrics line, and of them compiling (goodput.json). Prints a markdown table and JSON.
 """
 
 from __future__ import annotations
@@ -25,6 +33,10 @@ import argparse
 import json
 import logging
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -140,6 +152,66 @@ def bench_multi30k(workdir: str, overrides: list[str]) -> dict:
             **{k: round(v, 1) for k, v in times.items()}, "target_sacrebleu": 35}
 
 
+def _first_step(argv: list[str], workdir: Path, after: int, log_path: Path) -> dict:
+    """Runs `bert-jax train` (argv) until it logs a step after `after`, then SIGTERM (it saves
+    and exits 0): the seconds from its start to that line, and its goodput.json record."""
+    from bert_jax.training import goodput, metrics
+
+    def logged() -> bool:
+        try:
+            rows = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+        except (OSError, ValueError):
+            return False
+        return any("loss" in r and r["step"] > after for r in rows)
+
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "bert_jax", "train", f"--workdir={workdir}",
+                                 *argv], cwd=paths.REPO, stdout=log_file, stderr=subprocess.STDOUT)
+        first = None
+        while proc.poll() is None:
+            if logged():
+                first = time.perf_counter() - t0
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.1)
+        code = proc.wait()
+    if code != 0 or first is None:
+        raise RuntimeError(f"`bert-jax train` exited {code} before its first step; see {log_path}")
+    attempt = goodput.read(workdir)["attempts"][-1]
+    return {"first_step_s": round(first, 1), "compile_s": round(attempt["compile_s"], 1),
+            "init_s": round(attempt["init_s"], 1)}
+
+
+def bench_restart(config: str, overrides: list[str], out_dir: str | None = None) -> dict:
+    """Time to the first step: a first run (empty cache), its resumed run with the cache the
+    first one filled, and the same resumed run with the cache off."""
+    root = Path(out_dir or tempfile.mkdtemp(prefix="bert_jax_restart_"))
+    root.mkdir(parents=True, exist_ok=True)
+    cache = root / "compilation_cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    argv = [f"--config={config}", "--config.data.name=synthetic", "--config.train.log_every=1",
+            *overrides]
+    first_run, resumed_off = root / "run", root / "run_cache_off"
+    for d in (first_run, resumed_off):
+        shutil.rmtree(d, ignore_errors=True)
+    rows = {"first run (empty cache)": _first_step(
+        [*argv, f"--compilation_cache={cache}"], first_run, 0, root / "first.log")}
+    saved = max(int(p.name) for p in (first_run / "checkpoints").iterdir() if p.name.isdigit())
+    shutil.copytree(first_run, resumed_off)
+    rows["resumed, cache on"] = _first_step([*argv, f"--compilation_cache={cache}"], first_run,
+                                            saved, root / "resumed_cache_on.log")
+    rows["resumed, cache off"] = _first_step([*argv, "--compilation_cache=off"], resumed_off,
+                                             saved, root / "resumed_cache_off.log")
+    table = ["| run | to first step (s) | of which compile (s) | init (s) |", "|---|---:|---:|---:|"]
+    table += [f"| {name} | {r['first_step_s']} | {r['compile_s']} | {r['init_s']} |"
+              for name, r in rows.items()]
+    return {"benchmark": "time to the first step, first run and resumed run",
+            "config": config, "overrides": overrides, "resumed_from_step": saved, "runs": rows,
+            "cache_bytes": sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()),
+            "table": "\n".join(table), "out": str(root)}
+
+
 def translation_lines(spec: str):
     for path in documents.expand(spec):
         yield from documents.read_lines(path)
@@ -148,7 +220,7 @@ def translation_lines(spec: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["data", "multi30k", "model"])
+    parser.add_argument("what", choices=["data", "multi30k", "model", "restart"])
     parser.add_argument("--peers", default=".venv-peers/bin/python",
                         help="model: the peers' Python ('none': ours only)")
     parser.add_argument("--glue", default=None, help="model: GLUE folder with SST-2/ "
@@ -156,15 +228,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="model: timed pretraining steps")
     parser.add_argument("--finetune_steps", type=int, default=250)
     parser.add_argument("--out", default="bench_model.json", help="model: results file")
-    parser.add_argument("--workdir", default="runs/multi30k_bench", help="multi30k: run directory")
+    parser.add_argument("--workdir", default=None, help="multi30k: run directory (default "
+                        "runs/multi30k_bench); restart: where the runs and the cache go (default: "
+                        "a new temporary folder)")
+    parser.add_argument("--config", default="configs/bert_pretrain.py:tiny", help="restart: the "
+                        "config trained")
     parser.add_argument("--text", default=None, help="text file globs (default: stdlib docstrings)")
     parser.add_argument("--seconds", type=float, default=20)
     args, rest = parser.parse_known_args()
-    if args.what == "multi30k":
+    if args.what in ("multi30k", "restart"):
         bad = [a for a in rest if not a.startswith("--config.")]
         if bad:
             parser.error(f"unrecognized arguments: {' '.join(bad)}")
-        print(json.dumps(bench_multi30k(args.workdir, [a[9:] for a in rest])))
+        if args.what == "multi30k":
+            print(json.dumps(bench_multi30k(args.workdir or "runs/multi30k_bench",
+                                            [a[9:] for a in rest])))
+            return
+        result = bench_restart(args.config, rest, args.workdir)
+        print(result["table"])
+        print(json.dumps(result))
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -1,10 +1,11 @@
 """What the training loop reports: metrics.jsonl, TensorBoard scalars, console progress and MFU.
 
 metrics.jsonl holds one JSON object per write, `{"step": N, name: value, ..., "time": unix
-seconds}` ("time": when it was written, for plots against wall time). Non-finite
-values are written as the strings "nan", "inf", "-inf" so every line stays strict JSON;
-`read_metrics` turns them back into floats. Keys starting with "eval/" are evaluation results
-and share the file and the TensorBoard run with the training scalars.
+seconds}` ("time": when it was written, for plots against wall time; a training line also
+holds the job's running `goodput` and its wall time by category, `goodput/<category>_s`, see
+goodput.py). Non-finite values are written as the strings "nan", "inf", "-inf" so every line
+stays strict JSON; `read_metrics` turns them back into floats. Keys starting with "eval/" are
+evaluation results and share the file and the TensorBoard run with the training scalars.
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ class MetricsWriter:
             parts = [bar + at]
             parts += [f"loss {m['loss']:.4f}"] if "loss" in m else []
             parts += [f"{rate:.2f} steps/s"] if rate else []
+            parts += [f"goodput {100 * m['goodput']:.0f}%"] if "goodput" in m else []
             parts += [f"eta {eta}"] if eta is not None else []
             text = "  ".join(parts)
             # \r redraws in place; padding erases what a longer previous bar left behind.
@@ -177,6 +179,7 @@ class MetricsWriter:
         parts += [f"lr {lr:.2e}"] if lr is not None else []
         parts += [f"tokens/s {m['tokens_per_sec']:,.0f}"] if "tokens_per_sec" in m else []
         parts += [f"mfu {100 * m['mfu']:.1f}%"] if "mfu" in m else []
+        parts += [f"goodput {100 * m['goodput']:.0f}%"] if "goodput" in m else []
         parts += [f"eta {eta}"] if eta is not None else []
         self._print("  ".join(parts))
 

@@ -31,7 +31,7 @@ from bert_jax import config as config_lib
 from bert_jax import tasks
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import WorkdirLock, is_remote, workdir_path
-from bert_jax.training import checkpoint, evaluate, objectives, optim, sharding, state
+from bert_jax.training import checkpoint, evaluate, goodput, objectives, optim, sharding, state
 from bert_jax.training import input as pipelines
 from bert_jax.training.metrics import MetricsWriter, mfu, peak_flops_per_device
 
@@ -117,6 +117,7 @@ class Phase:
     pipeline: Any  # host-local batches, with get_state()/set_state()
     step_fn: Any  # the jitted train step
     objective: Any  # what every batch must look like (objective.batch_spec)
+    clock: goodput.Clock  # compiling is timed
     # Per row count (None: a fixed shape; packed fine-tuning batches come in a few row
     # counts): the batch spec and the step compiled for it, each made once.
     specs: dict = dataclasses.field(default_factory=dict)
@@ -131,7 +132,8 @@ class Phase:
         rows = self.rows(batch)
         if rows not in self.compiled:
             t0 = time.perf_counter()
-            self.compiled[rows] = self.step_fn.lower(train_state, batch).compile()
+            with self.clock.timing("compile"):
+                self.compiled[rows] = self.step_fn.lower(train_state, batch).compile()
             log.info(f"compiled the step for packed batches of {rows} rows in "
                      f"{time.perf_counter() - t0:.1f}s")
         return self.compiled[rows](train_state, batch)
@@ -140,20 +142,22 @@ class Phase:
         return batch["input_ids"].shape[0] if self.objective.rows_vary(self.config) else None
 
 
-def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective, mesh, task
-                ) -> Phase:
+def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective, mesh, task,
+                clock: goodput.Clock) -> Phase:
     """Data pipeline and compiled step of the sequence-length phase at `step`; `saved` is the
     checkpointed data position (used if it belongs to this phase)."""
     index, phase_cfg, end = config_lib.phase_config(config, step)
-    pipeline = pipelines.make(phase_cfg, "train", task=task)
-    if saved and saved.get("phase") == index:
-        pipeline.set_state(saved["pipeline"])
+    with clock.host("data"):
+        pipeline = pipelines.make(phase_cfg, "train", task=task)
+        if saved and saved.get("phase") == index:
+            pipeline.set_state(saved["pipeline"])
     t0 = time.perf_counter()
-    phase = Phase(index, phase_cfg, end, pipeline, step_fn, objective)
+    phase = Phase(index, phase_cfg, end, pipeline, step_fn, objective, clock)
     vary = objective.rows_vary(phase_cfg)
     if not vary:  # a fixed shape: compile now (else at each new row count)
-        phase.compiled[None] = step_fn.lower(state_now, batch_shapes(phase.batch_spec(), mesh)
-                                             ).compile()
+        with clock.timing("compile"):
+            phase.compiled[None] = step_fn.lower(state_now, batch_shapes(phase.batch_spec(), mesh)
+                                                 ).compile()
     t = config.train
     compiled = ("packed into rows; compiles at each new row count" if vary
                 else f"compiled in {time.perf_counter() - t0:.1f}s")
@@ -212,6 +216,7 @@ class Run:
     evaluator: Any
     ckpt: checkpoint.TrainCheckpointer
     writer: MetricsWriter
+    clock: goodput.Clock  # where the wall time goes (goodput)
     config_json: dict  # the run config, stored with each checkpoint
     peak: tuple[float, int]  # (peak FLOP/s per device, how many such peaks the devices have)
     best_metric: str | None  # fine-tuning keeps the best checkpoint by this eval metric
@@ -219,8 +224,11 @@ class Run:
 
 def report_step(run: Run, step: int, metrics_dev: dict, window: Window) -> dict | None:
     """Host side of a finished step: NaN check, then (every train.log_every steps and at the
-    end) the metrics line with tokens/s and MFU over the window. Returns the line if written."""
+    end) the metrics line with tokens/s, MFU and the goodput totals. Returns the line if
+    written."""
+    ready = all(x.is_ready() for x in jax.tree.leaves(metrics_dev))  # does not wait
     m = {k: float(v) for k, v in jax.device_get(metrics_dev).items()}
+    run.clock.read(step, ready)
     if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
         good = run.ckpt.latest_step()
         raise TrainingDiverged(
@@ -237,7 +245,10 @@ def report_step(run: Run, step: int, metrics_dev: dict, window: Window) -> dict 
     peak_flops, num_peaks = run.peak
     m.update(steps_per_sec=window.steps / seconds, tokens_per_sec=window.tokens / seconds,
              mfu=mfu(window.flops / window.steps, seconds / window.steps, num_peaks, peak_flops))
-    run.writer.write(step, m)
+    m.update(run.clock.fields())
+    with run.clock.host(None):
+        run.writer.write(step, m)
+        run.clock.persist(force=False)
     window.restart()
     return m
 
@@ -253,8 +264,10 @@ def save_checkpoint(run: Run, step: int, train_state: dict, phase: Phase,
                     metrics: dict | None = None) -> None:
     """Saves the state and the data position (phase, pipeline state) as checkpoint `step`."""
     data_state = {"phase": phase.index, "pipeline": phase.pipeline.get_state()}
-    run.ckpt.save(step, train_state["params"], train_state["opt_state"], data_state, run.config_json,
-                  metrics=metrics)
+    with run.clock.timing("save"):
+        run.ckpt.save(step, train_state["params"], train_state["opt_state"], data_state,
+                      run.config_json, metrics=metrics)
+    run.clock.saved(step)
 
 
 def save_and_evaluate(run: Run, step: int, train_state: dict, phase: Phase, *, evaluate_now: bool,
@@ -269,7 +282,8 @@ def save_and_evaluate(run: Run, step: int, train_state: dict, phase: Phase, *, e
     if not evaluate_now:
         return None
     try:
-        results = run.evaluator.run(train_state["params"], config=phase.config)
+        with run.clock.timing("eval"):
+            results = run.evaluator.run(train_state["params"], config=phase.config)
     except BaseException:
         if with_metrics:
             save_checkpoint(run, step, train_state, phase)
@@ -312,12 +326,17 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
     summary: dict[str, Any] = {"step": start, "preempted": False}
     window = Window(start=time.perf_counter())
     pending, step = None, start
+    run.clock.loop_started()
     with Preemption(run.ckpt) as preemption:
         while step < t.steps:
             if step == phase.end:
                 phase = start_phase(run.config, step, {}, step_fn=run.step_fn, state_now=train_state,
-                                    objective=run.objective, mesh=run.mesh, task=run.task)
-            train_state, metrics = phase.step(train_state, next_batch(phase, run.mesh))
+                                    objective=run.objective, mesh=run.mesh, task=run.task,
+                                    clock=run.clock)
+            with run.clock.host("data"):
+                batch = next_batch(phase, run.mesh)
+            train_state, metrics = phase.step(train_state, batch)
+            run.clock.dispatched()
             step += 1
             if pending is not None:  # the previous step's metrics, read with this one dispatched
                 _report(run, pending, window, summary)
@@ -340,6 +359,8 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
                 break
         if pending is not None:
             _report(run, pending, window, summary)
+    with run.clock.timing("save"):  # the last saves, still being written
+        run.ckpt.wait()
     summary["step"] = step
     return summary
 
@@ -386,7 +407,20 @@ def log_setup(config, mesh, abstract, state_sh) -> tuple[float, int]:
     return peak, num_peaks
 
 
-def _train(config, workdir: str, task) -> dict[str, Any]:
+def log_goodput(clock: goodput.Clock) -> dict[str, float]:
+    """Logs where this attempt's and the job's wall time went; returns the job's totals."""
+    a, t = clock.attempt(), clock.fields()
+    spent = ", ".join(f"{c} {a[f'{c}_s']:.1f}s" for c in goodput.CATEGORIES)
+    line = (f"goodput: train steps {100 * a['train_s'] / max(a['wall_s'], 1e-9):.1f}% of this "
+            f"run's {a['wall_s']:.1f}s ({spent})")
+    if t["goodput/restarts"]:
+        line += (f"; the job's {t['goodput/restarts'] + 1} runs {100 * t['goodput']:.1f}% of "
+                 f"{t['goodput/wall_s']:.1f}s, {t['goodput/redone_steps']:.0f} steps redone")
+    log.info(line)
+    return {k.removeprefix("goodput/"): v for k, v in t.items()}
+
+
+def _train(config, workdir: str, task, started: float) -> dict[str, Any]:
     objective = objectives.for_config(config)
     tx, schedule = optim.make_optimizer(config)
     mesh = sharding.make_mesh(config.mesh)
@@ -402,30 +436,43 @@ def _train(config, workdir: str, task) -> dict[str, Any]:
         if start >= t.steps:
             log.info(f"already trained: checkpoint step {start} >= train.steps={t.steps}")
             return {"step": start, "preempted": False}
-        step_fn = jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh)
-        evaluator = evaluate.make_evaluator(config, graphdef, objective, mesh, task)
-        evaluator.prepare()  # a missing or bad eval file stops the run now, not after training
-        peak = log_setup(config, mesh, abstract, state_sh)
-        phase = start_phase(config, start, data_state, step_fn=step_fn, state_now=train_state,
-                            objective=objective, mesh=mesh, task=task)
-        with MetricsWriter(workdir, enabled=jax.process_index() == 0, total_steps=t.steps,
-                           resume_step=start) as writer:
-            run = Run(config, mesh, task, objective, step_fn, evaluator, ckpt, writer, config_json,
-                      peak, best_metric)
-            summary = train_loop(run, phase, train_state, start)
-    summary.update(steps=t.steps, best_metric=best_metric)
+        clock = goodput.Clock(workdir, start_step=start, started=started,
+                              enabled=jax.process_index() == 0)
+        if clock.redone_steps:
+            log.info(f"steps {start + 1}-{start + clock.redone_steps} are done again: the last "
+                     f"run reached step {start + clock.redone_steps}, its checkpoints after "
+                     f"{start} did not survive")
+        try:
+            step_fn = jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh)
+            evaluator = evaluate.make_evaluator(config, graphdef, objective, mesh, task)
+            evaluator.prepare()  # a missing or bad eval file stops the run now, not after training
+            peak = log_setup(config, mesh, abstract, state_sh)
+            phase = start_phase(config, start, data_state, step_fn=step_fn, state_now=train_state,
+                                objective=objective, mesh=mesh, task=task, clock=clock)
+            with MetricsWriter(workdir, enabled=jax.process_index() == 0, total_steps=t.steps,
+                               resume_step=start) as writer:
+                run = Run(config, mesh, task, objective, step_fn, evaluator, ckpt, writer, clock,
+                          config_json, peak, best_metric)
+                summary = train_loop(run, phase, train_state, start)
+        finally:  # a failed or interrupted attempt's time counts too
+            clock.persist()
+    summary.update(steps=t.steps, best_metric=best_metric, goodput=log_goodput(clock))
     if jax.process_index() == 0:  # sweeps read it to skip finished runs
         (workdir_path(workdir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 
-def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = ()) -> dict[str, Any]:
+def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = (),
+                       started: float | None = None) -> dict[str, Any]:
     """Trains `config` in `workdir`, resuming from its latest good checkpoint if any; with
     init_from, model sizes the user did not set (`set_by_user`: dotted keys) come from that
-    checkpoint. Returns a summary (final step, last metrics, last eval, whether preempted)."""
+    checkpoint. `started`: when the job's process started (unix time; default now), where its
+    wall time (goodput.py) begins. Returns a summary (final step, last metrics, last eval,
+    whether preempted, goodput)."""
+    started = time.time() if started is None else started
     config = state.sizes_from_init(config, set_by_user)
     config_lib.validate(config, jax.device_count(), jax.process_count())
     task = tasks.from_config(config)  # None for pretraining data
     config = tasks.resolve_steps(config, task)
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
-        return _train(config, workdir, task)
+        return _train(config, workdir, task, started)

@@ -29,6 +29,10 @@ X_AXES = {"step": "step", "time": "wall time (hours)", "tokens": "real (non-padd
 # Bookkeeping columns of metrics.jsonl, not curves (steps/s: the time axis; tokens/s and MFU
 # are drawn too).
 _NOT_SERIES = {"step", "time", "steps_per_sec"}
+# goodput/<category>_s: the seconds behind the goodput curve (in plot_workdirs' report).
+_BOOKKEEPING = "goodput/"
+# Curves drawn as they are: exact values or running ratios, not noisy per-step ones.
+_NOT_SMOOTHED = {"learning_rate", "goodput"}
 FORMATS = (".png", ".svg", ".pdf")
 
 
@@ -125,10 +129,11 @@ def _x_at(step: int, steps: np.ndarray, xs: np.ndarray, x: str) -> float | None:
 def _panels(runs: Sequence[Run]) -> list[tuple[str, str | None, str | None]]:
     """(title, train key, eval key) per panel: loss, learning rate, every train metric with
     its eval counterpart, then metrics only evaluation reports."""
-    train_keys = {k for run in runs for r in run.train for k in r if not k.startswith("eval/")}
+    train_keys = {k for run in runs for r in run.train for k in r
+                  if not k.startswith(("eval/", _BOOKKEEPING))}
     eval_keys = {k for run in runs for r in run.evals for k in r if k.startswith("eval/")}
     train_keys -= _NOT_SERIES
-    first, last = ["loss", "learning_rate"], ["tokens_per_sec", "mfu"]  # throughput at the end
+    first, last = ["loss", "learning_rate"], ["tokens_per_sec", "mfu", "goodput"]  # speed last
     order = first + sorted(train_keys - {*first, *last}) + last
     panels = [(k, k, f"eval/{k}" if f"eval/{k}" in eval_keys else None)
               for k in order if k in train_keys]
@@ -142,6 +147,8 @@ def _ylabel(key: str) -> str:
         return "learning rate"
     if name == "loss":
         return "loss (the objective's sum of terms)"
+    if name == "goodput":
+        return "goodput (kept train-step time / wall)"
     if name.endswith("loss"):
         return "cross-entropy (nats)"
     if name.endswith("loss_mse"):
@@ -176,7 +183,7 @@ def plot_runs(runs: Sequence[Run], *, x: str = "step", smoothing: float = 0.6):
                        if train_key in r]
                 if pts:
                     px, ps, py = map(list, zip(*pts))
-                    weight = 0.0 if train_key == "learning_rate" else smoothing  # exact: not noisy
+                    weight = 0.0 if train_key in _NOT_SMOOTHED else smoothing
                     sm = smooth(py, weight)
                     if weight:
                         ax.plot(px, py, color=color, alpha=0.25, linewidth=0.8,
@@ -204,7 +211,8 @@ def plot_runs(runs: Sequence[Run], *, x: str = "step", smoothing: float = 0.6):
                 ax.axvline(at(start), color=color, linestyle=":", linewidth=1.2,
                            label=f"{run.name}: phase {p + 2} starts" if ax is axes.flat[0] else None)
         finite = [v for v in values_seen if math.isfinite(v)]
-        if finite and min(finite) > 0 and max(finite) / min(finite) > 30 and title != "learning_rate":
+        if (finite and min(finite) > 0 and max(finite) / min(finite) > 30
+                and title not in _NOT_SMOOTHED):
             ax.set_yscale("log")
         ax.set_title(title + ("  (train: line; eval: points)" if train_key and eval_key else
                               "  (eval)" if eval_key else ""), fontsize=10)
@@ -288,7 +296,18 @@ def plot_workdirs(workdirs: Sequence[str], out: str | None = None, *, x: str = "
     save_figure(fig, out)
     return {"figure": str(out), "data": write_csv(data_path(out), data),
             "runs": [r.name for r in runs], "series": sorted({d["series"] for d in data}),
-            "phase_starts": {r.name: r.phase_starts for r in runs if r.phase_starts}}
+            "phase_starts": {r.name: r.phase_starts for r in runs if r.phase_starts},
+            "goodput": {r.name: g for r in runs if (g := goodput_breakdown(r))}}
+
+
+def goodput_breakdown(run: Run) -> dict[str, float] | None:
+    """The last logged goodput of a run and the wall time behind it, by category (seconds)."""
+    rows = [r for r in run.train if "goodput" in r]
+    if not rows:
+        return None
+    last = rows[-1]
+    return {"step": last["step"], "goodput": last["goodput"],
+            **{k.removeprefix(_BOOKKEEPING): v for k, v in last.items() if k.startswith(_BOOKKEEPING)}}
 
 
 def sweep_figure(groups: dict[str, list[float]], metric: str, title: str):

@@ -1,0 +1,207 @@
+"""Goodput (where a training job's wall time goes, across restarts) and the persistent
+compilation cache the CLI sets up."""
+
+import json
+import shutil
+
+import jax
+import pytest
+
+from bert_jax import main
+from bert_jax.training import goodput
+
+CATEGORIES = [f"{c}_s" for c in goodput.CATEGORIES]
+
+
+class FakeTime:
+    """time.time and time.perf_counter that move only when told to."""
+
+    def __init__(self, monkeypatch, now=1000.0):
+        self.now = now
+        monkeypatch.setattr(goodput, "unix_time", lambda: self.now)
+        monkeypatch.setattr(goodput, "perf_counter", lambda: self.now)
+
+    def __call__(self, seconds):
+        self.now += seconds
+
+
+def run_attempt(clock, tick, steps, *, start, saves=(), device_bound=True):
+    """A loop as train_loop drives the clock: 3 s of compile before it; per step a 0.5 s
+    batch and a 2 s step, its metrics read after the next dispatch; saves take 1 s."""
+    with clock.timing("compile"):
+        tick(3)
+    tick(2)  # restoring, data pipeline: init
+    clock.loop_started()
+    with clock.host("data"):  # nothing running yet: waited for
+        tick(0.5)
+    clock.dispatched()
+    for step in range(start + 1, start + steps + 1):
+        last = step == start + steps
+        if not last:
+            with clock.host("data"):  # while step `step` runs
+                tick(0.5)
+            clock.dispatched()
+        tick(1.5 if device_bound else 0)  # the rest of the 2 s step
+        clock.read(step, ready=not device_bound)
+        if step in saves:
+            with clock.timing("save"):
+                tick(1)
+            clock.saved(step)
+
+
+def test_clock_splits_the_wall_time_and_a_resume_goes_on(monkeypatch, tmp_path):
+    tick = FakeTime(monkeypatch)
+    clock = goodput.Clock(tmp_path, start_step=0)
+    run_attempt(clock, tick, 6, start=0, saves=(4,))
+    clock.persist()
+    first = clock.attempt()
+    assert first["compile_s"] == 3 and first["init_s"] == 2 and first["save_s"] == 1
+    # Only the first batch was waited for; the others loaded while a step ran.
+    assert first["data_s"] == 0.5
+    assert sum(first[c] for c in CATEGORIES) == pytest.approx(first["wall_s"])
+    assert first["first_step_s"] == pytest.approx(3 + 2 + 0.5 + 2)
+    fields = clock.fields()
+    assert 0 < fields["goodput"] <= 1 and fields["goodput/restarts"] == 0
+    assert fields["goodput"] == pytest.approx(first["train_s"] / first["wall_s"])
+
+    # Killed after step 6; restarts from checkpoint 4: steps 5 and 6 are redone.
+    tick(100)  # waiting for capacity: no process, not the job's wall time here
+    clock2 = goodput.Clock(tmp_path, start_step=4)
+    assert clock2.redone_steps == 2
+    train_at_4 = json.loads((tmp_path / goodput.FILE).read_text())["saves"][-1][1]
+    assert clock2.redone_s == pytest.approx(first["train_s"] - train_at_4)
+    run_attempt(clock2, tick, 4, start=4, saves=(8,))
+    clock2.persist()
+    f = clock2.fields()
+    assert f["goodput/restarts"] == 1 and f["goodput/redone_steps"] == 2
+    assert f["goodput/wall_s"] == pytest.approx(first["wall_s"] + clock2.attempt()["wall_s"])
+    assert sum(f[f"goodput/{c}"] for c in CATEGORIES) <= f["goodput/wall_s"] + 1e-9
+    assert f["goodput"] == pytest.approx(
+        (f["goodput/train_s"] - f["goodput/redone_s"]) / f["goodput/wall_s"])
+    assert 0 < f["goodput"] < clock2.attempt()["train_s"] / clock2.attempt()["wall_s"]
+
+    summary = goodput.summarize(goodput.read(tmp_path))
+    assert [a["steps"] for a in summary["attempts"]] == ["0-6", "4-8"]
+    assert summary["attempts"][0]["lost_steps"] == 2 and summary["restarts"] == 1
+    assert summary["goodput"] == pytest.approx(f["goodput"], abs=1e-3)
+
+    # Killed again at step 8 before checkpoint 8 was written: back to 4 a second time. Only
+    # the second attempt's steps 5-8 are lost now (the first's were counted already).
+    data = json.loads((tmp_path / goodput.FILE).read_text())
+    data["saves"] = [s for s in data["saves"] if s[0] != 8]
+    (tmp_path / goodput.FILE).write_text(json.dumps(data))
+    clock3 = goodput.Clock(tmp_path, start_step=4)
+    assert clock3.redone_steps == 4
+    assert clock3.redone_s == pytest.approx(clock2.attempt()["train_s"])
+
+
+def test_host_bound_steps_count_the_batches_as_waiting(monkeypatch, tmp_path):
+    tick = FakeTime(monkeypatch)
+    clock = goodput.Clock(tmp_path, start_step=0, enabled=False)
+    run_attempt(clock, tick, 5, start=0, device_bound=False)
+    a = clock.attempt()
+    # Each read found the step done: the host's batches were the bottleneck.
+    assert a["data_s"] == pytest.approx(0.5 * 5) and a["train_s"] == pytest.approx(0)
+    assert not (tmp_path / goodput.FILE).exists()  # not process 0: writes nothing
+
+
+def test_an_unreadable_goodput_file_starts_over(monkeypatch, tmp_path):
+    (tmp_path / goodput.FILE).write_text("{not json")
+    clock = goodput.Clock(tmp_path, start_step=10)
+    assert clock.previous == [] and clock.redone_steps == 0
+    assert goodput.summarize(None) is None and goodput.summarize({"attempts": []}) is None
+
+
+def test_compilation_cache_location(monkeypatch):
+    env = {"XDG_CACHE_HOME": "/home/u/.cache"}
+    where = main.compilation_cache_dir
+    assert where("auto", "train", "/runs/a", env) == "/home/u/.cache/bert_jax/jit"
+    assert where("auto", "train", "gs://b/run/", env) == "gs://b/run/compilation_cache"
+    assert where("auto", "eval", "gs://b/run", env) == "gs://b/run/compilation_cache"
+    assert where("auto", "translate", None, env) == "/home/u/.cache/bert_jax/jit"
+    assert where("auto", "train", "gs://b/run", {"JAX_COMPILATION_CACHE_DIR": "/mine"}) == "/mine"
+    assert where("off", "train", "gs://b/run", {"JAX_COMPILATION_CACHE_DIR": "/mine"}) is None
+    assert where("gs://c/jit", "train", "/runs/a", env) == "gs://c/jit"
+    monkeypatch.chdir("/tmp")
+    assert where("cache", "train", None, env) == "/tmp/cache"
+
+
+def test_compilation_cache_flag_sets_jax_config():
+    keys = ("jax_enable_compilation_cache", "jax_compilation_cache_dir", "jax_compilation_cache_max_size")
+    before = {k: getattr(jax.config, k) for k in keys}
+    try:
+        main.setup_compilation_cache("/tmp/some_cache", "train", None)
+        assert jax.config.jax_compilation_cache_dir == "/tmp/some_cache"
+        assert jax.config.jax_enable_compilation_cache
+        main.setup_compilation_cache("off", "train", None)
+        assert not jax.config.jax_enable_compilation_cache
+        # auto leaves what the user (here: the test session's JAX_COMPILATION_CACHE_DIR) set.
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.config.update("jax_compilation_cache_dir", "/tmp/session")
+        main.setup_compilation_cache("auto", "train", "gs://b/run")
+        assert jax.config.jax_compilation_cache_dir == "/tmp/session"
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+
+
+
+def train_argv(workdir, *overrides):
+    """`bert-jax train` of test_nothing_lost's tiny run (its tests compile the same programs)."""
+    from test_nothing_lost import CONFIG, SMALL
+
+    return ["train", f"--config={CONFIG}", f"--workdir={workdir}",
+            *(f"--config.{o}" for o in [*SMALL, "train.steps=4", "train.checkpoint_every=2",
+                                        "train.eval_every=4", "train.log_every=1", *overrides])]
+
+
+def test_every_metrics_line_holds_the_goodput_totals(cli, tmp_path):
+    from bert_jax.training import metrics
+    from bert_jax.viz import plots
+
+    code, out, err = cli(train_argv(tmp_path, "train.steps=2"))
+    assert code == 0, err
+    assert "goodput: train steps" in out and "  goodput " in out  # the progress line shows it
+    rows = [r for r in metrics.read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert 0 < r["goodput"] <= 1 and r["goodput/restarts"] == 0
+        assert sum(r[f"goodput/{c}"] for c in CATEGORIES) <= r["goodput/wall_s"] + 1e-6
+        assert r["goodput/compile_s"] > 0 and r["goodput/init_s"] > 0
+        assert r["goodput/train_s"] > 0 and r["goodput/redone_steps"] == 0
+    attempts = goodput.read(tmp_path)["attempts"]
+    assert len(attempts) == 1 and attempts[0]["step"] == 2 and attempts[0]["save_s"] > 0
+    assert attempts[0]["first_step_s"] < attempts[0]["wall_s"]
+    assert sum(attempts[0][c] for c in CATEGORIES) <= attempts[0]["wall_s"] + 1e-6
+    # The plot draws it (as logged, not smoothed) and reports the seconds behind it.
+    run = plots.load_run(str(tmp_path))
+    fig, data = plots.plot_runs([run])
+    curve = [(d["step"], d["value"], d["smoothed"]) for d in data if d["series"] == "goodput"]
+    assert curve == [(r["step"], r["goodput"], r["goodput"]) for r in rows]
+    assert not any(d["series"].startswith("goodput/") for d in data)
+    assert plots.goodput_breakdown(run)["train_s"] == rows[-1]["goodput/train_s"]
+
+
+@pytest.mark.slow
+def test_a_resume_continues_the_totals_and_counts_redone_steps(cli, tmp_path):
+    from bert_jax.training import metrics
+
+    code, _, err = cli(train_argv(tmp_path))
+    assert code == 0, err
+    first = goodput.read(tmp_path)["attempts"]
+    # Checkpoint 4 lost (the process died before it was written): resume from 2.
+    shutil.rmtree(tmp_path / "checkpoints" / "4")
+    code, out, err = cli(train_argv(tmp_path))
+    assert code == 0, err
+    assert "steps 3-4 are done again" in out
+    rows = [r for r in metrics.read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    last = rows[-1]
+    assert last["goodput/restarts"] == 1 and last["goodput/redone_steps"] == 2
+    assert last["goodput/wall_s"] > first[0]["wall_s"]  # goes on from the first attempt
+    assert 0 < last["goodput/redone_s"] < last["goodput/train_s"]
+    assert 0 < last["goodput"] <= 1
+    assert sum(last[f"goodput/{c}"] for c in CATEGORIES) <= last["goodput/wall_s"] + 1e-6
+    summary = goodput.summarize(goodput.read(tmp_path))
+    assert [a["steps"] for a in summary["attempts"]] == ["0-4", "2-4"]
+    assert summary["attempts"][0]["lost_steps"] == 2
