@@ -206,7 +206,8 @@ def flip_bytes(folder, n: int = 64) -> str:
 def test_a_damaged_checkpoint_is_set_aside_and_refused_by_name(trained, tmp_path, cli):
     shutil.copytree(trained / "checkpoints", tmp_path / "checkpoints")
     damaged = flip_bytes(tmp_path / "checkpoints" / "4" / "params")
-    named = f"checkpoint {tmp_path}/checkpoints/4 is damaged: {damaged} differs from when it was saved"
+    where, why = f"checkpoint {tmp_path}/checkpoints/4", f"{damaged} differs from when it was saved"
+    named = f"{where} is damaged: {why}"
     # Commands that read checkpoints refuse it by name, and write nothing.
     code, _, err = cli(["average", f"--workdir={tmp_path}", "--last=2", f"--out={tmp_path / 'avg'}"])
     assert code == 1 and named in err and "restore the folder from a copy" in err, err
@@ -221,7 +222,8 @@ def test_a_damaged_checkpoint_is_set_aside_and_refused_by_name(trained, tmp_path
                           *[f"--config.{o}" for o in (*SMALL, "train.steps=6", "train.checkpoint_every=2",
                                                         "train.eval_every=100")]])
     assert code == 0, err
-    assert f"warning: {named}" in err and f"renamed to {tmp_path}/checkpoints/4.unreadable" in err, err
+    assert f"warning: {where} cannot be restored, it is damaged: {why}" in err, err
+    assert f"renamed to {tmp_path}/checkpoints/4.unreadable, trying the previous one" in err, err
     assert f"resumed from {tmp_path}/checkpoints/2" in out
     assert steps_on_disk(tmp_path) == ["2", "4", "4.unreadable", "6"]
 

@@ -165,8 +165,7 @@ def verify(step_dir: epath.Path, items: tuple[str, ...] | None = None, collectiv
         verified = found == 1
         if found == 2 and damaged is None:
             damaged = integrity.DamagedCheckpoint(
-                f"checkpoint {step_dir} is damaged (its files differ from their checksums; "
-                f"process 0 names them)")
+                step_dir, "its files differ from their checksums (process 0 names them)")
     if damaged is not None:
         raise damaged
     if not verified:
@@ -178,11 +177,13 @@ def verify(step_dir: epath.Path, items: tuple[str, ...] | None = None, collectiv
 def _refuse_damaged(directory, step: int, items: tuple[str, ...], collective: bool = True) -> None:
     """verify() for a command that reads a checkpoint (eval, average, export...): a damaged one
     is an error that says what to do."""
+    step_dir = checkpoint_dir(directory) / str(step)
     try:
-        verify(checkpoint_dir(directory) / str(step), items, collective)
+        verify(step_dir, items, collective)
     except integrity.DamagedCheckpoint as e:
-        raise integrity.DamagedCheckpoint(f"{e}; not used: restore the folder from a copy, or use "
-                                          "other checkpoints (eval --step, average --last)") from None
+        raise integrity.DamagedCheckpoint(step_dir, f"{e.details}; not used: restore the folder from a "
+                                          "copy, or use other checkpoints (eval --step, average --last)"
+                                          ) from None
 
 
 def read_config(directory: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
@@ -306,7 +307,8 @@ class TrainCheckpointer:
                     log.info(f"checkpoint {self.path / str(step)} has no {integrity.MANIFEST} (saved "
                              f"before checksums were written): restoring it unverified")
             except integrity.DamagedCheckpoint as e:
-                self._set_aside(step, str(e))
+                self._set_aside(step, f"checkpoint {self.path / str(step)} cannot be restored, it is "
+                                      f"damaged: {e.details}")
                 continue
             try:
                 metadata = self.manager.item_metadata(step)

@@ -21,7 +21,11 @@ _CHUNK = 16 << 20  # zlib.crc32 runs at ~3 GB/s: reading, not hashing, is the co
 
 
 class DamagedCheckpoint(ValueError):
-    """A checkpoint file whose bytes differ from those written at save."""
+    """A checkpoint file whose bytes differ from those written at save: `details` says which."""
+
+    def __init__(self, step_dir, details: str):
+        super().__init__(f"checkpoint {step_dir} is damaged: {details}")
+        self.details = details
 
 
 def _crc32(path: epath.Path) -> tuple[int, str]:
@@ -64,8 +68,8 @@ def verify(step_dir: epath.Path, items: Sequence[str] | None = None) -> bool:
     except FileNotFoundError:
         return False
     except (ValueError, KeyError, TypeError) as e:
-        raise DamagedCheckpoint(f"checkpoint {step_dir} is damaged: its {MANIFEST} cannot be read "
-                                f"({type(e).__name__}: {e})") from None
+        raise DamagedCheckpoint(step_dir, f"its {MANIFEST} cannot be read ({type(e).__name__}: "
+                                          f"{e})") from None
     wanted = sorted(rel for rel in listed
                     if items is None or rel.split("/", 1)[0] in items)
     bad = []
@@ -82,5 +86,5 @@ def verify(step_dir: epath.Path, items: Sequence[str] | None = None) -> bool:
             bad.append(f"{rel} differs from when it was saved (CRC32 {crc}, was {want['crc32']})")
     if bad:
         more = f" (and {len(bad) - 3} more files)" if len(bad) > 3 else ""
-        raise DamagedCheckpoint(f"checkpoint {step_dir} is damaged: {'; '.join(bad[:3])}{more}")
+        raise DamagedCheckpoint(step_dir, f"{'; '.join(bad[:3])}{more}")
     return True
