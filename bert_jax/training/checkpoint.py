@@ -1,5 +1,6 @@
 """Orbax checkpoints: `<dir>/checkpoints/<step>/` holds Composite items `params` (the model
-parameters as a plain nested dict) and `config` (the run config as JSON). A converted
+parameters as a plain nested dict) and `config` (the run config as JSON), and
+`checksums.json`, the sizes and CRC32s of its files (integrity.py). A converted
 public checkpoint and a training workdir share this layout, so any command that takes a
 checkpoint takes either; tokenizer files (vocab.txt, ...) sit in `<dir>` itself."""
 
