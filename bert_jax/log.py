@@ -47,7 +47,9 @@ def configure(level: int = logging.INFO) -> None:
 
 
 def _from_storage_library(record: logging.LogRecord) -> bool:
-    return record.name == "asyncio" or f"{os.sep}orbax{os.sep}" in record.pathname
+    """Orbax, asyncio, or gcsfs (gs:// files: a traceback per failed request)."""
+    return (record.name in ("asyncio", "gcsfs") or record.name.startswith("gcsfs.")
+            or f"{os.sep}orbax{os.sep}" in record.pathname)
 
 
 def _abandoned_io(obj, error) -> bool:
@@ -128,9 +130,9 @@ def divert_library_errors() -> None:
     if _NOISE is not None:  # once per process (the CLI may run several times in one, as in tests)
         return
     noise = _NOISE = _StorageNoise()
-    # The records' own loggers (asyncio; absl, which Orbax logs through) for a program without
+    # The records' own loggers (asyncio; absl, which Orbax logs through; gcsfs) for a program without
     # handlers of its own, and the root handlers for Orbax modules with a logger of their own.
-    for logger in (logging.getLogger("asyncio"), logging.getLogger("absl")):
+    for logger in (logging.getLogger("asyncio"), logging.getLogger("absl"), logging.getLogger("gcsfs")):
         logger.addFilter(noise)
     for handler in logging.getLogger().handlers:
         handler.addFilter(noise)

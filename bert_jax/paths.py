@@ -203,3 +203,54 @@ class WorkdirLock:
         if self.held and self._holder().get("pid") == self.me["pid"]:
             self.path.unlink(missing_ok=True)
         self.held = False
+
+
+# Object stores without a network. gcsfs retries each request 6 times over ~30 s (each try may
+# wait minutes for a connection where packets are dropped, where a closed port refuses at
+# once), logs a traceback per request, and then answers "no such file": a command would blame
+# the workdir. One connection, bounded in time, says what is wrong before any of that.
+_REACHED: set[tuple[str, int]] = set()
+
+
+def _gcs_endpoint() -> str:
+    """The GCS endpoint gcsfs uses: an emulator's ($STORAGE_EMULATOR_HOST), a configured one
+    ($FSSPEC_GS_ENDPOINT_URL), or Google's."""
+    url = os.environ.get("FSSPEC_GS_ENDPOINT_URL") or os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if url in ("", "default"):
+        return f"https://storage.{os.environ.get('GOOGLE_CLOUD_UNIVERSE_DOMAIN', 'googleapis.com')}"
+    return url if "://" in url else f"http://{url}"
+
+
+def check_reachable(path: str | os.PathLike, timeout: float = 10.0) -> None:
+    """For a gs:// path: Google Cloud Storage accepts a connection within `timeout` seconds
+    (name lookup included), else a ConnectionError in one line naming GCS and the network.
+    Other paths: nothing. Checked once per process and endpoint."""
+    if not str(path).startswith("gs://"):
+        return
+    import threading
+    from urllib.parse import urlparse
+
+    url = urlparse(_gcs_endpoint())
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    if (host, port) in _REACHED:
+        return
+    failure: list[OSError] = []
+
+    def connect():
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except OSError as e:
+            failure.append(e)
+
+    thread = threading.Thread(target=connect, daemon=True)  # the name lookup has no timeout
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        failure.append(TimeoutError(f"no answer in {timeout:g} s"))
+    if failure:
+        e = failure[0]
+        reason = (f"cannot look up {host}: {e.strerror or e}" if isinstance(e, socket.gaierror)
+                  else e.strerror or str(e) or type(e).__name__)
+        raise ConnectionError(f"cannot reach Google Cloud Storage ({host}:{port}) for {path}: {reason}; "
+                              f"check this machine's network (and any firewall or proxy), then rerun")
+    _REACHED.add((host, port))

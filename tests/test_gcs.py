@@ -11,9 +11,11 @@ import gzip
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
+import time
 from http import HTTPStatus, server
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -160,6 +162,9 @@ def test_train_resume_and_eval_in_a_gs_workdir(gcs):
         items = listing(fs, f"{root}/checkpoints/{step}")
         assert {"commit_success.txt", "params", "opt_state", "data", "config"} <= set(items), items
         assert "manifest.ocdbt" in listing(fs, f"{root}/checkpoints/{step}/params")
+        # with the checksums of its files, written before the commit marker
+        checksums = json.loads(fs.cat(f"{root}/checkpoints/{step}/checksums.json"))["files"]
+        assert {"params/manifest.ocdbt", "config/metadata"} <= set(checksums), sorted(checksums)
     stored = json.loads(fs.cat(f"{root}/checkpoints/8/config/metadata"))
     assert stored["train"]["steps"] == 8 and stored["model"]["vocab_size"] == 256
     reference = losses(fs, root)
@@ -172,6 +177,7 @@ def test_train_resume_and_eval_in_a_gs_workdir(gcs):
     fs.rm(f"{root}/checkpoints/8/commit_success.txt")
     resumed = bert_jax(env, *train)
     assert f"resumed from {workdir}/checkpoints/4" in resumed.stdout, resumed.stdout[-2000:]
+    assert "unverified" not in resumed.stdout  # its checksums were read and matched
     assert losses(fs, root) == reference  # bitwise, and each step once
     assert "commit_success.txt" in listing(fs, f"{root}/checkpoints/8")
     summary = json.loads(fs.cat(f"{root}/summary.json"))
@@ -386,3 +392,60 @@ def test_a_gs_workdir_keeps_the_compilation_cache_and_goodput(gcs):
     bert_jax(env, *train, f"--workdir=gs://{BUCKET}/again",
              f"--compilation_cache=gs://{root}/compilation_cache")
     assert listing(fs, f"{root}/compilation_cache") == entries
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", f"--config={CONFIG}", "--workdir={gs}", *SMALL],
+    ["eval", "--workdir={gs}"],
+    ["average", "--workdir={gs}", "--out={tmp}/avg"],
+    ["translate", "--checkpoint={gs}", "--input=/dev/null", "--output={tmp}/out.txt"],
+    ["plot", "--workdir={gs}"],
+], ids=lambda argv: argv[0])
+def test_without_network_one_line_names_gcs_at_once(cli, monkeypatch, tmp_path, argv):
+    # Storage that refuses connections (as the emulator on a closed port; real GCS without a
+    # network fails its name lookup, or times out where packets are dropped): gcsfs would retry
+    # each request for ~30 s with a traceback each time, then report a missing folder.
+    port = _closed_port()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
+    monkeypatch.setenv("FSSPEC_GS_TOKEN", "anon")
+    workdir = f"gs://{BUCKET}/run"
+    start = time.monotonic()
+    code, _, err = cli([a.format(gs=workdir, tmp=tmp_path) for a in argv])
+    assert code == 1 and time.monotonic() - start < 20
+    assert err.splitlines() == [
+        f"bert-jax {argv[0]}: error: cannot reach Google Cloud Storage (localhost:{port}) for {workdir}: "
+        f"Connection refused; check this machine's network (and any firewall or proxy), then rerun"]
+
+
+def test_an_unanswered_connection_is_bounded_in_time(monkeypatch):
+    from bert_jax import paths
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://storage.test:4443")
+    monkeypatch.setattr(paths.socket, "create_connection", lambda *a, **k: time.sleep(30))
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"\(storage.test:4443\) for gs://b/run: no answer in 0.5 s"):
+        paths.check_reachable("gs://b/run", timeout=0.5)
+    assert time.monotonic() - start < 5
+    paths.check_reachable("/a/local/folder")  # nothing to check
+
+
+def test_gcsfs_request_errors_go_to_the_details_file(capsys):
+    import logging
+
+    from bert_jax import log
+
+    log.divert_library_errors()
+    try:
+        raise ConnectionError("Cannot connect to host storage.googleapis.com:443")
+    except ConnectionError:
+        logging.getLogger("gcsfs").exception("_request out of retries on exception")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "out of retries" not in err, err
+    with open(log._NOISE.path, encoding="utf-8") as f:
+        assert "_request out of retries" in f.read()

@@ -190,3 +190,72 @@ def test_fine_tuning_takes_model_sizes_from_init_from(tmp_path):
     assert config.model.num_layers == 12  # the given config is not changed
     kept = state.sizes_from_init(config, {"model.num_layers"})
     assert kept.model.num_layers == 12 and kept.model.emb_dim == 32
+
+
+def flip_bytes(folder, n: int = 64) -> str:
+    """Inverts `n` bytes in the middle of the largest file under `folder` (a silent disk or
+    copy error: the file keeps its size); returns its path relative to the step folder."""
+    biggest = max((f for f in folder.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    data = bytearray(biggest.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + n] = bytes(b ^ 0xFF for b in data[middle:middle + n])
+    biggest.write_bytes(bytes(data))
+    return biggest.relative_to(folder.parent).as_posix()
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_refused_by_name(trained, tmp_path, cli):
+    shutil.copytree(trained / "checkpoints", tmp_path / "checkpoints")
+    damaged = flip_bytes(tmp_path / "checkpoints" / "4" / "params")
+    where, why = f"checkpoint {tmp_path}/checkpoints/4", f"{damaged} differs from when it was saved"
+    named = f"{where} is damaged: {why}"
+    # Commands that read checkpoints refuse it by name, and write nothing.
+    code, _, err = cli(["average", f"--workdir={tmp_path}", "--last=2", f"--out={tmp_path / 'avg'}"])
+    assert code == 1 and named in err and "restore the folder from a copy" in err, err
+    assert not (tmp_path / "avg" / "checkpoints" / "4").exists()
+    code, _, err = cli(["eval", f"--workdir={tmp_path}"])
+    assert code == 1 and named in err, err
+    assert not (tmp_path / "eval").exists()
+    [result] = evaluate.evaluate_checkpoints(None, str(tmp_path), "2")  # the good one still reads
+    assert math.isfinite(result["eval/loss"])
+    # Training sets it aside, as an unreadable one, and resumes from the one before.
+    code, out, err = cli(["train", f"--config={CONFIG}", f"--workdir={tmp_path}",
+                          *[f"--config.{o}" for o in (*SMALL, "train.steps=6", "train.checkpoint_every=2",
+                                                        "train.eval_every=100")]])
+    assert code == 0, err
+    assert f"warning: {where} cannot be restored, it is damaged: {why}" in err, err
+    assert f"renamed to {tmp_path}/checkpoints/4.unreadable, trying the previous one" in err, err
+    assert f"resumed from {tmp_path}/checkpoints/2" in out
+    assert steps_on_disk(tmp_path) == ["2", "4", "4.unreadable", "6"]
+
+
+def test_checkpoints_saved_before_checksums_still_load(trained, tmp_path):
+    shutil.copytree(trained / "checkpoints", tmp_path / "checkpoints")
+    for step in ("2", "4"):
+        (tmp_path / "checkpoints" / step / "checksums.json").unlink()
+    assert checkpoint.read_config(tmp_path)["model"]["num_layers"] == 1
+    [result] = evaluate.evaluate_checkpoints(None, str(tmp_path), "latest")
+    assert result["step"] == 4 and math.isfinite(result["eval/loss"])
+    assert train.train_and_evaluate(small("train.steps=6"), str(tmp_path))["step"] == 6
+    assert steps_on_disk(tmp_path) == ["2", "4", "6"]
+
+
+def test_a_read_only_checkpoints_folder_fails_before_step_1(trained, tmp_path, monkeypatch):
+    shutil.copytree(trained / "checkpoints", tmp_path / "checkpoints")
+    folder = tmp_path / "checkpoints"
+    # chmod 555 binds no root (as tests may run): refuse writes there as a read-only folder does.
+    from etils import epath
+
+    local = type(epath.Path(folder))
+    write_text = local.write_text
+
+    def read_only(self, *args, **kwargs):
+        if str(self.parent) == str(folder):
+            raise PermissionError(13, "Permission denied")
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(local, "write_text", read_only)
+    message = rf"cannot write to the checkpoints folder {folder} \(Permission denied\)"
+    with pytest.raises(OSError, match=message):
+        train.train_and_evaluate(small("train.steps=8"), str(tmp_path))
+    assert steps_on_disk(tmp_path) == ["2", "4"] and not (tmp_path / "metrics.jsonl").exists()
+    assert not (tmp_path / paths.LOCK_NAME).exists()

@@ -1,10 +1,12 @@
 """Orbax checkpoints: `<dir>/checkpoints/<step>/` holds Composite items `params` (the model
-parameters as a plain nested dict) and `config` (the run config as JSON). A converted
+parameters as a plain nested dict) and `config` (the run config as JSON), and
+`checksums.json`, the sizes and CRC32s of its files (integrity.py). A converted
 public checkpoint and a training workdir share this layout, so any command that takes a
 checkpoint takes either; tokenizer files (vocab.txt, ...) sit in `<dir>` itself."""
 
 from __future__ import annotations
 
+import collections
 import gc
 import logging
 import os
@@ -12,6 +14,7 @@ import re
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import traverse_util
@@ -20,8 +23,8 @@ from bert_jax import log as log_lib
 from bert_jax import models, trees
 from bert_jax.config import ConfigError
 from bert_jax.models.config import fields_of_kind
-from bert_jax.paths import workdir_path
-from bert_jax.training import sharding
+from bert_jax.paths import check_reachable, workdir_path
+from bert_jax.training import integrity, sharding
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +48,34 @@ def checkpoint_dir(directory: str | os.PathLike) -> epath.Path:
     return workdir_path(directory) / "checkpoints"
 
 
+def check_writable(workdir: str | os.PathLike) -> None:
+    """Before a run starts: a gs:// workdir's storage is reachable, and this process can write
+    in the workdir and in its checkpoints/ (a read-only checkpoints/ would otherwise be found
+    at the first save, after the compile and the first steps). One line if not."""
+    check_reachable(workdir)
+    root = workdir_path(workdir)
+    for folder, name in ((root, "the workdir"), (root / "checkpoints", "the checkpoints folder")):
+        probe = folder / f".write-check.{jax.process_index()}.{os.getpid()}"
+        try:
+            if folder == root:
+                folder.mkdir(parents=True, exist_ok=True)
+            elif not folder.exists():  # made at the first save, in a workdir that is writable
+                continue
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            reason = e.strerror or (str(e).splitlines() or [type(e).__name__])[0]
+            raise OSError(f"cannot write to {name} {folder} ({reason}); "
+                          f"check its permissions and free space, then rerun") from None
+
+
 def manager(directory: str | os.PathLike, *, create: bool = False, read_only: bool = False,
             options: ocp.CheckpointManagerOptions | None = None,
             item_handlers: dict | None = None) -> ocp.CheckpointManager:
     """The Orbax manager of `<directory>/checkpoints` (every command builds its manager here).
     Without `create`, a directory with no checkpoints/ folder is an error naming it."""
     path = checkpoint_dir(directory)
+    check_reachable(directory)  # no network: say so, rather than "no checkpoints/ folder"
     if not create and not path.is_dir():
         raise FileNotFoundError(
             f"{directory}: no checkpoints/ folder; expected a workdir or a `bert-jax convert` output")
@@ -85,6 +110,8 @@ def save_params(directory: str | os.PathLike, step: int, params: dict, config: d
         mngr.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                                 config=ocp.args.JsonSave(config)))
         mngr.wait_until_finished()
+    if jax.process_index() == 0:
+        integrity.write(checkpoint_dir(directory) / str(step))
 
 
 def resolve_step(directory: str | os.PathLike, step: int | None = None) -> int:
@@ -119,11 +146,53 @@ def _unreadable(directory, step: int, item: str, error: Exception) -> ValueError
                       "use another --step, or restore the folder from a copy")
 
 
+def verify(step_dir: epath.Path, items: tuple[str, ...] | None = None, collective: bool = True) -> bool:
+    """Checks the files of `items` (all when None) of the checkpoint in `step_dir` against the
+    checksums written when it was saved (integrity.py): a damaged checkpoint is a
+    DamagedCheckpoint (a ValueError) naming it and its files; True when verified, False for a
+    checkpoint saved before checksums were written. `collective` (every process calls it, as
+    for a restore): in a multi-process run process 0 reads the files and tells the others
+    what it found; otherwise each process reads them."""
+    damaged, verified = None, False
+    collective = collective and jax.process_count() > 1
+    if jax.process_index() == 0 or not collective:
+        try:
+            verified = integrity.verify(step_dir, items)
+        except integrity.DamagedCheckpoint as e:
+            damaged = e
+    if collective:
+        from jax.experimental import multihost_utils
+        found = int(multihost_utils.broadcast_one_to_all(np.int32(2 if damaged else verified)))
+        verified = found == 1
+        if found == 2 and damaged is None:
+            damaged = integrity.DamagedCheckpoint(
+                step_dir, "its files differ from their checksums (process 0 names them)")
+    if damaged is not None:
+        raise damaged
+    if not verified:
+        log.debug(f"checkpoint {step_dir}: no {integrity.MANIFEST} (saved before checksums were "
+                  f"written); read unverified")
+    return verified
+
+
+def _refuse_damaged(directory, step: int, items: tuple[str, ...], collective: bool = True) -> None:
+    """verify() for a command that reads a checkpoint (eval, average, export...): a damaged one
+    is an error that says what to do."""
+    step_dir = checkpoint_dir(directory) / str(step)
+    try:
+        verify(step_dir, items, collective)
+    except integrity.DamagedCheckpoint as e:
+        raise integrity.DamagedCheckpoint(step_dir, f"{e.details}; not used: restore the folder from a "
+                                          "copy, or use other checkpoints (eval --step, average --last)"
+                                          ) from None
+
+
 def read_config(directory: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
     """The run config stored with a checkpoint (latest step by default); its model section
     holds the fields its model reads (models.stored_model_config)."""
     with manager(directory) as mngr:
         step = _resolve_step(mngr, directory, step)
+        _refuse_damaged(directory, step, ("config",), collective=False)  # a few kB; any process
         try:
             config = mngr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
         except Exception as e:  # noqa: BLE001 (whatever Orbax raises, the files are not usable)
@@ -151,6 +220,7 @@ def restore_params(directory: str | os.PathLike, abstract_params: dict,
                 raise ConfigError(f"{checkpoint_dir(directory)}/{step} holds a different model than "
                                   f"the config (param: checkpoint shape vs config shape: {diff}); "
                                   f"evaluate with the config stored with the checkpoint")
+        _refuse_damaged(directory, step, ("params",))
         args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
         try:
             return mngr.restore(step, args=args)["params"]
@@ -188,23 +258,39 @@ class TrainCheckpointer:
 
     def __init__(self, workdir: str | os.PathLike, keep: int, best_metric: str | None = None):
         self.path = checkpoint_dir(workdir)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                               enable_async_checkpointing=True)
+        # Steps saved and not yet committed, oldest first (Orbax finalizes them in order).
+        self._finalizing: collections.deque[int] = collections.deque()
+        common = dict(create=True, enable_async_checkpointing=True,
+                      async_options=ocp.AsyncOptions(post_finalization_callback=self._write_checksums))
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, **common)
         if best_metric:
             options = ocp.CheckpointManagerOptions(
-                create=True, enable_async_checkpointing=True, best_fn=lambda m: m[best_metric],
-                best_mode="max", preservation_policy=_best_metric_policy(best_metric, keep))
+                best_fn=lambda m: m[best_metric], best_mode="max",
+                preservation_policy=_best_metric_policy(best_metric, keep), **common)
         self.manager = manager(workdir, create=True, options=options)
 
     def save(self, step: int, params, opt_state, data_state: dict, config: dict,
              metrics: dict | None = None) -> None:
+        if jax.process_index() == 0:  # the process that finalizes (Orbax's primary host)
+            self._finalizing.append(step)
         try:  # an earlier async save's failure surfaces here too
             self.manager.save(step, args=ocp.args.Composite(
                 params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
                 data=ocp.args.JsonSave(data_state), config=ocp.args.JsonSave(config)),
                 metrics=metrics, force=True)
         except Exception as e:  # noqa: BLE001 (storage errors come as ValueError, OSError...)
+            if self._finalizing and self._finalizing[-1] == step:
+                self._finalizing.pop()
             raise self._write_error(e) from None
+
+    def _write_checksums(self) -> None:
+        """Orbax's post-finalization callback, on process 0 in its save thread once every
+        process has written its files of the step and before the step is committed (renamed
+        into place, or on object stores its commit marker written): the step's checksums, so
+        a committed step has them. A failure here fails the save, as a failed write does."""
+        step = self._finalizing.popleft()
+        tmp = self.path / f"{step}{ocp.path.atomicity.TMP_DIR_SUFFIX}"
+        integrity.write(tmp if tmp.exists() else self.path / str(step))
 
     def restore_latest(self, abstract_params, abstract_opt_state, config: dict | None = None):
         """(step, params, opt_state, data_state) of the newest checkpoint that restores, or
@@ -213,9 +299,18 @@ class TrainCheckpointer:
         change. A checkpoint whose files fail to restore (truncated, corrupt) is renamed
         `<step>.unreadable` (kept for inspection, out of Orbax's way) and the previous one
         is tried; if none is left, that is an error too: a run never silently starts over
-        in a workdir that held checkpoints."""
+        in a workdir that held checkpoints. So is one whose files differ from the checksums
+        written when it was saved (checked first: such files may restore without an error)."""
         steps = sorted(self.manager.all_steps(), reverse=True)
         for step in steps:
+            try:
+                if not verify(self.path / str(step)):
+                    log.info(f"checkpoint {self.path / str(step)} has no {integrity.MANIFEST} (saved "
+                             f"before checksums were written): restoring it unverified")
+            except integrity.DamagedCheckpoint as e:
+                self._set_aside(step, f"checkpoint {self.path / str(step)} cannot be restored, it is "
+                                      f"damaged: {e.details}")
+                continue
             try:
                 metadata = self.manager.item_metadata(step)
             except Exception:  # noqa: BLE001 (unreadable metadata: handled by restore below)
@@ -233,12 +328,7 @@ class TrainCheckpointer:
             except Exception as e:  # noqa: BLE001 (any failure here means: files not usable)
                 problem = f"{type(e).__name__}: {_first_line(e)}"
             _quiet_abandoned_reads()
-            bad = self.path / str(step)
-            log.warning(f"warning: checkpoint {bad} cannot be restored ({problem}); renamed to "
-                        f"{bad}.unreadable, trying the previous one")
-            if jax.process_index() == 0:
-                bad.rename(bad.with_name(f"{step}.unreadable"))
-            self.manager.reload()
+            self._set_aside(step, f"checkpoint {self.path / str(step)} cannot be restored ({problem})")
         unreadable = sorted(p.name for p in self.path.glob("*.unreadable")) if self.path.exists() else []
         if unreadable:
             raise ConfigError(
@@ -246,6 +336,15 @@ class TrainCheckpointer:
                 f"restored); refusing to start over from step 0 in this workdir. Use a new "
                 f"--workdir, or move the *.unreadable folders away to start over here")
         return None
+
+    def _set_aside(self, step: int, problem: str) -> None:
+        """Renames checkpoint `step` to `<step>.unreadable` (kept for inspection, out of
+        Orbax's way), saying why."""
+        bad = self.path / str(step)
+        log.warning(f"warning: {problem}; renamed to {bad}.unreadable, trying the previous one")
+        if jax.process_index() == 0:
+            bad.rename(bad.with_name(f"{step}.unreadable"))
+        self.manager.reload()
 
     def _check_same_run(self, step: int, config: dict) -> None:
         """The stored config of checkpoint `step` against this run's: a changed model or
