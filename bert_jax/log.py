@@ -152,6 +152,11 @@ def divert_library_errors() -> None:
         if issubclass(category, RuntimeWarning) and "was never awaited" in str(message):
             noise.write(warnings.formatwarning(message, category, filename, lineno, line),
                         announce=False)
+        elif "persistent compilation cache entry" in str(message):
+            # JAX could not read or write a cached program (a full disk, a file size limit,
+            # a bucket without write access): it compiles instead, so the run goes on. One
+            # line names the details file.
+            noise.write(warnings.formatwarning(message, category, filename, lineno, line))
         else:
             show(message, category, filename, lineno, file, line)
 

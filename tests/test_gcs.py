@@ -149,11 +149,18 @@ def losses(fs, path) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_train_resume_and_eval_in_a_gs_workdir(gcs):
+    """Checkpoints, metrics, goodput and (without JAX_COMPILATION_CACHE_DIR) the compiled
+    programs in the bucket; a resume, an eval and a plot from there."""
     fs, env = gcs
+    env = {k: v for k, v in env.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     root, workdir = f"{BUCKET}/run", f"gs://{BUCKET}/run"
     train = ["train", f"--config={CONFIG}", f"--workdir={workdir}", *SMALL,
              "--config.train.steps=8", "--config.train.checkpoint_every=4"]
     bert_jax(env, *train)
+    compiled = listing(fs, f"{root}/compilation_cache")
+    assert any(e.startswith("jit_wrapped-") for e in compiled), compiled  # train and eval steps
+    attempt = json.loads(fs.cat(f"{root}/goodput.json"))["attempts"][-1]
+    assert attempt["step"] == 8 and 0 < attempt["train_s"] < attempt["wall_s"]
     files = listing(fs, root)
     assert {"checkpoints", "metrics.jsonl", "summary.json"} <= set(files), files
     assert any(f.startswith("events.out.tfevents") for f in files), files
@@ -179,6 +186,11 @@ def test_train_resume_and_eval_in_a_gs_workdir(gcs):
     assert f"resumed from {workdir}/checkpoints/4" in resumed.stdout, resumed.stdout[-2000:]
     assert "unverified" not in resumed.stdout  # its checksums were read and matched
     assert losses(fs, root) == reference  # bitwise, and each step once
+    # Its programs came from the bucket's cache: only the restore's small ones are new.
+    recompiled = set(listing(fs, f"{root}/compilation_cache")) - set(compiled)
+    assert not [name for name in recompiled if name.startswith("jit_wrapped-")], sorted(recompiled)
+    attempts = json.loads(fs.cat(f"{root}/goodput.json"))["attempts"]
+    assert [(a["start_step"], a["step"], a["redone_steps"]) for a in attempts] == [(0, 8, 0), (4, 8, 4)]
     assert "commit_success.txt" in listing(fs, f"{root}/checkpoints/8")
     summary = json.loads(fs.cat(f"{root}/summary.json"))
     assert summary["step"] == 8 and not summary["preempted"]
@@ -372,26 +384,6 @@ def test_checkpoint_tools_read_and_write_gs(vocab, gcs_here):
     assert report["source"] == f"hf:{root}/hf"  # named as given, not as its local copy
     assert {"checkpoints", "vocab.txt"} <= set(listing(fs, f"{BUCKET}/tools/converted"))
     assert checkpoint.read_config(f"{root}/converted")["model"]["vocab_size"] == 1000
-
-
-@pytest.mark.slow
-def test_a_gs_workdir_keeps_the_compilation_cache_and_goodput(gcs):
-    """Without JAX_COMPILATION_CACHE_DIR, `train` keeps compiled programs under the gs://
-    workdir; a second run of the same config loads every one of them (writes no new entry)."""
-    fs, env = gcs
-    env = {k: v for k, v in env.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    root = f"{BUCKET}/cached"
-    train = ["train", f"--config={CONFIG}", *SMALL, "--config.train.steps=2",
-             "--config.schedule.warmup_steps=1", "--config.train.checkpoint_every=2"]
-    bert_jax(env, *train, f"--workdir=gs://{root}")
-    entries = listing(fs, f"{root}/compilation_cache")
-    assert any(e.startswith("jit_") for e in entries), entries
-    attempt = json.loads(fs.cat(f"{root}/goodput.json"))["attempts"][-1]
-    assert attempt["step"] == 2 and 0 < attempt["train_s"] < attempt["wall_s"]
-    # Another workdir, the same programs, read from the first one's cache.
-    bert_jax(env, *train, f"--workdir=gs://{BUCKET}/again",
-             f"--compilation_cache=gs://{root}/compilation_cache")
-    assert listing(fs, f"{root}/compilation_cache") == entries
 
 
 def _closed_port() -> int:
