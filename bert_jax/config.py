@@ -210,6 +210,10 @@ def translation_defaults() -> ml_collections.ConfigDict:
 
 def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     """`path.py[:arg]` -> get_config(arg), then `key.path=value` overrides applied in order."""
+    if "://" in spec:
+        raise ConfigError(f"--config={spec}: a config file is a local Python file (it is imported, "
+                          "not read as data), never a URL; copy it here (e.g. gcloud storage cp) "
+                          "and give that path")
     path, _, arg = spec.partition(":")
     if not Path(path).is_file():
         raise ConfigError(f"--config={spec}: no such file {path}")

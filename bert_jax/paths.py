@@ -4,12 +4,16 @@ that keeps two runs out of one workdir.
 
 Local paths behave exactly as Python's own (pathlib.Path, glob.glob); only a URL goes through
 etils.epath / fsspec (gcsfs for gs://). Code that needs a real local file (a C++ reader or
-writer without object-store support) stages it through `local_copy` / `staged_output`."""
+writer without object-store support) stages it through `local_copy` / `staged_output`.
+`glob`, `open` and `local_copy` of a gs:// URL first check that GCS answers (`check_reachable`:
+one line naming GCS and the network instead of minutes of retries)."""
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import glob as glob_lib
+import io
 import json
 import os
 import re
@@ -19,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from etils import epath
 
@@ -62,6 +67,7 @@ def glob(pattern: str) -> list[str]:
     wrote since)."""
     if not is_remote(pattern):
         return sorted(glob_lib.glob(pattern))
+    check_reachable(pattern)
     import fsspec  # gcsfs for gs:// (a dependency of this package)
 
     protocol = str(pattern).split("://", 1)[0]
@@ -73,6 +79,25 @@ def glob(pattern: str) -> list[str]:
     return sorted(f"{protocol}://{name}" for name, info in found.items()
                   if info.get("type") == "file" and not name.endswith("/")
                   and (hidden_ok or not os.path.basename(name).startswith(".")))
+
+
+def open(p: str | os.PathLike, mode: str = "r", *, encoding: str | None = None,
+         errors: str | None = None, newline: str | None = None) -> IO:
+    """The file `p` opened as Python's open() opens it (the same modes and text options: e.g.
+    encoding="utf-8-sig", newline="" for csv), local or gs://. A local path is Python's own
+    open(); a URL is read or written through its binary stream (an object written appears
+    whole when the file is closed)."""
+    if not is_remote(p):
+        return builtins.open(p, mode, encoding=encoding, errors=errors, newline=newline)
+    check_reachable(p)
+    if "b" in mode:
+        return epath.Path(p).open(mode)
+    raw = epath.Path(p).open(mode.replace("t", "") + "b")
+    try:
+        return io.TextIOWrapper(raw, encoding=encoding or "utf-8", errors=errors, newline=newline)
+    except BaseException:
+        raw.close()
+        raise
 
 
 def copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> None:
@@ -92,6 +117,7 @@ def local_copy(src: str | os.PathLike, *, keep=None) -> Iterator[Path]:
     if not is_remote(src):
         yield Path(src)
         return
+    check_reachable(src)
     remote = epath.Path(src)
     with tempfile.TemporaryDirectory(prefix="bert_jax_copy_") as tmp:
         local = Path(tmp) / remote.name

@@ -183,6 +183,8 @@ CONFIG_CASES = [
     case("config-file-missing-with-arg", "train --config configs/nope.py:tiny --workdir {tmp}/w", 2,
          "configs/nope.py"),
     case("config-is-a-directory", "info --config configs", 2, "configs"),
+    case("config-is-a-url", "info --config gs://bucket/configs/glue.py:mrpc", 2,
+         "gs://bucket/configs/glue.py:mrpc", "local Python file", "never a URL"),
     case("config-not-python", "info --config README.md", 2, "README.md", "get_config"),
     case("config-without-get-config", "info --config {tmp}/c.py", 2, "c.py", "get_config",
          setup=files(c_DOT_py="X = 1\n")),

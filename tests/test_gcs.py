@@ -4,7 +4,8 @@ summary.json land in the bucket; a run that crashed while saving resumes from it
 gs:// checkpoint with identical losses; `bert-jax eval` and `bert-jax plot` read the bucket and
 write there. Every other path on gs:// too (in-process): globs of text files, a tokenizer,
 `vocab --input/--out`, `prepare --out` and array_record shards read from the bucket, the
-`features`/`translate` inputs and outputs."""
+`features`/`translate` inputs and outputs, fine-tuning task files (data.data_dir, --split) and
+their prediction files, `init_from` and `average --out` on gs://."""
 
 import functools
 import gzip
@@ -19,6 +20,7 @@ import time
 from http import HTTPStatus, server
 from urllib.parse import parse_qs, unquote, urlparse
 
+import numpy as np
 import pytest
 from conftest import REPO
 from test_train import CONFIG, SMALL
@@ -415,6 +417,22 @@ def test_without_network_one_line_names_gcs_at_once(cli, monkeypatch, tmp_path, 
         f"Connection refused; check this machine's network (and any firewall or proxy), then rerun"]
 
 
+def test_task_files_without_network_one_line_names_gcs(cli, monkeypatch, tmp_path, wordpiece_vocab):
+    """A local run whose fine-tuning files are on gs:// (data.data_dir) stops at once too."""
+    port = _closed_port()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
+    monkeypatch.setenv("FSSPEC_GS_TOKEN", "anon")
+    start = time.monotonic()
+    code, _, err = cli(["train", "--config=configs/glue.py:mrpc,tiny", f"--workdir={tmp_path / 'run'}",
+                        f"--config.data.data_dir=gs://{BUCKET}/glue",
+                        f"--config.data.tokenizer={wordpiece_vocab.parent}"])
+    assert code == 1 and time.monotonic() - start < 20
+    assert err.splitlines() == [
+        f"bert-jax train: error: cannot reach Google Cloud Storage (localhost:{port}) for "
+        f"gs://{BUCKET}/glue/MRPC/train.tsv: Connection refused; check this machine's network (and any "
+        "firewall or proxy), then rerun"]
+
+
 def test_an_unanswered_connection_is_bounded_in_time(monkeypatch):
     from bert_jax import paths
 
@@ -441,3 +459,157 @@ def test_gcsfs_request_errors_go_to_the_details_file(capsys):
     assert "Traceback" not in err and "out of retries" not in err, err
     with open(log._NOISE.path, encoding="utf-8") as f:
         assert "_request out of retries" in f.read()
+
+
+def _head(path, lines: int) -> bytes:
+    """The first `lines` lines of a file, as they are (byte order mark, line endings)."""
+    return b"".join(path.read_bytes().splitlines(keepends=True)[:lines])
+
+
+@pytest.fixture(scope="module")
+def glue_dir(gcs_here, shared_data):
+    """gs://bucket/glue: the GLUE layout (MRPC/train.tsv, dev.tsv, test.tsv) with the first rows
+    of the real files (MRPC's byte order mark and unbalanced quotes included)."""
+    for name, lines in (("train.tsv", 41), ("dev.tsv", 17), ("test.tsv", 9)):
+        gcs_here.pipe(f"{BUCKET}/glue/MRPC/{name}", _head(shared_data / "glue" / "MRPC" / name, lines))
+    return f"gs://{BUCKET}/glue"
+
+
+def test_task_files_on_gs_read_and_write_as_local_ones(glue_dir, vocab, gcs_here, shared_data, tmp_path):
+    """The task readers and prediction writers give on gs:// what they give locally: GLUE
+    through data.data_dir (and a --split file), CoNLL NER, SWAG and SQuAD; errors name the
+    gs:// file as given."""
+    from bert_jax import config as config_lib
+    from bert_jax import tasks
+    from bert_jax.tasks import glue, ner, squad, swag
+
+    fs = gcs_here
+
+    def local_copy(remote: str):  # the same bytes in a local file (its stem kept: example ids)
+        local = tmp_path / remote.rsplit("/", 1)[0].replace("/", "_") / remote.rsplit("/", 1)[1]
+        local.parent.mkdir(exist_ok=True)
+        local.write_bytes(fs.cat(remote))
+        return local
+
+    def glue_config(data_dir):
+        return config_lib.load(str(REPO / "configs" / "glue.py") + ":mrpc,tiny", [
+            f"data.data_dir={data_dir}", f"data.tokenizer={vocab}", "model.vocab_size=1000"])
+
+    config = glue_config(glue_dir)
+    task = tasks.from_config(config)
+    assert str(task.path("train")) == f"{glue_dir}/MRPC/train.tsv"
+    for split, n in (("train", 40), ("dev", 16), ("test", 8)):
+        local = local_copy(f"{BUCKET}/glue/MRPC/{split}.tsv")
+        assert task.examples(split) == glue.read_glue("mrpc", local) and len(task.examples(split)) == n
+    assert task.examples(f"{glue_dir}/MRPC/dev.tsv") == task.examples("dev")  # --split <gs:// file>
+    assert task.features("dev")["input_ids"].shape == (16, config.data.max_seq_length)
+    # The leaderboard file, written straight into the bucket as it is written locally.
+    outputs = {"logits": np.eye(2, dtype=np.float32)[np.arange(8) % 2]}
+    [written] = task.write_predictions("test", outputs, f"gs://{BUCKET}/preds")
+    [local] = task.write_predictions("test", outputs, tmp_path)
+    assert str(written) == f"gs://{BUCKET}/preds/MRPC.tsv"
+    assert fs.cat(f"{BUCKET}/preds/MRPC.tsv") == local.read_bytes()
+
+    with pytest.raises(FileNotFoundError, match=f"glue train file not found: gs://{BUCKET}/nope/MRPC/"
+                                                r"train.tsv; check data.data_dir"):
+        tasks.from_config(glue_config(f"gs://{BUCKET}/nope")).examples("train")
+    fs.pipe(f"{BUCKET}/bad/dev.tsv", b"index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
+    with pytest.raises(glue.GlueFormatError, match=f"gs://{BUCKET}/bad/dev.tsv:2: label column"):
+        glue.read_glue("rte", f"gs://{BUCKET}/bad/dev.tsv")
+    fs.pipe(f"{BUCKET}/bad/latin1.tsv", b"index\tsentence1\tsentence2\tlabel\n0\tcaf\xe9\tb\tentailment\n")
+    with pytest.raises(ValueError, match=f"gs://{BUCKET}/bad/latin1.tsv:2: not UTF-8"):
+        glue.read_glue("rte", f"gs://{BUCKET}/bad/latin1.tsv")
+
+    conll = f"{BUCKET}/ner/valid.txt"
+    fs.pipe(conll, _head(shared_data / "ner" / "conll2003" / "valid.txt", 80))
+    sentences = ner.read_columns(f"gs://{conll}")
+    assert sentences == ner.read_columns(local_copy(conll)) and len(sentences) > 3
+    tags = [s.tags for s in sentences]
+    ner.write_tags(f"gs://{BUCKET}/ner/out/tags.txt", sentences, tags)
+    local = ner.write_tags(tmp_path / "tags.txt", sentences, tags)
+    assert fs.cat(f"{BUCKET}/ner/out/tags.txt") == local.read_bytes()
+
+    swag_file = shared_data / "fixtures" / "swag_sample.jsonl"
+    fs.pipe(f"{BUCKET}/swag/{swag_file.name}", swag_file.read_bytes())
+    assert swag.read_swag(f"gs://{BUCKET}/swag/{swag_file.name}") == swag.read_swag(swag_file)
+
+    dev = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text())
+    dev["data"] = dev["data"][:1]
+    fs.pipe(f"{BUCKET}/squad/dev.json", json.dumps(dev).encode())
+    questions = squad.read_squad(f"gs://{BUCKET}/squad/dev.json", is_training=False, version_2=False)
+    assert questions == squad.read_squad(local_copy(f"{BUCKET}/squad/dev.json"), is_training=False,
+                                         version_2=False)
+    answers = {q.qas_id: q.answers[0] for q in questions}
+    assert squad.evaluate(f"gs://{BUCKET}/squad/dev.json", answers)["exact_match"] == 100.0
+    nbest = {k: [{"text": v, "probability": 1.0}] for k, v in answers.items()}
+    out = squad.write_predictions(f"gs://{BUCKET}/squad/out", answers, nbest, {})
+    assert str(out) == f"gs://{BUCKET}/squad/out"
+    assert json.loads(fs.cat(f"{BUCKET}/squad/out/predictions.json")) == answers
+
+
+@pytest.mark.slow  # ~35 s: three tiny runs, Orbax saving and restoring through the emulator
+def test_finetune_from_gs_task_files_in_a_gs_workdir_then_init_from_it(glue_dir, vocab, gcs_here, cli,
+                                                                       tmp_path):
+    """The pod fine-tuning command: GLUE files, tokenizer and workdir on gs://; `eval` on the
+    test split and on a gs:// file writes its predictions into the bucket; `average` into
+    the bucket carries the tokenizer; a run with init_from=<the gs:// workdir> starts from it."""
+    fs, root, workdir = gcs_here, f"{BUCKET}/mrpc", f"gs://{BUCKET}/mrpc"
+    tiny = ["--config.model.vocab_size=1000", "--config.train.batch_size=8", "--config.train.steps=2",
+            "--config.data.max_seq_length=32"]
+    code, out, err = cli(["train", "--config=configs/glue.py:mrpc,tiny", f"--workdir={workdir}", *tiny,
+                          f"--config.data.data_dir={glue_dir}", f"--config.data.tokenizer={vocab}"])
+    assert code == 0, err[-3000:]
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["step"] == 2 and {"eval/f1", "eval/accuracy"} <= set(summary["eval"]), summary
+    assert {"checkpoints", "metrics.jsonl", "vocab.txt"} <= set(listing(fs, root))
+
+    code, out, err = cli(["eval", f"--workdir={workdir}", "--split=test"])
+    assert code == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1]) == {"step": 2}  # unlabeled: predictions only
+    rows = fs.cat(f"{root}/eval/test/step_2/MRPC.tsv").decode().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 1 + 8
+    code, out, err = cli(["eval", f"--workdir={workdir}", f"--split={glue_dir}/MRPC/dev.tsv"])
+    assert code == 0, err[-3000:]
+    result = json.loads(out.splitlines()[-1])  # the dev file by its path: the run's own dev scores
+    assert result["eval/accuracy"] == pytest.approx(summary["eval"]["eval/accuracy"])
+    assert len(fs.cat(f"{root}/eval/dev/step_2/MRPC.tsv").decode().splitlines()) == 1 + 16
+
+    code, out, err = cli(["average", f"--workdir={workdir}", "--last=1", f"--out=gs://{BUCKET}/mrpc_avg"])
+    assert code == 0, err[-3000:]
+    assert {"checkpoints", "vocab.txt"} <= set(listing(fs, f"{BUCKET}/mrpc_avg"))
+
+    # Its tokenizer from the gs:// workdir too (no data.tokenizer).
+    code, out, err = cli(["train", "--config=configs/glue.py:mrpc,tiny", f"--workdir={tmp_path / 'again'}",
+                          *tiny, f"--config.data.data_dir={glue_dir}", f"--config.init_from={workdir}"])
+    assert code == 0, err[-3000:]
+    assert f"init_from {workdir}: " in out and "tensors loaded" in out, out[-3000:]
+    assert (tmp_path / "again" / "vocab.txt").read_bytes() == fs.cat(f"{BUCKET}/vocab/vocab.txt")
+
+
+def test_translate_input_reference_and_output_on_gs(vocab, gcs_here, cli, tmp_path):
+    """`translate --input/--reference/--output gs://...` with a tiny (untrained) encoder-decoder."""
+    from flax import nnx
+
+    from bert_jax import config as config_lib
+    from bert_jax import models
+    from bert_jax.training import checkpoint
+    from bert_jax.translation import bleu
+
+    fs = gcs_here
+    config = config_lib.load(str(REPO / "configs" / "multi30k.py"), [
+        "model.num_layers=1", "model.num_decoder_layers=1", "model.emb_dim=16", "model.num_heads=2",
+        "model.head_dim=8", "model.mlp_dim=32", "model.vocab_size=1000", "data.max_seq_length=16",
+        "decode.max_extra=3", "decode.batch_size=2", f"data.tokenizer={vocab}"])
+    params = nnx.to_pure_dict(nnx.state(models.create_model(config_lib.model_config(config)), nnx.Param))
+    checkpoint.save_params(tmp_path / "mt", 0, params, config.to_dict())
+    fs.pipe(f"{BUCKET}/mt/src.en", b"Emma was happy.\nShe smiled.\nHe did not.\n")
+    fs.pipe(f"{BUCKET}/mt/ref.de", b"Emma war froh.\nSie l\xc3\xa4chelte.\nEr nicht.\n")
+    code, out, err = cli(["translate", f"--checkpoint={tmp_path / 'mt'}", f"--input=gs://{BUCKET}/mt/src.en",
+                          f"--output=gs://{BUCKET}/mt/out/hyp.de", f"--reference=gs://{BUCKET}/mt/ref.de"])
+    assert code == 0, err[-3000:]
+    hyps = fs.cat(f"{BUCKET}/mt/out/hyp.de").decode().split("\n")
+    assert len(hyps) == 3 + 1 and hyps[-1] == ""  # one line per input, each ended
+    report = json.loads(out.splitlines()[-1])
+    assert report["output"] == f"gs://{BUCKET}/mt/out/hyp.de" and report["sentences"] == 3
+    refs = ["Emma war froh.", "Sie lächelte.", "Er nicht."]
+    assert report["sacrebleu"]["bleu"] == pytest.approx(bleu.corpus_bleu(hyps[:-1], refs)["bleu"])

@@ -433,6 +433,7 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None) -> T
     do_lower_case, else uncased iff no vocab token outside [brackets] has an uppercase letter.
     `directory` may be local or gs://.
     """
+    paths.check_reachable(directory)  # gs:// without a network: one line naming GCS
     directory = paths.path(directory)
     files = {"wordpiece": VOCAB_NAME, "sentencepiece": SPM_NAME}
     found = [kind for kind, name in files.items() if (directory / name).is_file()]

@@ -23,8 +23,10 @@ from typing import Any
 
 import ml_collections
 import numpy as np
+from etils import epath
 
 from bert_jax import config as config_lib
+from bert_jax import paths
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue, ner, scoring, squad, swag
 
@@ -49,21 +51,27 @@ class Task:
         self._features: dict[str, dict[str, np.ndarray]] = {}
         self._meta: dict[str, Any] = {}  # per split: what maps outputs back to examples
 
-    def path(self, split: str) -> Path:
-        """The file of `split`: data.<split>_file under data.data_dir, or split itself if a path."""
+    def path(self, split: str) -> Path | epath.Path:
+        """The file of `split`: data.<split>_file under data.data_dir, or split itself if a path
+        (local or gs://, see paths.path)."""
         if split not in ("train", "dev", "test"):
-            return Path(split)
+            return paths.path(split)
         name = self.data[f"{split}_file"]
         if not name:
             raise config_lib.ConfigError(f"data.{split}_file is empty: set it to the {split} file")
+        if paths.is_remote(name):
+            return paths.path(name)
         if not self.data.data_dir and not Path(name).is_absolute():
             raise config_lib.ConfigError(
                 f"data.data_dir is empty: set --config.data.data_dir=<folder with {name}>")
-        return Path(self.data.data_dir) / name
+        if Path(name).is_absolute():
+            return Path(name)
+        return paths.path(self.data.data_dir) / name
 
     def examples(self, split: str):
         if split not in self._examples:
             path = self.path(split)
+            paths.check_reachable(path)  # gs:// without a network: one line, not minutes of retries
             if not path.is_file():
                 where = ("give an existing file" if split not in ("train", "dev", "test", "dev_mismatched")
                          else "check data.data_dir (and the file names)")
@@ -115,9 +123,9 @@ class GlueTask(Task):
     def _task_split(self, split: str) -> tuple[str, str]:
         return ("mnli_mismatched", "dev") if split == "dev_mismatched" else (self.task, split)
 
-    def path(self, split: str) -> Path:
+    def path(self, split: str) -> Path | epath.Path:
         if split not in ("train", "dev", "test", "dev_mismatched"):
-            return Path(split)
+            return paths.path(split)
         if not self.data.data_dir:
             raise config_lib.ConfigError("data.data_dir is empty: set --config.data.data_dir=<the GLUE "
                                          f"folder holding {self.spec.directory}/>")
@@ -145,13 +153,13 @@ class GlueTask(Task):
         task = self._task_split(split)[0]
         return scoring.glue_metrics(task, self.features(split)["label_ids"], self._predictions(outputs))
 
-    def write_predictions(self, split: str, outputs, out_dir: Path) -> list[Path]:
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list:
         """The GLUE leaderboard layout: <Task>.tsv with `index<TAB>prediction` rows."""
         names = {"mnli": "MNLI-m", "mnli_mismatched": "MNLI-mm", "ax": "AX"}
         task = self._task_split(split)[0]
-        out = Path(out_dir) / f"{names.get(task, self.spec.directory)}.tsv"
+        out = paths.path(out_dir) / f"{names.get(task, self.spec.directory)}.tsv"
         preds = self._predictions(outputs)
-        with open(out, "w", encoding="utf-8") as f:
+        with paths.open(out, "w", encoding="utf-8") as f:
             f.write("index\tprediction\n")
             for e, p in zip(self.examples(split), preds):
                 value = f"{float(p):.3f}" if self.spec.labels is None else self.spec.labels[int(p)]
@@ -196,8 +204,8 @@ class NerTask(Task):
         s = ner.entity_scores([x.tags for x in sentences], self._tags(split, outputs))
         return {"precision": s["precision"], "recall": s["recall"], "f1": s["f1"]}
 
-    def write_predictions(self, split: str, outputs, out_dir: Path) -> list[Path]:
-        out = Path(out_dir) / f"{Path(self.path(split)).stem}_predictions.txt"
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list:
+        out = paths.path(out_dir) / f"{self.path(split).stem}_predictions.txt"
         return [ner.write_tags(out, self.examples(split), self._tags(split, outputs))]
 
 
@@ -215,9 +223,9 @@ class SwagTask(Task):
         return {"accuracy": scoring.accuracy([e.label for e in examples],
                                              np.argmax(outputs["logits"], -1))}
 
-    def write_predictions(self, split: str, outputs, out_dir: Path) -> list[Path]:
-        out = Path(out_dir) / f"{Path(self.path(split)).stem}_predictions.csv"
-        with open(out, "w", newline="", encoding="utf-8") as f:
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list:
+        out = paths.path(out_dir) / f"{self.path(split).stem}_predictions.csv"
+        with paths.open(out, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
             w.writerow(["guid", "label", *[f"logit{i}" for i in range(swag.NUM_CHOICES)]])
             for e, row in zip(self.examples(split), outputs["logits"]):
@@ -263,7 +271,7 @@ class SquadTask(Task):
         predictions, _, _ = self._postprocess(split, outputs)
         return squad.evaluate(self.examples(split), predictions, version_2=self.version_2)
 
-    def write_predictions(self, split: str, outputs, out_dir: Path) -> list[Path]:
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list:
         predictions, nbest, null_odds = self._postprocess(split, outputs)
         return [squad.write_predictions(out_dir, predictions, nbest, null_odds if self.version_2 else {})]
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
 
@@ -95,11 +96,12 @@ def task_spec(task: str) -> TaskSpec:
 
 
 def task_path(glue_dir: str | Path, task: str, split: str) -> Path:
-    """The file of a split (train/dev/test) of a task under the GLUE download directory."""
+    """The file of a split (train/dev/test) of a task under the GLUE download directory (local
+    or gs://)."""
     spec = task_spec(task)
     if split not in spec.files:
         raise ValueError(f"GLUE task {task!r} has no split {split!r}; it has {', '.join(spec.files)}")
-    return Path(glue_dir) / spec.directory / spec.files[split]
+    return paths.path(glue_dir) / spec.directory / spec.files[split]
 
 
 def _label(spec: TaskSpec, raw: str, line: int, bad: BadRows) -> str | float | None:
@@ -121,11 +123,12 @@ def _label(spec: TaskSpec, raw: str, line: int, bad: BadRows) -> str | float | N
 
 
 def read_glue(task: str, path: str | Path, *, skip_bad_rows: bool = False) -> list[Example]:
-    """Examples of a GLUE task file in its original layout; unlabeled test files give label None."""
-    spec, path = task_spec(task), Path(path)
+    """Examples of a GLUE task file (local or gs://) in its original layout; unlabeled test
+    files give label None."""
+    spec, path = task_spec(task), paths.path(path)
     bad = BadRows(path, skip_bad_rows, GlueFormatError)
     # utf-8-sig drops MRPC's byte order mark; QUOTE_NONE because GLUE text has unbalanced quotes.
-    with utf8_errors(path), open(path, encoding="utf-8-sig", newline="") as f:
+    with utf8_errors(path), paths.open(path, encoding="utf-8-sig", newline="") as f:
         rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         first = next(rows, None)
         if first is None:

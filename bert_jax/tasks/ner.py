@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
 
@@ -59,7 +60,7 @@ def read_columns(path: str | os.PathLike, *, tag_column: int = -1,
         words, tags, bad_sentence = [], [], False
 
     # utf-8-sig: a leading BOM would otherwise become part of the first word.
-    with utf8_errors(path), open(path, encoding="utf-8-sig") as f:
+    with utf8_errors(path), paths.open(path, encoding="utf-8-sig") as f:
         for lineno, raw in enumerate(f, 1):
             line = raw.rstrip("\r\n")
             if not line.strip():
@@ -268,9 +269,9 @@ def write_tags(path: str | os.PathLike, sentences: Sequence[Sentence],
     """
     if len(sentences) != len(pred_tags):
         raise ValueError(f"write_tags: {len(sentences)} sentences but {len(pred_tags)} predictions")
-    path = Path(path)
+    path = paths.path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with paths.open(path, "w", encoding="utf-8") as f:
         for s, pred in zip(sentences, pred_tags):
             if len(pred) != len(s.words):
                 raise ValueError(f"write_tags: sentence at line {s.line} has {len(s.words)} words "

@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import math
+import os
 import re
 import string
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.data.rows import BadRows, not_utf8
 from bert_jax.data.tokenizer import SP_SPACE, Tokenizer
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, reference_basic_tokenize
@@ -67,7 +69,7 @@ def _field(obj: object, key: str, typ: type, where: str, path: Path) -> object:
 def _load_json(path: Path) -> list:
     """The file's "data" list (the articles)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with paths.open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except UnicodeDecodeError as e:
         raise SquadFormatError(str(not_utf8(path, e))) from None
@@ -79,8 +81,9 @@ def _load_json(path: Path) -> list:
 
 def read_squad(path: str | Path, *, is_training: bool, version_2: bool,
                skip_bad_rows: bool = False) -> list[SquadExample]:
-    """Examples of a SQuAD json file; training answers must sit at their answer_start."""
-    path = Path(path)
+    """Examples of a SQuAD json file (local or gs://); training answers must sit at their
+    answer_start."""
+    path = paths.path(path)
     examples: list[SquadExample] = []
     bad = BadRows(path, skip_bad_rows, SquadFormatError,
                   "; fix the row, or set data.skip_bad_rows=True to skip such rows "
@@ -401,7 +404,7 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
 def write_predictions(out_dir: str | Path, predictions: Mapping[str, str], nbest: Mapping[str, list],
                       null_odds: Mapping[str, float]) -> Path:
     """predictions.json, nbest_predictions.json and (v2, when null_odds) null_odds.json in out_dir."""
-    out_dir = Path(out_dir)
+    out_dir = paths.path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"predictions.json": predictions, "nbest_predictions.json": nbest}
     if null_odds:
@@ -441,7 +444,7 @@ def f1(prediction: str, gold: str, *, v2_empty_rule: bool = True) -> float:
 def evaluate(dataset: str | Path | Sequence[SquadExample], predictions: Mapping[str, str], *,
              version_2: bool = False) -> dict[str, float]:
     """Official SQuAD EM/F1 in percent (v2.0 adds HasAns_*/NoAns_*); a missing prediction scores 0."""
-    if isinstance(dataset, str | Path):
+    if isinstance(dataset, str | os.PathLike):
         dataset = read_squad(dataset, is_training=False, version_2=version_2)
     scores, missing = {True: [], False: []}, 0  # has answer -> [(em, f1)]
     for ex in dataset:

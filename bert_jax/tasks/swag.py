@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
 
@@ -78,10 +79,10 @@ def _label(raw: Any, line: int, bad: BadRows) -> tuple[bool, int | None]:
 
 def read_swag(path: str | Path, *, skip_bad_rows: bool = False) -> list[Example]:
     """Examples of a SWAG file: swagaf CSV (train.csv, val.csv, test.csv) or JSON lines (sent1, ...)."""
-    path = Path(path)
+    path = paths.path(path)
     bad = BadRows(path, skip_bad_rows, SwagFormatError)
     examples: list[Example] = []
-    with utf8_errors(path), open(path, encoding="utf-8-sig", newline="") as f:
+    with utf8_errors(path), paths.open(path, encoding="utf-8-sig", newline="") as f:
         is_json = f.read(1) == "{"  # swagaf CSV starts with its header's empty index column name
         f.seek(0)
         for i, (line, row) in enumerate((_jsonl_rows if is_json else _csv_rows)(f, bad)):

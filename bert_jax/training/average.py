@@ -13,7 +13,7 @@ import numpy as np
 
 from bert_jax import trees
 from bert_jax.data import tokenizer as tokenizer_lib
-from bert_jax.paths import check_reachable, is_remote, workdir_path
+from bert_jax.paths import check_reachable, workdir_path
 from bert_jax.training import checkpoint
 
 
@@ -96,6 +96,6 @@ def average_checkpoints(workdir: str | os.PathLike, last: int, out: str | os.Pat
         del params
     averaged = treedef.unflatten([(t / len(steps)).astype(x.dtype) for t, x in zip(total, leaves)])
     checkpoint.save_params(out, newest, averaged, checkpoint.read_config(workdir, newest))
-    if not is_remote(workdir) and not is_remote(out) and tokenizer_lib.has_tokenizer(workdir):
+    if tokenizer_lib.has_tokenizer(workdir):  # local or gs://, either way
         tokenizer_lib.copy_tokenizer(workdir, out)
     return {"out": out, "steps": steps, "step": newest}

@@ -10,13 +10,11 @@ files. "translation": the loss plus BLEU of decoded dev sentences (bert_jax.tran
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import json
 import logging
 import re
-import tempfile
 from pathlib import Path
 from typing import Protocol
 
@@ -24,13 +22,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from etils import epath
 from flax import nnx
 
 from bert_jax import config as config_lib
 from bert_jax import paths, tasks
 from bert_jax.data import tokenizer as tokenizer_lib
-from bert_jax.paths import is_remote, workdir_path
+from bert_jax.paths import workdir_path
 from bert_jax.training import checkpoint, objectives, sharding, state
 from bert_jax.training import input as pipelines
 
@@ -150,29 +147,12 @@ class TaskEvaluator:
                 results.update({f"{prefix}{k}": float(v)
                                 for k, v in self.task.score(split, outputs).items() if np.isscalar(v)})
             if out_dir is not None and jax.process_index() == 0:
-                with _local_folder(out_dir) as local:
-                    files = [epath.Path(out_dir) / Path(f).relative_to(local)
+                with paths.staged_output(out_dir) as local:  # the task writers' files, uploaded
+                    local.mkdir(parents=True, exist_ok=True)
+                    files = [paths.path(out_dir) / Path(f).relative_to(local)
                              for f in self.task.write_predictions(split, outputs, local)]
                 log.info(f"predictions on {split}: {', '.join(map(str, files))}")
         return results
-
-
-@contextlib.contextmanager
-def _local_folder(out_dir):
-    """`out_dir` if it is local; for gs:// a temporary folder whose files are copied there after
-    (the task writers take local paths)."""
-    if not is_remote(out_dir):
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        yield Path(out_dir)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        yield Path(tmp)
-        remote = epath.Path(out_dir)
-        remote.mkdir(parents=True, exist_ok=True)
-        for f in Path(tmp).rglob("*"):
-            if f.is_file():
-                (remote / f.relative_to(tmp)).parent.mkdir(parents=True, exist_ok=True)
-                (remote / f.relative_to(tmp)).write_bytes(f.read_bytes())
 
 
 # Evaluator kinds. A kind whose code lives above training (translation decodes with its own
