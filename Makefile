@@ -19,12 +19,18 @@ $(STAMP): pyproject.toml
 demo: install
 	$(BIN)/python -m bert_jax.tools.demo demo_out
 
+# Two pytest-xdist workers, a test module each at a time (docs/testing.md): one compiles while
+# the other runs. TEST_WORKERS=0: all in this one process.
+TEST_WORKERS ?= 2
+PYTEST := XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q \
+	-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
 test: install
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 # Everyday work: every test not marked slow (about 5 minutes on 2 cores; docs/testing.md).
 test-quick: install
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 lint: install
 	$(BIN)/ruff check bert_jax configs tests

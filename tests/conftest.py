@@ -37,6 +37,19 @@ def pytest_configure(config):
         os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Modules with the most slow tests first, then those with the most tests: `make test`
+    runs the modules on two workers (pytest-xdist, --dist loadscope: a module's fixtures are
+    built once), which finish together when the long modules start first."""
+    slow, count = {}, {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        count[module] = count.get(module, 0) + 1
+        slow[module] = slow.get(module, 0) + (item.get_closest_marker("slow") is not None)
+    order = {m: i for i, m in enumerate(count)}  # collection order breaks ties
+    items.sort(key=lambda item: (lambda m: (-slow[m], -count[m], order[m]))(item.nodeid.split("::")[0]))
+
+
 def shared_data_dir() -> Path:
     """../shared/data beside the checkout, or $BERT_JAX_SHARED_DATA."""
     return Path(os.environ.get("BERT_JAX_SHARED_DATA", REPO.parent / "shared" / "data"))
