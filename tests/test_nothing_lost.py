@@ -10,13 +10,16 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
+import threading
+import time
 
 import pytest
 from conftest import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models, paths
-from bert_jax.training import checkpoint, evaluate, state, train
+from bert_jax.training import checkpoint, evaluate, metrics, state, train
 
 CONFIG = str(REPO / "configs/bert_pretrain.py:tiny")
 SMALL = ["data.name=synthetic", "train.batch_size=8", "data.max_seq_length=16",
@@ -94,6 +97,64 @@ def test_a_failed_save_is_one_error_in_a_real_process_and_keeps_the_good_checkpo
     assert len(warnings) <= 1 and all("their details are in" in w for w in warnings), proc.stderr
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in before}
     assert after == before and steps_on_disk(tmp_path / "run")[:2] == ["2", "4"]
+
+
+@pytest.mark.slow
+def test_a_checkpoints_folder_lost_mid_run_ends_the_process_at_once(trained, tmp_path):
+    # After the run's first save its checkpoints/ takes no new folder (made read-only, or gone:
+    # here moved aside and a file put in its place, which stops root too). The one-line error
+    # must come and the process end at once, not when Orbax's writer threads give up waiting
+    # for the step's folders (5 minutes); the steps saved before are kept, metrics flushed.
+    shutil.copytree(trained, tmp_path / "run")
+    folder = tmp_path / "run/checkpoints"
+    before = {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
+              for p in folder.rglob("*") if p.is_file()}
+    lose_the_folder_before_step_8 = textwrap.dedent("""
+        import os, runpy, sys
+        from bert_jax.training import checkpoint
+        save = checkpoint.TrainCheckpointer.save
+        def save_in_a_lost_folder(self, step, *args, **kwargs):
+            if step == 8:  # this run saved step 6; now its folder goes
+                self.manager.wait_until_finished()
+                os.rename(self.path, f"{self.path}.kept")
+                self.path.write_text("")
+            return save(self, step, *args, **kwargs)
+        checkpoint.TrainCheckpointer.save = save_in_a_lost_folder
+        sys.argv[0] = "bert-jax"
+        runpy.run_module("bert_jax", run_name="__main__")""")
+    overrides = [f"--config.{o}" for o in [*SMALL, "train.steps=8", "train.checkpoint_every=2",
+                                           "train.eval_every=4"]]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", lose_the_folder_before_step_8, "train", "--config", CONFIG,
+         "--workdir", str(tmp_path / "run"), *overrides], cwd=REPO, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(600, proc.kill)  # the test ends even if the process would not
+    watchdog.start()
+    try:
+        lines, error_at = [], None
+        for line in proc.stderr:  # till the process closes it, at its exit
+            lines.append(line.rstrip("\n"))
+            if error_at is None and line.startswith("bert-jax train: error:"):
+                error_at = time.monotonic()
+        proc.wait()
+        exited_at = time.monotonic()
+    finally:
+        watchdog.cancel()
+        proc.kill()
+    stderr = "\n".join(lines)
+    assert proc.returncode == 1 and error_at is not None, stderr
+    assert exited_at - error_at < 60, f"the process ended {exited_at - error_at:.0f}s after its error"
+    *warnings, error = lines
+    assert error == (f"bert-jax train: error: cannot write a checkpoint in {folder} (Not a directory); "
+                     "fix the storage (space, permissions, quota) and rerun: it resumes from step 6"
+                     ), stderr
+    assert len(warnings) <= 1 and all("their details are in" in w for w in warnings), stderr
+    kept = folder.with_name("checkpoints.kept")
+    assert {p: hashlib.sha256((kept / p).read_bytes()).hexdigest() for p in before} == before
+    assert sorted(p.name for p in kept.iterdir()) == ["2", "4", "6"]
+    assert checkpoint.verify(kept / "6", collective=False)
+    rows = metrics.read_metrics(tmp_path / "run/metrics.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == [2, 4, 6, 8]
 
 
 @pytest.mark.parametrize("override, message", [

@@ -79,8 +79,19 @@ def manager(directory: str | os.PathLike, *, create: bool = False, read_only: bo
     if not create and not path.is_dir():
         raise FileNotFoundError(
             f"{directory}: no checkpoints/ folder; expected a workdir or a `bert-jax convert` output")
-    options = options or ocp.CheckpointManagerOptions(create=create, read_only=read_only)
+    options = options or ocp.CheckpointManagerOptions(create=create, read_only=read_only,
+                                                      async_options=async_options())
     return ocp.CheckpointManager(path, options=options, item_handlers=item_handlers or _handlers())
+
+
+def async_options(**kwargs) -> ocp.AsyncOptions:
+    """Orbax's async options for every manager: a step's directories are made in save()
+    itself (create_directories_asynchronously=False), so that a checkpoints/ folder that
+    cannot take them (read-only, full, gone, permission revoked) fails that call at once.
+    Made in the background (Orbax's default), a failed mkdir leaves the save's writer
+    threads (not daemons) waiting for a "directories made" signal that never comes, for
+    Orbax's 300 s coordination timeout, and the process cannot exit until they give up."""
+    return ocp.AsyncOptions(create_directories_asynchronously=False, **kwargs)
 
 
 def _handlers() -> dict:
@@ -261,7 +272,7 @@ class TrainCheckpointer:
         # Steps saved and not yet committed, oldest first (Orbax finalizes them in order).
         self._finalizing: collections.deque[int] = collections.deque()
         common = dict(create=True, enable_async_checkpointing=True,
-                      async_options=ocp.AsyncOptions(post_finalization_callback=self._write_checksums))
+                      async_options=async_options(post_finalization_callback=self._write_checksums))
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, **common)
         if best_metric:
             options = ocp.CheckpointManagerOptions(
@@ -422,9 +433,12 @@ class TrainCheckpointer:
         return self
 
     def __exit__(self, *exc) -> None:
-        """Waits for the last saves (a failed one raises), then closes."""
-        self.wait()
-        self.close()
+        """Waits for the last saves (a failed one raises), then closes (after a failed one
+        too: Orbax's threads end with it)."""
+        try:
+            self.wait()
+        finally:
+            self.close()
 
 
 
