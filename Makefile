@@ -28,7 +28,7 @@ PYTEST := XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m py
 test: install
 	$(PYTEST) tests
 
-# Everyday work: every test not marked slow (about 5 minutes on 2 cores; docs/testing.md).
+# Everyday work: every test not marked slow (docs/testing.md).
 test-quick: install
 	$(PYTEST) -m "not slow" tests
 
