@@ -1,11 +1,12 @@
 """The WordPiece engine, and the Tokenizer's BERT inputs built on it, against the reference slow
 BertTokenizer on real text, uncased and cased."""
 
+import itertools
 import json
 import unicodedata
 
 import pytest
-from tokenizers import BertWordPieceTokenizer
+from tokenizers import BertWordPieceTokenizer, normalizers
 
 from bert_jax.data.tokenizer import load_tokenizer
 from bert_jax.data.wordpiece import WordPieceTokenizer, load_vocab, reference_basic_tokenize
@@ -241,9 +242,16 @@ def test_save_round_trip(tmp_path, vocab):
 
 
 def test_missing_special_token(tmp_path):
+    """Only [UNK] is needed to tokenize (as in Google's tokenizer); the others where used."""
     path = tmp_path / "vocab.txt"
     path.write_text("\n".join(t for t in SPECIALS if t != "[MASK]") + "\nhello\n", "utf-8")
-    with pytest.raises(ValueError, match=r"vocab\.txt.*\[MASK\]"):
+    assert WordPieceTokenizer.from_vocab(path, lowercase=True).mask_id is None
+    tok = load_tokenizer(tmp_path)
+    assert tok.tokens(tok.encode("hello")) == ["hello"] and tok.special_ids == {0, 1, 2, 3}
+    with pytest.raises(ValueError, match=r"vocab\.txt: the vocab has no \[MASK\] token.*add \[MASK\]"):
+        _ = tok.mask_id
+    path.write_text("[PAD]\nhello\n", "utf-8")
+    with pytest.raises(ValueError, match=r"vocab\.txt: vocab has no special token '\[UNK\]'"):
         WordPieceTokenizer.from_vocab(path, lowercase=True)
 
 
@@ -252,3 +260,46 @@ def test_missing_vocab_file(tmp_path):
         WordPieceTokenizer.from_vocab(tmp_path / "nope.txt", lowercase=True)
     with pytest.raises(FileNotFoundError, match="vocab.txt"):
         WordPieceTokenizer.from_pretrained_dir(tmp_path)
+
+
+def test_decode_clean_up_spaces_matches_hf(vocab, corpus):
+    """decode(clean_up_spaces=True) is the slow BertTokenizer's decode (clean_up_tokenization)."""
+    vocab_file, lowercase = vocab
+    ours = load_tokenizer(vocab_file.parent, lowercase=lowercase)
+    ref = reference(vocab_file, lowercase)
+    texts = corpus[::3]
+    batch = ours.encode_batch(texts)
+    want = [ref.decode(ids.tolist()) for ids in batch]
+    assert [ours.decode(ids, clean_up_spaces=True) for ids in batch] == want
+    assert sum(ours.decode(ids) != ours.decode(ids, clean_up_spaces=True) for ids in batch) > 100
+
+
+def test_keep_special_tokens_matches_hf(vocab, corpus):
+    """keep_special_tokens=True: literal special tokens whole, as HF's slow and fast tokenizers."""
+    vocab_file, lowercase = vocab
+    ours = load_tokenizer(vocab_file.parent, lowercase=lowercase, keep_special_tokens=True)
+    fast = transformers.BertTokenizer(str(vocab_file), do_lower_case=lowercase)
+    ref = reference(vocab_file, lowercase)
+    texts = [f"{a} {s}{b}[SEP]x" for a, b, s in zip(corpus[::40], corpus[7::40], itertools.cycle(SPECIALS))]
+    texts += ["[MASK]", "a[UNK]b [CLS] [mask] [MASK", "[[SEP]]"]
+    got = [ours.tokens(ids) for ids in ours.encode_batch(texts)]
+    assert got == [ref.tokenize(t) for t in texts]
+    ascii_texts = [t for t in texts if t.isascii()]  # elsewhere the fast one is not the slow one
+    assert [ours.tokens(ours.encode(t)) for t in ascii_texts] == [fast.tokenize(t) for t in ascii_texts]
+    assert sum(t.count("[SEP]") for t in got) >= len(texts) - 3
+
+
+def test_final_sigma_options_match_hf(vocab, corpus):
+    """An uppercase Greek final sigma: 'ς' by Python's str.lower (Google, HF's slow tokenizer; our
+    default), 'σ' by the Rust BertNormalizer (HF's fast tokenizer; final_sigma=False)."""
+    assert BasicTokenizer(do_lower_case=True).tokenize("ΟΔΟΣ") == ["οδος"]
+    assert normalizers.BertNormalizer(lowercase=True).normalize_str("ΟΔΟΣ") == "οδοσ"
+    vocab_file, lowercase = vocab
+    texts = [t for t in corpus if "Σ" in t and t.isupper()]  # the uppercased SQuAD Greek lines
+    assert len(texts) > 5
+    for final_sigma, ref in ((True, reference(vocab_file, lowercase)),
+                             (False, transformers.BertTokenizer(str(vocab_file), do_lower_case=lowercase))):
+        ours = load_tokenizer(vocab_file.parent, lowercase=lowercase, final_sigma=final_sigma)
+        assert [ours.tokens(ids) for ids in ours.encode_batch(texts)] == [ref.tokenize(t) for t in texts]
+        word = ("οδος" if final_sigma else "οδοσ") if lowercase else "ΟΔΟΣ"
+        assert ours._wp.basic_tokenize("ΟΔΟΣ") == [word]

@@ -8,7 +8,13 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax.data.tokenizer import META_NAME, load_hf_tokenizer, load_tokenizer, train_vocab
+from bert_jax.data.tokenizer import (
+    META_NAME,
+    WORDPIECE_OPTIONS,
+    load_hf_tokenizer,
+    load_tokenizer,
+    train_vocab,
+)
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, reference_basic_tokenize
 
 EXTRA = ["Café naïve résumé — “quoted” façade", "ΟΔΟΣ'S ΟΔΟΣ. Ελληνικά", "東京 tokyo 2024",
@@ -94,7 +100,8 @@ def test_wordpiece_train_and_parity(lowercase, tmp_path, train_text, test_text):
     assert any(t.startswith("##") for t in vocab)
     assert any(t != t.lower() for t in vocab[5:]) == (not lowercase)
     meta = json.loads((out / META_NAME).read_text("utf-8"))
-    assert meta == {"kind": "wordpiece", "lowercase": lowercase, "vocab_size": 2000}
+    assert meta == {"kind": "wordpiece", "lowercase": lowercase, "vocab_size": 2000,
+                    "final_sigma": True, "keep_special_tokens": False}
     tok = load_tokenizer(out)
     assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
     assert tok.special_ids == {0, 1, 2, 3, 4} and tok.lowercase == lowercase
@@ -179,6 +186,32 @@ def test_hf_folder_casing_and_save(wordpiece_vocab, tmp_path):
         load_hf_tokenizer(hf)
     with pytest.raises(FileNotFoundError, match="vocab.txt"):
         load_hf_tokenizer(tmp_path)
+
+
+def test_wordpiece_options_survive_save_and_load(wordpiece_vocab, tmp_path, english_lines):
+    """final_sigma and keep_special_tokens, set when the vocab is trained or loaded, are stored in
+    bert_jax_tokenizer.json and come back on load; a folder without them has the defaults."""
+    shutil.copy(wordpiece_vocab, tmp_path / "vocab.txt")  # an old folder: no bert_jax_tokenizer.json
+    old = load_tokenizer(tmp_path)
+    assert (old.final_sigma, old.keep_special_tokens) == (True, False) == tuple(WORDPIECE_OPTIONS.values())
+    text = "ΟΔΟΣ emma [MASK]"
+    assert "[MASK]" not in old.tokens(old.encode(text))  # split, as Google's tokenizer does
+    tok = load_tokenizer(tmp_path, final_sigma=False, keep_special_tokens=True)
+    assert tok.tokens(tok.encode(text))[-1] == "[MASK]"
+    tok.save(tmp_path / "saved")
+    back = load_tokenizer(tmp_path / "saved")
+    assert (back.final_sigma, back.keep_special_tokens) == (False, True)
+    assert np.array_equal(back.encode(text), tok.encode(text))
+    trained = train_vocab(english_lines, size=300, kind="wordpiece", out_dir=tmp_path / "t",
+                          keep_special_tokens=True)
+    assert load_tokenizer(trained).keep_special_tokens is True
+    assert load_hf_tokenizer(tmp_path).final_sigma is False  # HF's fast tokenizers: 'Σ' -> 'σ'
+    meta = json.loads((tmp_path / "saved" / META_NAME).read_text("utf-8"))
+    (tmp_path / "saved" / META_NAME).write_text(json.dumps({**meta, "final_sigma": "yes"}))
+    with pytest.raises(ValueError, match=r"tokenizer\.json: final_sigma='yes', expected true or false"):
+        load_tokenizer(tmp_path / "saved")
+    with pytest.raises(ValueError, match="unknown option"):
+        train_vocab(english_lines, size=300, kind="sentencepiece", out_dir=tmp_path / "s", final_sigma=True)
 
 
 def test_sentencepiece_save(tmp_path, english_lines):

@@ -142,13 +142,18 @@ def _train_sentencepiece(lines: Iterator[str], size: int, out_dir: Path, lowerca
 
 
 def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | Path,
-                lowercase: bool = True, sp_model_type: Literal["unigram", "bpe"] = "unigram") -> Path:
+                lowercase: bool = True, sp_model_type: Literal["unigram", "bpe"] = "unigram",
+                **options: bool) -> Path:
     """Trains a vocab of at most `size` tokens on text lines into out_dir (local or gs://: written
-    locally, then uploaded); returns out_dir."""
+    locally, then uploaded); returns out_dir. WordPiece `options` (final_sigma,
+    keep_special_tokens; see WordPieceTokenizer) are stored for load_tokenizer."""
     if kind not in ("wordpiece", "sentencepiece"):
         raise ValueError(f"train_vocab: kind={kind!r}, expected 'wordpiece' or 'sentencepiece'")
     if sp_model_type not in ("unigram", "bpe"):
         raise ValueError(f"train_vocab: sp_model_type={sp_model_type!r}, expected 'unigram' or 'bpe'")
+    if bad := sorted(set(options) - set(WORDPIECE_OPTIONS if kind == "wordpiece" else ())):
+        raise ValueError(f"train_vocab: unknown option(s) {bad} for kind={kind!r}; only WordPiece "
+                         f"has options: {' '.join(WORDPIECE_OPTIONS)}")
     if size <= len(SPECIAL_TOKENS):
         raise ValueError(f"train_vocab: size={size} leaves no room beside the special tokens "
                          f"{' '.join(SPECIAL_TOKENS)}")
@@ -159,9 +164,29 @@ def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | 
             n = _train_wordpiece(lines, size, local, lowercase)
         else:
             n = _train_sentencepiece(lines, size, local, lowercase, sp_model_type)
-        meta = {"kind": kind, "lowercase": lowercase, "vocab_size": n}
-        (local / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+        defaults = WORDPIECE_OPTIONS if kind == "wordpiece" else {}
+        _write_meta(local, kind, lowercase, n, **{**defaults, **options})
     return paths.path(out_dir)
+
+
+def _write_meta(directory: Path, kind: Kind, lowercase: bool, vocab_size: int, **options: bool) -> None:
+    """bert_jax_tokenizer.json: what load_tokenizer needs beyond the vocab file (the options too,
+    so that a tokenizer saved with a run or by convert tokenizes the same when loaded)."""
+    meta = {"kind": kind, "lowercase": lowercase, "vocab_size": vocab_size, **options}
+    (directory / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+
+
+# transformers' clean_up_tokenization (tokenization_utils_base.py): what HF's slow BertTokenizer,
+# and a fast one with clean_up_tokenization_spaces=True, apply to decoded text, in this order.
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def clean_up_tokenization(text: str) -> str:
+    """Decoded WordPiece text with HF's spacing: no space before . ? ! , and English contractions."""
+    for old, new in _CLEAN_UP:
+        text = text.replace(old, new)
+    return text
 
 
 def pair_lengths(len_a: int, len_b: int, max_length: int) -> tuple[int, int]:
@@ -191,26 +216,45 @@ class Encoded:
 
 
 class Tokenizer:
-    """A vocab's ids for text, BERT inputs, tokens for ids and word starts; built by load_tokenizer."""
+    """A vocab's ids for text, BERT inputs, tokens for ids and word starts; built by load_tokenizer.
+
+    A WordPiece vocab needs only [UNK] to tokenize; pad_id, cls_id, sep_id and mask_id raise,
+    naming the vocab file and the token, where a use needs one the vocab lacks."""
 
     def __init__(self, directory: Path, kind: Kind, pieces: list[str], lowercase: bool,
-                 ids: Sequence[int], starts: np.ndarray) -> None:
+                 ids: Sequence[int | None], starts: np.ndarray, vocab_file: Path) -> None:
         self.directory, self.kind, self.lowercase = directory, kind, lowercase
         self.pieces = pieces  # token string of each id
         self.vocab_size = len(pieces)
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
-        self.special_ids = set(ids)
+        self._special = dict(zip(SPECIAL_TOKENS, ids))  # None: not in the vocab
+        self.unk_id = ids[1]
+        self.special_ids = {i for i in ids if i is not None}
         self._starts = starts  # [vocab_size] bool
+        self._vocab_file = vocab_file
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.kind}, {self.vocab_size} tokens, {str(self.directory)!r})"
+
+    def _special_id(self, token: str) -> int:
+        """The id of a special token, or a ValueError naming the vocab file that lacks it."""
+        if (i := self._special[token]) is None:
+            raise ValueError(f"{self._vocab_file}: the vocab has no {token} token, which this use needs "
+                             f"(BERT inputs need [CLS] [SEP] [PAD], pretraining [MASK]); add {token} "
+                             "to the vocab or use a vocab made by `bert-jax vocab`")
+        return i
+
+    pad_id = property(lambda self: self._special_id("[PAD]"))
+    cls_id = property(lambda self: self._special_id("[CLS]"))
+    sep_id = property(lambda self: self._special_id("[SEP]"))
+    mask_id = property(lambda self: self._special_id("[MASK]"))
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text, without [CLS]/[SEP] (batched and parallel in C++/Rust)."""
         raise NotImplementedError
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Readable text of the ids: [PAD] dropped, other special tokens shown by name."""
+    def decode(self, ids: Iterable[int], clean_up_spaces: bool = False) -> str:
+        """Readable text of the ids: [PAD] dropped, other special tokens shown by name;
+        clean_up_spaces: WordPiece text with transformers' clean_up_tokenization."""
         raise NotImplementedError
 
     def encode(self, text: str) -> np.ndarray:
@@ -226,17 +270,21 @@ class Tokenizer:
         """[CLS] a [SEP] (b [SEP]) rows, truncated and padded: input_ids, token_type_ids (A/B),
         attention_mask [N, T] (data/packing.py)."""
         n = len(ids_a)
-        input_ids = np.full((n, max_seq_length), self.pad_id, np.int32)
-        token_type_ids = np.zeros((n, max_seq_length), np.int32)
-        attention_mask = np.zeros((n, max_seq_length), np.int32)
         cls, sep = [self.cls_id], [self.sep_id]
-        for i, (a, b) in enumerate(zip(ids_a, ids_b)):
+        rows = []  # (the row, the length of its [CLS] A [SEP])
+        for a, b in zip(ids_a, ids_b):
             a, b = truncate_seq_pair(a, b, max_seq_length - (2 if b is None else 3))
             first = np.concatenate([cls, a, sep])
-            row = first if b is None else np.concatenate([first, b, sep])
+            rows.append((first if b is None else np.concatenate([first, b, sep]), first.size))
+        # [PAD] only where a row needs padding: encode_pair's exact-length rows need none.
+        pad = self.pad_id if any(row.size < max_seq_length for row, _ in rows) else 0
+        input_ids = np.full((n, max_seq_length), pad, np.int32)
+        token_type_ids = np.zeros((n, max_seq_length), np.int32)
+        attention_mask = np.zeros((n, max_seq_length), np.int32)
+        for i, (row, n_first) in enumerate(rows):
             input_ids[i, :row.size] = row
             attention_mask[i, :row.size] = 1
-            token_type_ids[i, first.size:row.size] = 1
+            token_type_ids[i, n_first:row.size] = 1
         return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
 
     def encode_pairs(self, texts_a: Sequence[str], texts_b: Sequence[str | None],
@@ -288,30 +336,43 @@ class Tokenizer:
 class _WordPiece(Tokenizer):
     """BERT WordPiece over our WordPieceTokenizer (Rust fast path, exact reference results)."""
 
-    def __init__(self, directory: Path, lowercase: bool | None) -> None:
+    def __init__(self, directory: Path, lowercase: bool | None, final_sigma: bool | None = None,
+                 keep_special_tokens: bool | None = None) -> None:
+        meta = _metadata(directory)
         if lowercase is None:
             hf = _read_json(directory / CONFIG_NAME)  # HF tokenizer_config.json, if any
-            lowercase = _metadata(directory).get("lowercase", hf.get("do_lower_case"))
+            lowercase = meta.get("lowercase", hf.get("do_lower_case"))
         if lowercase is None:  # no stated casing: uncased unless the vocab has an uppercase token
             vocab = load_vocab(directory / VOCAB_NAME)
             lowercase = not any(t != t.lower() for t in vocab if not (t[:1] == "[" and t[-1:] == "]"))
+        # Ours are in bert_jax_tokenizer.json; absent (a folder from before them, or from HF):
+        # WORDPIECE_OPTIONS, i.e. Google's behaviour.
+        self.final_sigma = _option(directory, meta, "final_sigma", final_sigma)
+        self.keep_special_tokens = _option(directory, meta, "keep_special_tokens", keep_special_tokens)
         # The other options (strip_accents, ...) come from tokenizer_config.json, as in HF.
-        self._wp = wp = WordPieceTokenizer.from_pretrained_dir(directory, lowercase=lowercase)
+        self._wp = wp = WordPieceTokenizer.from_pretrained_dir(
+            directory, lowercase=lowercase, final_sigma=self.final_sigma,
+            keep_special_tokens=self.keep_special_tokens)
         starts = np.array([not t.startswith("##") for t in wp.vocab], bool)
         super().__init__(directory, "wordpiece", wp.vocab, lowercase,
-                         (wp.pad_id, wp.unk_id, wp.cls_id, wp.sep_id, wp.mask_id), starts)
+                         (wp.pad_id, wp.unk_id, wp.cls_id, wp.sep_id, wp.mask_id), starts,
+                         directory / VOCAB_NAME)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text, without [CLS]/[SEP] (batched and parallel in Rust)."""
         return [np.asarray(self._wp.tokens_to_ids(t), np.int32) for t in self._wp.tokenize_batch(texts)]
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Wordpieces joined as BERT does ("##" glued on); [PAD] dropped."""
-        return " ".join(t for t in self.tokens(ids) if t != "[PAD]").replace(" ##", "")
+    def decode(self, ids: Iterable[int], clean_up_spaces: bool = False) -> str:
+        """Wordpieces joined as BERT does ("##" glued on: "life ' s ."); [PAD] dropped.
+        clean_up_spaces: then transformers' clean_up_tokenization ("life's."), as HF's decode."""
+        text = " ".join(t for t in self.tokens(ids) if t != "[PAD]").replace(" ##", "")
+        return clean_up_tokenization(text) if clean_up_spaces else text
 
     def save(self, directory: str | Path) -> None:
-        """Writes vocab.txt and an HF tokenizer_config.json stating every option."""
+        """Writes vocab.txt, an HF tokenizer_config.json and bert_jax_tokenizer.json stating every option."""
         self._wp.save(directory)
+        _write_meta(paths.path(directory), "wordpiece", self.lowercase, self.vocab_size,
+                    final_sigma=self.final_sigma, keep_special_tokens=self.keep_special_tokens)
 
 
 class _SentencePiece(Tokenizer):
@@ -335,15 +396,16 @@ class _SentencePiece(Tokenizer):
         # unknown characters, usually inside a word after a "▁" piece.
         starts = np.array([p.startswith(SP_SPACE) or sp.is_control(i)
                            for i, p in enumerate(pieces)], bool)
-        super().__init__(directory, "sentencepiece", pieces, folds, ids, starts)
+        super().__init__(directory, "sentencepiece", pieces, folds, ids, starts, path)
         self._named = self.special_ids - {self.pad_id, self.unk_id}
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text, without [CLS]/[SEP] (batched and parallel in C++)."""
         return [np.asarray(ids, np.int32) for ids in self._sp.encode(list(texts), out_type=int)]
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Detokenized text; [CLS] [SEP] [MASK] (which sentencepiece decodes to "") by name."""
+    def decode(self, ids: Iterable[int], clean_up_spaces: bool = False) -> str:
+        """Detokenized text; [CLS] [SEP] [MASK] (which sentencepiece decodes to "") by name.
+        clean_up_spaces changes nothing: sentencepiece restores the text's own spaces."""
         parts, run = [], []
         for i in self._checked(ids).ravel().tolist():
             if i in self._named:
@@ -391,6 +453,20 @@ def _metadata(directory: Path) -> dict:
     return meta if "kind" in meta else {}
 
 
+# WordPiece options stored in bert_jax_tokenizer.json, with the value of a folder without them
+# (Google's tokenization.py; the slow HF BertTokenizer agrees). See WordPieceTokenizer.
+WORDPIECE_OPTIONS = {"final_sigma": True, "keep_special_tokens": False}
+
+
+def _option(directory: Path, meta: dict, key: str, given: bool | None) -> bool:
+    """An option: `given` if not None, else bert_jax_tokenizer.json's, else WORDPIECE_OPTIONS'."""
+    value = meta.get(key, WORDPIECE_OPTIONS[key]) if given is None else given
+    if not isinstance(value, bool):
+        raise ValueError(f"{directory / META_NAME}: {key}={value!r}, expected true or false; fix "
+                         "the file or remove the key")
+    return value
+
+
 TOKENIZER_FILES = (VOCAB_NAME, CONFIG_NAME, META_NAME, SPM_NAME, SPM_VOCAB_NAME)
 
 
@@ -426,12 +502,14 @@ def checkpoint_tokenizer(checkpoint_dir: str | Path, data_tokenizer: str = "") -
     return load_tokenizer(required_dir(directory, "the checkpoint's tokenizer (data.tokenizer)"))
 
 
-def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None) -> Tokenizer:
+def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
+                   final_sigma: bool | None = None, keep_special_tokens: bool | None = None) -> Tokenizer:
     """Loads the vocab in directory: vocab.txt -> WordPiece, spm.model -> SentencePiece.
 
     WordPiece casing: `lowercase` if given, else bert_jax_tokenizer.json's, else HF tokenizer_config.json's
     do_lower_case, else uncased iff no vocab token outside [brackets] has an uppercase letter.
-    `directory` may be local or gs://.
+    final_sigma, keep_special_tokens (WordPiece; see WordPieceTokenizer): if given, else
+    bert_jax_tokenizer.json's, else WORDPIECE_OPTIONS. `directory` may be local or gs://.
     """
     paths.check_reachable(directory)  # gs:// without a network: one line naming GCS
     directory = paths.path(directory)
@@ -446,11 +524,19 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None) -> T
         said = f" ({META_NAME} says kind={kind!r})" if kind else ""
         raise FileNotFoundError(f"no tokenizer in {directory}{said}: looked for {VOCAB_NAME} (WordPiece) "
                                 f"and {SPM_NAME} (SentencePiece)")
-    return _WordPiece(directory, lowercase) if kind == "wordpiece" else _SentencePiece(directory, lowercase)
+    if kind == "sentencepiece":
+        if final_sigma is not None or keep_special_tokens is not None:
+            raise ValueError(f"{directory / SPM_NAME}: final_sigma and keep_special_tokens are "
+                             "WordPiece options; a sentencepiece model fixes its normalization and "
+                             "never makes its special pieces from text")
+        return _SentencePiece(directory, lowercase)
+    return _WordPiece(directory, lowercase, final_sigma, keep_special_tokens)
 
 
 def load_hf_tokenizer(directory: str | Path) -> Tokenizer:
     """A Hugging Face BERT folder's vocab.txt read as its BertTokenizer reads it: lowercase unless
-    tokenizer_config.json says do_lower_case=false (HF's default, unlike load_tokenizer's guess)."""
+    tokenizer_config.json says do_lower_case=false (HF's default, unlike load_tokenizer's guess),
+    and 'Σ' lowercased to 'σ' as the Rust tokenizer every HF user of the checkpoint loads does."""
     directory = paths.path(directory)
-    return _WordPiece(directory, _read_json(directory / CONFIG_NAME).get("do_lower_case", True))
+    return _WordPiece(directory, _read_json(directory / CONFIG_NAME).get("do_lower_case", True),
+                      final_sigma=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,8 +42,9 @@ def _is_punctuation(c: str) -> bool:
 
 
 def reference_basic_tokenize(text: str, lowercase: bool, strip_accents: bool | None = None,
-                             chinese: bool = True) -> list[str]:
-    """The reference BasicTokenizer in Python (HF BertTokenizer's, i.e. with NFC)."""
+                             chinese: bool = True, final_sigma: bool = True) -> list[str]:
+    """The reference BasicTokenizer in Python (HF BertTokenizer's, i.e. with NFC); final_sigma=False
+    lowercases character by character, as the Rust BertNormalizer does (Σ -> σ, never ς)."""
     chars = []
     for c in text:
         category = unicodedata.category(c)
@@ -56,8 +58,8 @@ def reference_basic_tokenize(text: str, lowercase: bool, strip_accents: bool | N
             chars.append(c)
     words = []
     for word in unicodedata.normalize("NFC", "".join(chars)).split():
-        if lowercase:
-            word = word.lower()  # per word, so Greek final sigma depends on the whole word
+        if lowercase:  # per word, so Greek final sigma depends on the whole word
+            word = word.lower() if final_sigma else "".join(c.lower() for c in word)
         if strip_accents or (strip_accents is None and lowercase):
             word = "".join(c for c in unicodedata.normalize("NFD", word)
                            if unicodedata.category(c) != "Mn")
@@ -83,22 +85,35 @@ def _rust_may_differ(c: str) -> bool:
 
 
 class WordPieceTokenizer:
-    """BERT WordPiece tokenizer: Rust `tokenizers` fast path, Python reference for rare text."""
+    """BERT WordPiece tokenizer: Rust `tokenizers` fast path, Python reference for rare text.
+
+    Only [UNK] is required of the vocab (as in Google's tokenization.py); an absent [PAD],
+    [CLS], [SEP] or [MASK] has id None. final_sigma: lowercase an uppercase Greek word-final
+    sigma to 'ς' (Python's str.lower: Google's and HF's slow tokenizer) rather than 'σ' (the
+    Rust BertNormalizer of HF's fast tokenizers). keep_special_tokens: a literal special token
+    in the text ("[MASK]") is that token (HF's behaviour) rather than split ("[", "mask", "]",
+    Google's, so that text cannot inject a mask into pretraining data)."""
 
     def __init__(self, vocab: list[str], *, lowercase: bool, strip_accents: bool | None = None,
-                 tokenize_chinese_chars: bool = True, source: str = "vocab") -> None:
+                 tokenize_chinese_chars: bool = True, final_sigma: bool = True,
+                 keep_special_tokens: bool = False, source: str = "vocab") -> None:
         self.vocab = list(vocab)
         self.vocab_size = len(self.vocab)  # rows an embedding needs (= HF's len(vocab) w/o dups)
         self.lowercase, self.strip_accents = lowercase, strip_accents
         self.tokenize_chinese_chars = tokenize_chinese_chars
+        self.final_sigma, self.keep_special_tokens = final_sigma, keep_special_tokens
         # Later duplicates win, as in HF's OrderedDict-based load_vocab.
         self._ids = {tok: i for i, tok in enumerate(self.vocab)}
-        for tok in SPECIAL_TOKENS:
-            if tok not in self._ids:
-                raise ValueError(f"{source}: vocab has no special token {tok!r}; a BERT vocab needs "
-                                 f"{' '.join(SPECIAL_TOKENS)}")
+        if "[UNK]" not in self._ids:
+            raise ValueError(f"{source}: vocab has no special token '[UNK]'; a BERT vocab needs it "
+                             f"(and {' '.join(t for t in SPECIAL_TOKENS if t != '[UNK]')} to build "
+                             "model inputs)")
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-            self._ids[t] for t in SPECIAL_TOKENS)
+            self._ids.get(t) for t in SPECIAL_TOKENS)
+        present = [t for t in SPECIAL_TOKENS if t in self._ids]
+        # Longest first, so that a special token that is a prefix of another never wins.
+        self._specials = re.compile("(" + "|".join(map(re.escape, sorted(present, key=len, reverse=True)))
+                                    + ")") if keep_special_tokens else None
         tok = Tokenizer(models.WordPiece(self._ids, unk_token="[UNK]",
                                          max_input_chars_per_word=100))
         # HF's BertTokenizer NFC-normalizes after cleaning and CJK spacing, before lower/strip;
@@ -114,15 +129,17 @@ class WordPieceTokenizer:
 
     @classmethod
     def from_vocab(cls, vocab_file: str | Path, *, lowercase: bool,
-                   strip_accents: bool | None = None,
-                   tokenize_chinese_chars: bool = True) -> WordPieceTokenizer:
+                   strip_accents: bool | None = None, tokenize_chinese_chars: bool = True,
+                   final_sigma: bool = True, keep_special_tokens: bool = False) -> WordPieceTokenizer:
         """Loads a BERT vocab.txt; strip_accents=None means "same as lowercase"."""
         return cls(load_vocab(vocab_file), lowercase=lowercase, strip_accents=strip_accents,
-                   tokenize_chinese_chars=tokenize_chinese_chars, source=str(vocab_file))
+                   tokenize_chinese_chars=tokenize_chinese_chars, final_sigma=final_sigma,
+                   keep_special_tokens=keep_special_tokens, source=str(vocab_file))
 
     @classmethod
-    def from_pretrained_dir(cls, directory: str | Path, *,
-                            lowercase: bool | None = None) -> WordPieceTokenizer:
+    def from_pretrained_dir(cls, directory: str | Path, *, lowercase: bool | None = None,
+                            final_sigma: bool = True,
+                            keep_special_tokens: bool = False) -> WordPieceTokenizer:
         """Loads vocab.txt and the HF tokenizer_config.json options; `lowercase` overrides its
         do_lower_case, and both absent means lowercase (HF BertTokenizer's default)."""
         directory = paths.path(directory)
@@ -137,7 +154,8 @@ class WordPieceTokenizer:
             lowercase = config.get("do_lower_case", True)
         return cls.from_vocab(directory / VOCAB_NAME, lowercase=lowercase,
                               strip_accents=config.get("strip_accents"),
-                              tokenize_chinese_chars=config.get("tokenize_chinese_chars", True))
+                              tokenize_chinese_chars=config.get("tokenize_chinese_chars", True),
+                              final_sigma=final_sigma, keep_special_tokens=keep_special_tokens)
 
     def save(self, directory: str | Path) -> None:
         """Writes vocab.txt and an HF-style tokenizer_config.json (local or gs://)."""
@@ -147,15 +165,16 @@ class WordPieceTokenizer:
         config = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
                   "strip_accents": self.strip_accents,
                   "tokenize_chinese_chars": self.tokenize_chinese_chars,
-                  **dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
-                             SPECIAL_TOKENS))}
+                  **{key: tok for key, tok in zip(
+                      ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS)
+                     if tok in self._ids}}  # an absent one would be added by HF as a new id
         (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", "utf-8")
 
     def _fast_ok(self, text: str) -> bool:
         """Whether the Rust pipeline is known to give the reference result for this text."""
         if text.isascii():
             return True
-        if self.lowercase and "Σ" in text:  # Python's lower() has the final-sigma rule, Rust not
+        if self.lowercase and self.final_sigma and "Σ" in text:  # Python's lower() has it, Rust not
             return False
         return not any(map(_rust_may_differ, set(text)))
 
@@ -163,11 +182,28 @@ class WordPieceTokenizer:
         """Words after cleaning, lowercasing/accent stripping and punctuation splitting."""
         if not self._fast_ok(text):
             return reference_basic_tokenize(text, self.lowercase, self.strip_accents,
-                                            self.tokenize_chinese_chars)
+                                            self.tokenize_chinese_chars, self.final_sigma)
         normalized = self._tok.normalizer.normalize_str(text)
         return [w for w, _ in self._tok.pre_tokenizer.pre_tokenize_str(normalized)]
 
     def _pieces(self, texts: list[str]) -> list[tuple[list[str], list[int]]]:
+        """Wordpieces and ids per text; with keep_special_tokens, the text between literal special
+        tokens is tokenized as a text of its own (as HF's added-token split does)."""
+        if self._specials is None:
+            return self._text_pieces(texts)
+        parts = [self._specials.split(text) for text in texts]  # odd indices: special tokens
+        between = iter(self._text_pieces([p for ps in parts for p in ps[::2]]))
+        out = []
+        for ps in parts:
+            tokens, ids = [], []
+            for j, part in enumerate(ps):
+                t, i = ([part], [self._ids[part]]) if j % 2 else next(between)
+                tokens += t
+                ids += i
+            out.append((tokens, ids))
+        return out
+
+    def _text_pieces(self, texts: list[str]) -> list[tuple[list[str], list[int]]]:
         """Wordpieces and ids per text: batched in Rust, rare texts via the Python reference."""
         out: list = [None] * len(texts)
         fast = [i for i, text in enumerate(texts) if self._fast_ok(text)]
