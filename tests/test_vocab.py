@@ -173,11 +173,13 @@ def test_hf_folder_casing_and_save(wordpiece_vocab, tmp_path):
     hf.mkdir()
     (hf / "vocab.txt").write_text(wordpiece_vocab.read_text("utf-8") + "Emma\n", "utf-8")
     assert load_tokenizer(hf).lowercase is False  # our guess: an uppercase token means cased
+    load_tokenizer(hf).save(tmp_path / "plain")  # default options: nothing beside HF's files
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["tokenizer_config.json", "vocab.txt"]
     tok = load_hf_tokenizer(hf)
     assert tok.lowercase is True and tok.vocab_size == 1501  # HF: do_lower_case unless stated
     tok.save(tmp_path / "out")
     back = load_tokenizer(tmp_path / "out")
-    assert (back.lowercase, back.pieces) == (True, tok.pieces)
+    assert (back.lowercase, back.pieces, back.final_sigma) == (True, tok.pieces, False)
     assert back.encode_pair("Emma said", "no").tokens == ["[CLS]", "emma", "said", "[SEP]", "no", "[SEP]"]
     (hf / "tokenizer_config.json").write_text('{"do_lower_case": false}')
     assert load_hf_tokenizer(hf).lowercase is False

@@ -369,10 +369,14 @@ class _WordPiece(Tokenizer):
         return clean_up_tokenization(text) if clean_up_spaces else text
 
     def save(self, directory: str | Path) -> None:
-        """Writes vocab.txt, an HF tokenizer_config.json and bert_jax_tokenizer.json stating every option."""
+        """Writes vocab.txt and an HF tokenizer_config.json stating every option, and our options
+        in bert_jax_tokenizer.json where one is not the default (or that file is already there)."""
         self._wp.save(directory)
-        _write_meta(paths.path(directory), "wordpiece", self.lowercase, self.vocab_size,
-                    final_sigma=self.final_sigma, keep_special_tokens=self.keep_special_tokens)
+        directory = paths.path(directory)
+        options = {"final_sigma": self.final_sigma, "keep_special_tokens": self.keep_special_tokens}
+        # Only then: a folder that `export` writes for transformers stays as transformers writes one.
+        if options != WORDPIECE_OPTIONS or (directory / META_NAME).is_file():
+            _write_meta(directory, "wordpiece", self.lowercase, self.vocab_size, **options)
 
 
 class _SentencePiece(Tokenizer):
