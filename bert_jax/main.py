@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from absl import app, flags, logging
@@ -243,19 +244,46 @@ def _text_lines(spec: str):
                 yield from (text.decode() if isinstance(text, bytes) else text).splitlines()
         return
     from bert_jax.data.documents import expand
-    from bert_jax.data.pretraining import _open_text
 
     for path in expand(spec, "--input"):
-        with _open_text(path) as f:
-            yield from f
+        yield from _utf8_lines(path)
+
+
+def _utf8_lines(path: str) -> Iterator[str]:
+    """The lines of a UTF-8 text file, plain or .gz (local or gs://), as text-mode reading gives
+    them; a byte that is not UTF-8 is an error naming the line, as the other readers' are (a
+    vocab learned from replacement characters would be silently wrong)."""
+    import gzip
+    import io
+
+    from bert_jax import paths
+
+    offset = 0
+    with paths.path(path).open("rb") as raw, (gzip.open(raw) if path.endswith(".gz") else raw) as f:
+        for number, line in enumerate(f, 1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: line {number} (byte {offset + e.start}) is not UTF-8 "
+                                 f"({e.reason}); re-encode the file as UTF-8") from None
+            offset += len(line)
+            if "\r" in text:  # \r\n and \r end lines, as in text mode
+                yield from io.StringIO(text, newline=None)
+            else:
+                yield text
 
 
 def cmd_vocab(args: list[str]) -> None:
     """Trains a WordPiece or SentencePiece vocabulary on text files or a TFDS dataset."""
+    from bert_jax import paths
     from bert_jax.data import tokenizer as tokenizer_lib
 
+    out_dir = _require(_OUT, "vocab")
+    if found := [n for n in tokenizer_lib.TOKENIZER_FILES if (paths.path(out_dir) / n).is_file()]:
+        raise ValueError(f"--out {out_dir} already holds a vocab ({', '.join(found)}); give another "
+                         "--out, or remove that folder to train a new vocab there")
     out = tokenizer_lib.train_vocab(_text_lines(_require(_INPUT, "vocab")), size=_SIZE.value,
-                                    kind=_TYPE.value, out_dir=_require(_OUT, "vocab"),
+                                    kind=_TYPE.value, out_dir=out_dir,
                                     lowercase=_LOWERCASE.value, sp_model_type=_SP_MODEL.value)
     tok = tokenizer_lib.load_tokenizer(out)
     print(json.dumps({"out": str(out), "kind": tok.kind, "vocab_size": tok.vocab_size}))

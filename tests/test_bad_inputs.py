@@ -6,6 +6,7 @@ the runs, checkpoints and results that existed before is left as it was."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import os
@@ -600,8 +601,25 @@ SWEEP_CASES = [
     case("sweep-without-workdir", "sweep --config configs/sweeps/glue.py:mrpc", 2, "--workdir"),
 ]
 
+VOCAB_CASES = [
+    # `bert-jax vocab`: an existing vocab is never overwritten (the shared one is in the snapshot)
+    case("vocab-out-existing-vocab", "vocab --input {tmp}/corpus/a.txt --out {vocab} --size 50", 1,
+         "--out {vocab} already holds a vocab", "vocab.txt", "another --out", "remove", setup=corpus()),
+    case("vocab-out-existing-spm", "vocab --input {tmp}/corpus/a.txt --out {tmp}/sp --size 50", 1,
+         "{tmp}/sp already holds a vocab", "spm.model", setup=files(corpus__a_DOT_txt=CORPUS * 3,
+                                                                     sp__spm_DOT_model=b"\x00")),
+    # binary input is refused like every other reader's, naming the line and its byte
+    case("vocab-input-non-utf8", "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50", 1,
+         "corpus/a.txt: line 3 (byte 35) is not UTF-8", "re-encode",
+         setup=corpus(b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3)),
+    case("vocab-input-non-utf8-sentencepiece", "vocab --input {tmp}/corpus/a.txt.gz --out {tmp}/v "
+         "--size 50 --type sentencepiece", 1, "a.txt.gz: line 3 (byte 35) is not UTF-8",
+         setup=files(corpus__a_DOT_txt_DOT_gz=gzip.compress(
+             b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3))),
+]
+
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
-         + SWEEP_CASES)
+         + SWEEP_CASES + VOCAB_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -703,6 +721,6 @@ def test_a_damaged_checkpoint_is_one_line_in_a_real_process(shared, tmp_path):
 def test_the_table_covers_every_area():
     areas = {"config": CONFIG_CASES, "data": DATA_CASES, "checkpoint": CHECKPOINT_CASES,
              "conversion": CONVERT_CASES, "features": FEATURES_CASES, "eval": EVAL_CASES,
-             "sweep": SWEEP_CASES}
+             "sweep": SWEEP_CASES, "vocab": VOCAB_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

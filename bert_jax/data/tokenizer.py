@@ -8,6 +8,7 @@ import dataclasses
 import heapq
 import itertools
 import json
+import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -120,9 +121,18 @@ def _train_wordpiece(lines: Iterator[str], size: int, out_dir: Path, lowercase: 
 def _train_sentencepiece(lines: Iterator[str], size: int, out_dir: Path, lowercase: bool,
                          model_type: str) -> int:
     """Writes spm.model and spm.vocab; returns the vocab size (may be < size)."""
+    failed: list[Exception] = []
+
+    def checked_lines() -> Iterator[str]:  # sentencepiece wraps the input's errors in its own
+        try:
+            yield from lines
+        except Exception as e:
+            failed.append(e)
+            raise
+
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=lines, model_prefix=str(out_dir / "spm"), model_type=model_type,
+            sentence_iterator=checked_lines(), model_prefix=str(out_dir / "spm"), model_type=model_type,
             vocab_size=size, hard_vocab_limit=False,  # size is a maximum, as for WordPiece
             # [PAD]=0 [UNK]=1, then [CLS] [SEP] [MASK] = 2 3 4 as control symbols: ids that
             # sentencepiece reserves but never produces from text, so a literal "[MASK]" in the
@@ -136,6 +146,8 @@ def _train_sentencepiece(lines: Iterator[str], size: int, out_dir: Path, lowerca
             input_sentence_size=10_000_000, shuffle_input_sentence=True, max_sentence_length=1 << 16,
             minloglevel=2)
     except RuntimeError as e:  # e.g. "Vocabulary size is smaller than required_chars. 20 vs 42."
+        if failed:
+            raise failed[0] from None
         raise ValueError(f"train_vocab: sentencepiece cannot train a {model_type} vocab of "
                          f"size={size} on this text: {str(e).split('] ')[-1]}") from e
     return spm.SentencePieceProcessor(model_file=str(out_dir / SPM_NAME)).get_piece_size()
@@ -159,11 +171,17 @@ def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | 
                          f"{' '.join(SPECIAL_TOKENS)}")
     lines = _text_lines(inputs)
     with paths.staged_output(out_dir) as local:
+        fresh = not local.exists()
         local.mkdir(parents=True, exist_ok=True)
-        if kind == "wordpiece":
-            n = _train_wordpiece(lines, size, local, lowercase)
-        else:
-            n = _train_sentencepiece(lines, size, local, lowercase, sp_model_type)
+        try:
+            if kind == "wordpiece":
+                n = _train_wordpiece(lines, size, local, lowercase)
+            else:
+                n = _train_sentencepiece(lines, size, local, lowercase, sp_model_type)
+        except BaseException:  # e.g. a bad input line: leave no empty folder behind
+            if fresh:
+                shutil.rmtree(local, ignore_errors=True)
+            raise
         defaults = WORDPIECE_OPTIONS if kind == "wordpiece" else {}
         _write_meta(local, kind, lowercase, n, **{**defaults, **options})
     return paths.path(out_dir)
