@@ -11,6 +11,7 @@ vocab.txt, bert_model.ckpt.index + .data-*), read without TensorFlow.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -340,6 +341,13 @@ def read_source(source: str | os.PathLike
     if prefix is None:
         folder = resolve_model_dir(source)
         config_file = folder / "config.json"
+        beside = sorted(p.name for p in source.parent.glob(f"{glob.escape(source.name)}.*"))
+        if not source.is_dir() and (beside or (source.parent / "bert_config.json").is_file()):
+            raise FileNotFoundError(  # a TF checkpoint prefix whose .index is missing
+                f"{source}.index: not found; an original TensorFlow checkpoint is <prefix>.index "
+                "and <prefix>.data-00000-of-00001 with bert_config.json and vocab.txt beside them "
+                f"(found: {', '.join(beside) or 'no ' + source.name + '.* files'}); copy the "
+                ".index file there, or give the prefix or folder that has it")
         if not config_file.is_file():
             raise FileNotFoundError(
                 f"{config_file}: not found; expected a Hugging Face BERT folder (config.json, "
