@@ -125,8 +125,8 @@ def published_folder(vocab_file, out):
 
 def real_lines(shared_data) -> tuple[list[str], list[tuple[str, str]]]:
     """300 WikiText-2 lines and SQuAD contexts, and 100 (question, context) pairs."""
-    wiki = [line.strip() for line in (shared_data / "text" / "wikitext2" / "valid.txt").open(encoding="utf-8")]
-    wiki = [line for line in wiki if line and not line.startswith("=")][:200]
+    wiki = (shared_data / "text" / "wikitext2" / "valid.txt").read_text("utf-8").splitlines()
+    wiki = [line.strip() for line in wiki if line.strip() and not line.strip().startswith("=")][:200]
     articles = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text("utf-8"))["data"]
     paragraphs = [p for a in articles for p in a["paragraphs"]][:100]
     pairs = [(p["qas"][0]["question"], p["context"]) for p in paragraphs]
