@@ -8,12 +8,15 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import io
 import json
 import os
+import pickle
 import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -558,6 +561,54 @@ FEATURES_CASES = [
          setup=lambda t, c: (features_input()(t, c), files(f="x")(t, c))),
 ]
 
+class _Evil:
+    """A pickled object that runs a shell command when unpickled (a malicious checkpoint)."""
+
+    def __reduce__(self):
+        return os.system, ("touch pwned",)
+
+
+def evil_torch_bin() -> bytes:
+    """A torch.save-style zip whose data.pkl runs code when loaded by a plain unpickler."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("archive/data.pkl", pickle.dumps({"w": _Evil()}, protocol=2))
+        zf.writestr("archive/version", "3\n")
+    return buffer.getvalue()
+
+
+def translation_checkpoint(tmp: Path, ctx: dict) -> None:
+    small = dict(vocab_size=64, emb_dim=16, num_layers=1, num_decoder_layers=1, num_heads=2,
+                 head_dim=8, mlp_dim=32)
+    cfg = {"name": "transformer", **small}
+    save_model(tmp / "mt", models.create_model(cfg), {"model": cfg})
+    tokenizer_lib.copy_tokenizer(ctx["vocab"], tmp / "mt")
+    features_input()(tmp, ctx)
+
+
+TF_WITHOUT_INDEX = files(tf__bert_config_DOT_json="{}", tf__vocab_DOT_txt="[PAD]\n",
+                         **{"tf__bert_model_DOT_ckpt_DOT_data-00000-of-00001": b"\x00" * 8})
+
+EXPORT_CASES = [
+    case("features-output-exists", FEATURES, 1, "--output={tmp}/out.jsonl", "already exists",
+         "new --output", setup=files(in_DOT_txt="the cat sat\n", out_DOT_jsonl="earlier\n")),
+    case("features-output-is-a-folder", FEATURES, 1, "--output={tmp}/out.jsonl", "already exists",
+         setup=files(in_DOT_txt="the cat sat\n", out_DOT_jsonl__x="x")),
+    case("features-translation-checkpoint", FEATURES.replace("{ckpt}", "{tmp}/mt"), 1,
+         "--checkpoint={tmp}/mt", "'transformer'", "encoder-decoder", "BERT encoder checkpoint",
+         setup=translation_checkpoint),
+    case("features-lm-checkpoint", FEATURES.replace("{ckpt}", "{lm}"), 1, "'decoder_lm'",
+         "BERT encoder checkpoint", setup=features_input()),
+    case("convert-tf-prefix-without-index", "convert tf:{tmp}/tf/bert_model.ckpt {tmp}/out", 1,
+         "{tmp}/tf/bert_model.ckpt.index: not found", "bert_model.ckpt.data-00000-of-00001",
+         "bert_config.json", setup=TF_WITHOUT_INDEX),
+    case("convert-tf-folder-without-index", "convert tf:{tmp}/tf {tmp}/out", 1, "<prefix>.index",
+         "found bert_model.ckpt.data-00000-of-00001", "copy its .index", setup=TF_WITHOUT_INDEX),
+    case("convert-malicious-pickle", "convert hf:{tmp}/hf {tmp}/out", 1, "pytorch_model.bin",
+         "forbidden global", "model.safetensors",
+         setup=copy_of("hf", remove("model.safetensors"), replace("pytorch_model.bin", evil_torch_bin()))),
+]
+
 EVAL_CASES = [
     case("eval-split-on-pretraining", "eval --workdir {run} --split test", 1, "--split", "pretraining",
          "leave out --split"),
@@ -619,7 +670,7 @@ VOCAB_CASES = [
 ]
 
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
-         + SWEEP_CASES + VOCAB_CASES)
+         + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -721,6 +772,6 @@ def test_a_damaged_checkpoint_is_one_line_in_a_real_process(shared, tmp_path):
 def test_the_table_covers_every_area():
     areas = {"config": CONFIG_CASES, "data": DATA_CASES, "checkpoint": CHECKPOINT_CASES,
              "conversion": CONVERT_CASES, "features": FEATURES_CASES, "eval": EVAL_CASES,
-             "sweep": SWEEP_CASES, "vocab": VOCAB_CASES}
+             "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

@@ -15,6 +15,7 @@ from conftest import REPO
 from flax import nnx
 
 from bert_jax import models
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import convert, export
 from bert_jax.training import checkpoint, state
 
@@ -108,6 +109,78 @@ def test_auto_classes_and_tokenizer_load_the_export(tmp_path):
     assert tok("the cats sat", "a dog")["input_ids"] == [2, 5, 7, 15, 9, 3, 6, 8, 3]
 
 
+# The tokenizer settings of a published uncased BERT (sentence-transformers/all-MiniLM-L6-v2's
+# tokenizer_config.json; bert-base-uncased's states fewer and has the same defaults).
+PUBLISHED = dict(do_lower_case=True, model_max_length=512, clean_up_tokenization_spaces=True)
+
+
+def published_folder(vocab_file, out):
+    """The tokenizer files a published BERT checkpoint has for this vocab, as transformers saves
+    them: vocab.txt and tokenizer_config.json of the slow tokenizer, tokenizer.json of the fast."""
+    transformers.BertTokenizerLegacy(str(vocab_file), **PUBLISHED).save_pretrained(out)
+    # 5.x's BertTokenizer is the fast one; save_pretrained writes its tokenizer.json.
+    transformers.BertTokenizer.from_pretrained(out, **PUBLISHED).save_pretrained(out)
+    return out
+
+
+def real_lines(shared_data) -> tuple[list[str], list[tuple[str, str]]]:
+    """300 WikiText-2 lines and SQuAD contexts, and 100 (question, context) pairs."""
+    wiki = (shared_data / "text" / "wikitext2" / "valid.txt").read_text("utf-8").splitlines()
+    wiki = [line.strip() for line in wiki if line.strip() and not line.strip().startswith("=")][:200]
+    articles = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text("utf-8"))["data"]
+    paragraphs = [p for a in articles for p in a["paragraphs"]][:100]
+    pairs = [(p["qas"][0]["question"], p["context"]) for p in paragraphs]
+    return wiki + [c for _, c in pairs], pairs
+
+
+@pytest.mark.skipif(not hasattr(transformers, "BertTokenizerLegacy"), reason="transformers < 5")
+def test_exported_tokenizer_loads_as_the_published_one(tmp_path, wordpiece_vocab, shared_data):
+    """Fast (AutoTokenizer) and slow (BertTokenizerLegacy) tokenizers of an export give the same
+    ids, token types, masks, truncation and decode as those of the published checkpoint."""
+    cfg = dict(name="bert", vocab_size=1500, emb_dim=16, num_layers=1, num_heads=2, head_dim=8,
+               mlp_dim=16, max_len=512)
+    params = nnx.to_pure_dict(nnx.state(models.create_model(cfg), nnx.Param))
+    checkpoint.save_params(tmp_path / "ours", 0, params, {"model": cfg})
+    tokenizer_lib.copy_tokenizer(wordpiece_vocab.parent, tmp_path / "ours")
+    export.export_hf(tmp_path / "ours", tmp_path / "exported")
+    original = published_folder(wordpiece_vocab, tmp_path / "original")
+    assert (json.loads((tmp_path / "exported" / "tokenizer.json").read_text())
+            == json.loads((original / "tokenizer.json").read_text()))
+    lines, pairs = real_lines(shared_data)
+    long_text = " ".join(lines[:20])
+    for load in (transformers.AutoTokenizer.from_pretrained,
+                 transformers.BertTokenizerLegacy.from_pretrained):
+        ours, theirs = load(tmp_path / "exported"), load(original)
+        assert ours.model_max_length == theirs.model_max_length == 512
+        for args, kw in [((lines,), {}), ((long_text,), {}), ((long_text,), dict(truncation=True)),
+                         (([q for q, _ in pairs], [c for _, c in pairs]), {}),
+                         (([long_text] * 2, [q for q, _ in pairs[:2]]), dict(truncation=True))]:
+            want = theirs(*args, **kw)
+            assert ours(*args, **kw) == want
+        assert len(ours(long_text)["input_ids"]) > 512  # the truncation above truncated
+        assert len(ours(long_text, truncation=True)["input_ids"]) == 512
+        ids = want["input_ids"] + ours(lines)["input_ids"]
+        for skip in (False, True):
+            assert ([ours.decode(i, skip_special_tokens=skip) for i in ids]
+                    == [theirs.decode(i, skip_special_tokens=skip) for i in ids])
+    assert ours.decode(ours("the life's work, isn't it?")["input_ids"][1:-1]) == "the life's work, isn't it?"
+
+
+def test_sentencepiece_checkpoint_exports_without_tokenizer(tmp_path, english_lines, caplog):
+    spm_dir = tokenizer_lib.train_vocab(english_lines, size=300, kind="sentencepiece",
+                                        out_dir=tmp_path / "spm")
+    cfg = dict(name="bert", vocab_size=300, emb_dim=16, num_layers=1, num_heads=2, head_dim=8,
+               mlp_dim=16, max_len=32)
+    params = nnx.to_pure_dict(nnx.state(models.create_model(cfg), nnx.Param))
+    checkpoint.save_params(tmp_path / "ckpt", 0, params, {"model": cfg})
+    tokenizer_lib.copy_tokenizer(spm_dir, tmp_path / "ckpt")
+    report = export.export_hf(tmp_path / "ckpt", tmp_path / "out")
+    assert not report["tokenizer"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+    assert "has a SentencePiece model" in caplog.text and "gets no tokenizer files" in caplog.text
+    transformers.BertModel.from_pretrained(tmp_path / "out")
+
+
 def fine_tuned_workdir(workdir, num_labels: int):
     """A training workdir as `bert-jax train` leaves it: TrainCheckpointer items and vocab."""
     model_cfg = dict(name="bert_classification", vocab_size=len(VOCAB), emb_dim=32, num_layers=2,
@@ -180,7 +253,8 @@ def test_export_command(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "as BertForSequenceClassification" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
-        "config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
+        "config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json",
+        "tokenizer_config.json", "vocab.txt"]
     proc = subprocess.run([sys.executable, "-m", "bert_jax", "export", str(tmp_path / "run"),
                            str(tmp_path / "hf2")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)

@@ -11,6 +11,7 @@ vocab.txt, bert_model.ckpt.index + .data-*), read without TensorFlow.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -307,11 +308,15 @@ def tf_checkpoint_prefix(source: Path) -> Path | None:
     if match:  # the recorded path may be absolute on another machine: take it beside the file
         return source / Path(match.group(1)).name
     indexes = sorted(source.glob("*.index"))
-    if len(indexes) != 1:
-        found = ", ".join(p.name for p in indexes) or "none"
-        raise FileNotFoundError(f"{source}: expected one TensorFlow checkpoint <prefix>.index "
-                                f"beside bert_config.json, found {found}; pass the prefix "
-                                f"itself, e.g. hf:{source / 'bert_model.ckpt'}")
+    if not indexes:
+        data = ", ".join(p.name for p in sorted(source.glob("*.data-*"))) or "no checkpoint files"
+        raise FileNotFoundError(f"{source}: no TensorFlow checkpoint <prefix>.index beside "
+                                f"bert_config.json (found {data}); a TF checkpoint is <prefix>.index "
+                                "and <prefix>.data-00000-of-00001: copy its .index file there")
+    if len(indexes) > 1:
+        raise FileNotFoundError(f"{source}: several TensorFlow checkpoints beside bert_config.json: "
+                                f"{', '.join(p.name for p in indexes)}; pass the prefix of one, "
+                                f"e.g. tf:{indexes[-1].with_suffix('')}")
     return indexes[0].with_suffix("")
 
 
@@ -340,6 +345,13 @@ def read_source(source: str | os.PathLike
     if prefix is None:
         folder = resolve_model_dir(source)
         config_file = folder / "config.json"
+        beside = sorted(p.name for p in source.parent.glob(f"{glob.escape(source.name)}.*"))
+        if not source.is_dir() and (beside or (source.parent / "bert_config.json").is_file()):
+            raise FileNotFoundError(  # a TF checkpoint prefix whose .index is missing
+                f"{source}.index: not found; an original TensorFlow checkpoint is <prefix>.index "
+                "and <prefix>.data-00000-of-00001 with bert_config.json and vocab.txt beside them "
+                f"(found: {', '.join(beside) or 'no ' + source.name + '.* files'}); copy the "
+                ".index file there, or give the prefix or folder that has it")
         if not config_file.is_file():
             raise FileNotFoundError(
                 f"{config_file}: not found; expected a Hugging Face BERT folder (config.json, "

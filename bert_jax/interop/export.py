@@ -1,5 +1,8 @@
 """Export to a Hugging Face folder (`bert-jax export <checkpoint_dir> hf:<out_dir>`): config.json,
-model.safetensors and the WordPiece tokenizer, loadable by transformers' `from_pretrained`.
+model.safetensors and the WordPiece tokenizer (vocab.txt, tokenizer_config.json,
+special_tokens_map.json, tokenizer.json) as a published BERT checkpoint has them, so that
+transformers' `from_pretrained` loads the model and its fast and slow tokenizers the same as
+the original's.
 
 The source is a `bert-jax convert` output or a training workdir (same layout); names go
 through convert.py's table, the one both directions share.
@@ -15,6 +18,8 @@ from typing import Any
 import numpy as np
 import safetensors.numpy
 from flax import nnx, traverse_util
+from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import models as tokenizer_models
 
 from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
@@ -46,6 +51,50 @@ def hf_state_dict(model_cfg: dict[str, Any], params: dict) -> dict[str, np.ndarr
     return out
 
 
+# tokenizer_config.json's names of the special tokens, as HF's BertTokenizer takes them.
+SPECIAL_KEYS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def hf_tokenizer_json(vocab: list[str], options: dict[str, Any]) -> Tokenizer:
+    """The fast tokenizer (tokenizer.json) a published BERT checkpoint carries, for `vocab` and
+    the tokenizer_config.json `options`: what transformers' BERT converter builds."""
+    ids = {token: i for i, token in enumerate(vocab)}  # later duplicates win, as HF's load_vocab
+    tok = Tokenizer(tokenizer_models.WordPiece(ids, unk_token=options["unk_token"],
+                                               continuing_subword_prefix="##",
+                                               max_input_chars_per_word=100))
+    # As published: one BertNormalizer, no NFC step (our tokenizer and HF's slow one compose
+    # first, so they can differ from any published fast tokenizer on non-NFC text).
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=options["tokenize_chinese_chars"],
+        strip_accents=options["strip_accents"], lowercase=options["do_lower_case"])
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls, sep = options["cls_token"], options["sep_token"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, ids[cls]), (sep, ids[sep])])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    specials = sorted({options[k] for k in SPECIAL_KEYS if options.get(k) in ids}, key=ids.get)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return tok
+
+
+def write_hf_tokenizer(tokenizer: tokenizer_lib.Tokenizer, model_max_length: int,
+                       directory: os.PathLike) -> None:
+    """Writes a WordPiece tokenizer into a local folder as a published BERT checkpoint has it."""
+    directory = paths.path(directory)
+    tokenizer.save(directory)  # vocab.txt and a tokenizer_config.json stating every option
+    config_file = directory / tokenizer_lib.CONFIG_NAME
+    options = json.loads(config_file.read_text("utf-8"))
+    # Without model_max_length transformers assumes 1e30, and truncation=True cuts nothing.
+    # clean_up_tokenization_spaces as the published BERT checkpoints set it ("life's", not
+    # "life ' s"); transformers' default for it has changed between versions.
+    options.update(model_max_length=model_max_length, clean_up_tokenization_spaces=True)
+    config_file.write_text(json.dumps(options, indent=2) + "\n", "utf-8")
+    specials = {k: options[k] for k in SPECIAL_KEYS if options.get(k) in tokenizer.pieces}
+    (directory / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", "utf-8")
+    hf_tokenizer_json(tokenizer.pieces, options).save(str(directory / "tokenizer.json"))
+
+
 def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | None = None
               ) -> dict[str, Any]:
     """Writes checkpoint `step` (latest by default) of `source` as a Hugging Face folder `out`;
@@ -72,7 +121,7 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
         # transformers refuses safetensors files without format metadata.
         safetensors.numpy.save_file(tensors, local / "model.safetensors", metadata={"format": "pt"})
         if tokenizer is not None and tokenizer.kind == "wordpiece":
-            tokenizer.save(local)
+            write_hf_tokenizer(tokenizer, config["max_position_embeddings"], local)
     if not (tokenizer is not None and tokenizer.kind == "wordpiece"):
         what = "a SentencePiece model" if tokenizer else "no tokenizer"
         log.warning(f"warning: {source} has {what}; {out} gets no tokenizer files (HF BERT "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 
@@ -17,6 +18,8 @@ from bert_jax.data.finetune import pad_batch
 from bert_jax.data.rows import utf8_errors
 from bert_jax.training import checkpoint
 from bert_jax.training import state as state_lib
+
+log = logging.getLogger(__name__)
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[tuple[str, str | None]]:
@@ -34,6 +37,19 @@ def _encoder(model: nnx.Module) -> nnx.Module:
     return getattr(model, "bert", model)
 
 
+def warn_if_cut(lengths: Sequence[int], max_seq_length: int, max_len: int, what: str) -> None:
+    """Warns when inputs of these lengths (in tokens, [CLS] and [SEP] included) are cut to
+    max_seq_length, as the original extract_features.py cuts them, silently."""
+    cut = sum(n > max_seq_length for n in lengths)
+    if not cut:
+        return
+    advice = (f"raise --max_seq_length (the model's position table takes up to {max_len}) to keep "
+              "more" if max_seq_length < max_len else f"the model takes no more than {max_len} tokens")
+    log.warning(f"warning: {what}: {cut} of {len(lengths)} inputs are longer than --max_seq_length="
+                f"{max_seq_length} tokens (the longest: {max(lengths)}) and were cut to "
+                f"{max_seq_length}; {advice}")
+
+
 def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.PathLike,
                      output_file: str | os.PathLike, layers: Sequence[int] = (-1, -2, -3, -4),
                      max_seq_length: int = 128, batch_size: int = 8) -> int:
@@ -48,13 +64,20 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
                          "per line")
     if batch_size < 1:
         raise ValueError(f"--batch_size={batch_size} must be >= 1")
+    if paths.path(output_file).exists():  # it may hold the features of an earlier run
+        raise FileExistsError(f"--output={output_file}: already exists; features never overwrites "
+                              "a file: choose a new --output (or remove that one)")
     try:
         paths.path(output_file).parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OSError(f"--output={output_file}: cannot create its folder ({e.strerror or e}); "
                       "choose another --output") from None
     model_cfg = checkpoint.read_config(checkpoint_dir)["model"]
-    _, fields = models.split_model_config(model_cfg)
+    name, fields = models.split_model_config(model_cfg)
+    if models.CONFIGS[name] is not models.BertConfig:
+        raise ValueError(f"--checkpoint={checkpoint_dir}: holds a {name!r} model ({fields.family} "
+                         "family); features needs a BERT encoder checkpoint (a `bert-jax convert` "
+                         "output or a BERT training workdir)")
     if max_seq_length < 3:
         raise ValueError(f"--max_seq_length={max_seq_length} leaves no room for [CLS] A [SEP] B [SEP]; "
                          "use at least 3")
@@ -78,7 +101,12 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
                                          return_hidden=True)
         return out["hidden_states"][1:]  # the encoder layers' outputs, as all_encoder_layers
 
-    inputs = tokenizer.encode_pairs([a for a, _ in pairs], [b for _, b in pairs], max_seq_length)
+    ids_a = tokenizer.encode_batch([a for a, _ in pairs])
+    encoded_b = iter(tokenizer.encode_batch([b for _, b in pairs if b is not None]))
+    ids_b = [None if b is None else next(encoded_b) for _, b in pairs]
+    warn_if_cut([len(a) + (2 if b is None else 3 + len(b)) for a, b in zip(ids_a, ids_b)],
+                max_seq_length, fields.max_len, f"--input={input_file}")
+    inputs = tokenizer.pair_rows(ids_a, ids_b, max_seq_length)
     lengths = inputs["attention_mask"].sum(1)
     with paths.path(output_file).open("w", encoding="utf-8") as f:
         for start in range(0, len(pairs), batch_size):

@@ -238,7 +238,12 @@ def _load_torch_zip(path: Path) -> dict[str, np.ndarray]:
         except KeyError:
             big = False  # archives from before the byteorder record were always little-endian
         with zf.open(pkls[0]) as f:
-            obj = _RestrictedUnpickler(f, zf, prefix, path, big).load()
+            try:
+                obj = _RestrictedUnpickler(f, zf, prefix, path, big).load()
+            except Exception as e:  # noqa: BLE001 (a hostile or damaged pickle can raise anything)
+                message = str(e) if str(e).startswith(str(path)) else f"{path}: {type(e).__name__}: {e}"
+                raise ValueError(f"{message}; convert the weights to model.safetensors "
+                                 "(safetensors.torch.save_file), which holds no code") from None
     if not isinstance(obj, dict) or not all(
             isinstance(k, str) and isinstance(v, np.ndarray) for k, v in obj.items()):
         raise ValueError(f"{path}: expected a flat {{name: tensor}} state dict")

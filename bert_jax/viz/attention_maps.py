@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -34,6 +35,18 @@ from bert_jax.viz import plots
 
 OUTPUTS = (".png", ".svg", ".pdf", ".html")
 
+log = logging.getLogger(__name__)
+
+
+def _warn_if_cut(tokens: int, max_len: int, requested: int, table: int | None) -> None:
+    """Says when the input (`tokens` long, special tokens included) is cut to max_len."""
+    if tokens <= max_len:
+        return
+    advice = ("the model takes no more" if max_len == table else
+              "raise --max_seq_length to see more" + (f" (up to {table})" if table else ""))
+    log.warning(f"warning: --text: the input is {tokens} tokens; the maps show its first {max_len} "
+                f"(--max_seq_length={requested}); {advice}")
+
 
 def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: int | None = None,
             max_len: int = 128, layer: int = -1, head: int = 0) -> dict[str, Any]:
@@ -52,6 +65,7 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
     _check_choice(layer, head, layers, fields.num_heads)  # before the (slow) model load
     if max_len < 3:
         raise ValueError(f"--max_seq_length={max_len} leaves no room for [CLS] A [SEP] B [SEP]")
+    requested = max_len
     if fields.max_positions is not None:
         max_len = min(max_len, fields.max_positions)  # a longer text is cut to the position table
     if pair is not None and (seq2seq or lm):
@@ -65,6 +79,8 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
                            "text": text, "pair": pair, "max_seq_length": max_len, "maps": {}}
     if not (seq2seq or lm):  # BERT: the encoder's self-attention over [CLS] A [SEP] (B [SEP])
         enc = tokenizer.encode_pair(text, pair, max_len)
+        _warn_if_cut(len(tokenizer.encode_pair(text, pair).input_ids), max_len, requested,
+                     fields.max_positions)
 
         @jax.jit
         def run(params, ids, types):
@@ -76,7 +92,9 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
         out["maps"]["self-attention"] = _map(enc.tokens, enc.tokens, probs)
         out["default_map"] = "self-attention"
     elif seq2seq:
-        src = np.append(tokenizer.encode(text)[:max_len - 1], tokenizer.sep_id)[None].astype(np.int32)
+        ids = tokenizer.encode(text)
+        _warn_if_cut(len(ids) + 1, max_len, requested, fields.max_positions)  # with its EOS
+        src = np.append(ids[:max_len - 1], tokenizer.sep_id)[None].astype(np.int32)
         banned = tuple(sorted({tokenizer.cls_id, tokenizer.mask_id} - {tokenizer.sep_id}))
 
         @jax.jit
@@ -106,7 +124,9 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
                        "decoder self-attention": _map(target, inputs, found["decoder"])}
         out["default_map"] = "cross-attention"
     else:
-        ids = tokenizer.encode(text)[:max_len].astype(np.int32)
+        ids = tokenizer.encode(text)
+        _warn_if_cut(len(ids), max_len, requested, fields.max_positions)
+        ids = ids[:max_len].astype(np.int32)
 
         @jax.jit
         def run(params, ids):
