@@ -150,6 +150,7 @@ def check_output(output_path: str) -> None:
     """`output_path` is a new file that can be written: never an existing file (translations
     that took an hour), a directory, or a place whose folder cannot be made; checked before
     decoding, which would otherwise find it only at the end."""
+    paths.check_reachable(output_path)  # gs:// without a network: one line, not minutes of retries
     out = paths.path(output_path)
     if out.is_dir():
         raise ValueError(f"--output={output_path} is a directory; give the path of a new file for "
@@ -171,6 +172,7 @@ def check_output(output_path: str) -> None:
 
 def _read_input(input_path: str) -> list[str]:
     """The source sentences; an input without any text is an error, not an empty output."""
+    paths.check_reachable(input_path)
     if not paths.workdir_path(input_path).is_file():
         raise FileNotFoundError(f"--input={input_path}: no such file; give a text file with one source "
                                 "sentence per line (plain or .gz)")
@@ -203,13 +205,13 @@ def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
     sacreBLEU. Every path may be local or gs://. Flags, output and input are checked before the
     model loads."""
     check_flags(beam_size, alpha, batch_size)
+    config = _run_config(checkpoint_dir)  # its stored config: a few kB, no weights
     check_output(output_path)
     sources = _read_input(input_path)
     refs = bleu.read_lines(reference) if reference else None
     if refs is not None and len(refs) != len(sources):
         raise ValueError(f"--reference={reference} has {len(refs)} lines but --input={input_path} "
                          f"has {len(sources)}; give the reference of the same sentences")
-    config = _run_config(checkpoint_dir)
     tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir, config.data.get("tokenizer", ""))
     mesh = sharding.make_mesh(config.mesh)
     graphdef, params = state.restore_params(config, checkpoint_dir, mesh)
