@@ -4,7 +4,9 @@ A sweep config (configs/sweeps/*.py) has `base` (the run's `--config` spec), `ov
 (`key=value` strings applied to every trial) and `grid` ({config key: tuple of values}; the
 key `seed` marks repetitions of one setting). Each trial runs `bert-jax train` in its own
 process in `<workdir>/<trial name>`; a trial whose summary.json says it finished is skipped
-and an interrupted one resumes from its checkpoint. Then `results.csv` (a row per trial),
+and an interrupted one resumes from its checkpoint. A trial that fails (bert-jax found a bad
+input: exit 1 or 2) is reported with its error line and log, and tried again on the next run
+(its cause may have been fixed meanwhile). Then `results.csv` (a row per trial),
 `results.md` (per setting: median and best over seeds; the best setting) and `results.png`
 (each seed's metric as a point per setting, medians marked) are written.
 """
@@ -30,6 +32,7 @@ from bert_jax.paths import is_remote
 log = logging.getLogger(__name__)
 
 SUMMARY = "summary.json"  # written by train_and_evaluate at the end of a run
+FAILED = "failed.json"  # written here when a trial fails: {"exit": code, "error": its error line}
 
 
 # Appendix A.3 of the BERT paper: the fine-tuning values that "work well across all tasks".
@@ -48,7 +51,8 @@ def sweep_config(base: str, grid: dict[str, tuple]) -> ml_collections.ConfigDict
 
 
 class TrialsFailed(RuntimeError):
-    """Some trials did not finish (their logs say why); rerunning the sweep resumes them."""
+    """Some trials failed (their error lines and logs named) or were interrupted (rerunning
+    the sweep resumes them)."""
 
 
 def _fmt(value: Any) -> str:
@@ -81,6 +85,22 @@ def finished(trial_dir: Path) -> dict | None:
         return None
     summary = json.loads(path.read_text())
     return summary if summary.get("step") == summary.get("steps") and not summary.get("preempted") else None
+
+
+def error_line(log_file: Path) -> str:
+    """The error a failed trial ended with: its `bert-jax ...` line (else the log's last line)."""
+    with open(log_file, "rb") as f:
+        f.seek(max(f.seek(0, 2) - (1 << 16), 0))
+        lines = [line.strip() for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("bert-jax")]
+    line = (ours or lines or ["(empty log)"])[-1]
+    return line.removeprefix("bert-jax train: error: ")
+
+
+def failure(trial_dir: Path) -> dict | None:
+    """{"exit", "error"} of the trial's last run if it failed, else None."""
+    path = trial_dir / FAILED
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def check_sweep(sweep, spec: str = "the sweep config") -> None:
@@ -116,23 +136,39 @@ def run_sweep(sweep, workdir: str, print_commands: bool = False, spec: str = "th
                          "local disk; give a local --workdir, or use --print_commands to launch "
                          "the trials with gs:// workdirs on a cluster")
     root.mkdir(parents=True, exist_ok=True)
-    failed = []
+    failed, interrupted = [], []
     for i, (setting, cmd) in enumerate(zip(settings, commands)):
         trial_dir = root / trial_name(setting)
         if finished(trial_dir):
             log.info(f"[{i + 1}/{len(settings)}] {trial_dir.name}: finished before, skipped")
             continue
         trial_dir.mkdir(parents=True, exist_ok=True)
-        log.info(f"[{i + 1}/{len(settings)}] {trial_dir.name}: running (log: {trial_dir}/train.log)")
-        with open(trial_dir / "train.log", "a", encoding="utf-8") as trial_log:
+        (trial_dir / FAILED).unlink(missing_ok=True)  # tried again: its cause may be fixed
+        log_file = trial_dir / "train.log"
+        log.info(f"[{i + 1}/{len(settings)}] {trial_dir.name}: running (log: {log_file})")
+        with open(log_file, "a", encoding="utf-8") as trial_log:
             code = subprocess.call(cmd, stdout=trial_log, stderr=subprocess.STDOUT)
-        if code != 0 or not finished(trial_dir):
-            failed.append(trial_dir.name)
-            log.info(f"    failed (exit {code}); see {trial_dir}/train.log")
+        if finished(trial_dir):
+            continue
+        if code in (1, 2):  # bert-jax found a bad input or flag: the same run fails the same way
+            error = error_line(log_file)
+            (trial_dir / FAILED).write_text(json.dumps({"exit": code, "error": error}) + "\n")
+            failed.append(f"{trial_dir.name}: {error} (log: {log_file})")
+            log.info(f"    failed (exit {code}): {error}")
+        else:  # killed, or stopped early (preempted): its checkpoint resumes it
+            interrupted.append(trial_dir.name)
+            log.info(f"    interrupted (exit {code}); see {log_file}")
     rows = write_results(sweep, root, settings)
+    problems = []
     if failed:
-        raise TrialsFailed(f"{len(failed)} trial(s) did not finish: {', '.join(failed)}; rerun the "
-                           "sweep to resume them")
+        shown = failed[:2] + [f"{len(failed) - 2} more (each trial's train.log)"] * (len(failed) > 2)
+        problems.append(f"{len(failed)} of {len(settings)} trial(s) failed: {'; '.join(shown)}; fix the "
+                        "cause and rerun the sweep (it skips finished trials)")
+    if interrupted:
+        problems.append(f"{len(interrupted)} trial(s) were interrupted: {', '.join(interrupted)}; rerun "
+                        "the sweep to resume them")
+    if problems:
+        raise TrialsFailed("; ".join(problems))
     return {"trials": len(settings), "results": str(root / "results.md"), "rows": rows}
 
 
@@ -150,9 +186,11 @@ def write_results(sweep, root: Path, settings: list[dict[str, Any]]) -> list[dic
     rows, metric = [], None
     for setting in settings:
         trial_dir = root / trial_name(setting)
-        summary = finished(trial_dir)
+        summary, failed = finished(trial_dir), failure(trial_dir)
         row: dict[str, Any] = {"trial": trial_dir.name, **setting,
-                               "status": "finished" if summary else "unfinished"}
+                               "status": "finished" if summary else "failed" if failed else "unfinished"}
+        if failed and not summary:
+            row["error"] = failed["error"]
         if summary:
             metric = summary["best_metric"]
             best = _best_eval(trial_dir, metric) or {}

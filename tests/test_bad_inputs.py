@@ -143,11 +143,15 @@ def replace(name: str, content: str | bytes):
     return lambda folder: write(folder / name, content)
 
 
-def corrupt_params(folder: Path) -> None:
-    """Overwrites every file of the params item of every checkpoint with garbage."""
-    for f in (folder / "checkpoints").glob("*/params/**/*"):
+def corrupt_params(folder: Path, steps: str = "*") -> None:
+    """Overwrites every file of the params item of every checkpoint (or of `steps`) with garbage."""
+    for f in (folder / "checkpoints").glob(f"{steps}/params/**/*"):
         if f.is_file():
             f.write_bytes(b"\x00garbage" * 8)
+
+
+def corrupt_params_of(step: int) -> Callable[[Path], None]:
+    return lambda folder: corrupt_params(folder, str(step))
 
 
 def sweep_file(base: str, grid: dict):
@@ -618,7 +622,7 @@ EVAL_CASES = [
          setup=files(bad_DOT_tsv="sentence\tlabel\nx\t9\n")),
     case("eval-split-non-utf8", "eval --workdir {ft} --split {tmp}/bad.tsv", 1, "bad.tsv:2", "UTF-8",
          setup=files(bad_DOT_tsv=b"sentence\tlabel\n\xe9t\xe9\t1\n")),
-    case("eval-data-dir-gone", "eval --workdir {ft} --config configs/glue.py:cola,tiny "
+    case("eval-data-dir-gone", "eval --workdir {ft} --config configs/glue.py:sst2,tiny "
          "--config.data.data_dir={tmp}/gone --config.data.tokenizer={vocab}", 1, "gone"),
     case("eval-without-workdir", "eval", 2, "--workdir"),
     case("eval-unknown-override", "eval --workdir {run} --config configs/bert_pretrain.py:tiny "
@@ -669,8 +673,52 @@ VOCAB_CASES = [
              b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3))),
 ]
 
+TRANSLATE = "translate --checkpoint {mt} --input {tmp}/src.txt --output {tmp}/out.txt"
+
+
+def translate_input(text: str | bytes = "the cat sat\nhello world\n", **more: str):
+    return files(src_DOT_txt=text, **more)
+
+
+TRANSLATE_CASES = [
+    case("translate-alpha-nan", TRANSLATE + " --alpha nan", 1, "--alpha=nan", ">= 0",
+         setup=translate_input()),
+    case("translate-alpha-negative", TRANSLATE + " --alpha=-0.6", 1, "--alpha=-0.6", ">= 0",
+         setup=translate_input()),
+    case("translate-beam-zero", TRANSLATE + " --beam 0", 1, "--beam=0", ">= 1", setup=translate_input()),
+    case("translate-beam-negative", TRANSLATE + " --beam=-2", 1, "--beam=-2", ">= 1",
+         setup=translate_input()),
+    case("translate-batch-zero", TRANSLATE + " --batch_size 0", 1, "--batch_size=0", ">= 1",
+         setup=translate_input()),
+    case("translate-output-is-a-directory", TRANSLATE.replace("{tmp}/out.txt", "{tmp}/d"), 1,
+         "--output={tmp}/d", "directory", setup=translate_input(d__x="x")),
+    case("translate-output-in-a-file", TRANSLATE.replace("{tmp}/out.txt", "{tmp}/f/out.txt"), 1,
+         "--output={tmp}/f/out.txt", "choose another", setup=translate_input(f="x")),
+    case("translate-output-exists", TRANSLATE, 1, "{tmp}/out.txt exists", "--output",
+         setup=translate_input(out_DOT_txt="earlier translations\n")),
+    case("translate-empty-input", TRANSLATE, 1, "--input={tmp}/src.txt", "empty", setup=translate_input("")),
+    case("translate-missing-input", TRANSLATE, 1, "--input={tmp}/src.txt"),
+]
+
+EVAL23_CASES = [
+    case("eval-other-task-config", "eval --workdir {ft} --config configs/glue.py:cola,tiny "
+         "--config.data.data_dir={glue} --config.data.tokenizer={vocab}", 1, "glue cola", "glue sst2",
+         "leave out --config"),
+    case("eval-split-squad-file-on-glue", "eval --workdir {ft} --split {tmp}/dev-v1.1.json", 1,
+         "--split={tmp}/dev-v1.1.json", "SQuAD JSON", "glue sst2 run",
+         setup=files(**{"dev-v1_DOT_1_DOT_json": squad_json()})),
+    case("sweep-trial-fails", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1, "1 of 1 trial(s) failed",
+         "learning_rate=0.001_seed=0: ", "data.tokenizer",
+         "(log: {tmp}/s/learning_rate=0.001_seed=0/train.log)", "fix the cause",
+         setup=sweep_file("configs/glue.py:sst2,tiny", {"optimizer.learning_rate": (1e-3,)})),
+    case("average-damaged-newest", "average --workdir {tmp}/run --last 2 --out {tmp}/avg", 1,
+         "run/checkpoints/2", "restore the folder", "move it out of", setup=copy_of("run", corrupt_params)),
+    case("average-damaged-older", "average --workdir {tmp}/run --last 2 --out {tmp}/avg", 1,
+         "run/checkpoints/1", "--last 1", setup=copy_of("run", corrupt_params_of(1))),
+]
+
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
-         + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES)
+         + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -713,8 +761,14 @@ def shared(tmp_path_factory) -> dict[str, Path]:
     save_model(root / "preln", models.create_model(preln), {"model": preln})
     lm = {"name": "decoder_lm", **small}
     save_model(root / "lm", models.create_model(lm), {"model": lm})
+    # A random-init encoder-decoder with the vocab: enough for translate's checks (no training).
+    mt = models.model_section("transformer", {**models.transformer_model_fields("base", vocab_size=128),
+                                              **small, "vocab_size": 128, "num_decoder_layers": 1})
+    save_model(root / "mt", models.create_model(mt), {**config_lib.translation_defaults().to_dict(),
+                                                      "model": mt})
+    tokenizer_lib.copy_tokenizer(root / "vocab", root / "mt")
     return {"run": run, "ft": ft, "ckpt": root / "ckpt", "hf": root / "hf", "vocab": root / "vocab",
-            "preln": root / "preln", "lm": root / "lm"}
+            "preln": root / "preln", "lm": root / "lm", "mt": root / "mt", "glue": root / "glue"}
 
 
 def save_model(directory: Path, model, config: dict) -> None:
@@ -769,9 +823,60 @@ def test_a_damaged_checkpoint_is_one_line_in_a_real_process(shared, tmp_path):
     assert line.startswith(f"bert-jax eval: error: {tmp_path}/run/checkpoints/2: its params cannot be read")
 
 
+def test_translate_checks_flags_and_output_before_the_model_and_keeps_an_output(shared, cli, tmp_path,
+                                                                               monkeypatch):
+    from bert_jax.training import state
+
+    write(tmp_path / "src.txt", "the cat sat\nhello world\n")
+    argv = shlex.split(TRANSLATE.format(mt=shared["mt"], tmp=tmp_path))
+    code, _, err = cli([*argv, "--beam=1", "--batch_size=8"])  # the checks pass a good command
+    assert code == 0, err
+    written = (tmp_path / "out.txt").read_text()
+    assert len(written.splitlines()) == 2 and not list(tmp_path.glob("*.partial"))
+    monkeypatch.setattr(state, "restore_params", lambda *a, **k: pytest.fail("the model loaded first"))
+    for extra in (["--alpha=nan"], ["--beam=0"], ["--batch_size=0"], []):  # []: out.txt exists now
+        code, _, err = cli([*argv, *extra])
+        assert code == 1, err
+    assert (tmp_path / "out.txt").read_text() == written
+
+
+def test_a_failing_sweep_trial_is_reported_failed_and_tried_again(tmp_path, monkeypatch):
+    from bert_jax import sweep
+
+    def trial(code: str):  # a stand-in for the trial's `bert-jax train` process
+        return lambda s, setting, workdir: [sys.executable, "-c", code.format(
+            dir=Path(workdir) / sweep.trial_name(setting))]
+
+    config = sweep.sweep_config("configs/glue.py:sst2,tiny", {"optimizer.learning_rate": (1e-3, 2e-3)})
+    fail = ("import sys; print('loading'); print('bert-jax train: error: {dir}: data.data_dir is empty', "
+            "file=sys.stderr); sys.exit(1)")
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sweep, "command", trial(fail))
+    for _ in range(2):  # a rerun tries it again, and reports it the same way (not "resume")
+        with pytest.raises(sweep.TrialsFailed) as e:
+            sweep.run_sweep(config, str(tmp_path))
+        first = tmp_path / "learning_rate=0.001_seed=0"
+        assert str(e.value).startswith(f"2 of 2 trial(s) failed: learning_rate=0.001_seed=0: {first}: "
+                                       f"data.data_dir is empty (log: {first}/train.log); ")
+        assert "resume" not in str(e.value)
+        rows = (tmp_path / "results.csv").read_text().splitlines()
+        assert rows[1].split(",")[-2:] == ["failed", f"{first}: data.data_dir is empty"]
+    done = ("import json, pathlib; pathlib.Path('{dir}/summary.json').write_text(json.dumps("
+            "{{'step': 2, 'steps': 2, 'best_metric': 'eval/accuracy'}}))")
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    monkeypatch.setattr(sweep, "command", lambda s, setting, workdir: trial(
+        done if setting["optimizer.learning_rate"] == 1e-3 else killed)(s, setting, workdir))
+    with pytest.raises(sweep.TrialsFailed, match=r"^1 trial\(s\) were interrupted: "
+                       "learning_rate=0.002_seed=0; rerun the sweep to resume them$"):
+        sweep.run_sweep(config, str(tmp_path))
+    assert [r.split(",")[3] for r in (tmp_path / "results.csv").read_text().splitlines()[1:]] == [
+        "finished", "unfinished"]
+
+
 def test_the_table_covers_every_area():
     areas = {"config": CONFIG_CASES, "data": DATA_CASES, "checkpoint": CHECKPOINT_CASES,
              "conversion": CONVERT_CASES, "features": FEATURES_CASES, "eval": EVAL_CASES,
-             "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES}
+             "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES,
+             "translate": TRANSLATE_CASES, "eval (issue 23)": EVAL23_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

@@ -1,7 +1,10 @@
 """SQuAD reader, windows, postprocessing and official metrics on the real v1.1 files (+ tiny v2.0 files)."""
 
+import collections
 import copy
 import json
+import re
+import string
 
 import numpy as np
 import pytest
@@ -288,6 +291,72 @@ def test_v2_reader_encoder_and_null_threshold(tmp_path, tok):
     assert (result["exact_match"], result["NoAns_exact"], result["NoAns_f1"]) == (50.0, 0.0, 0.0)
 
 
+# The official SQuAD v2.0 evaluation (evaluate-v2.0.py, Rajpurkar et al.), transcribed: it reads
+# no is_impossible; a question with an empty answers list is unanswerable.
+def _official_normalize(s):
+    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
+
+
+def _official_f1(a_gold, a_pred):
+    gold_toks = _official_normalize(a_gold).split() if a_gold else []
+    pred_toks = _official_normalize(a_pred).split() if a_pred else []
+    num_same = sum((collections.Counter(gold_toks) & collections.Counter(pred_toks)).values())
+    if len(gold_toks) == 0 or len(pred_toks) == 0:
+        return int(gold_toks == pred_toks)
+    if num_same == 0:
+        return 0
+    precision, recall = num_same / len(pred_toks), num_same / len(gold_toks)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _official_v2(dataset, preds):
+    exact, f1, has_ans = {}, {}, {}
+    for article in dataset:
+        for p in article["paragraphs"]:
+            for qa in p["qas"]:
+                has_ans[qa["id"]] = bool(qa["answers"])
+                golds = [a["text"] for a in qa["answers"] if _official_normalize(a["text"])] or [""]
+                exact[qa["id"]] = max(int(_official_normalize(g) == _official_normalize(preds[qa["id"]]))
+                                      for g in golds)
+                f1[qa["id"]] = max(_official_f1(g, preds[qa["id"]]) for g in golds)
+    out = {"exact": 100.0 * sum(exact.values()) / len(exact), "f1": 100.0 * sum(f1.values()) / len(f1),
+           "total": len(exact)}
+    for name, has in (("HasAns", True), ("NoAns", False)):
+        qids = [k for k, v in has_ans.items() if v == has]
+        if qids:
+            out |= {f"{name}_exact": 100.0 * sum(exact[k] for k in qids) / len(qids),
+                    f"{name}_f1": 100.0 * sum(f1[k] for k in qids) / len(qids), f"{name}_total": len(qids)}
+    return out
+
+
+def test_v2_scores_a_file_without_is_impossible_as_the_official_script(tmp_path):
+    data = copy.deepcopy(V2)
+    qas = data["data"][0]["paragraphs"][0]["qas"]
+    qas.append({"id": "q3", "question": "Where is Normandy?", "answers": [
+        {"text": "a region in France", "answer_start": 59}, {"text": "France", "answer_start": 71}]})
+    qas.append({"id": "q4", "question": "Who named Picardy?", "answers": []})
+    for qa in qas:
+        qa.pop("is_impossible", None)
+    path = _write(tmp_path, data)
+    preds = {"q1": "Normans were", "q2": "", "q3": "region in France", "q4": "The Normans"}
+    expected = _official_v2(data["data"], preds)
+    # By hand: q1 EM 0, F1 2/3 ("normans were" vs "normans"); q2 1, 1; q3 EM 1 (the article goes),
+    # F1 1; q4 0, 0 -> EM 50, F1 (2/3 + 2) / 4 = 66.67; HasAns (q1, q3) 50 / 83.33; NoAns 50 / 50.
+    assert expected == pytest.approx({"exact": 50.0, "f1": 100 * (2 / 3 + 2) / 4, "total": 4,
+                                      "HasAns_exact": 50.0, "HasAns_f1": 100 * (2 / 3 + 1) / 2,
+                                      "HasAns_total": 2, "NoAns_exact": 50.0, "NoAns_f1": 50.0,
+                                      "NoAns_total": 2})
+    result = squad.evaluate(path, preds, version_2=True)
+    expected["exact_match"] = expected.pop("exact")
+    assert result == pytest.approx(expected)
+    examples = squad.read_squad(path, is_training=False, version_2=True)
+    assert [ex.is_impossible for ex in examples] == [False, True, False, True]
+    del qas[2:]  # training takes one answer per question
+    q1, q2 = squad.read_squad(_write(tmp_path, data), is_training=True, version_2=True)
+    assert (q1.start_position, q1.is_impossible, q2.start_position, q2.is_impossible) == (0, False, -1, True)
+
+
 def test_write_predictions(tmp_path):
     nbest = {"q1": [{"text": "a", "probability": 1.0, "start_logit": 1.0, "end_logit": 2.0}]}
     out = squad.write_predictions(tmp_path / "v1", {"q1": "a"}, nbest, {})
@@ -325,8 +394,9 @@ def test_malformed_rows(tmp_path, squad_dir, capsys):
     bad_type["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = "0"
     with pytest.raises(squad.SquadFormatError, match=r"answers\[0\]\.answer_start should be a JSON integer"):
         squad.read_squad(_write(tmp_path, bad_type), is_training=True, version_2=True)
-    with pytest.raises(squad.SquadFormatError, match=r"qas\[0\]\.is_impossible is missing"):
-        squad.read_squad(_write(tmp_path, {"data": [article]}), is_training=False, version_2=True)
+    bad_type["data"][0]["paragraphs"][0]["qas"][0]["is_impossible"] = "no"
+    with pytest.raises(squad.SquadFormatError, match=r"qas\[0\]\.is_impossible should be a JSON boolean"):
+        squad.read_squad(_write(tmp_path, bad_type), is_training=False, version_2=True)
     with pytest.raises(squad.SquadFormatError, match=r"notjson.json: not a SQuAD JSON file"):
         squad.read_squad(_write(tmp_path, "<html>", "notjson.json"), is_training=False, version_2=False)
     with pytest.raises(squad.SquadFormatError, match=r"<top>.data is missing"):

@@ -49,7 +49,7 @@ class SquadExample:
     orig_answer_text: str | None = None  # training: the answer ("" when impossible)
     start_position: int | None = None  # training: first answer word (-1 when impossible)
     end_position: int | None = None  # training: last answer word (-1 when impossible)
-    is_impossible: bool = False  # v2.0 only
+    is_impossible: bool = False  # v2.0 only; without the field in the file: answers == []
     answers: list[str] = dataclasses.field(default_factory=list)  # all gold texts; [] when impossible
 
 
@@ -100,9 +100,11 @@ def read_squad(path: str | Path, *, is_training: bool, version_2: bool,
                 where = f"{where_p}.qas[{q}]"
                 qid, question = _field(qa, "id", str, where, path), _field(qa, "question", str, where, path)
                 ex = SquadExample(qid, question, doc_tokens)
-                if version_2:
-                    ex.is_impossible = _field(qa, "is_impossible", bool, where, path)
                 raw = _field(qa, "answers", list, where, path) if is_training or "answers" in qa else []
+                if version_2 and "is_impossible" in qa:
+                    ex.is_impossible = _field(qa, "is_impossible", bool, where, path)
+                elif version_2:  # the official v2.0 script: unanswerable = an empty answers list
+                    ex.is_impossible = "answers" in qa and not raw
                 ex.answers = [_field(ans, "text", str, f"{where}.answers[{i}]", path)
                               for i, ans in enumerate(raw)]
                 if is_training:

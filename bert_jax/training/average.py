@@ -57,6 +57,15 @@ def _choose_steps(workdir: str, mngr, last: int) -> list[int]:
     return steps[-last:]
 
 
+def _advice(workdir: str, step: int, steps: list[int]) -> str:
+    """What to do about damaged checkpoint `step` of the `steps` to average (--last takes the
+    newest, so only newer ones can be chosen without it)."""
+    newer = len(steps) - 1 - steps.index(step)
+    skip = (f"use --last {newer} to average only the newer ones" if newer else
+            f"move it out of {checkpoint.checkpoint_dir(workdir)} to average the ones before it")
+    return f"restore the folder from a copy, or {skip}"
+
+
 def average_checkpoints(workdir: str | os.PathLike, last: int, out: str | os.PathLike) -> dict[str, Any]:
     """Averages the params of the newest `last` checkpoints of `workdir` into a new checkpoint
     directory `out` (step and config of the newest one, plus the workdir's tokenizer files).
@@ -72,7 +81,14 @@ def average_checkpoints(workdir: str | os.PathLike, last: int, out: str | os.Pat
         raise ValueError(f"{workdir}: no checkpoints/ folder; give the workdir of a training run")
     with checkpoint.manager(workdir) as mngr:  # as read_config does (read_only only adds warnings)
         steps = _choose_steps(workdir, mngr, last)
-        metas = {s: _metadata(mngr, s) for s in steps}
+        metas = {}
+        for s in reversed(steps):  # the newest first: then --last can skip a damaged older one
+            try:
+                metas[s] = _metadata(mngr, s)
+            except Exception as e:  # noqa: BLE001 (whatever Orbax raises, the files are not usable)
+                raise ValueError(f"{checkpoint.checkpoint_dir(workdir)}/{s}: its params metadata cannot "
+                                 f"be read ({type(e).__name__}: {str(e)[:200]}); the checkpoint is "
+                                 f"damaged: {_advice(workdir, s, steps)}") from None
     newest = steps[-1]
     want = _signature(metas[newest])
     for step in steps[:-1]:
@@ -90,7 +106,8 @@ def average_checkpoints(workdir: str | os.PathLike, last: int, out: str | os.Pat
     leaves, treedef = jax.tree.flatten(abstract)
     total = [np.zeros(x.shape, np.float32) for x in leaves]
     for step in steps:
-        params = jax.tree.leaves(checkpoint.restore_params(workdir, abstract, step))
+        params = jax.tree.leaves(checkpoint.restore_params(workdir, abstract, step,
+                                                           advice=_advice(workdir, step, steps)))
         for acc, x in zip(total, params):
             np.add(acc, np.asarray(x, np.float32), out=acc)
         del params

@@ -150,11 +150,15 @@ def _first_line(error: Exception) -> str:
     return first.split(" See full TensorStore details")[0][:300]
 
 
-def _unreadable(directory, step: int, item: str, error: Exception) -> ValueError:
+REREAD_ADVICE = "use another --step, or restore the folder from a copy"  # eval, export, attention
+
+
+def _unreadable(directory, step: int, item: str, error: Exception,
+                advice: str = REREAD_ADVICE) -> ValueError:
     """A checkpoint item whose files cannot be read, in one line."""
     return ValueError(f"{checkpoint_dir(directory)}/{step}: its {item} cannot be read "
                       f"({type(error).__name__}: {_first_line(error)}); the checkpoint is damaged: "
-                      "use another --step, or restore the folder from a copy")
+                      f"{advice}")
 
 
 def verify(step_dir: epath.Path, items: tuple[str, ...] | None = None, collective: bool = True) -> bool:
@@ -186,16 +190,17 @@ def verify(step_dir: epath.Path, items: tuple[str, ...] | None = None, collectiv
     return verified
 
 
-def _refuse_damaged(directory, step: int, items: tuple[str, ...], collective: bool = True) -> None:
+def _refuse_damaged(directory, step: int, items: tuple[str, ...], collective: bool = True,
+                    advice: str | None = None) -> None:
     """verify() for a command that reads a checkpoint (eval, average, export...): a damaged one
-    is an error that says what to do."""
+    is an error that says what to do (`advice`, the command's own, else the usual flags)."""
     step_dir = checkpoint_dir(directory) / str(step)
     try:
         verify(step_dir, items, collective)
     except integrity.DamagedCheckpoint as e:
-        raise integrity.DamagedCheckpoint(step_dir, f"{e.details}; not used: restore the folder from a "
-                                          "copy, or use other checkpoints (eval --step, average --last)"
-                                          ) from None
+        raise integrity.DamagedCheckpoint(step_dir, f"{e.details}; not used: " + (
+            advice or "restore the folder from a copy, or use other checkpoints (eval --step, "
+            "average --last)")) from None
 
 
 def read_config(directory: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
@@ -216,9 +221,10 @@ def read_config(directory: str | os.PathLike, step: int | None = None) -> dict[s
 
 
 def restore_params(directory: str | os.PathLike, abstract_params: dict,
-                   step: int | None = None) -> dict:
+                   step: int | None = None, *, advice: str | None = None) -> dict:
     """Params restored onto the shapes, dtypes and shardings of `abstract_params`; parameters
-    that differ in name or shape are a ConfigError listing them, before anything is read."""
+    that differ in name or shape are a ConfigError listing them, before anything is read. A
+    damaged checkpoint's error ends with `advice` (what the calling command can do instead)."""
     with manager(directory) as mngr:
         step = _resolve_step(mngr, directory, step)
         try:
@@ -231,12 +237,12 @@ def restore_params(directory: str | os.PathLike, abstract_params: dict,
                 raise ConfigError(f"{checkpoint_dir(directory)}/{step} holds a different model than "
                                   f"the config (param: checkpoint shape vs config shape: {diff}); "
                                   f"evaluate with the config stored with the checkpoint")
-        _refuse_damaged(directory, step, ("params",))
+        _refuse_damaged(directory, step, ("params",), advice=advice)
         args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
         try:
             return mngr.restore(step, args=args)["params"]
         except Exception as e:  # noqa: BLE001 (whatever Orbax raises, the files are not usable)
-            error = _unreadable(directory, step, "params", e)
+            error = _unreadable(directory, step, "params", e, advice or REREAD_ADVICE)
     _quiet_abandoned_reads()  # out of the except block, so the failed restore can be collected
     raise error
 

@@ -206,6 +206,43 @@ def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> lis
     return [int(spec)]
 
 
+def task_name(data) -> str | None:
+    """A fine-tuning run's task as its config file names it (glue sst2, squad v2.0, ner...), from
+    its data section; None for pretraining and translation data."""
+    name = data.get("name")
+    if name not in tasks.TASKS:
+        return None
+    if name == "glue":
+        return f"glue {data.get('task')}"
+    if name == "squad":
+        return f"squad {'v2.0' if data.get('version_2') else 'v1.1'}"
+    return name
+
+
+# Unmistakable starts of each task's files: (task data.name, what the file is, test on its first bytes).
+_FILE_KINDS = (
+    ("squad", "a SQuAD JSON file", lambda head: head.lstrip().startswith(b"{") and b'"paragraphs"' in head),
+    ("ner", "a CoNLL column file (NER)", lambda head: head.startswith(b"-DOCSTART-")),
+    ("swag", "a SWAG file", lambda head: b"ending0" in head.split(b"\n")[0] and b"sent1" in head),
+)
+
+
+def _check_split_file(split: str, config, workdir: str) -> None:
+    """A --split file in another task's format (a SQuAD JSON on a GLUE run...) is named as
+    such, rather than as a malformed row of this task's format."""
+    paths.check_reachable(split)  # gs:// without a network: one line, not minutes of retries
+    try:
+        with paths.path(split).open("rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return  # missing or unreadable: the task's reader says so
+    for name, what, looks_like in _FILE_KINDS:
+        if name != config.data.name and looks_like(head):
+            ran = task_name(config.data)
+            raise ValueError(f"--split={split} is {what}, but {workdir} is a {ran} run; give a {ran} "
+                             f"file, or evaluate a {name} run with it")
+
+
 def run_config(config, workdir: str) -> ml_collections.ConfigDict:
     """The config to evaluate `workdir` with: the one stored with its latest checkpoint, or
     `config` (the user's --config) with the stored model section, since the weights decide
@@ -232,6 +269,15 @@ def run_config(config, workdir: str) -> ml_collections.ConfigDict:
                 f"model.name={config.model.get('name')!r} (data.name={config.data.get('name')!r}); "
                 f"leave out --config to evaluate it with its own config, or fine-tune it with "
                 f"--config.init_from={workdir}")
+        ran, asked = task_name(stored.get("data", {})), task_name(config.data)
+        # The run's eval/ holds its task's results; another task's numbers would replace them
+        # (GLUE's diagnostic set ax is scored by an MNLI model, its own run).
+        if ran and asked != ran and (ran, asked) != ("glue mnli", "glue ax"):
+            raise config_lib.ConfigError(
+                f"{workdir} was fine-tuned on {ran} but --config is for {asked}; its eval/ holds {ran} "
+                f"results, never replaced by another task's: leave out --config (or give a {ran} "
+                f"config; its other files: --split), or fine-tune on {asked} from it with "
+                f"--config.init_from={workdir} and a new --workdir")
         changed = checkpoint.changed_fields(model, config.model.to_dict(), checkpoint.STATE_FIELDS,
                                             "model.")
         if changed:
@@ -264,6 +310,8 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
         raise ValueError("--split applies to fine-tuning tasks; pretraining evaluates held-out "
                          "documents and translation its dev set (data.eval_files): leave out "
                          "--split (a translation test set: bert-jax translate --reference)")
+    if split not in (None, "train", "dev", "test", "dev_mismatched"):
+        _check_split_file(split, config, workdir)
     eval_dir = workdir_path(workdir) / "eval"
     if split is not None and split != task.eval_splits[0]:
         # Another split's results go beside the dev ones, never over them: eval/<split>/.

@@ -135,19 +135,84 @@ def _run_config(checkpoint_dir: str) -> ml_collections.ConfigDict:
     return config
 
 
+def check_flags(beam_size: int | None, alpha: float | None, batch_size: int | None) -> None:
+    """The decoding flags a user gave (None: the run config's), checked before anything loads."""
+    if beam_size is not None and beam_size < 1:
+        raise ValueError(f"--beam={beam_size}: the beam size must be >= 1 (1 = greedy)")
+    if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"--alpha={alpha}: the length penalty exponent (((5 + length) / 6) ** alpha) "
+                         "must be a finite number >= 0 (0 = no length penalty; the paper's 0.6)")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"--batch_size={batch_size}: sentences per batch must be >= 1")
+
+
+def check_output(output_path: str) -> None:
+    """`output_path` is a new file that can be written: never an existing file (translations
+    that took an hour), a directory, or a place whose folder cannot be made; checked before
+    decoding, which would otherwise find it only at the end."""
+    paths.check_reachable(output_path)  # gs:// without a network: one line, not minutes of retries
+    out = paths.path(output_path)
+    if out.is_dir():
+        raise ValueError(f"--output={output_path} is a directory; give the path of a new file for "
+                         "the translations (one line per input line)")
+    if out.exists():
+        raise FileExistsError(f"{output_path} exists; translate never replaces a file: choose another "
+                              "--output, or delete that one first")
+    if paths.is_remote(output_path):
+        return  # a bucket has no folders to make; the upload at the end creates the object
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"--output={output_path}: cannot create its folder ({e.strerror or e}); choose "
+                      "another --output") from None
+    if not os.access(out.parent, os.W_OK):
+        raise PermissionError(f"--output={output_path}: its folder {out.parent} is not writable; choose "
+                              "another --output")
+
+
+def _read_input(input_path: str) -> list[str]:
+    """The source sentences; an input without any text is an error, not an empty output."""
+    paths.check_reachable(input_path)
+    if not paths.workdir_path(input_path).is_file():
+        raise FileNotFoundError(f"--input={input_path}: no such file; give a text file with one source "
+                                "sentence per line (plain or .gz)")
+    sources = bleu.read_lines(input_path)
+    if not any(s.strip() for s in sources):
+        raise ValueError(f"--input={input_path}: empty (no text on any line); give a file with one "
+                         "source sentence per line")
+    return sources
+
+
+def _write_output(output_path: str, text: str) -> None:
+    """The translations, whole: a local file appears complete (renamed from .partial) or not at all."""
+    if paths.is_remote(output_path):  # an object appears whole when its upload completes
+        paths.path(output_path).write_text(text, "utf-8")
+        return
+    out = Path(output_path)
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        tmp.write_text(text, "utf-8")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
                    beam_size: int | None = None, alpha: float | None = None,
                    batch_size: int | None = None, reference: str | None = None) -> dict:
-    """Translates each line of `input_path` into `output_path` (written whole at the end, so
-    a failure leaves no partial file); with `reference`, scores the output with sacreBLEU. Every
-    path may be local or gs://."""
-    config = _run_config(checkpoint_dir)
-    tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir, config.data.get("tokenizer", ""))
-    sources = bleu.read_lines(input_path)
+    """Translates each line of `input_path` into the new file `output_path` (written whole at
+    the end, so a failure leaves no partial file); with `reference`, scores the output with
+    sacreBLEU. Every path may be local or gs://. Flags, output and input are checked before the
+    model loads."""
+    check_flags(beam_size, alpha, batch_size)
+    config = _run_config(checkpoint_dir)  # its stored config: a few kB, no weights
+    check_output(output_path)
+    sources = _read_input(input_path)
     refs = bleu.read_lines(reference) if reference else None
     if refs is not None and len(refs) != len(sources):
         raise ValueError(f"--reference={reference} has {len(refs)} lines but --input={input_path} "
                          f"has {len(sources)}; give the reference of the same sentences")
+    tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir, config.data.get("tokenizer", ""))
     mesh = sharding.make_mesh(config.mesh)
     graphdef, params = state.restore_params(config, checkpoint_dir, mesh)
     t0 = time.perf_counter()
@@ -155,15 +220,7 @@ def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
                       batch_size=batch_size)(params, sources, progress_every=10.0)
     seconds = time.perf_counter() - t0
     if jax.process_index() == 0:
-        text = "".join(h + "\n" for h in hyps)
-        if paths.is_remote(output_path):  # an object appears whole when its upload completes
-            paths.path(output_path).write_text(text, "utf-8")
-        else:
-            out = Path(output_path)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".partial")
-            tmp.write_text(text, "utf-8")
-            os.replace(tmp, out)
+        _write_output(output_path, "".join(h + "\n" for h in hyps))
     report = {"output": output_path, "sentences": len(hyps), "seconds": round(seconds, 1)}
     if refs is not None:
         report["sacrebleu"] = bleu.corpus_bleu(hyps, refs)
