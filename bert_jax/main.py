@@ -194,7 +194,11 @@ def cmd_train(args: list[str]) -> None:
 
     from bert_jax.training import train
 
-    summary = train.train_and_evaluate(_require(_CONFIG, "train"), _require(_WORKDIR, "train"),
+    workdir = _require(_WORKDIR, "train")
+    if not workdir.strip():  # else the run would write into the current directory
+        raise app.UsageError("--workdir is empty: give the run's directory, e.g. --workdir "
+                             "/tmp/run (a new folder, or a run to resume)")
+    summary = train.train_and_evaluate(_require(_CONFIG, "train"), workdir,
                                        set_by_user=_LoadedConfig.set_by_user(),
                                        started=_Started.at)
     if jax.process_index() == 0:
@@ -233,11 +237,12 @@ def _text_lines(spec: str):
     """Lines of comma-separated file globs (plain or .gz), or of a TFDS dataset's fields
     (tfds:name[:split[:field,field]], default field `text`; e.g. ...:train:en,de)."""
     if spec.startswith("tfds:"):
-        import tensorflow_datasets as tfds
+        from bert_jax.data.documents import tfds_source
 
         name, _, rest = spec[5:].partition(":")
         split, _, fields = rest.partition(":")
-        source = tfds.data_source(name, split=split or "train")
+        source = tfds_source(name, split or "train", what=f"--input={spec}",
+                             data_dir_flag="$TFDS_DATA_DIR")
         for i in range(len(source)):
             for field in (fields or "text").split(","):
                 text = source[i][field]
@@ -306,6 +311,9 @@ def cmd_info(args: list[str]) -> None:
     from bert_jax.config import model_config
 
     config = _require(_CONFIG, "info")
+    if _SEQ_LEN.value is not None and _SEQ_LEN.value < 1:
+        raise app.UsageError(f"--seq_len={_SEQ_LEN.value}: tokens per sequence, >= 1 (leave it "
+                             "out for the config's data.max_seq_length)")
     model_cfg = model_config(config)
     seq_len = _SEQ_LEN.value or config.get("data", {}).get("max_seq_length", model_cfg.get(
         "max_len", 512))
@@ -347,6 +355,7 @@ def cmd_launch(args: list[str]) -> None:
     config = _require(_CONFIG, "launch")
     topology, workdir = _require(_TOPOLOGY, "launch"), _require(_WORKDIR, "launch")
     name, zone = _require(_NAME, "launch"), _require(_ZONE, "launch")
+    launch.check_flags(name, zone, topology, _MAX_RESTARTS.value, _POLL.value)
     if not workdir.startswith("gs://"):
         raise ValueError(f"--workdir={workdir}: the workers of a slice share a gs:// workdir "
                          "(checkpoints, logs); a local path would be one per worker")

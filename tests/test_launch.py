@@ -166,7 +166,7 @@ def launch_argv(*extra, commit=None):
     root = main.REPO  # the checkout fixture's
     return ["launch", "--config", str(root / "configs/bert_pretrain.py:tiny"), *SMALL, "--topology",
             "v4-8", "--workdir", "gs://bucket/run", "--name", "bert-tiny", "--zone", "us-central2-b",
-            "--repo", URL, "--commit", commit or git(root, "rev-parse", "HEAD"), "--poll_seconds", "0",
+            "--repo", URL, "--commit", commit or git(root, "rev-parse", "HEAD"), "--poll_seconds", "0.001",
             "--skip_plan", *extra]
 
 
