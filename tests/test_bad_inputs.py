@@ -826,6 +826,14 @@ def test_a_damaged_checkpoint_is_one_line_in_a_real_process(shared, tmp_path):
     assert line.startswith(f"bert-jax eval: error: {tmp_path}/run/checkpoints/2: its params cannot be read")
 
 
+def test_an_empty_workdir_writes_nothing_in_the_current_directory(cli, tmp_path, monkeypatch):
+    # The table's snapshot covers runs and results; an empty --workdir would mean "here".
+    monkeypatch.chdir(tmp_path)
+    argv = shlex.split(PRETRAIN.replace("configs/", f"{REPO}/configs/").replace("{tmp}/w", "''"))
+    code, _, err = cli(argv)
+    assert code == 2 and "--workdir is empty" in err and list(tmp_path.iterdir()) == []
+
+
 def test_the_table_covers_every_area():
     areas = {"config": CONFIG_CASES, "data": DATA_CASES, "checkpoint": CHECKPOINT_CASES,
              "conversion": CONVERT_CASES, "features": FEATURES_CASES, "eval": EVAL_CASES,

@@ -406,3 +406,10 @@ def test_the_lock_pins_the_runtime_closure_of_bert_jax_tpu():
         assert "libtpu" in names
     assert not names & {"torch", "pytest", "transformers", "ruff", "bert-jax", "matplotlib"}
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+==[^+ ]+", p) for p in pins), pins
+
+
+def test_every_generation_has_its_zones_and_the_documented_launches_pass():
+    assert set(tpu.ZONES) == set(tpu.GENERATIONS)
+    for topology, zone in (("v4-8", "us-central2-b"), ("v3-32", "europe-west4-a"),
+                           ("v5litepod-16", "us-west4-a"), ("v6e-16", "us-east5-b")):
+        launch.check_flags("bert-base", zone, topology, max_restarts=0, poll_seconds=0.5)
