@@ -196,6 +196,7 @@ def check_tfds(config) -> None:
     prepared: found before the model is built, not after."""
     d = config.data
     if d.get("tfds_name") and (d.name == "tfds" or (d.name == "translation" and not d.train_files)):
+        tokenizer_lib.required_dir(d.tokenizer)  # named first, as the pipeline would
         documents.tfds_source(d.tfds_name, d.tfds_train_split, d.get("tfds_data_dir", ""))
 
 
