@@ -393,8 +393,10 @@ def check_pretraining_data(data, lengths: Sequence[int]) -> None:
     # Each instance is [CLS] A [SEP] B [SEP] with A and B at least one token each (the
     # recipe draws a short target length from [2, max_seq_length - 3]).
     if min(lengths) < 5:
-        raise ConfigError(f"data.max_seq_length={min(lengths)} (or a data.phases length) is too "
-                          "short for pretraining instances [CLS] A [SEP] B [SEP]; use at least 5")
+        which = (f"data.max_seq_length={lengths[0]}" if lengths[0] < 5
+                 else f"data.phases length {min(lengths)}")
+        raise ConfigError(f"{which} is too short for pretraining instances [CLS] A [SEP] B [SEP]; "
+                          "use at least 5")
     if not 0.0 < data.masked_lm_prob <= 1.0:
         raise ConfigError(f"data.masked_lm_prob={data.masked_lm_prob} is the fraction of tokens "
                           "masked; use a value in (0, 1] (the paper: 0.15)")

@@ -685,7 +685,7 @@ RUN23_CASES = [
     case("pretrain-seq-too-short", PRETRAIN.replace("max_seq_length=16", "max_seq_length=4"), 1,
          "data.max_seq_length=4", "at least 5"),
     case("pretrain-phase-too-short", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (1, 4, 1))\"", 1,
-         "data.max_seq_length=4", "data.phases"),
+         "data.phases length 4", "at least 5"),
     case("pack-instances-zero", PRETRAIN + " --config.data.pack=True "
          "--config.data.max_instances_per_row=0", 1, "data.max_instances_per_row=0", ">= 1"),
     case("pack-instances-negative", PRETRAIN + " --config.data.pack=True "
@@ -697,7 +697,8 @@ RUN23_CASES = [
     case("wmt-tfds-not-prepared", WMT, 1, "wmt14_translate/de-en", "not prepared under {tmp}/tfds",
          "tfds build", "--config.data.tfds_data_dir"),
     case("tfds-unknown-dataset", PRETRAIN.replace("data.name=synthetic", "data.name=tfds")
-         + " --config.data.tfds_name=no_such_corpus --config.data.tfds_data_dir={tmp}/tfds", 1,
+         + " --config.data.tfds_name=no_such_corpus --config.data.tfds_data_dir={tmp}/tfds "
+         "--config.data.tokenizer={vocab}", 1,
          "data.tfds_name='no_such_corpus'", "no dataset of that name"),
     case("plot-metrics-line-a-list", "plot --workdir {tmp}/r", 1, "r/metrics.jsonl:2", "JSON object",
          setup=files(r__metrics_DOT_jsonl='{"step": 1, "loss": 2.0}\n[1, 2]\n')),
