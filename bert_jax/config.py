@@ -356,6 +356,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if "max_seq_length" in config.data and config.data.max_seq_length < 3:
         raise ConfigError(f"data.max_seq_length={config.data.max_seq_length} leaves no room for "
                           "[CLS] A [SEP] B [SEP]; use at least 3")
+    if "masked_lm_prob" in config.data:
+        check_pretraining_data(config.data, lengths)
     try:  # a field the model does not read, or a value it cannot take
         _, model = models.split_model_config(model_config(config))
     except ValueError as e:
@@ -384,6 +386,23 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if t.batch_size % num_processes:
         raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by the "
                           f"{num_processes} processes (each loads an equal share)")
+
+
+def check_pretraining_data(data, lengths: Sequence[int]) -> None:
+    """The pretraining recipe's data values (data/pretraining.py) in their ranges."""
+    # Each instance is [CLS] A [SEP] B [SEP] with A and B at least one token each (the
+    # recipe draws a short target length from [2, max_seq_length - 3]).
+    if min(lengths) < 5:
+        which = (f"data.max_seq_length={lengths[0]}" if lengths[0] < 5
+                 else f"data.phases length {min(lengths)}")
+        raise ConfigError(f"{which} is too short for pretraining instances [CLS] A [SEP] B [SEP]; "
+                          "use at least 5")
+    if not 0.0 < data.masked_lm_prob <= 1.0:
+        raise ConfigError(f"data.masked_lm_prob={data.masked_lm_prob} is the fraction of tokens "
+                          "masked; use a value in (0, 1] (the paper: 0.15)")
+    if data.get("pack") and data.get("max_instances_per_row", 1) < 1:
+        raise ConfigError(f"data.max_instances_per_row={data.max_instances_per_row} must be >= 1 "
+                          "with data.pack=True (instances packed into one row; default 4)")
 
 
 def model_config(config) -> dict:

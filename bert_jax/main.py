@@ -94,6 +94,8 @@ _MFU = flags.DEFINE_float("mfu", 0.4, "plan: model FLOPs utilisation for the pro
 _JSON = flags.DEFINE_boolean("json", False, "plan: print JSON (for scripts) instead of a table")
 _NAME = flags.DEFINE_string("name", None, "launch: name of the queued resource and TPU VM")
 _ZONE = flags.DEFINE_string("zone", None, "launch: Cloud zone, e.g. us-central2-b")
+_ANY_ZONE = flags.DEFINE_boolean("any_zone", False, "launch: accept a --zone missing from "
+                                 "bert_jax's table of TPU zones (one Google added since)")
 _PROJECT = flags.DEFINE_string("project", None, "launch: Cloud project (default: gcloud's)")
 _RUNTIME = flags.DEFINE_string("runtime_version", None, "launch: TPU VM software version "
                                "(default: by generation, e.g. tpu-ubuntu2204-base for v4)")
@@ -126,7 +128,8 @@ COMMAND_FLAGS = {
     "vocab": ("input", "size", "type", "sp_model_type", "lowercase", "out"),
     "prepare": ("config", "out"), "info": ("config", "seq_len"),
     "plan": ("config", "topology", "slices", "mfu", "json"),
-    "launch": ("config", "workdir", "topology", "name", "zone", "project", "runtime_version", "spot",
+    "launch": ("config", "workdir", "topology", "name", "zone", "any_zone", "project",
+               "runtime_version", "spot",
                "keep", "dry_run", "max_restarts", "repo", "commit", "skip_plan", "poll_seconds", "python"),
     "convert": ("head",),
     "export": ("step",),
@@ -194,7 +197,11 @@ def cmd_train(args: list[str]) -> None:
 
     from bert_jax.training import train
 
-    summary = train.train_and_evaluate(_require(_CONFIG, "train"), _require(_WORKDIR, "train"),
+    workdir = _require(_WORKDIR, "train")
+    if not workdir.strip():  # else the run would write into the current directory
+        raise app.UsageError("--workdir is empty: give the run's directory, e.g. --workdir "
+                             "/tmp/run (a new folder, or a run to resume)")
+    summary = train.train_and_evaluate(_require(_CONFIG, "train"), workdir,
                                        set_by_user=_LoadedConfig.set_by_user(),
                                        started=_Started.at)
     if jax.process_index() == 0:
@@ -233,11 +240,12 @@ def _text_lines(spec: str):
     """Lines of comma-separated file globs (plain or .gz), or of a TFDS dataset's fields
     (tfds:name[:split[:field,field]], default field `text`; e.g. ...:train:en,de)."""
     if spec.startswith("tfds:"):
-        import tensorflow_datasets as tfds
+        from bert_jax.data.documents import tfds_source
 
         name, _, rest = spec[5:].partition(":")
         split, _, fields = rest.partition(":")
-        source = tfds.data_source(name, split=split or "train")
+        source = tfds_source(name, split or "train", what=f"--input={spec}",
+                             data_dir_flag="$TFDS_DATA_DIR")
         for i in range(len(source)):
             for field in (fields or "text").split(","):
                 text = source[i][field]
@@ -306,6 +314,9 @@ def cmd_info(args: list[str]) -> None:
     from bert_jax.config import model_config
 
     config = _require(_CONFIG, "info")
+    if _SEQ_LEN.value is not None and _SEQ_LEN.value < 1:
+        raise app.UsageError(f"--seq_len={_SEQ_LEN.value}: tokens per sequence, >= 1 (leave it "
+                             "out for the config's data.max_seq_length)")
     model_cfg = model_config(config)
     seq_len = _SEQ_LEN.value or config.get("data", {}).get("max_seq_length", model_cfg.get(
         "max_len", 512))
@@ -347,6 +358,7 @@ def cmd_launch(args: list[str]) -> None:
     config = _require(_CONFIG, "launch")
     topology, workdir = _require(_TOPOLOGY, "launch"), _require(_WORKDIR, "launch")
     name, zone = _require(_NAME, "launch"), _require(_ZONE, "launch")
+    launch.check_flags(name, zone, topology, _MAX_RESTARTS.value, _POLL.value, _ANY_ZONE.value)
     if not workdir.startswith("gs://"):
         raise ValueError(f"--workdir={workdir}: the workers of a slice share a gs:// workdir "
                          "(checkpoints, logs); a local path would be one per worker")

@@ -327,8 +327,8 @@ CONFIG_CASES = [
          "optimizer.name", "--workdir"),
     case("resume-other-vocab", RESUME.replace("vocab_size=128", "vocab_size=256")
          + " --config.train.steps=4", 1, "model.vocab_size", "--workdir"),
-    case("workdir-is-a-file", PRETRAIN.replace("{tmp}/w", "{tmp}/f"), 1, "f", "permissions",
-         setup=files(f="a file")),
+    case("workdir-is-a-file", PRETRAIN.replace("{tmp}/w", "{tmp}/f"), 1, "{tmp}/f is a file",
+         "another --workdir", setup=files(f="a file")),
 ]
 
 DATA_CASES = [
@@ -717,8 +717,67 @@ EVAL23_CASES = [
          "run/checkpoints/1", "--last 1", setup=copy_of("run", corrupt_params_of(1))),
 ]
 
+LAUNCH = ("launch --config configs/bert_pretrain.py:tiny --topology v4-8 --workdir gs://b/run "
+          "--name bert-tiny --zone us-central2-b --repo https://example.org/bert_jax.git --dry_run")
+WMT = ("train --config configs/wmt.py:base --workdir {tmp}/w --config.data.tokenizer={vocab} "
+       "--config.data.tfds_data_dir={tmp}/tfds")
+
+# Issue 23's trial: values that trained or ran (exit 0), or failed deep inside a library.
+RUN23_CASES = [
+    case("train-workdir-empty", PRETRAIN.replace("{tmp}/w", "''"), 2, "--workdir is empty"),
+    case("workdir-inside-a-file", PRETRAIN.replace("{tmp}/w", "{tmp}/f/run"), 1, "inside {tmp}/f, a file",
+         setup=files(f="a file")),
+    case("masked-lm-prob-above-one", PRETRAIN + " --config.data.masked_lm_prob=1.5", 1,
+         "data.masked_lm_prob=1.5", "(0, 1]"),
+    case("masked-lm-prob-zero", PRETRAIN + " --config.data.masked_lm_prob=0.0", 1, "data.masked_lm_prob=0.0"),
+    case("pretrain-seq-too-short", PRETRAIN.replace("max_seq_length=16", "max_seq_length=4"), 1,
+         "data.max_seq_length=4", "at least 5"),
+    case("pretrain-phase-too-short", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (1, 4, 1))\"", 1,
+         "data.phases length 4", "at least 5"),
+    case("pack-instances-zero", PRETRAIN + " --config.data.pack=True "
+         "--config.data.max_instances_per_row=0", 1, "data.max_instances_per_row=0", ">= 1"),
+    case("pack-instances-negative", PRETRAIN + " --config.data.pack=True "
+         "--config.data.max_instances_per_row=-1", 1, "data.max_instances_per_row=-1"),
+    case("glue-num-labels", GLUE + " --config.model.num_labels=3", 1, "model.num_labels=3", "sst2",
+         "--config.model.num_labels=2", setup=glue()),
+    case("stsb-num-labels", STSB + " --config.model.num_labels=2", 1, "model.num_labels=2", "regression",
+         "--config.model.num_labels=1"),
+    case("wmt-tfds-not-prepared", WMT, 1, "wmt14_translate/de-en", "not prepared under {tmp}/tfds",
+         "tfds build", "--config.data.tfds_data_dir"),
+    case("tfds-unknown-dataset", PRETRAIN.replace("data.name=synthetic", "data.name=tfds")
+         + " --config.data.tfds_name=no_such_corpus --config.data.tfds_data_dir={tmp}/tfds "
+         "--config.data.tokenizer={vocab}", 1,
+         "data.tfds_name='no_such_corpus'", "no dataset of that name"),
+    case("plot-metrics-line-a-list", "plot --workdir {tmp}/r", 1, "r/metrics.jsonl:2", "JSON object",
+         setup=files(r__metrics_DOT_jsonl='{"step": 1, "loss": 2.0}\n[1, 2]\n')),
+    case("plot-metrics-line-no-step", "plot --workdir {tmp}/r", 1, "r/metrics.jsonl:1", "step",
+         setup=files(r__metrics_DOT_jsonl='{"loss": 2.0}\n')),
+    case("info-seq-len-zero", INFO + " --seq_len 0", 2, "--seq_len=0", "leave it out"),
+    case("info-seq-len-negative", INFO + " --seq_len=-3", 2, "--seq_len=-3"),
+    case("prepare-finetune-config", "prepare --config configs/glue.py:sst2,tiny --out {tmp}/shards", 1,
+         "pretraining corpus", "configs/bert_pretrain.py", "bert-jax train"),
+    case("prepare-synthetic", "prepare --config configs/bert_pretrain.py:tiny --config.data.name=synthetic "
+         "--out {tmp}/shards", 1, "data.name='synthetic'", "data.name=text"),
+]
+
+# `bert-jax launch` flags checked before git, the plan or gcloud (a dry run included).
+LAUNCH_CASES = [
+    case("launch-name-uppercase", LAUNCH.replace("bert-tiny", "Bad_Name!"), 1, "--name='Bad_Name!'",
+         "lowercase letters"),
+    case("launch-name-too-long", LAUNCH.replace("bert-tiny", "b" * 64), 1, "1-63"),
+    case("launch-name-ends-with-hyphen", LAUNCH.replace("bert-tiny", "bert-"), 1, "--name='bert-'"),
+    case("launch-zone-unknown", LAUNCH.replace("us-central2-b", "mars-north1-a"), 1,
+         "--zone=mars-north1-a", "v4 zones: us-central2-b"),
+    case("launch-zone-of-another-generation", LAUNCH.replace("us-central2-b", "europe-west4-a"), 1,
+         "--zone=europe-west4-a", "no v4 TPUs", "us-central2-b"),
+    case("launch-max-restarts-negative", LAUNCH + " --max_restarts=-1", 1, "--max_restarts=-1", ">= 0"),
+    case("launch-poll-seconds-zero", LAUNCH + " --poll_seconds 0", 1, "--poll_seconds=0.0", "> 0"),
+    case("launch-poll-seconds-nan", LAUNCH + " --poll_seconds nan", 1, "--poll_seconds=nan"),
+]
+
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
-         + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES)
+         + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
+         + LAUNCH_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -873,10 +932,19 @@ def test_a_failing_sweep_trial_is_reported_failed_and_tried_again(tmp_path, monk
         "finished", "unfinished"]
 
 
+def test_an_empty_workdir_writes_nothing_in_the_current_directory(cli, tmp_path, monkeypatch):
+    # The table's snapshot covers runs and results; an empty --workdir would mean "here".
+    monkeypatch.chdir(tmp_path)
+    argv = shlex.split(PRETRAIN.replace("configs/", f"{REPO}/configs/").replace("{tmp}/w", "''"))
+    code, _, err = cli(argv)
+    assert code == 2 and "--workdir is empty" in err and list(tmp_path.iterdir()) == []
+
+
 def test_the_table_covers_every_area():
     areas = {"config": CONFIG_CASES, "data": DATA_CASES, "checkpoint": CHECKPOINT_CASES,
              "conversion": CONVERT_CASES, "features": FEATURES_CASES, "eval": EVAL_CASES,
              "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES,
-             "translate": TRANSLATE_CASES, "eval (issue 23)": EVAL23_CASES}
+             "translate": TRANSLATE_CASES, "eval (issue 23)": EVAL23_CASES,
+             "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

@@ -163,7 +163,7 @@ def test_read_glue_tfds_with_fake_source(monkeypatch):
 
 
 def test_read_glue_tfds_not_prepared(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no prepared TFDS glue/rte .*tfds build glue/rte"):
+    with pytest.raises(FileNotFoundError, match=r"glue/rte.*not prepared under .*tfds build glue/rte"):
         glue.read_glue_tfds("rte", "dev", data_dir=str(tmp_path))
 
 

@@ -166,7 +166,7 @@ def launch_argv(*extra, commit=None):
     root = main.REPO  # the checkout fixture's
     return ["launch", "--config", str(root / "configs/bert_pretrain.py:tiny"), *SMALL, "--topology",
             "v4-8", "--workdir", "gs://bucket/run", "--name", "bert-tiny", "--zone", "us-central2-b",
-            "--repo", URL, "--commit", commit or git(root, "rev-parse", "HEAD"), "--poll_seconds", "0",
+            "--repo", URL, "--commit", commit or git(root, "rev-parse", "HEAD"), "--poll_seconds", "0.001",
             "--skip_plan", *extra]
 
 
@@ -406,3 +406,16 @@ def test_the_lock_pins_the_runtime_closure_of_bert_jax_tpu():
         assert "libtpu" in names
     assert not names & {"torch", "pytest", "transformers", "ruff", "bert-jax", "matplotlib"}
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+==[^+ ]+", p) for p in pins), pins
+
+
+def test_every_generation_has_its_zones_and_the_documented_launches_pass():
+    assert set(tpu.ZONES) == set(tpu.GENERATIONS)
+    for topology, zone in (("v4-8", "us-central2-b"), ("v3-32", "europe-west4-a"),
+                           ("v5litepod-16", "us-west4-a"), ("v6e-16", "us-east5-b")):
+        launch.check_flags("bert-base", zone, topology, max_restarts=0, poll_seconds=0.5)
+    # A zone missing from the table (Google adds zones) passes with any_zone; a malformed one never.
+    with pytest.raises(ValueError, match="--any_zone"):
+        launch.check_flags("bert-base", "us-central1-ai1a", "v6e-16", 0, 0.5)
+    launch.check_flags("bert-base", "us-central1-ai1a", "v6e-16", 0, 0.5, any_zone=True)
+    with pytest.raises(ValueError, match="not a Cloud zone name"):
+        launch.check_flags("bert-base", "us central", "v6e-16", 0, 0.5, any_zone=True)

@@ -62,9 +62,9 @@ def test_a_lock_left_by_a_dead_run_is_taken_over(tmp_path):
     assert summary["step"] == 2 and not (tmp_path / paths.LOCK_NAME).exists()
 
 
-def test_an_unwritable_workdir_is_one_clear_error(tmp_path):
+def test_a_workdir_inside_a_file_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("not a folder")
-    with pytest.raises(OSError, match="cannot write to the workdir"):
+    with pytest.raises(OSError, match=r"the workdir .*/file/run is inside .*/file, a file, not a folder"):
         train.train_and_evaluate(small(), str(tmp_path / "file" / "run"))
 
 

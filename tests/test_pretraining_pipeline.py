@@ -277,8 +277,8 @@ def test_tfds_source_through_data_source(text_config, shared_data, monkeypatch):
                for i in range(0, 200, 5)]
     calls = []
 
-    def data_source(name, split, data_dir=None):
-        calls.append((name, split, data_dir))
+    def data_source(name, split, data_dir=None, download=True):
+        calls.append((name, split, data_dir, download))
         return records
 
     monkeypatch.setattr(tfds, "data_source", data_source)
@@ -286,7 +286,7 @@ def test_tfds_source_through_data_source(text_config, shared_data, monkeypatch):
     config.data.name, config.data.tfds_name = "tfds", "wikipedia/20230601.en"
     tok = tokenizer_lib.load_tokenizer(config.data.tokenizer)
     docs, ids = pipelines.open_documents(config, "train", tok)
-    assert calls == [("wikipedia/20230601.en", "train", None)]
+    assert calls == [("wikipedia/20230601.en", "train", None, False)]  # never downloads
     assert len(docs) == 40 and len(ids) == 36  # every 10th document held out
     sentences = [s for p in paragraphs[:5] for s in pretraining.split_sentences(p)]
     assert [s.tolist() for s in docs[0]] == [tok.encode(s).tolist() for s in sentences]

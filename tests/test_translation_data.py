@@ -72,13 +72,13 @@ def test_tfds_records_are_read_by_language(monkeypatch):
     records = [{"en": e.encode(), "de": d.encode()} for e, d in zip(EN, DE)]
     seen = {}
 
-    def data_source(name, split, data_dir=None):
-        seen.update(name=name, split=split)
+    def data_source(name, split, data_dir=None, download=True):
+        seen.update(name=name, split=split, download=download)
         return records
     monkeypatch.setattr(tfds, "data_source", data_source)
     pairs = translation.TfdsPairs("wmt14_translate/de-en", "validation", "de", "en")
     assert len(pairs) == 6 and pairs[2] == (DE[2], EN[2])
-    assert seen == {"name": "wmt14_translate/de-en", "split": "validation"}
+    assert seen == {"name": "wmt14_translate/de-en", "split": "validation", "download": False}
 
 
 def _segments(batch, key):

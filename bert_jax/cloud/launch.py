@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+import re
 import shlex
 import subprocess
 import time
@@ -59,6 +61,24 @@ class Launch:
     setup_retries: int = 3
     python: str = dataclasses.field(default_factory=bringup.default_python)  # workers' major.minor
     lock: tuple[str, ...] = ()  # name==version pins the workers install with (bringup.lock)
+
+
+def check_flags(name: str, zone: str, topology: str, max_restarts: int,
+                poll_seconds: float, any_zone: bool = False) -> None:
+    """The flags gcloud or the wait loop would reject or misuse, checked before anything runs
+    (a dry run included)."""
+    # Cloud TPU names (node and queued resource ids), as the API's error states them.
+    if not re.fullmatch(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?", name):
+        raise ValueError(f"--name={name!r}: a Cloud TPU name is 1-63 lowercase letters, "
+                         "digits and hyphens, starting with a letter and not ending with a "
+                         "hyphen, e.g. bert-base-1")
+    tpu.check_zone(zone, tpu.parse(topology), any_zone)
+    if max_restarts < 0:
+        raise ValueError(f"--max_restarts={max_restarts}: the re-requests after "
+                         "preemptions, >= 0 (0: stop at the first)")
+    if not (math.isfinite(poll_seconds) and poll_seconds > 0):
+        raise ValueError(f"--poll_seconds={poll_seconds}: seconds between state checks "
+                         "of the queued resource, > 0 (default 30)")
 
 
 class Gcloud:

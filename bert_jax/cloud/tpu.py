@@ -43,6 +43,21 @@ GENERATIONS = {
 }
 ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6lite": "v6e"}
 EXAMPLES = "v3-32, v4-32, v5p-64, v5litepod-16, v6e-16"
+# The zones that have each generation (Cloud TPU docs, "TPU regions and zones", 2025). Google
+# adds zones: one it lists that is missing here belongs in this table.
+ZONES = {
+    "v2": ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "europe-west4-a",
+           "asia-east1-c"),
+    "v3": ("us-central1-a", "us-central1-b", "us-central1-f", "europe-west4-a"),
+    "v4": ("us-central2-b",),
+    "v5p": ("us-central1-a", "us-east5-a", "us-east5-b", "us-east5-c", "us-south1-a",
+            "europe-west4-b"),
+    "v5e": ("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a", "us-west4-b", "us-east1-c",
+            "us-east5-a", "us-east5-b", "us-east5-c", "europe-west4-b", "asia-southeast1-b"),
+    "v6e": ("us-central1-b", "us-east1-d", "us-east4-a", "us-east4-b", "us-east5-a", "us-east5-b",
+            "us-east5-c", "us-south1-a", "us-west1-c", "europe-west4-a", "asia-northeast1-b",
+            "southamerica-west1-a"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +127,18 @@ def parse(name: str, slices: int = 1) -> Slice:
         raise ValueError(f"--topology={name!r}: no {generation} slice of that size; sizes: "
                          f"{', '.join(f'{m.group(1)}-{n}' for n in sizes)}")
     return Slice(name, generation, shape, slices)
+
+
+def check_zone(zone: str, s: Slice, any_zone: bool = False) -> None:
+    """`zone` is a zone name and, unless any_zone, one with slices of s's generation (ZONES);
+    else an error naming the zones that have them."""
+    if not re.fullmatch(r"[a-z]+-[a-z]+[0-9]+-[a-z0-9]+", zone):
+        raise ValueError(f"--zone={zone!r}: not a Cloud zone name (region-zone, e.g. us-central2-b)")
+    known = ZONES[s.generation]
+    if zone not in known and not any_zone:
+        raise ValueError(f"--zone={zone}: no {s.generation} TPUs ({s.name}) there as far as "
+                         f"bert_jax knows; {s.generation} zones: {', '.join(known)} (a zone "
+                         "Google added since: pass --any_zone)")
 
 
 def _torus(chips: int, dims: int) -> tuple[int, ...] | None:

@@ -8,6 +8,7 @@ that, `bert-jax prepare` writes array_record shards that are read record by reco
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import tempfile
 from collections.abc import Sequence
@@ -128,15 +129,61 @@ class ArrayRecordDocuments:
         return deserialize(self.source[i])
 
 
+def tfds_source(name: str, split: str, data_dir: str | None = None, *, what: str = "",
+                data_dir_flag: str = "--config.data.tfds_data_dir"):
+    """tfds.data_source of `name` prepared as array_record under data_dir (default: TFDS's):
+    never downloads or prepares it here (that needs TensorFlow and the network); a dataset
+    that is unknown, not prepared or prepared as TFRecord is one line naming `what` (default
+    data.tfds_name=<name>) and what to do."""
+    import tensorflow_datasets as tfds  # lazy: slow to import, and only these sources need it
+
+    absl_log = logging.getLogger("absl")
+    level = absl_log.level
+    absl_log.setLevel(logging.ERROR)  # TFDS warns of each absent folder; the error says it all
+    try:
+        return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
+    except (ValueError, NotImplementedError) as e:  # DatasetNotFoundError is a ValueError
+        raise _tfds_unreadable(tfds, name, data_dir, what or f"data.tfds_name={name!r}",
+                               data_dir_flag, e) from None
+    finally:
+        absl_log.setLevel(level)
+
+
+def _tfds_unreadable(tfds, name: str, data_dir: str | None, what: str, data_dir_flag: str,
+                     error: Exception) -> Exception:
+    """Why tfds.data_source(name) failed, as one line saying what to do."""
+    # TFDS imports its catalog lazily: with the text and translation builders registered, a
+    # known dataset that is not prepared here is told apart from a name TFDS does not know.
+    import tensorflow_datasets.text  # noqa: F401
+    import tensorflow_datasets.translate  # noqa: F401
+
+    where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+    build = f"`tfds build {name} --file_format=array_record{f' --data_dir={data_dir}' if data_dir else ''}`"
+    try:
+        prepared = tfds.builder(name, data_dir=data_dir or None).is_prepared()
+    except tfds.core.registered.DatasetNotFoundError:
+        return FileNotFoundError(f"{what}: TFDS has no dataset of that name and none is prepared "
+                                 f"under {where}; check the name")
+    except ValueError as e:  # an unknown config (the part after the /), listed by TFDS
+        return ValueError(f"{what}: {str(e).splitlines()[0]}")
+    if not prepared:
+        return FileNotFoundError(
+            f"{what}: the TFDS dataset exists but is not prepared under {where}; prepare it once "
+            f"with {build} (needs TensorFlow and the network), or set {data_dir_flag} to a "
+            "folder where it is prepared")
+    if isinstance(error, NotImplementedError):  # TFDS's word for a format without random access
+        return FileNotFoundError(f"{what}: prepared under {where} as TFRecord, which cannot be "
+                                 f"read record by record; prepare it again with {build}")
+    return ValueError(f"{what}: {str(error).splitlines()[0]}")  # e.g. an unknown split
+
+
 class TfdsDocuments:
     """A TFDS text dataset through `tfds.data_source` (array_record; no TensorFlow): each
     record's `text` field split into paragraphs (lines) and sentences, tokenized on access."""
 
     def __init__(self, name: str, split: str, tokenizer, data_dir: str | None = None,
                  field: str = "text"):
-        import tensorflow_datasets as tfds  # lazy: slow to import, and only this source needs it
-
-        self.source = tfds.data_source(name, split=split, data_dir=data_dir or None)
+        self.source = tfds_source(name, split, data_dir)
         self.tokenizer, self.field = tokenizer, field
 
     def __len__(self) -> int:
@@ -186,6 +233,15 @@ def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[s
     """Tokenizes config.data's corpus once into array_record shards `train-NNNNN` and (every
     data.heldout_every-th document) `validation-NNNNN` (local or gs://); returns documents per
     split."""
+    d = config.data
+    if "masked_lm_prob" not in d:
+        raise ValueError(f"`bert-jax prepare` writes a pretraining corpus as shards, for a "
+                         f"pretraining config (configs/bert_pretrain.py); this one reads "
+                         f"data.name={d.get('name')!r} files as it trains: give it to "
+                         "`bert-jax train` as it is")
+    if d.name not in ("text", "tfds"):
+        raise ValueError(f"data.name={d.name!r}: `bert-jax prepare` reads text files "
+                         "(data.name=text, data.train_files) or a TFDS corpus (data.name=tfds)")
     out = paths.path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new --out")

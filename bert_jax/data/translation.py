@@ -21,7 +21,7 @@ import grain
 import numpy as np
 
 from bert_jax.data import packing
-from bert_jax.data.documents import expand, read_lines
+from bert_jax.data.documents import expand, read_lines, tfds_source
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +80,7 @@ class TfdsPairs:
 
     def __init__(self, name: str, split: str, source_lang: str, target_lang: str,
                  data_dir: str = ""):
-        import tensorflow_datasets as tfds  # lazy: slow to import, and only this source needs it
-
-        self.source = tfds.data_source(name, split=split, data_dir=data_dir or None)
+        self.source = tfds_source(name, split, data_dir)
         self.langs = (source_lang, target_lang)
 
     def __len__(self) -> int:

@@ -116,6 +116,13 @@ class GlueTask(Task):
         if config.data.source not in ("files", "tfds"):
             raise config_lib.ConfigError(f"data.source={config.data.source!r}; choose files (the GLUE "
                                          "TSVs under data.data_dir) or tfds")
+        want = 1 if self.spec.labels is None else len(self.spec.labels)
+        if config.model.get("num_labels", want) != want:
+            kind = ("a regression (one score)" if self.spec.labels is None
+                    else f"{want} labels {list(self.spec.labels)}")
+            raise config_lib.ConfigError(f"model.num_labels={config.model.num_labels} but GLUE "
+                                         f"{self.task} has {kind}; set --config.model.num_labels="
+                                         f"{want} (or leave it out)")
         self.main_metric = scoring.MAIN_METRIC[self.task]
         # MNLI is reported on both dev sets.
         self.eval_splits = ("dev", "dev_mismatched") if self.task == "mnli" else ("dev",)

@@ -186,19 +186,12 @@ def _tfds_record_to_example(task: str, index: int, record: dict[str, Any]) -> Ex
 
 def read_glue_tfds(task: str, split: str, data_dir: str | None = None) -> list[Example]:
     """Examples of a prepared TFDS glue dataset (split train/dev/test or a TFDS split name); no TF needed."""
-    # Lazy: tfds is slow to import and only this reader needs it.
-    import tensorflow_datasets as tfds
-    import tensorflow_datasets.text.glue  # noqa: F401  registers the builder (tfds imports text/ lazily)
+    from bert_jax.data import documents  # lazy: grain and array_record, for this reader only
 
     name = f"glue/{task_spec(task).tfds_name}"
-    try:  # download=False: preparing GLUE needs TensorFlow and the network, never wanted at read time
-        source = tfds.data_source(name, split=_tfds_split(task, split), data_dir=data_dir, download=False)
-    except (NotImplementedError, FileNotFoundError) as e:  # tfds says "not supported" when data is absent
-        where = data_dir or "$TFDS_DATA_DIR or ~/tensorflow_datasets"
-        raise FileNotFoundError(
-            f"no prepared TFDS {name} in array_record format under {where}; prepare it once with "
-            f"`tfds build {name} --file_format=array_record` (needs TensorFlow and the network), "
-            "or read the GLUE TSV files with read_glue") from e
+    source = documents.tfds_source(name, _tfds_split(task, split), data_dir,
+                                   what=f"data.source=tfds ({name})",
+                                   data_dir_flag="--config.data.data_dir")
     return [_tfds_record_to_example(task, i, record) for i, record in enumerate(source)]
 
 

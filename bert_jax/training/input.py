@@ -191,6 +191,15 @@ def _split_doc_ids(num_docs: int, split: str, heldout_every: int, has_own_split:
     return ids[held] if split == "validation" else ids[~held]
 
 
+def check_tfds(config) -> None:
+    """The TFDS dataset config.data trains on (data.name=tfds, or translation without files) is
+    prepared: found before the model is built, not after."""
+    d = config.data
+    if d.get("tfds_name") and (d.name == "tfds" or (d.name == "translation" and not d.train_files)):
+        tokenizer_lib.required_dir(d.tokenizer)  # named first, as the pipeline would
+        documents.tfds_source(d.tfds_name, d.tfds_train_split, d.get("tfds_data_dir", ""))
+
+
 def open_documents(config, split: str, tokenizer):
     """(random-access documents, ids of the split's documents) for config.data."""
     d = config.data

@@ -55,6 +55,10 @@ def _rows(text: str, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
             if i == len(lines) - 1:  # no newline after it: a write cut short by a crash
                 return
             raise ValueError(f"{where}:{i + 1}: not a JSON line: {line[:80]!r}") from None
+        if not (isinstance(row, dict) and isinstance(row.get("step"), int)):
+            raise ValueError(f"{where}:{i + 1}: not a metrics row (a JSON object with an integer "
+                             f"\"step\", as bert-jax train writes): {line[:80]!r}; remove or fix "
+                             "the line")
         yield line, {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in row.items()}
 
 

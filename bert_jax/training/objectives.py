@@ -141,12 +141,7 @@ class Pretraining(_Bert):
     packing = "rows"
 
     def packs(self, config) -> bool:
-        if not config.data.get("pack", False):
-            return False
-        if config.data.get("max_instances_per_row", 0) < 1:
-            raise ConfigError(f"data.max_instances_per_row={config.data.get('max_instances_per_row')}"
-                              " must be >= 1 with data.pack=True (instances packed into one row)")
-        return True
+        return bool(config.data.get("pack", False))  # max_instances_per_row: config.validate
 
     def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length

@@ -474,6 +474,7 @@ def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = (),
     config_lib.validate(config, jax.device_count(), jax.process_count())
     task = tasks.from_config(config)  # None for pretraining data
     config = tasks.resolve_steps(config, task)
+    pipelines.check_tfds(config)
     checkpoint.check_writable(workdir)  # storage reachable and writable, before anything is built
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
         return _train(config, workdir, task, started)
