@@ -18,6 +18,7 @@ from pathlib import Path
 import ml_collections
 
 from bert_jax import models
+from bert_jax.models import attention
 from bert_jax.models.config import DTYPES
 
 MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes, in order
@@ -358,8 +359,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
                           "[CLS] A [SEP] B [SEP]; use at least 3")
     if "masked_lm_prob" in config.data:
         check_pretraining_data(config.data, lengths)
-    try:  # a field the model does not read, or a value it cannot take
+    try:  # a field the model does not read, a value it cannot take, attention it cannot run
         _, model = models.split_model_config(model_config(config))
+        attention.check(model, [n for n in lengths if n], training=training)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if model.max_positions is not None and max(lengths) > model.max_positions:

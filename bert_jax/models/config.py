@@ -70,6 +70,8 @@ class ModelConfig:
     scan_layers: bool = _field(False, "run")  # lax.scan over layers (compile time independent of depth)
     remat_policy: str = _field("none", "run", choices=tuple(REMAT_POLICIES))
     attention_kernel: str = _field("xla", "run")  # attention implementation (models/attention.py)
+    attention_block_size: int = _field(128, "run", least=1)  # splash's tiles: min(this, length)
+    attention_window: int = _field(0, "state", flops=True, least=0)  # local: |t - s| <= W; 0 = all
     dtype: str = _field("float32", "run", choices=DTYPES)  # compute dtype; parameters stay float32
 
     def __post_init__(self):

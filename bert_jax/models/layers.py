@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -28,24 +29,45 @@ from bert_jax.models.config import ModelConfig
 Array = jax.Array
 Cache = dict[str, Array]
 
-# Activation sharding: `constrain(x, axes)` pins an activation's layout by logical axis names
-# (batch, length, embed, heads, kv, mlp, vocab) while a `sharding.activation_sharding`
-# context is active (set around the train and eval steps); elsewhere it does nothing.
-_CONSTRAIN: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("constrain", default=None)
+# Activation sharding: while a `sharding.activation_sharding` context is active (set around
+# the train and eval steps), `constrain(x, axes)` pins an activation's layout by logical axis
+# names (batch, length, embed, heads, kv, mlp, vocab), and a kernel that runs per shard
+# (attention.py's splash) asks `sharding_context()` for the mesh and the PartitionSpec of its
+# operands; elsewhere constrain does nothing and such kernels run unsharded.
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingContext:
+    """The mesh of a sharded step and `spec(axes, shape)`: the PartitionSpec of an array with
+    logical `axes` (the config's logical_axis_rules)."""
+
+    mesh: jax.sharding.Mesh
+    spec: Callable[[tuple[str, ...], tuple[int, ...]], jax.sharding.PartitionSpec]
+
+
+_SHARDING: contextvars.ContextVar[ShardingContext | None] = contextvars.ContextVar(
+    "sharding", default=None)
 
 
 @contextlib.contextmanager
-def constraining(fn: Callable[[Array, tuple[str, ...]], Array]):
-    token = _CONSTRAIN.set(fn)
+def sharded(context: ShardingContext):
+    token = _SHARDING.set(context)
     try:
         yield
     finally:
-        _CONSTRAIN.reset(token)
+        _SHARDING.reset(token)
+
+
+def sharding_context() -> ShardingContext | None:
+    return _SHARDING.get()
 
 
 def constrain(x: Array, *axes: str) -> Array:
-    fn = _CONSTRAIN.get()
-    return x if fn is None else fn(x, axes)
+    ctx = _SHARDING.get()
+    if ctx is None:
+        return x
+    return jax.lax.with_sharding_constraint(
+        x, jax.sharding.NamedSharding(ctx.mesh, ctx.spec(axes, x.shape)))
 
 
 # XLA on CPU runs a bfloat16 x bfloat16 dot natively (AVX512-BF16/AMX through its YNNPACK
@@ -196,10 +218,15 @@ def split_rng(rng: Array | None, n: int) -> list[Array | None]:
 
 def layer_flops_per_token(cfg: ModelConfig, seq_len: int, *, cross_attention: bool = False) -> int:
     """Forward matmul FLOPs per token of one Block at key length seq_len (2 per multiply-add):
-    Q/K/V/output projections, QK^T and AV (2 * 2 * seq_len * heads * head_dim), the FFN."""
+    Q/K/V/output projections, QK^T and AV (2 * 2 * keys * heads * head_dim, keys = seq_len or
+    the 2W+1 of a local window W), the FFN. (Cross-attention has no window.)"""
     nk = cfg.num_heads * cfg.head_dim
-    attention = 2 * 4 * cfg.emb_dim * nk + 2 * 2 * seq_len * nk
-    return (2 if cross_attention else 1) * attention + 2 * 2 * cfg.emb_dim * cfg.mlp_dim
+    keys = min(seq_len, 2 * cfg.attention_window + 1) if cfg.attention_window else seq_len
+    projections = 2 * 4 * cfg.emb_dim * nk
+    attention = projections + 2 * 2 * keys * nk
+    if cross_attention:
+        attention += projections + 2 * 2 * seq_len * nk
+    return attention + 2 * 2 * cfg.emb_dim * cfg.mlp_dim
 
 
 def logits_flops_per_token(cfg: ModelConfig) -> int:

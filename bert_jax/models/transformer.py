@@ -171,15 +171,16 @@ def _default_positions(ids_BT: Array, positions_BT: Array | None, offset=0) -> A
     return jnp.broadcast_to(offset + jnp.arange(ids_BT.shape[1]), ids_BT.shape)
 
 
-def _causal_masking(seg_BT: Array, pos_BT: Array, cache: Cache | None, cache_index) -> Masking:
+def _causal_masking(seg_BT: Array, pos_BT: Array, cache: Cache | None, cache_index,
+                    window: int | None) -> Masking:
     if cache is None:
-        return Masking(seg_BT, seg_BT, pos_BT, pos_BT, causal=True)
+        return Masking(seg_BT, seg_BT, pos_BT, pos_BT, causal=True, window=window)
     # Decoding: the keys are all cache slots [L, B, S, N, K]; the causal mask hides the
     # slots after the current position, which are not written yet.
     B, S = seg_BT.shape[0], cache["key"].shape[2]
     slots_BS = jnp.broadcast_to(jnp.arange(S), (B, S))
     return Masking(jnp.ones_like(seg_BT), jnp.ones((B, S), jnp.int32), pos_BT, slots_BS,
-                   q_offset=cache_index, causal=True)
+                   q_offset=cache_index, causal=True, window=window)
 
 
 def _record(attention_out: dict | None, **found: Array) -> None:
@@ -235,6 +236,7 @@ class EncoderDecoder(nnx.Module):
                                                         rngs=rngs)
         self.cfg = cfg
         self.pad_id = pad_id
+        self.window = cfg.attention_window or None  # self-attention's local window
 
     @staticmethod
     def flops_per_token(cfg: EncoderDecoderConfig, seq_len: int) -> dict[str, float]:
@@ -256,8 +258,9 @@ class EncoderDecoder(nnx.Module):
         seg_BS = _default_segments(src_BS, src_segments_BS, self.pad_id)
         pos_BS = _default_positions(src_BS, src_positions_BS)
         x_BSD = self.source_embed(src_BS, pos_BS, r[0])
-        encoded_BSD, _, extras = self.encoder(x_BSD, Masking(seg_BS, seg_BS, pos_BS, pos_BS),
-                                              rng=r[1], return_attention=attention_out is not None)
+        masking = Masking(seg_BS, seg_BS, pos_BS, pos_BS, window=self.window)
+        encoded_BSD, _, extras = self.encoder(x_BSD, masking, rng=r[1],
+                                              return_attention=attention_out is not None)
         _record(attention_out, encoder=extras.get("attention"))
         return encoded_BSD
 
@@ -277,8 +280,9 @@ class EncoderDecoder(nnx.Module):
         pos_BT = _default_positions(tgt_in_BT, tgt_positions_BT, offset)
         y_BTD = self._target_embedder()(tgt_in_BT, pos_BT, r[0])
         cross = Masking(seg_BT if cache is None else jnp.ones_like(seg_BT), src_segments_BS, pos_BT,
-                        _default_positions(src_segments_BS, src_positions_BS))
-        y_BTD, cache, extras = self.decoder(y_BTD, _causal_masking(seg_BT, pos_BT, cache, cache_index),
+                        _default_positions(src_segments_BS, src_positions_BS), cross=True)
+        masking = _causal_masking(seg_BT, pos_BT, cache, cache_index, self.window)
+        y_BTD, cache, extras = self.decoder(y_BTD, masking,
                                             memory=(encoded_BSD, cross), rng=r[1], cache=cache,
                                             return_attention=attention_out is not None)
         _record(attention_out, decoder=extras.get("attention"), cross=extras.get("cross_attention"))
@@ -317,6 +321,7 @@ class DecoderLM(nnx.Module):
                                                         rngs=rngs)
         self.cfg = cfg
         self.pad_id = pad_id
+        self.window = cfg.attention_window or None  # self-attention's local window
 
     @staticmethod
     def flops_per_token(cfg: DecoderLMConfig, seq_len: int) -> dict[str, float]:
@@ -335,7 +340,7 @@ class DecoderLM(nnx.Module):
         pos_BT = _default_positions(ids_BT, positions_BT, offset)
         x_BTD = self.embed(ids_BT, pos_BT, r[0])
         x_BTD, cache, extras = self.decoder(
-            x_BTD, _causal_masking(seg_BT, pos_BT, cache, cache_index), rng=r[1], cache=cache,
+            x_BTD, _causal_masking(seg_BT, pos_BT, cache, cache_index, self.window), rng=r[1], cache=cache,
             return_attention=attention_out is not None)
         _record(attention_out, decoder=extras.get("attention"))
         table = self.embed.token if self.logits is None else self.logits

@@ -77,14 +77,13 @@ def param_shardings(params_state: nnx.State, mesh: Mesh, rules) -> dict:
 def activation_sharding(fn, mesh: Mesh, rules):
     """`fn` that, while traced, pins the models' activations (layers.constrain) to the layout
     the logical axis `rules` give on `mesh`: batch over data and fsdp, heads and mlp over
-    tensor, the rest replicated, instead of the layout XLA would guess from the parameters."""
-    def constrain(x, axes):
-        spec = logical_to_spec(axes, x.shape, rules, mesh)
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    tensor, the rest replicated, instead of the layout XLA would guess from the parameters.
+    Kernels that run per shard (splash attention) take the mesh and specs from it too."""
+    context = layers.ShardingContext(mesh, lambda axes, shape: logical_to_spec(axes, shape, rules, mesh))
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        with layers.constraining(constrain):
+        with layers.sharded(context):
             return fn(*args, **kwargs)
     return wrapped
 

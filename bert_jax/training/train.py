@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bert_jax import config as config_lib
 from bert_jax import tasks
 from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.models import attention
 from bert_jax.paths import WorkdirLock, is_remote, workdir_path
 from bert_jax.training import checkpoint, evaluate, goodput, objectives, optim, sharding, state
 from bert_jax.training import input as pipelines
@@ -472,6 +473,10 @@ def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = (),
     started = time.time() if started is None else started
     config = state.sizes_from_init(config, set_by_user)
     config_lib.validate(config, jax.device_count(), jax.process_count())
+    try:
+        attention.check_platform(config.model.get("attention_kernel", "xla"), jax.devices()[0].platform)
+    except ValueError as e:
+        raise config_lib.ConfigError(str(e)) from None
     task = tasks.from_config(config)  # None for pretraining data
     config = tasks.resolve_steps(config, task)
     pipelines.check_tfds(config)
