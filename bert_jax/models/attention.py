@@ -163,7 +163,7 @@ def splash_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, masking: Maski
     platform = _platform()
     check_platform("splash", platform)
     block = min(block_size, T)
-    if T % block:
+    if _bad_blocks(block_size, T):
         raise UnsupportedAttention(_BLOCK_ERROR.format(block=block_size, length=T))
     # Splash does not scale the logits.
     q_BTNK = q_BTNK * jnp.asarray(1.0 / math.sqrt(q_BTNK.shape[-1]), q_BTNK.dtype)
@@ -202,9 +202,15 @@ BLOCKED = ("splash",)  # the kernels that read model.attention_block_size
 _DROPOUT_ERROR = ("model.attention_dropout_rate={} with model.attention_kernel=splash: splash has "
                   "no dropout on the attention probabilities; set model.attention_dropout_rate=0 "
                   "or use model.attention_kernel=xla")
-_BLOCK_ERROR = ("model.attention_block_size={block} does not divide the sequence length {length} "
-                "(splash tiles it in blocks of min(block size, length)); choose a block size "
-                "that divides {length} (a multiple of 128 on TPU), or model.attention_kernel=xla")
+_BLOCK_ERROR = ("model.attention_kernel=splash tiles a sequence of {length} tokens in blocks of "
+                "min(model.attention_block_size={block}, {length}), which must be a multiple of "
+                "128 that divides {length}; choose a block size and sequence length (data."
+                "max_seq_length) that are multiples of 128, or model.attention_kernel=xla")
+
+
+def _bad_blocks(block_size: int, length: int) -> bool:
+    block = min(block_size, length)
+    return bool(block % 128 or length % block)  # splash's tiles fill whole 128-lane vregs
 
 
 def kernel(name: str) -> Kernel:
@@ -236,7 +242,7 @@ def check(cfg: ModelConfig, lengths: Sequence[int], *, training: bool) -> None:
     if training and cfg.attention_dropout_rate > 0.0:
         raise UnsupportedAttention(_DROPOUT_ERROR.format(cfg.attention_dropout_rate))
     for length in lengths:
-        if length % min(cfg.attention_block_size, length):
+        if _bad_blocks(cfg.attention_block_size, length):
             raise UnsupportedAttention(_BLOCK_ERROR.format(block=cfg.attention_block_size,
                                                            length=length))
 
