@@ -68,18 +68,18 @@ def test_explicit_softmax_path_equals_the_fused_one():
 
 
 def test_unknown_kernel_is_an_error_naming_the_field():
-    with pytest.raises(ValueError, match=r"model.attention_kernel='flash'.*\['xla'\]"):
+    with pytest.raises(ValueError, match=r"model.attention_kernel='flash'.*\['splash', 'xla'\]"):
         models.create_model(models.model_section("bert", models.bert_model_fields("tiny"),
                                                  attention_kernel="flash"))
 
 
 def test_every_kernel_has_the_reference_signature():
-    q = k = v = jnp.ones((1, 3, 2, 4))
-    seg, pos = jnp.ones((1, 3), jnp.int32), jnp.arange(3)[None]
+    q = k = v = jnp.ones((1, 128, 2, 8))  # splash tiles in multiples of 128
+    seg, pos = jnp.ones((1, 128), jnp.int32), jnp.arange(128)[None]
     for name, fn in attention.KERNELS.items():
         out, probs = fn(q, k, v, Masking(seg, seg, pos, pos), dropout_rate=0.0, rng=None,
                         return_probs=False)
-        assert out.shape == (1, 3, 2, 4) and probs is None, name
+        assert out.shape == (1, 128, 2, 8) and probs is None, name
 
 
 def test_dense_masks_live_only_in_the_attention_module():

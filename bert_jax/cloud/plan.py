@@ -6,7 +6,8 @@ the eval step once, on compile-only devices of the named slice (tpu.py; libtpu n
 TPU). Per device the compiler's memory analysis gives the total and the temporaries;
 parameters and optimizer state come from the shardings. Model FLOPs per step come from the
 model's objective on a full batch (every slot a real token), the projected time from the
-chip's peak at a stated MFU.
+chip's peak at a stated MFU; the compiler's own count (XLA's cost analysis) is shown beside
+it, which leaves out custom kernels (splash attention: docs/attention.md counts those).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Step:
     fits: bool
     compiler_says: str  # the compiler's message when it does not fit
     flops: float  # model FLOPs of one full global batch
+    compiled_flops: float | None  # XLA's cost analysis, per device (custom kernels not counted)
     steps: int  # steps of the run in this phase (0 for eval)
     step_time: float  # seconds at the stated MFU
     compile_seconds: float
@@ -79,12 +81,14 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
         t0 = time.perf_counter()
         with jax.set_mesh(mesh):
             try:
-                memory = fn.lower(*args, train.batch_shapes(spec, mesh)).compile().memory_analysis()
+                exe = fn.lower(*args, train.batch_shapes(spec, mesh)).compile()
+                memory = exe.memory_analysis()
                 total, temps, says = _total_bytes(memory), int(memory.temp_size_in_bytes), ""
+                compiled_flops = _compiled_flops(exe)
             except Exception as e:  # noqa: BLE001 (the compiler's own words are the answer)
                 if "RESOURCE_EXHAUSTED" not in str(e):
                     raise
-                total, temps, says = None, None, _compiler_line(str(e))
+                total, temps, says, compiled_flops = None, None, _compiler_line(str(e)), None
         # objective.flops counts a training step (forward + backward = 3 forwards)
         flops = float(objective.flops({k: np.ones(s.shape, s.dtype) for k, s in spec.items()}))
         training = name != "eval"
@@ -92,7 +96,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
         fits = total is not None and total <= sl.gen.hbm_per_device
         micro = config.train.grad_accum_steps if training else 1
         return Step(name, cfg.data.max_seq_length, cfg.train.batch_size, micro, params_bytes,
-                    state_bytes, total, temps, fits, says, flops, steps, flops / peak,
+                    state_bytes, total, temps, fits, says, flops, compiled_flops, steps, flops / peak,
                     time.perf_counter() - t0)
 
     steps = []
@@ -110,6 +114,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
     return {
         "host": _host_input(eval_cfg, objective, sl.hosts, is_task),
         "config": {"model": config.model.name, "dtype": config.dtype,
+                   "attention_kernel": config.model.get("attention_kernel", "xla"),
                    "layers": config.model.get("num_layers"), "width": config.model.get("emb_dim"),
                    "train_steps": config.train.steps},
         "slice": {"name": sl.label, "chips": sl.chips, "devices": sl.devices, "hosts": sl.hosts,
@@ -155,6 +160,13 @@ def _total_bytes(memory) -> int:
                - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
 
 
+def _compiled_flops(exe) -> float | None:
+    """FLOPs per device by XLA's cost analysis, None where the backend reports none."""
+    cost = exe.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost["flops"]) if cost and "flops" in cost else None
+
+
 def _compiler_line(message: str) -> str:
     """The compiler's 'X exceeds available HBM (Y)' sentence, or its first line."""
     m = re.search(r"[^.:\n]*exceeds[^\n]*?HBM \([^)]*\)", message)
@@ -175,7 +187,8 @@ def format_plan(result: dict[str, Any]) -> str:
     """The plan as a table per device and one summary line per step, for people."""
     sl, c = result["slice"], result["config"]
     hbm = sl["hbm_per_device_gib"]
-    lines = [f"{c['model']} ({c['layers']} layers x {c['width']}, {c['dtype']}) on {sl['describe']}",
+    lines = [f"{c['model']} ({c['layers']} layers x {c['width']}, {c['dtype']}, attention "
+             f"{c['attention_kernel']}) on {sl['describe']}",
              f"mesh {result['mesh']}; per device, GiB:", ""]
     head = (f"{'step':<14}{'tokens':>7}{'batch':>7}{'micro':>6}{'params':>8}{'opt':>8}{'temps':>8}"
             f"{'total':>8}{'HBM':>7}  {'fits':<5}{'TFLOP/step':>11}{'step s':>9}{'steps':>10}"
@@ -200,6 +213,9 @@ def format_plan(result: dict[str, Any]) -> str:
         else:
             verdict = (f"{s['total'] / GiB:.2f} GiB of {hbm:.2f} GiB per device, "
                        f"{'fits' if s['fits'] else 'does NOT fit'}")
+            if s["compiled_flops"] is not None:
+                verdict += (f"; the compiler counts {s['compiled_flops'] / 1e12:.3g} TFLOP per "
+                            f"device (custom kernels such as splash not counted)")
         lines.append(f"{s['name']} ({s['seq_len']} tokens, batch {s['batch']}) on {sl['name']}: "
                      f"{verdict}")
     h = result["host"]

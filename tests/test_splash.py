@@ -1,0 +1,187 @@
+"""The splash attention kernel (models/attention.py) against the xla reference on CPU, where it
+runs in Pallas interpret mode: forward and gradients on packed encoder rows with padding,
+causal decoder rows and local windows, bfloat16 within a stated tolerance; a BERT train step
+through the sharded train step (shard_map over data, fsdp and tensor); the encoder-decoder
+(whose cross-attention runs with xla); what splash hands to xla and what it refuses."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import REPO
+
+from bert_jax import config as config_lib
+from bert_jax import models
+from bert_jax.models import attention
+from bert_jax.models.attention import Masking, UnsupportedAttention
+from bert_jax.training import input as pipelines
+from bert_jax.training import objectives, optim, sharding, state, train
+
+B, T, N, K = 2, 256, 2, 64  # splash tiles are multiples of 128: two 128-blocks per row
+# Row 0: two packed sequences, then padding; row 1: one sequence and a little padding.
+SEG = np.zeros((B, T), np.int32)
+SEG[0, :100], SEG[0, 100:200], SEG[1, :250] = 1, 2, 1
+POS = np.zeros((B, T), np.int32)
+for b in range(B):
+    for s in np.unique(SEG[b][SEG[b] > 0]):
+        POS[b, SEG[b] == s] = np.arange((SEG[b] == s).sum())
+REAL = SEG > 0  # the outputs a loss may read
+
+
+def qkv(dtype=jnp.float32):
+    return tuple(jax.random.normal(jax.random.key(i), (B, T, N, K)).astype(dtype) for i in range(3))
+
+
+def masking(causal=False, window=None) -> Masking:
+    return Masking(jnp.asarray(SEG), jnp.asarray(SEG), jnp.asarray(POS), jnp.asarray(POS),
+                   causal=causal, window=window)
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (False, 40), (True, 40)],
+                         ids=["encoder", "decoder", "encoder-window", "decoder-window"])
+def test_splash_equals_xla_forward_and_gradients(causal, window):
+    q, k, v = qkv()
+    m = masking(causal, window)
+    # A loss over the non-padding outputs only, as every objective's weights make it.
+    w = jax.random.normal(jax.random.key(9), (B, T, N, K)) * REAL[:, :, None, None]
+
+    def run(kernel):
+        def loss(q, k, v):
+            out, _ = kernel(q, k, v, m)
+            return jnp.sum(out * w), out
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+    (loss_x, out_x), grads_x = run(attention.xla_attention)
+    (loss_s, out_s), grads_s = run(attention.splash_attention)
+    np.testing.assert_allclose(np.asarray(out_s)[REAL], np.asarray(out_x)[REAL], atol=2e-6)
+    if not causal and window is None:  # an unpacked row: padding outputs equal xla's too
+        np.testing.assert_allclose(out_s[1], out_x[1], atol=2e-6)
+    np.testing.assert_allclose(loss_s, loss_x, rtol=1e-5)
+    for name, gs, gx in zip("qkv", grads_s, grads_x, strict=True):
+        np.testing.assert_allclose(gs, gx, atol=2e-5, err_msg=f"d loss / d {name}")
+
+
+def test_splash_in_bfloat16_is_as_close_to_float32_as_xla_is():
+    """Both bfloat16 kernels against the float32 reference, on the non-padding outputs: within
+    2e-2 (measured 5.3e-3 for splash, 6.6e-3 for xla: inputs and outputs rounded to bfloat16's
+    8 bits, float32 accumulation inside)."""
+    m = masking()
+    ref, _ = attention.xla_attention(*qkv(), m)
+    out_x, _ = jax.jit(lambda *a: attention.xla_attention(*a, m))(*qkv(jnp.bfloat16))
+    out_s, _ = jax.jit(lambda *a: attention.splash_attention(*a, m))(*qkv(jnp.bfloat16))
+    assert out_s.dtype == jnp.bfloat16
+    err_s = np.abs(np.asarray(out_s, np.float32) - np.asarray(ref))[REAL].max()
+    err_x = np.abs(np.asarray(out_x, np.float32) - np.asarray(ref))[REAL].max()
+    assert err_s < 2e-2 and err_x < 2e-2, (err_s, err_x)
+
+
+def _tiny_pretraining(kernel: str):
+    return config_lib.load(str(REPO / "configs/bert_pretrain.py:tiny"), [
+        "data.name=synthetic", "train.batch_size=8", "data.max_seq_length=128",
+        "data.max_predictions_per_seq=8", "model.vocab_size=128", "model.num_layers=1",
+        "model.emb_dim=32", "model.num_heads=2", "model.head_dim=16", "model.mlp_dim=64",
+        "model.attention_dropout_rate=0.0", f"model.attention_kernel={kernel}",
+        "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2", "train.steps=2",
+        "schedule.warmup_steps=1"])
+
+
+@pytest.mark.slow
+def test_a_sharded_bert_train_step_with_splash_equals_xla():
+    """The real train step (train.jit_train_step) on the 8-device mesh: batch over data x fsdp,
+    the two heads over tensor, so splash runs per shard under shard_map."""
+    metrics = {}
+    for kernel in ("xla", "splash"):
+        cfg = _tiny_pretraining(kernel)
+        config_lib.validate(cfg, jax.device_count())
+        mesh = sharding.make_mesh(cfg.mesh)
+        objective = objectives.for_config(cfg)
+        tx, schedule = optim.make_optimizer(cfg)
+        graphdef, _, state_sh = state.abstract_state(cfg, mesh, tx)
+        with jax.set_mesh(mesh):
+            train_state = state.init_state(cfg, tx, state_sh)
+            step = train.jit_train_step(cfg, graphdef, objective, tx, schedule, mesh, state_sh)
+            batch = sharding.global_batch(next(pipelines.make(cfg, "train")), mesh, 1)
+            assert (batch["attention_mask"] == 0).any()  # padding in the rows
+            _, m = step(train_state, batch)
+        metrics[kernel] = {k: float(v) for k, v in m.items() if k.endswith("loss")}
+    assert metrics["splash"].keys() == metrics["xla"].keys() and metrics["xla"]
+    for name, value in metrics["xla"].items():
+        assert metrics["splash"][name] == pytest.approx(value, rel=1e-5), name
+
+
+def test_the_encoder_decoder_with_splash_equals_xla():
+    """Encoder self-attention and causal decoder self-attention in splash; cross-attention
+    (where a decoder query may have no key to see) goes to xla."""
+    section = {"name": "transformer", **dict(vocab_size=64, emb_dim=32, num_layers=1, num_heads=2,
+                                             head_dim=16, mlp_dim=64, dropout_rate=0.0,
+                                             attention_dropout_rate=0.0)}
+    src = jnp.asarray(np.random.RandomState(0).randint(1, 64, (2, 128)) * (np.arange(128) < 100))
+    tgt = jnp.asarray(np.random.RandomState(1).randint(1, 64, (2, 128)) * (np.arange(128) < 90))
+    logits = {}
+    for kernel in ("xla", "splash"):
+        model = models.create_model({**section, "attention_kernel": kernel}, seed=0)
+        logits[kernel] = np.asarray(jax.jit(lambda s, t, model=model: model(s, t))(src, tgt))
+    real = np.asarray(tgt) > 0
+    np.testing.assert_allclose(logits["splash"][real], logits["xla"][real], atol=2e-5)
+
+
+def test_what_splash_hands_to_xla(caplog):
+    """Probabilities (the `attention` command), incremental decoding (queries != keys, or an
+    offset) and cross-attention run with xla, saying so once."""
+    q, k, v = (jax.random.normal(jax.random.key(i), (B, 4, N, K)) for i in range(3))
+    seg, pos = jnp.ones((B, 4), jnp.int32), jnp.broadcast_to(jnp.arange(4), (B, 4))
+    self_m = Masking(seg, seg, pos, pos)
+    with caplog.at_level(logging.INFO, logger="bert_jax.models.attention"):
+        attention._SAID.clear()
+        out, probs = attention.splash_attention(q, k, v, self_m, return_probs=True)
+        ref, ref_probs = attention.xla_attention(q, k, v, self_m, return_probs=True)
+        np.testing.assert_array_equal(out, ref)
+        np.testing.assert_array_equal(probs, ref_probs)
+        attention.splash_attention(q, k, v, self_m, return_probs=True)
+        cross = Masking(seg, seg, pos, pos, cross=True)
+        np.testing.assert_array_equal(attention.splash_attention(q, k, v, cross)[0],
+                                      attention.xla_attention(q, k, v, cross)[0])
+        step = Masking(seg[:, :1], seg, pos[:, :1], pos, q_offset=jnp.int32(2), causal=True)
+        np.testing.assert_array_equal(attention.splash_attention(q[:, :1], k, v, step)[0],
+                                      attention.xla_attention(q[:, :1], k, v, step)[0])
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["model.attention_kernel=splash: returning attention probabilities runs with "
+                    "the xla kernel", "model.attention_kernel=splash: cross-attention runs with "
+                    "the xla kernel", "model.attention_kernel=splash: incremental decoding runs "
+                    "with the xla kernel"]
+
+
+def _cfg(**fields):
+    return models.split_model_config(models.model_section("bert", models.bert_model_fields("tiny"),
+                                                          **fields))[1]
+
+
+@pytest.mark.parametrize("fields,length,training,says", [
+    ({"attention_kernel": "splash"}, 512, True, "model.attention_dropout_rate=0.1 with "
+                                                "model.attention_kernel=splash"),
+    ({"attention_kernel": "splash", "attention_dropout_rate": 0.0}, 200, False,
+     "min(model.attention_block_size=128, 200)"),
+    ({"attention_kernel": "splash", "attention_dropout_rate": 0.0}, 64, False,
+     "min(model.attention_block_size=128, 64)"),
+    ({"attention_kernel": "splash", "attention_dropout_rate": 0.0, "attention_block_size": 96},
+     384, False, "model.attention_block_size=96"),
+    ({"attention_window": 512}, 512, False, "model.attention_window=512"),
+], ids=["dropout", "block-not-dividing", "shorter-than-a-tile", "block-not-128", "window"])
+def test_what_splash_and_windows_refuse_before_compiling(fields, length, training, says):
+    with pytest.raises(UnsupportedAttention) as e:
+        attention.check(_cfg(**fields), [length], training=training)
+    assert says in str(e.value)
+
+
+def test_splash_passes_the_checks_it_can_run_and_refuses_gpu():
+    attention.check(_cfg(attention_kernel="splash"), [512, 128], training=False)  # dropout unused
+    attention.check(_cfg(attention_kernel="splash", attention_dropout_rate=0.0), [512, 2048],
+                    training=True)
+    attention.check_platform("splash", "tpu")
+    attention.check_platform("xla", "gpu")
+    with pytest.raises(UnsupportedAttention, match="not on gpu; choose model.attention_kernel=xla"):
+        attention.check_platform("splash", "gpu")
+    with pytest.raises(UnsupportedAttention, match="model.attention_dropout_rate=0.1"):
+        attention.splash_attention(*qkv(), masking(), dropout_rate=0.1, rng=jax.random.key(0))
