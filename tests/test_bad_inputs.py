@@ -775,9 +775,25 @@ LAUNCH_CASES = [
     case("launch-poll-seconds-nan", LAUNCH + " --poll_seconds nan", 1, "--poll_seconds=nan"),
 ]
 
+ATTENTION_CASES = [
+    # attention kernels and patterns (models/attention.py), refused before anything compiles
+    case("attention-kernel-unknown", PRETRAIN + " --config.model.attention_kernel=flash", 1,
+         "model.attention_kernel='flash'", "choose one of ['splash', 'xla']"),
+    case("splash-with-attention-dropout", PRETRAIN + " --config.model.attention_kernel=splash", 1,
+         "model.attention_dropout_rate=0.1 with model.attention_kernel=splash",
+         "set model.attention_dropout_rate=0"),
+    case("splash-shorter-than-a-tile", PRETRAIN + " --config.model.attention_kernel=splash "
+         "--config.model.attention_dropout_rate=0", 1, "min(model.attention_block_size=128, 16)",
+         "multiples of 128"),
+    case("splash-block-not-dividing", PRETRAIN.replace("max_seq_length=16", "max_seq_length=384")
+         + " --config.model.attention_kernel=splash --config.model.attention_dropout_rate=0 "
+           "--config.model.attention_block_size=256", 1, "min(model.attention_block_size=256, 384)"),
+    case("attention-window-not-below-length", PRETRAIN + " --config.model.attention_window=16", 1,
+         "model.attention_window=16", "sequence length 16", "model.attention_window=0"),
+]
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
-         + LAUNCH_CASES)
+         + LAUNCH_CASES + ATTENTION_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -945,6 +961,7 @@ def test_the_table_covers_every_area():
              "conversion": CONVERT_CASES, "features": FEATURES_CASES, "eval": EVAL_CASES,
              "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES,
              "translate": TRANSLATE_CASES, "eval (issue 23)": EVAL23_CASES,
-             "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES}
+             "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES,
+             "attention": ATTENTION_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)
