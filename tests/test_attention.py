@@ -88,3 +88,17 @@ def test_dense_masks_live_only_in_the_attention_module():
         if path.name != "attention.py":
             assert "dense_mask" not in path.read_text(), path.name
             assert "attention_mask(" not in path.read_text().replace("attention_mask: ", ""), path.name
+
+
+def test_a_local_window_keeps_each_token_to_its_neighbours():
+    """model.attention_window=2 in a one-layer BERT: changing the last token changes only the
+    outputs within 2 positions of it; without a window it changes every output."""
+    ids = jnp.asarray(np.random.RandomState(0).randint(5, 100, (1, 16)))
+    changed = ids.at[0, 15].set(4)
+    moved = {}
+    for window in (0, 2):
+        model = models.create_model(models.model_section(
+            "bert", models.bert_model_fields("tiny"), num_layers=1, attention_window=window))
+        a, b = (model(x)["sequence_output"][0] for x in (ids, changed))
+        moved[window] = np.flatnonzero(np.abs(np.asarray(a - b)).max(-1) > 1e-6).tolist()
+    assert moved == {0: list(range(16)), 2: [13, 14, 15]}

@@ -117,7 +117,7 @@ def test_checkpoint_field_lists_come_from_the_field_metadata():
         "type_vocab_size", "activation", "norm", "positions"}
     assert set(checkpoint.STATE_FIELDS) - set(checkpoint.ARCHITECTURE_FIELDS) == {
         "name", "num_decoder_layers", "use_pooler", "num_labels", "share_embeddings", "tie_output",
-        "scale_embeddings"}
+        "scale_embeddings", "attention_window"}  # (and since: the local window, what they compute)
 
 
 def _changed(value, meta):
