@@ -141,3 +141,20 @@ def test_activations_are_pinned_by_the_axis_rules_unless_turned_off():
     # [B, T, D] block outputs, [B, T, N, K] heads, [B, T, F] FFN: the batch over fsdp only
     assert layouts["32x16x128"] == '{"fsdp"}, {}, {}' and layouts["32x16x2x64"] == '{"fsdp"}, {}, {}, {}'
     assert layouts["32x16x512"] == '{"fsdp"}, {}, {}'
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_plan_compiles_the_splash_kernel_for_the_tpu_and_it_needs_fewer_temporaries():
+    """On a CPU machine, `plan` gets the real TPU kernel (the mesh's platform decides, not the
+    default backend) and its temporaries: the dense [B, N, T, T] scores (2 heads x 4,096^2
+    per device) are gone."""
+    temps = {}
+    for kernel in ("xla", "splash"):
+        cfg = small("data.max_seq_length=4096", "data.max_predictions_per_seq=20",
+                    "model.max_len=4096", "train.batch_size=8", "model.attention_dropout_rate=0.0",
+                    f"model.attention_kernel={kernel}")
+        result = plan.plan(cfg, "v5litepod-8")
+        assert result["config"]["attention_kernel"] == kernel
+        temps[kernel] = result["steps"][0]["temporaries"]
+    assert temps["splash"] < temps["xla"], temps
