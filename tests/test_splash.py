@@ -129,7 +129,7 @@ def test_the_encoder_decoder_with_splash_equals_xla():
 
 def test_what_splash_hands_to_xla(caplog):
     """Probabilities (the `attention` command), incremental decoding (queries != keys, or an
-    offset) and cross-attention run with xla, saying so once."""
+    offset), cross-attention and lengths splash cannot tile run with xla, saying so once."""
     q, k, v = (jax.random.normal(jax.random.key(i), (B, 4, N, K)) for i in range(3))
     seg, pos = jnp.ones((B, 4), jnp.int32), jnp.broadcast_to(jnp.arange(4), (B, 4))
     self_m = Masking(seg, seg, pos, pos)
@@ -146,11 +146,15 @@ def test_what_splash_hands_to_xla(caplog):
         step = Masking(seg[:, :1], seg, pos[:, :1], pos, q_offset=jnp.int32(2), causal=True)
         np.testing.assert_array_equal(attention.splash_attention(q[:, :1], k, v, step)[0],
                                       attention.xla_attention(q[:, :1], k, v, step)[0])
+        # 4 tokens: no 128-multiple tile (`features` and `translate` bring any length)
+        np.testing.assert_array_equal(attention.splash_attention(q, k, v, self_m)[0],
+                                      attention.xla_attention(q, k, v, self_m)[0])
     said = [r.getMessage() for r in caplog.records]
     assert said == ["model.attention_kernel=splash: returning attention probabilities runs with "
                     "the xla kernel", "model.attention_kernel=splash: cross-attention runs with "
                     "the xla kernel", "model.attention_kernel=splash: incremental decoding runs "
-                    "with the xla kernel"]
+                    "with the xla kernel", "model.attention_kernel=splash: a length of 4 (not in "
+                    "128-multiple tiles) runs with the xla kernel"]
 
 
 def _cfg(**fields):

@@ -148,12 +148,16 @@ def splash_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, masking: Maski
     """Pallas splash attention (TPU; interpret mode on CPU): flash attention over the blocks the
     flags leave non-empty, packed rows through segment ids, tiles of min(block_size, T). Inside
     a sharded step it runs per shard under shard_map (batch over the batch axes, heads over
-    `tensor`). Returning probabilities, incremental decoding and cross-attention go to xla."""
+    `tensor`). Returning probabilities, incremental decoding, cross-attention and lengths it
+    cannot tile go to xla."""
     T, S = q_BTNK.shape[1], k_BSNK.shape[1]
     xla_instead = ("returning attention probabilities" if return_probs
                    else "cross-attention" if masking.cross
                    else "incremental decoding" if T != S or not isinstance(masking.q_offset, int)
-                   or masking.q_offset else None)
+                   or masking.q_offset
+                   # training lengths are checked up front (check); inference may bring others
+                   else f"a length of {T} (not in 128-multiple tiles)" if _bad_blocks(block_size, T)
+                   else None)
     if xla_instead:
         _say_once(f"model.attention_kernel=splash: {xla_instead} runs with the xla kernel")
         return xla_attention(q_BTNK, k_BSNK, v_BSNK, masking, dropout_rate=dropout_rate, rng=rng,
@@ -163,8 +167,6 @@ def splash_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, masking: Maski
     platform = _platform()
     check_platform("splash", platform)
     block = min(block_size, T)
-    if _bad_blocks(block_size, T):
-        raise UnsupportedAttention(_BLOCK_ERROR.format(block=block_size, length=T))
     # Splash does not scale the logits.
     q_BTNK = q_BTNK * jnp.asarray(1.0 / math.sqrt(q_BTNK.shape[-1]), q_BTNK.dtype)
     q_seg_BT, kv_seg_BS = _splash_segment_ids(masking)
