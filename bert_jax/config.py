@@ -362,6 +362,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     try:  # a field the model does not read, a value it cannot take, attention it cannot run
         _, model = models.split_model_config(model_config(config))
         attention.check(model, [n for n in lengths if n], training=training)
+        attention.check_data(model, packed=bool(config.data.get("pack")))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if model.max_positions is not None and max(lengths) > model.max_positions:

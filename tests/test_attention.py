@@ -8,11 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from bert_jax import models
 from bert_jax.models import attention
 from bert_jax.models.attention import Masking
 
+SMALL = dict(vocab_size=128, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64)
 PACKAGE = Path(__file__).resolve().parents[1] / "bert_jax"
 
 
@@ -102,3 +104,107 @@ def test_a_local_window_keeps_each_token_to_its_neighbours():
         a, b = (model(x)["sequence_output"][0] for x in (ids, changed))
         moved[window] = np.flatnonzero(np.abs(np.asarray(a - b)).max(-1) > 1e-6).tolist()
     assert moved == {0: list(range(16)), 2: [13, 14, 15]}
+
+
+def _pattern_loop(q_pos, kv_pos, seg, *, window=None, layer=0, pattern=None):
+    """The patterns one (query, key) pair at a time: a window whose global layers (layer %
+    every == 0) see everything; BigBird's neighbouring blocks, its random blocks (the table) and
+    the tokens at positions below block * global_blocks (global within their sequence)."""
+    base = _loop_mask(seg, seg)
+    B, T = seg.shape
+    out = np.zeros_like(base)
+    for b in range(B):
+        for t in range(T):
+            for s in range(T):
+                ok = base[b, 0, t, s]
+                if window is not None and not (pattern.global_every and layer % pattern.global_every == 0):
+                    ok = ok and abs(t - s) <= window
+                if pattern is not None and pattern.block:
+                    size = pattern.block
+                    table = attention.bigbird_blocks(pattern, layer, -(-T // size))
+                    first = size * pattern.global_blocks
+                    ok = ok and (abs(t // size - s // size) <= pattern.window_blocks
+                                 or table[t // size, s // size]
+                                 or q_pos[b, t] < first or kv_pos[b, s] < first)
+                out[b, 0, t, s] = ok
+    return out
+
+
+@pytest.mark.parametrize("window,pattern,layer", [
+    (2, attention.Pattern(num_layers=4, global_every=3), 0),
+    (2, attention.Pattern(num_layers=4, global_every=3), 1),
+    (None, attention.Pattern(num_layers=2, block=2, window_blocks=1, global_blocks=1, random_blocks=1), 0),
+    (None, attention.Pattern(num_layers=2, block=2, window_blocks=0, global_blocks=1, random_blocks=2), 1),
+], ids=["global-layer", "local-layer", "bigbird-layer0", "bigbird-layer1"])
+def test_pattern_dense_masks_are_what_the_patterns_say(window, pattern, layer):
+    """Packed rows: each sequence's first block (by position) is global within it."""
+    seg = np.array([[1] * 5 + [2] * 5 + [0] * 2, [1] * 12])
+    pos = np.array([[*range(5), *range(5), 0, 0], list(range(12))])
+    m = Masking(jnp.asarray(seg), jnp.asarray(seg), jnp.asarray(pos), jnp.asarray(pos),
+                window=window, pattern=pattern, layer=layer)
+    np.testing.assert_array_equal(np.asarray(attention.dense_mask(m)),
+                                  _pattern_loop(pos, pos, seg, window=window, layer=layer,
+                                                pattern=pattern))
+
+
+def test_bigbird_random_blocks_are_fixed_per_layer_and_outside_the_window():
+    p = attention.Pattern(num_layers=3, block=64, window_blocks=1, global_blocks=1, random_blocks=3)
+    tables = [attention.bigbird_blocks(p, layer, 16) for layer in range(3)]
+    np.testing.assert_array_equal(tables[1], attention.bigbird_blocks(p, 1, 16))  # fixed
+    assert not np.array_equal(tables[0], tables[1])  # per layer
+    idx = np.arange(16)
+    near = np.abs(idx[:, None] - idx[None, :]) <= 1
+    random = tables[0] & ~near
+    assert (random[1:].sum(1) == 3).all() and not random[0].any()  # the global block draws none
+    assert not random[:, 0].any()  # nor is a global block drawn
+
+
+def test_scanned_and_unrolled_stacks_see_the_same_per_layer_patterns():
+    """scan_layers traces the layer index: each layer still gets its own random blocks and
+    global layers, so both executions compute the same outputs."""
+    ids = jnp.asarray(np.random.RandomState(0).randint(5, 100, (2, 32)))
+    outs = {}
+    for fields in ({"attention_pattern": "bigbird", "bigbird_block": 4, "bigbird_random_blocks": 2},
+                   {"attention_window": 3, "attention_global_every": 2}):
+        for scan in (False, True):
+            model = models.create_model(models.model_section(
+                "bert", models.bert_model_fields("tiny"), **SMALL, num_layers=3, scan_layers=scan,
+                **fields))
+            outs[scan] = np.asarray(jax.jit(lambda x, model=model: model(x)["sequence_output"])(ids))
+        np.testing.assert_allclose(outs[True], outs[False], atol=2e-6, err_msg=str(fields))
+
+
+def _linformer(**fields):
+    return models.create_model(models.model_section(
+        "bert_pretraining", models.bert_model_fields("tiny"), **SMALL, num_layers=1, max_len=32,
+        attention_pattern="linformer", linformer_k=8, dropout_rate=0.0, **fields))
+
+
+def test_linformer_trains_a_step_and_ignores_padding():
+    """Its [max_len, k] projection is a parameter of each layer and gets gradients; padded keys
+    are zeroed before the projection, so the real tokens' outputs ignore what the padding holds."""
+    model = _linformer()
+    E = model.bert.encoder.layers.attention.linformer
+    assert E.shape == (1, 32, 8)
+    ids = jnp.asarray(np.random.RandomState(0).randint(5, 100, (2, 32)))
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def loss(params, ids, mask):
+        out = nnx.merge(graphdef, params)(ids, attention_mask=mask)
+        return jnp.mean(jax.nn.log_softmax(out["mlm_logits"])[..., 7])
+
+    full = jnp.ones_like(ids)
+    value, grads = jax.jit(jax.value_and_grad(loss))(params, ids, full)
+    assert np.isfinite(value)
+    assert np.abs(np.asarray(grads["bert"]["encoder"]["layers"]["attention"]["linformer"][...])).max() > 0
+    padded = full.at[:, 20:].set(0)
+    other = ids.at[:, 20:].set(3)
+    run = jax.jit(lambda x, m: model.bert(x, attention_mask=m)["sequence_output"])
+    np.testing.assert_allclose(run(ids, padded)[:, :20], run(other, padded)[:, :20], atol=1e-5)
+
+
+def test_linformer_is_for_the_bert_models():
+    """A decoder's causal attention cannot mix every position into its keys."""
+    with pytest.raises(ValueError, match="model.attention_pattern=linformer: decoder-only models"):
+        models.split_model_config(models.model_section(
+            "decoder_lm", models.transformer_model_fields("base"), attention_pattern="linformer"))

@@ -791,9 +791,34 @@ ATTENTION_CASES = [
     case("attention-window-not-below-length", PRETRAIN + " --config.model.attention_window=16", 1,
          "model.attention_window=16", "sequence length 16", "model.attention_window=0"),
 ]
+PATTERN_CASES = [
+    # attention patterns (models/attention.py), refused before anything compiles
+    case("attention-pattern-unknown", PRETRAIN + " --config.model.attention_pattern=longformer", 1,
+         "model.attention_pattern='longformer'", "choose one of ('full', 'bigbird', 'linformer')"),
+    case("bigbird-block-not-dividing", PRETRAIN + " --config.model.attention_pattern=bigbird "
+         "--config.model.bigbird_block=5", 1, "model.bigbird_block=5",
+         "does not divide the sequence length 16", "model.bigbird_block=4"),
+    case("bigbird-block-longer-than-sequence", PRETRAIN + " --config.model.attention_pattern=bigbird "
+         "--config.model.bigbird_block=32", 1, "model.bigbird_block=32", "model.bigbird_block=8"),
+    case("bigbird-with-a-window", PRETRAIN + " --config.model.attention_pattern=bigbird "
+         "--config.model.bigbird_block=4 --config.model.attention_window=4", 1,
+         "model.attention_window=4 with model.attention_pattern=bigbird",
+         "model.bigbird_window_blocks", "set model.attention_window=0"),
+    case("global-layers-without-a-window", PRETRAIN + " --config.model.attention_global_every=3", 1,
+         "model.attention_global_every=3", "model.attention_window > 0"),
+    case("linformer-with-packing", PRETRAIN + " --config.model.attention_pattern=linformer "
+         "--config.model.linformer_k=8 --config.data.pack=true", 1,
+         "model.attention_pattern=linformer with data.pack=True", "set data.pack=False"),
+    case("linformer-k-not-below-length", PRETRAIN + " --config.model.attention_pattern=linformer "
+         "--config.model.linformer_k=16", 1, "model.linformer_k=16", "sequence length 16"),
+    case("linformer-with-splash", PRETRAIN + " --config.model.attention_pattern=linformer "
+         "--config.model.linformer_k=8 --config.model.attention_kernel=splash "
+         "--config.model.attention_dropout_rate=0", 1,
+         "model.attention_pattern=linformer runs with model.attention_kernel=xla"),
+]
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
-         + LAUNCH_CASES + ATTENTION_CASES)
+         + LAUNCH_CASES + ATTENTION_CASES + PATTERN_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -962,6 +987,6 @@ def test_the_table_covers_every_area():
              "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES,
              "translate": TRANSLATE_CASES, "eval (issue 23)": EVAL23_CASES,
              "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES,
-             "attention": ATTENTION_CASES}
+             "attention": ATTENTION_CASES, "attention patterns": PATTERN_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

@@ -141,6 +141,7 @@ def split_model_config(model_cfg: Mapping[str, Any]) -> tuple[str, ModelConfig]:
         raise ValueError(not_read(name, unread[0], fields[unread[0]]))
     cfg = CONFIGS[name](**fields)
     attention.kernel(cfg.attention_kernel)  # an unknown kernel: an error naming the field
+    attention.check_pattern(cfg)  # pattern fields that do not go together
     return name, cfg
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
@@ -56,9 +57,71 @@ class Masking:
     q_positions: Array  # [B, T] int
     kv_positions: Array  # [B, S] int
     q_offset: Array | int = 0  # index of the first query among the keys (incremental decoding)
+    layer: Array | int = 0  # the layer attending (set by the layer stack; traced under scan)
     causal: bool = dataclasses.field(default=False, metadata={"static": True})
     window: int | None = dataclasses.field(default=None, metadata={"static": True})
     cross: bool = dataclasses.field(default=False, metadata={"static": True})
+    pattern: Pattern | None = dataclasses.field(default=None, metadata={"static": True})
+
+    def in_layer(self, layer: Array | int, num_layers: int) -> Masking:
+        """This masking as layer `layer` of a stack of `num_layers` sees it."""
+        if self.pattern is None:
+            return self
+        return dataclasses.replace(self, layer=layer,
+                                   pattern=dataclasses.replace(self.pattern, num_layers=num_layers))
+
+
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    """What varies by layer (the Masking's `layer`) or goes beyond a window: with a window,
+    layer i is global (sees every key) when i % global_every == 0 (ModernBERT's convention);
+    BigBird (block > 0), in blocks of `block` tokens by index: a query block sees the keys of
+    the `window_blocks` blocks on each side of its own and `random_blocks` random key blocks
+    (numpy's generator seeded by (layer, blocks per row): fixed for a checkpoint); and tokens
+    whose position is below block * global_blocks (each packed example's first blocks, its
+    [CLS] included) see, and are seen by, every token of their example."""
+
+    num_layers: int = 1
+    global_every: int = 0
+    block: int = 0
+    window_blocks: int = 0
+    global_blocks: int = 0
+    random_blocks: int = 0
+
+    def is_global(self, layer: Array | int) -> Array | bool:
+        return self.global_every > 0 and layer % self.global_every == 0
+
+    def layer_kinds(self) -> list[int]:
+        """A key per layer: layers with the same key have the same static mask."""
+        if self.block:
+            return list(range(self.num_layers)) if self.random_blocks else [0] * self.num_layers
+        return [int(self.is_global(i)) for i in range(self.num_layers)]
+
+
+def pattern_of(cfg: ModelConfig) -> tuple[int | None, Pattern | None]:
+    """(the window, the Pattern) of a model config's self-attention (the stack sets its depth)."""
+    window = cfg.attention_window or None
+    if cfg.attention_pattern == "bigbird":
+        return None, Pattern(block=cfg.bigbird_block, window_blocks=cfg.bigbird_window_blocks,
+                             global_blocks=cfg.bigbird_global_blocks,
+                             random_blocks=cfg.bigbird_random_blocks)
+    if window is not None and cfg.attention_global_every:
+        return window, Pattern(global_every=cfg.attention_global_every)
+    return window, None
+
+
+def bigbird_blocks(p: Pattern, layer: int, num_blocks: int) -> np.ndarray:
+    """[blocks, blocks] bool: the window and random key blocks of each query block (by index;
+    the global blocks come from positions). Global query blocks draw no random blocks."""
+    idx = np.arange(num_blocks)
+    near = np.abs(idx[:, None] - idx[None, :]) <= p.window_blocks
+    rng = np.random.default_rng([layer, num_blocks])
+    for i in range(p.global_blocks, num_blocks):
+        choices = np.flatnonzero(~near[i] & (idx >= p.global_blocks))
+        if len(choices):
+            pick = rng.choice(choices, min(p.random_blocks, len(choices)), replace=False)
+            near[i, pick] = True
+    return near
 
 
 def dense_mask(m: Masking) -> Array:
@@ -66,13 +129,23 @@ def dense_mask(m: Masking) -> Array:
     q = m.q_segment_ids[:, None, :, None]
     k = m.kv_segment_ids[:, None, None, :]
     mask = (k != 0) & ((q == k) | (q == 0))
-    if m.causal or m.window is not None:
-        q_idx = m.q_offset + jnp.arange(m.q_segment_ids.shape[1])
-        k_idx = jnp.arange(m.kv_segment_ids.shape[1])
-        if m.causal:
-            mask = mask & (k_idx[None, :] <= q_idx[:, None])[None, None]
-        if m.window is not None:
-            mask = mask & (jnp.abs(q_idx[:, None] - k_idx[None, :]) <= m.window)[None, None]
+    q_idx = m.q_offset + jnp.arange(m.q_segment_ids.shape[1])
+    k_idx = jnp.arange(m.kv_segment_ids.shape[1])
+    if m.causal:
+        mask = mask & (k_idx[None, :] <= q_idx[:, None])[None, None]
+    if m.window is not None:
+        band = jnp.abs(q_idx[:, None] - k_idx[None, :]) <= m.window
+        if m.pattern is not None:
+            band = band | m.pattern.is_global(m.layer)
+        mask = mask & band[None, None]
+    if m.pattern is not None and m.pattern.block:
+        p, S = m.pattern, m.kv_segment_ids.shape[1]
+        n = -(-S // p.block)
+        table = jnp.asarray(np.stack([bigbird_blocks(p, i, n) for i in range(p.num_layers)]))
+        near = table[m.layer][(q_idx // p.block)[:, None], (k_idx // p.block)[None, :]]
+        first = p.block * p.global_blocks
+        glob = (m.q_positions < first)[:, :, None] | (m.kv_positions < first)[:, None, :]
+        mask = mask & (near[None] | glob)[:, None]
     return mask
 
 
@@ -121,15 +194,25 @@ def _splash_segment_ids(m: Masking) -> tuple[Array, Array]:
     padding outputs then differ from xla's, and no loss reads them (the decoders weight their
     targets by segment id > 0; the BERT objectives read [CLS], tags and masked positions)."""
     q, kv = m.q_segment_ids, m.kv_segment_ids
-    if m.causal or m.window is not None:
+    if m.causal or m.window is not None or m.pattern is not None:
         return q, kv
     last = jnp.max(q, axis=1, keepdims=True)
     return jnp.where(q == 0, last, q), jnp.where((kv == 0) & (last > 0), -1, kv)
 
 
-def _splash_mask(m: Masking, T: int, S: int) -> splash.Mask:
-    """The static [T, S] mask of the flags: splash skips the blocks it leaves empty."""
-    if m.window is not None:
+def _splash_mask(m: Masking, T: int, S: int, layer: int) -> splash.Mask:
+    """The static [T, S] mask of the flags and layer `layer`'s pattern: splash skips the blocks
+    it leaves empty. BigBird's global blocks are the row's first (by index): the positions'
+    global tokens in a row holding one example from index 0 (`check_data` refuses packing)."""
+    p = m.pattern
+    if p is not None and p.block:
+        n, first = -(-S // p.block), p.block * p.global_blocks
+        near = np.kron(bigbird_blocks(p, layer, n), np.ones((p.block, p.block), bool))[:T, :S]
+        near |= (np.arange(T) < first)[:, None] | (np.arange(S) < first)[None, :]
+        if m.causal:
+            near &= np.tri(T, S, dtype=bool)
+        return splash.NumpyMask(near)
+    if m.window is not None and not (p is not None and p.is_global(layer)):
         return splash.LocalMask((T, S), (m.window, 0 if m.causal else m.window), offset=0)
     return splash.CausalMask((T, S)) if m.causal else splash.FullMask((T, S))
 
@@ -171,27 +254,43 @@ def splash_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, masking: Maski
     q_BTNK = q_BTNK * jnp.asarray(1.0 / math.sqrt(q_BTNK.shape[-1]), q_BTNK.dtype)
     q_seg_BT, kv_seg_BS = _splash_segment_ids(masking)
 
-    def per_shard(q_BTNK, k_BSNK, v_BSNK, q_seg_BT, kv_seg_BS):
+    # One kernel per distinct static mask: a layer index traced by scan_layers picks its
+    # layer's kernel with lax.switch (all of them are compiled; one runs).
+    layer = masking.layer
+    if masking.pattern is None or isinstance(layer, int):
+        layers, pick = [layer if isinstance(layer, int) else 0], jnp.int32(0)
+    else:
+        kinds = masking.pattern.layer_kinds()
+        layers = [kinds.index(k) for k in dict.fromkeys(kinds)]  # each kind's first layer
+        pick = jnp.asarray([layers.index(kinds.index(k)) for k in kinds], jnp.int32)[layer]
+
+    def per_shard(q_BTNK, k_BSNK, v_BSNK, q_seg_BT, kv_seg_BS, pick):
         N = q_BTNK.shape[2]  # this shard's heads
         sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                                   block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                                   block_q_dq=block, block_kv_dq=block)
-        fn = splash.make_splash_mha(splash.MultiHeadMask([_splash_mask(masking, T, S)] * N),
-                                    block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                    interpret=platform == "cpu")
         heads_first = (lambda x: x.transpose(0, 2, 1, 3))  # [B, T, N, K] <-> [B, N, T, K]
-        out_BNTK = jax.vmap(fn)(heads_first(q_BTNK), heads_first(k_BSNK), heads_first(v_BSNK),
-                                segment_ids=splash.SegmentIds(q_seg_BT, kv_seg_BS))
-        return heads_first(out_BNTK)
+
+        def run(layer):
+            mask = splash.MultiHeadMask([_splash_mask(masking, T, S, layer)] * N)
+            fn = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                        interpret=platform == "cpu")
+            return lambda *args: jax.vmap(fn)(*args[:3], segment_ids=splash.SegmentIds(*args[3:]))
+
+        args = (heads_first(q_BTNK), heads_first(k_BSNK), heads_first(v_BSNK), q_seg_BT, kv_seg_BS)
+        if len(layers) == 1:
+            return heads_first(run(layers[0])(*args))
+        return heads_first(jax.lax.switch(pick, [run(i) for i in layers], *args))
 
     ctx = sharding_context()
     if ctx is None:
-        return per_shard(q_BTNK, k_BSNK, v_BSNK, q_seg_BT, kv_seg_BS), None
+        return per_shard(q_BTNK, k_BSNK, v_BSNK, q_seg_BT, kv_seg_BS, pick), None
     batch, _, heads, _ = ctx.spec(("batch", "length", "heads", "kv"), q_BTNK.shape)
     spec_BTNK, spec_BT = PartitionSpec(batch, None, heads, None), PartitionSpec(batch, None)
-    sharded = jax.shard_map(per_shard, mesh=ctx.mesh, in_specs=(spec_BTNK,) * 3 + (spec_BT,) * 2,
+    sharded = jax.shard_map(per_shard, mesh=ctx.mesh,
+                            in_specs=(spec_BTNK,) * 3 + (spec_BT,) * 2 + (PartitionSpec(),),
                             out_specs=spec_BTNK, check_vma=False)
-    return sharded(q_BTNK, k_BSNK, v_BSNK, q_seg_BT, kv_seg_BS), None
+    return sharded(q_BTNK, k_BSNK, v_BSNK, q_seg_BT, kv_seg_BS, pick), None
 
 
 Kernel = Callable[..., tuple[Array, Array | None]]
@@ -229,16 +328,70 @@ def check_platform(name: str, platform: str) -> None:
                                    f"model.attention_kernel=xla")
 
 
+def check_pattern(cfg: ModelConfig) -> None:
+    """Pattern fields that do not go together (any length); raises UnsupportedAttention."""
+    p, window, every = cfg.attention_pattern, cfg.attention_window, cfg.attention_global_every
+    if p != "full" and window:
+        raise UnsupportedAttention(
+            f"model.attention_window={window} with model.attention_pattern={p}: the window is the "
+            f"local pattern of model.attention_pattern=full"
+            + ("; bigbird's window is model.bigbird_window_blocks" if p == "bigbird" else "")
+            + "; set model.attention_window=0")
+    if every and not window:
+        raise UnsupportedAttention(
+            f"model.attention_global_every={every} makes every {every}th layer global among local "
+            f"layers: it needs model.attention_window > 0 (e.g. 128), or set it to 0")
+    if p == "linformer" and not hasattr(cfg, "linformer_k"):
+        raise UnsupportedAttention(
+            f"model.attention_pattern=linformer: {type(cfg).family} models attend causally or "
+            f"across sequences; linformer (keys projected along the sequence) is for the BERT "
+            f"models; choose model.attention_pattern=full or bigbird")
+    if p == "linformer" and cfg.attention_kernel != "xla":
+        raise UnsupportedAttention(
+            "model.attention_pattern=linformer runs with model.attention_kernel=xla (its keys "
+            "are linformer_k projections, no sparse mask); set model.attention_kernel=xla")
+
+
+def check_data(cfg: ModelConfig, *, packed: bool) -> None:
+    """What the pattern cannot do with packed rows (data.pack)."""
+    if packed and cfg.attention_pattern == "linformer":
+        raise UnsupportedAttention(
+            "model.attention_pattern=linformer with data.pack=True: linformer's projection mixes "
+            "every position of a row, so packed examples would see each other; set "
+            "data.pack=False or choose another model.attention_pattern")
+    if packed and cfg.attention_pattern == "bigbird" and cfg.attention_kernel == "splash":
+        raise UnsupportedAttention(
+            "model.attention_pattern=bigbird with model.attention_kernel=splash and data.pack=True: "
+            "splash's static mask makes only each row's first blocks global, not each packed "
+            "example's; set data.pack=False or model.attention_kernel=xla")
+
+
+def _divisor(length: int, block: int) -> int:
+    """The largest divisor of length below it and not above block (a suggestion)."""
+    return max(d for d in range(1, max(2, min(block, length // 2) + 1)) if length % d == 0)
+
+
 def check(cfg: ModelConfig, lengths: Sequence[int], *, training: bool) -> None:
     """What the attention settings cannot do at these sequence lengths (training: with the
     config's dropout), found before anything is compiled; raises UnsupportedAttention."""
     kernel(cfg.attention_kernel)
+    check_pattern(cfg)
     for length in lengths:
         if cfg.attention_window >= length:
             raise UnsupportedAttention(
                 f"model.attention_window={cfg.attention_window} is not smaller than the sequence "
                 f"length {length}: every token would see every other; choose a window below "
                 f"{length}, or model.attention_window=0 (full attention)")
+        if cfg.attention_pattern == "bigbird" and length % cfg.bigbird_block:
+            raise UnsupportedAttention(
+                f"model.bigbird_block={cfg.bigbird_block} does not divide the sequence length "
+                f"{length}: bigbird works in whole blocks; choose a block that divides {length} "
+                f"(e.g. model.bigbird_block={_divisor(length, cfg.bigbird_block)})")
+        if cfg.attention_pattern == "linformer" and cfg.linformer_k >= length:
+            raise UnsupportedAttention(
+                f"model.linformer_k={cfg.linformer_k} is not smaller than the sequence length "
+                f"{length}: the projection would not shorten it; choose model.linformer_k below "
+                f"{length}, or model.attention_pattern=full")
     if cfg.attention_kernel != "splash":
         return
     if training and cfg.attention_dropout_rate > 0.0:
@@ -262,6 +415,24 @@ class Attention(nnx.Module):
         self.kernel = cfg.attention_kernel
         kernel(self.kernel)  # an unknown name fails here, when the model is built
         self.options = {"block_size": cfg.attention_block_size} if self.kernel in BLOCKED else {}
+        # Linformer: one [max_len, k] projection per layer, shared by keys, values and heads
+        # (the paper's key-value sharing).
+        self.linformer = (nnx.Param(nnx.initializers.normal(cfg.max_len ** -0.5)(
+            rngs.params(), (cfg.max_len, cfg.linformer_k)), out_sharding=(None, None))
+            if cfg.attention_pattern == "linformer" else None)
+
+    def _project(self, k_BSNK: Array, v_BSNK: Array, m: Masking) -> tuple[Array, Array, Masking]:
+        """Linformer: keys and values projected along the sequence to k; padding keys are zeroed
+        first, so a row's output depends on its real tokens only. Every query sees all k."""
+        S = k_BSNK.shape[1]
+        E_SJ = self.linformer[...][:S].astype(k_BSNK.dtype)
+        real = (m.kv_segment_ids != 0)[:, :, None, None]
+        k_BJNK, v_BJNK = (matmul("bsnk,sj->bjnk", jnp.where(real, x, 0), E_SJ)
+                          for x in (k_BSNK, v_BSNK))
+        B, J = k_BJNK.shape[:2]
+        kv_pos_BJ = jnp.broadcast_to(jnp.arange(J), (B, J))
+        return k_BJNK, v_BJNK, Masking((m.q_segment_ids != 0).astype(jnp.int32),
+                                       jnp.ones((B, J), jnp.int32), m.q_positions, kv_pos_BJ)
 
     def __call__(self, x_BTD: Array, kv_BSD: Array, masking: Masking, *, rng: Array | None = None,
                  cache: Cache | None = None, cache_index: Array | None = None,
@@ -278,6 +449,8 @@ class Attention(nnx.Module):
             k_BSNK = jax.lax.dynamic_update_slice(cache["key"], k_BSNK.astype(cache["key"].dtype), start)
             v_BSNK = jax.lax.dynamic_update_slice(cache["value"], v_BSNK.astype(cache["value"].dtype), start)
             cache = {"key": k_BSNK, "value": v_BSNK}
+        if self.linformer is not None:
+            k_BSNK, v_BSNK, masking = self._project(k_BSNK, v_BSNK, masking)
         out_BTNK, probs_BNTS = kernel(self.kernel)(q_BTNK, k_BSNK, v_BSNK, masking,
                                                    dropout_rate=self.dropout_rate, rng=rng,
                                                    return_probs=return_probs, **self.options)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax.models.attention import Masking
+from bert_jax.models.attention import Masking, pattern_of
 from bert_jax.models.config import BertConfig
 from bert_jax.models.layers import (
     ACTIVATIONS,
@@ -60,7 +60,7 @@ class BertModel(nnx.Module):
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs, use_pooler: bool | None = None):
         self.embeddings = BertEmbeddings(cfg, rngs=rngs)
         self.encoder = Encoder(cfg, rngs=rngs)
-        self.window = cfg.attention_window or None
+        self.window, self.pattern = pattern_of(cfg)
         use_pooler = cfg.use_pooler if use_pooler is None else use_pooler
         self.pooler = (dense(cfg, cfg.emb_dim, cfg.emb_dim, ("embed", "mlp"), rngs=rngs)
                        if use_pooler else None)
@@ -92,7 +92,7 @@ class BertModel(nnx.Module):
                            else attention_mask.astype(jnp.int32))
         x_BTD = self.embeddings(input_ids, token_type_ids, positions, r[0])
         masking = Masking(segment_ids, segment_ids, positions, positions,
-                          window=self.window)
+                          window=self.window, pattern=self.pattern)
         seq_BTD, _, extras = self.encoder(x_BTD, masking, rng=r[1], return_hidden=return_hidden,
                                           return_attention=attention_out is not None)
         out = {"sequence_output": seq_BTD}

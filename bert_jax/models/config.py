@@ -35,6 +35,10 @@ REMAT_POLICIES = {
 
 KINDS = ("architecture", "state", "run")
 
+# full: every key (or a local window, model.attention_window); bigbird: window, global and
+# random blocks; linformer: keys and values projected along the sequence (models/attention.py).
+PATTERNS = ("full", "bigbird", "linformer")
+
 
 def _field(default: Any, kind: str, *, flops: bool = False, choices: tuple | None = None,
            least: int | None = None, only: tuple[str, ...] | None = None) -> Any:
@@ -72,6 +76,14 @@ class ModelConfig:
     attention_kernel: str = _field("xla", "run")  # attention implementation (models/attention.py)
     attention_block_size: int = _field(128, "run", least=1)  # splash's tiles: min(this, length)
     attention_window: int = _field(0, "state", flops=True, least=0)  # local: |t - s| <= W; 0 = all
+    # Sparse patterns (models/attention.py, docs/attention.md): with a window, layer i is global
+    # (full) when i % n == 0 (ModernBERT's convention); bigbird's blocks; linformer (BERT only).
+    attention_global_every: int = _field(0, "state", flops=True, least=0)  # 0: no global layers
+    attention_pattern: str = _field("full", "state", flops=True, choices=PATTERNS)
+    bigbird_block: int = _field(64, "state", flops=True, least=1)  # tokens per block
+    bigbird_window_blocks: int = _field(1, "state", flops=True, least=0)  # on each side of its own
+    bigbird_global_blocks: int = _field(1, "state", flops=True, least=0)  # each example's first
+    bigbird_random_blocks: int = _field(3, "state", flops=True, least=0)  # per query block
     dtype: str = _field("float32", "run", choices=DTYPES)  # compute dtype; parameters stay float32
 
     def __post_init__(self):
@@ -103,6 +115,7 @@ class BertConfig(ModelConfig):
     family: ClassVar[str] = "BERT"
 
     type_vocab_size: int = _field(2, "architecture", least=0)  # segment A/B embeddings; 0 = none
+    linformer_k: int = _field(256, "state", flops=True, least=1)  # projected sequence length
     use_pooler: bool = _field(True, "state", only=("bert",))  # [CLS] pooler of the bare encoder
     num_labels: int = _field(2, "state", least=1,  # 1 = regression
                              only=("bert_classification", "bert_tagging"))

@@ -216,14 +216,37 @@ def split_rng(rng: Array | None, n: int) -> list[Array | None]:
     return [None] * n if rng is None else list(jax.random.split(rng, n))
 
 
-def layer_flops_per_token(cfg: ModelConfig, seq_len: int, *, cross_attention: bool = False) -> int:
+def attention_keys(cfg: ModelConfig, seq_len: int) -> float:
+    """The keys a query visits, averaged over the layers and queries: seq_len; the 2W+1 of a
+    local window W (seq_len in its global layers); BigBird's window, global and random blocks
+    (its global queries see every key); linformer's k."""
+    if cfg.attention_pattern == "linformer":
+        return min(seq_len, cfg.linformer_k)
+    if cfg.attention_pattern == "bigbird":
+        b = cfg.bigbird_block
+        n = -(-seq_len // b)
+        g = min(n, cfg.bigbird_global_blocks)
+        rest = min(n, 2 * cfg.bigbird_window_blocks + 1 + g + cfg.bigbird_random_blocks)
+        return min(seq_len, b * (g * n + (n - g) * rest) / n)
+    if not cfg.attention_window:
+        return seq_len
+    local = min(seq_len, 2 * cfg.attention_window + 1)
+    every = cfg.attention_global_every
+    globals_ = -(-cfg.num_layers // every) if every else 0  # layers i % every == 0
+    return (globals_ * seq_len + (cfg.num_layers - globals_) * local) / cfg.num_layers
+
+
+def layer_flops_per_token(cfg: ModelConfig, seq_len: int, *, cross_attention: bool = False) -> float:
     """Forward matmul FLOPs per token of one Block at key length seq_len (2 per multiply-add):
-    Q/K/V/output projections, QK^T and AV (2 * 2 * keys * heads * head_dim, keys = seq_len or
-    the 2W+1 of a local window W), the FFN. (Cross-attention has no window.)"""
+    Q/K/V/output projections, QK^T and AV (2 * 2 * keys * heads * head_dim, keys from
+    `attention_keys`; linformer adds its projection of keys and values, 2 * 2 * k * heads *
+    head_dim), the FFN. (Cross-attention sees every key.)"""
     nk = cfg.num_heads * cfg.head_dim
-    keys = min(seq_len, 2 * cfg.attention_window + 1) if cfg.attention_window else seq_len
+    keys = attention_keys(cfg, seq_len)
     projections = 2 * 4 * cfg.emb_dim * nk
     attention = projections + 2 * 2 * keys * nk
+    if cfg.attention_pattern == "linformer":
+        attention += 2 * 2 * keys * nk
     if cross_attention:
         attention += projections + 2 * 2 * seq_len * nk
     return attention + 2 * 2 * cfg.emb_dim * cfg.mlp_dim

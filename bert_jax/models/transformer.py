@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax.models.attention import Attention, Masking
+from bert_jax.models.attention import Attention, Masking, Pattern, pattern_of
 from bert_jax.models.config import REMAT_POLICIES, DecoderLMConfig, EncoderDecoderConfig
 from bert_jax.models.layers import (
     ACTIVATIONS,
@@ -131,23 +131,29 @@ class Stack(nnx.Module):
         graphdef, params = nnx.split(self.layers)
         rngs_L = None if rng is None else jax.random.split(rng, self.num_layers)
 
-        def body(h_BTD, xs):
+        def body(h_BTD, xs, layer):
             layer_params, layer_rng, layer_cache = xs
             block = nnx.merge(graphdef, layer_params)
-            h_BTD, layer_cache, probs = block(h_BTD, masking, memory=memory, rng=layer_rng,
-                                              cache=layer_cache, return_attention=return_attention)
+            h_BTD, layer_cache, probs = block(h_BTD, masking.in_layer(layer, self.num_layers),
+                                              memory=memory, rng=layer_rng, cache=layer_cache,
+                                              return_attention=return_attention)
             return h_BTD, (layer_cache, {**probs, **({"hidden": h_BTD} if return_hidden else {})})
 
-        if self.remat_policy != "none":
-            body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat_policy],
+        def remat(fn):
+            if self.remat_policy == "none":
+                return fn
+            return jax.checkpoint(fn, policy=REMAT_POLICIES[self.remat_policy],
                                   prevent_cse=not self.scan)
+
         xs = (params, rngs_L, cache)
-        if self.scan:
-            x_BTD, (cache, extras) = jax.lax.scan(body, x_BTD, xs)
-        else:
+        if self.scan:  # the layer index is traced: attention patterns pick by it (attention.py)
+            step = remat(lambda h_BTD, xs_i: body(h_BTD, xs_i[0], xs_i[1]))
+            x_BTD, (cache, extras) = jax.lax.scan(step, x_BTD, (xs, jnp.arange(self.num_layers)))
+        else:  # a Python int per layer: each layer's static attention pattern
             ys = []
             for i in range(self.num_layers):
-                x_BTD, y = body(x_BTD, jax.tree.map(lambda a, i=i: a[i], xs))
+                step = remat(lambda h_BTD, xs_i, i=i: body(h_BTD, xs_i, i))
+                x_BTD, y = step(x_BTD, jax.tree.map(lambda a, i=i: a[i], xs))
                 ys.append(y)
             cache, extras = jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else (None, {})
         if self.final_norm is not None:
@@ -172,15 +178,15 @@ def _default_positions(ids_BT: Array, positions_BT: Array | None, offset=0) -> A
 
 
 def _causal_masking(seg_BT: Array, pos_BT: Array, cache: Cache | None, cache_index,
-                    window: int | None) -> Masking:
+                    window: int | None, pattern: Pattern | None) -> Masking:
     if cache is None:
-        return Masking(seg_BT, seg_BT, pos_BT, pos_BT, causal=True, window=window)
+        return Masking(seg_BT, seg_BT, pos_BT, pos_BT, causal=True, window=window, pattern=pattern)
     # Decoding: the keys are all cache slots [L, B, S, N, K]; the causal mask hides the
     # slots after the current position, which are not written yet.
     B, S = seg_BT.shape[0], cache["key"].shape[2]
     slots_BS = jnp.broadcast_to(jnp.arange(S), (B, S))
     return Masking(jnp.ones_like(seg_BT), jnp.ones((B, S), jnp.int32), pos_BT, slots_BS,
-                   q_offset=cache_index, causal=True, window=window)
+                   q_offset=cache_index, causal=True, window=window, pattern=pattern)
 
 
 def _record(attention_out: dict | None, **found: Array) -> None:
@@ -236,7 +242,7 @@ class EncoderDecoder(nnx.Module):
                                                         rngs=rngs)
         self.cfg = cfg
         self.pad_id = pad_id
-        self.window = cfg.attention_window or None  # self-attention's local window
+        self.window, self.pattern = pattern_of(cfg)  # self-attention's window and pattern
 
     @staticmethod
     def flops_per_token(cfg: EncoderDecoderConfig, seq_len: int) -> dict[str, float]:
@@ -258,7 +264,8 @@ class EncoderDecoder(nnx.Module):
         seg_BS = _default_segments(src_BS, src_segments_BS, self.pad_id)
         pos_BS = _default_positions(src_BS, src_positions_BS)
         x_BSD = self.source_embed(src_BS, pos_BS, r[0])
-        masking = Masking(seg_BS, seg_BS, pos_BS, pos_BS, window=self.window)
+        masking = Masking(seg_BS, seg_BS, pos_BS, pos_BS, window=self.window,
+                          pattern=self.pattern)
         encoded_BSD, _, extras = self.encoder(x_BSD, masking, rng=r[1],
                                               return_attention=attention_out is not None)
         _record(attention_out, encoder=extras.get("attention"))
@@ -281,7 +288,7 @@ class EncoderDecoder(nnx.Module):
         y_BTD = self._target_embedder()(tgt_in_BT, pos_BT, r[0])
         cross = Masking(seg_BT if cache is None else jnp.ones_like(seg_BT), src_segments_BS, pos_BT,
                         _default_positions(src_segments_BS, src_positions_BS), cross=True)
-        masking = _causal_masking(seg_BT, pos_BT, cache, cache_index, self.window)
+        masking = _causal_masking(seg_BT, pos_BT, cache, cache_index, self.window, self.pattern)
         y_BTD, cache, extras = self.decoder(y_BTD, masking,
                                             memory=(encoded_BSD, cross), rng=r[1], cache=cache,
                                             return_attention=attention_out is not None)
@@ -321,7 +328,7 @@ class DecoderLM(nnx.Module):
                                                         rngs=rngs)
         self.cfg = cfg
         self.pad_id = pad_id
-        self.window = cfg.attention_window or None  # self-attention's local window
+        self.window, self.pattern = pattern_of(cfg)  # self-attention's window and pattern
 
     @staticmethod
     def flops_per_token(cfg: DecoderLMConfig, seq_len: int) -> dict[str, float]:
@@ -339,9 +346,9 @@ class DecoderLM(nnx.Module):
         offset = 0 if cache is None else cache_index
         pos_BT = _default_positions(ids_BT, positions_BT, offset)
         x_BTD = self.embed(ids_BT, pos_BT, r[0])
-        x_BTD, cache, extras = self.decoder(
-            x_BTD, _causal_masking(seg_BT, pos_BT, cache, cache_index, self.window), rng=r[1], cache=cache,
-            return_attention=attention_out is not None)
+        masking = _causal_masking(seg_BT, pos_BT, cache, cache_index, self.window, self.pattern)
+        x_BTD, cache, extras = self.decoder(x_BTD, masking, rng=r[1], cache=cache,
+                                            return_attention=attention_out is not None)
         _record(attention_out, decoder=extras.get("attention"))
         table = self.embed.token if self.logits is None else self.logits
         return attend(table, x_BTD).astype(jnp.float32), cache
