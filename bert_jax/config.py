@@ -102,7 +102,8 @@ def pretraining_defaults() -> ml_collections.ConfigDict:
     d.train_files = ""  # comma-separated globs (text, array_record)
     d.eval_files = ""  # held-out files; empty: every heldout_every-th document
     d.heldout_every = 100  # without eval files/split: hold out 1 document in N for eval
-    d.text_format = "paragraphs"  # paragraphs (ordinary text) | sentences (one per line)
+    # paragraphs (ordinary text) | sentences (one per line) | document (ordinary text, a file each)
+    d.text_format = "paragraphs"
     d.tfds_name = ""  # e.g. wikipedia/20230601.en (read with tfds.data_source)
     d.tfds_train_split = "train"
     d.tfds_eval_split = ""  # empty: hold out documents of the train split

@@ -15,6 +15,11 @@ Check either before renting the slice (compiles for it here; pip install 'bert_j
   tiny, mini, small, medium: the released miniatures; `tiny` is sized for a CPU:
            bert-jax train --config configs/bert_pretrain.py:tiny --workdir /tmp/bert_tiny \\
              --config.data.tokenizer=/tmp/vocab --config.data.train_files='books/*.txt'
+  long   4,096-token instances (one book = one document, data.text_format=document) for a
+         tiny model on a CPU, to compare attention patterns (docs/attention.md, long inputs):
+           bert-jax train --config configs/bert_pretrain.py:long --workdir /tmp/bert_long \
+             --config.data.tokenizer=/tmp/vocab --config.data.train_files='books/*.txt' \
+             --config.data.eval_files=heldout.txt --config.model.attention_pattern=bigbird
 The paper's schedule: batch 256, 1M steps, 90% at length 128 (20 predictions) then 10% at
 512 (80 predictions), Adam lr 1e-4, b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01, 10k
 warmup steps then linear decay, dropout 0.1, GELU. Inspect a model:
@@ -29,8 +34,9 @@ from bert_jax import models
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = config_lib.pretraining_defaults()
+    size = "tiny" if arg == "long" else arg
     config.model = ml_collections.ConfigDict(
-        models.model_section("bert_pretraining", models.bert_model_fields(arg)))
+        models.model_section("bert_pretraining", models.bert_model_fields(size)))
     config.train.keep_checkpoints = 5
     if arg in ("base", "large"):  # the paper's schedule
         config.train.batch_size = 256
@@ -53,4 +59,12 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
         config.train.checkpoint_every = 100
         config.schedule.warmup_steps = 30
         config.optimizer.learning_rate = 1e-3
+    if arg == "long":  # few steps of 2 x 4,096 tokens: minutes per pattern on 2 CPU cores
+        config.model.update(vocab_size=4096, emb_dim=64, num_heads=2, head_dim=32, mlp_dim=256,
+                            max_len=4096)
+        config.data.update(text_format="document", max_seq_length=4096,
+                           max_predictions_per_seq=614)  # 15%
+        config.train.update(batch_size=2, steps=40, log_every=10, eval_every=40, eval_steps=4,
+                            checkpoint_every=40)
+        config.schedule.warmup_steps = 5
     return config

@@ -58,3 +58,17 @@ def test_restart_benchmark_resumes_from_the_cache(tmp_path):
     assert runs["resumed, cache on"]["compile_s"] < runs["resumed, cache off"]["compile_s"]
     assert all(0 < row["compile_s"] < row["first_step_s"] for row in runs.values())
     assert r["table"].count("\n") == 4
+
+
+def test_the_long_input_benchmark_configs_are_valid():
+    """Each pattern of `bench long` on configs/bert_pretrain.py:long passes the checks made
+    before training (lengths, blocks, window, projection), without training."""
+    from conftest import REPO
+
+    from bert_jax import config as config_lib
+    from bert_jax.tools import bench
+
+    for pattern in bench.LONG_PATTERNS.values():
+        config = config_lib.load(str(REPO / "configs/bert_pretrain.py:long"), pattern)
+        config_lib.validate(config, 1)
+        assert config.data.max_seq_length == config.model.max_len == 4096

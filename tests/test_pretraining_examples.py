@@ -61,6 +61,10 @@ def test_iter_documents_paragraphs(tmp_path):
         ["CHAPTER I", "Emma Woodhouse was rich.", "She was clever."],
         ["Mr. Knightley came.", "It rained.", "It stopped!", "Why?", "Nobody knew."],
         ["The end"]]
+    # `document`: the whole file one document (long inputs)
+    assert list(iter_documents(tmp_path / "book.txt", "document", doc_sentences=3)) == [
+        ["CHAPTER I", "Emma Woodhouse was rich.", "She was clever.", "Mr. Knightley came.",
+         "It rained.", "It stopped!", "Why?", "Nobody knew.", "The end"]]
 
 
 def test_truncate_seq_pair_matches_the_original_loop():

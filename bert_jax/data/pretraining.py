@@ -25,7 +25,7 @@ from bert_jax import paths
 from bert_jax.data.tokenizer import Tokenizer, pair_lengths
 
 TokenizedDocument = list[np.ndarray]  # int32 token ids per sentence; no empty sentences
-FORMATS = ("sentences", "paragraphs")
+FORMATS = ("sentences", "paragraphs", "document")
 
 # A period after these (lowercased, with the period) does not end a sentence. "no.", "etc."
 # and "a.m." are left out: in books they end sentences more often than not.
@@ -102,6 +102,8 @@ def iter_documents(path: str | Path, fmt: str = "sentences", *,
     are joined and split into sentences, and a document is a run of whole paragraphs closed
     at the first paragraph end where it holds >= doc_sentences sentences, so a book becomes
     many documents (NSP needs random segments from other documents). Empty ones are skipped.
+    "document": ordinary prose like "paragraphs", the whole file one document (a book: long
+    instances, e.g. 4,096 tokens, need documents at least that long).
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} (data.text_format); choose one of {list(FORMATS)}")
@@ -112,7 +114,7 @@ def iter_documents(path: str | Path, fmt: str = "sentences", *,
         doc: list[str] = []
         for block in _blocks(f):
             doc += split_sentences(" ".join(block))
-            if len(doc) >= doc_sentences:
+            if len(doc) >= doc_sentences and fmt == "paragraphs":
                 yield doc
                 doc = []
         if doc:

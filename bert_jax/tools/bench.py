@@ -18,6 +18,14 @@
       SST-2 fine-tuning examples/s and dev accuracy (packed and padded), beside HF Flax and
       HF PyTorch run in their own environment (modelbench.py; `make peers-env` builds it).
 
+  python -m bert_jax.tools.bench long [--workdir runs/long_bench] [--config.x=v ...]
+      Attention patterns on long inputs (configs/bert_pretrain.py:long: a tiny BERT, 4,096-token
+      instances, one book per document) on the Gutenberg books of ../shared/data/text:
+      a WordPiece vocab on the training books, then for each pattern (full, local, bigbird,
+      linformer; xla kernel) the same steps and data, held-out MLM loss on two books
+      (chesterton-thursday.txt, shakespeare-macbeth.txt) and the train step time. Prints a
+      markdown table and JSON.
+
   python -m bert_jax.tools.bench restart [--config configs/bert_pretrain.py:tiny] [--config.x=v ...]
       Time to the first step of a training run and of its resumed run, with JAX's persistent
       compilation cache and without: `bert-jax train` (synthetic data, log every step) is
@@ -43,7 +51,7 @@ from pathlib import Path
 
 from bert_jax import config as config_lib
 from bert_jax import paths
-from bert_jax.data import documents, packing
+from bert_jax.data import documents, packing, pretraining
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tools import modelbench
 from bert_jax.tools.demo import build_corpus
@@ -152,6 +160,54 @@ def bench_multi30k(workdir: str, overrides: list[str]) -> dict:
             **{k: round(v, 1) for k, v in times.items()}, "target_sacrebleu": 35}
 
 
+LONG_PATTERNS = {  # the rows of `bench long`: overrides of configs/bert_pretrain.py:long
+    "full": [],
+    "local (W=128)": ["model.attention_window=128"],
+    "bigbird (64, 1, 1, 3)": ["model.attention_pattern=bigbird"],
+    "linformer (k=256)": ["model.attention_pattern=linformer", "model.linformer_k=256"],
+}
+LONG_HELDOUT = ("chesterton-thursday.txt", "shakespeare-macbeth.txt")  # NSP needs 2 documents
+
+
+def bench_long(workdir: str, overrides: list[str]) -> dict:
+    from bert_jax.training import train
+
+    books = paths.shared_data() / "text" / "gutenberg"
+    train_books = sorted(str(p) for p in books.glob("*.txt") if p.name not in LONG_HELDOUT)
+    if not train_books:
+        raise SystemExit(f"no books in {books} (set BERT_JAX_SHARED_DATA)")
+    work = Path(workdir)
+    vocab = work / "vocab"
+    config_path = str(paths.REPO / "configs" / "bert_pretrain.py") + ":long"
+    data = [f"data.tokenizer={vocab}", f"data.train_files={','.join(train_books)}",
+            f"data.eval_files={','.join(str(books / b) for b in LONG_HELDOUT)}"]
+    if not tokenizer_lib.has_tokenizer(vocab):
+        size = config_lib.load(config_path, overrides).model.vocab_size
+        # the pretraining reader's sentences (two books hold bytes that are not UTF-8)
+        lines = (line for book in train_books
+                 for doc in pretraining.iter_documents(book, "document") for line in doc)
+        tokenizer_lib.train_vocab(lines, size=size, kind="wordpiece", out_dir=vocab)
+    rows = {}
+    for name, pattern in LONG_PATTERNS.items():
+        config = config_lib.load(config_path, [*data, *pattern, *overrides])
+        run = work / name.split()[0]
+        t0 = time.perf_counter()
+        summary = train.train_and_evaluate(config, str(run))
+        m = summary["metrics"]
+        rows[name] = {"heldout_mlm_loss": round(summary["eval"]["eval/masked_lm_loss"], 3),
+                      "heldout_mlm_accuracy": round(summary["eval"]["eval/masked_lm_accuracy"], 3),
+                      "train_mlm_loss": round(m["masked_lm_loss"], 3),
+                      "step_s": round(m["goodput/train_s"] / summary["step"], 2),
+                      "wall_s": round(time.perf_counter() - t0, 1)}
+    table = ["| pattern | held-out MLM loss | held-out MLM accuracy | train MLM loss (last "
+             "step) | train step, s (CPU, xla) |", "|---|---|---|---|---|"]
+    table += [f"| {k} | {r['heldout_mlm_loss']} | {r['heldout_mlm_accuracy']} | "
+              f"{r['train_mlm_loss']} | {r['step_s']} |" for k, r in rows.items()]
+    return {"benchmark": f"{config_path}, {config.train.steps} steps of {config.train.batch_size} "
+                         f"x {config.data.max_seq_length} tokens, held out: {', '.join(LONG_HELDOUT)}",
+            "rows": rows, "table": "\n".join(table)}
+
+
 def _first_step(argv: list[str], workdir: Path, after: int, log_path: Path) -> dict:
     """Runs `bert-jax train` (argv) until it logs a step after `after`, then SIGTERM (it saves
     and exits 0): the seconds from its start to that line, and its goodput.json record."""
@@ -220,7 +276,7 @@ def translation_lines(spec: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["data", "multi30k", "model", "restart"])
+    parser.add_argument("what", choices=["data", "multi30k", "model", "restart", "long"])
     parser.add_argument("--peers", default=".venv-peers/bin/python",
                         help="model: the peers' Python ('none': ours only)")
     parser.add_argument("--glue", default=None, help="model: GLUE folder with SST-2/ "
@@ -229,17 +285,23 @@ def main() -> None:
     parser.add_argument("--finetune_steps", type=int, default=250)
     parser.add_argument("--out", default="bench_model.json", help="model: results file")
     parser.add_argument("--workdir", default=None, help="multi30k: run directory (default "
-                        "runs/multi30k_bench); restart: where the runs and the cache go (default: "
+                        "runs/multi30k_bench); long: its runs (default runs/long_bench); "
+                        "restart: where the runs and the cache go (default: "
                         "a new temporary folder)")
     parser.add_argument("--config", default="configs/bert_pretrain.py:tiny", help="restart: the "
                         "config trained")
     parser.add_argument("--text", default=None, help="text file globs (default: stdlib docstrings)")
     parser.add_argument("--seconds", type=float, default=20)
     args, rest = parser.parse_known_args()
-    if args.what in ("multi30k", "restart"):
+    if args.what in ("multi30k", "restart", "long"):
         bad = [a for a in rest if not a.startswith("--config.")]
         if bad:
             parser.error(f"unrecognized arguments: {' '.join(bad)}")
+        if args.what == "long":
+            result = bench_long(args.workdir or "runs/long_bench", [a[9:] for a in rest])
+            print(result["table"])
+            print(json.dumps(result))
+            return
         if args.what == "multi30k":
             print(json.dumps(bench_multi30k(args.workdir or "runs/multi30k_bench",
                                             [a[9:] for a in rest])))
