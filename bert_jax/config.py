@@ -56,7 +56,10 @@ def training_defaults() -> ml_collections.ConfigDict:
     c.init_from = ""  # checkpoint dir (bert-jax convert output or workdir) to start from
 
     c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.name = "adamw"  # adam | adamw | lamb | sgd
+    # adam_weight_decay | adam | adamw | lamb | sgd. The default, as the rest of this section,
+    # is BERT's: Google's AdamWeightDecayOptimizer (no bias correction); adamw is torch's and
+    # optax's AdamW (bias-corrected, what HF's Trainer uses); translation configs set adam.
+    c.optimizer.name = "adam_weight_decay"
     c.optimizer.learning_rate = 1e-4  # peak (rsqrt_paper: the paper's scale factor)
     c.optimizer.b1 = 0.9
     c.optimizer.b2 = 0.999
