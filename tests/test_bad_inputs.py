@@ -600,8 +600,18 @@ SWEEP_CASES = [
     case("sweep-without-workdir", "sweep --config configs/sweeps/glue.py:mrpc", 2, "--workdir"),
 ]
 
+OPTIM_CASES = [
+    # the shared run trained with the default adam_weight_decay, resumed with the bias-corrected
+    # adamw (the default before it): the flag that resumes it, in full
+    case("resume-with-adamw", RESUME + " --config.optimizer.name=adamw --config.train.steps=4", 1,
+         "optimizer.name: 'adam_weight_decay' in the checkpoint, 'adamw' here",
+         "pass --config.optimizer.name=adam_weight_decay", "--workdir"),
+    case("optimizer-name-misspelt", PRETRAIN + " --config.optimizer.name=adam_weightdecay", 1,
+         "optimizer.name='adam_weightdecay'", "'adam_weight_decay'"),
+]
+
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
-         + SWEEP_CASES)
+         + SWEEP_CASES + OPTIM_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -703,6 +713,6 @@ def test_a_damaged_checkpoint_is_one_line_in_a_real_process(shared, tmp_path):
 def test_the_table_covers_every_area():
     areas = {"config": CONFIG_CASES, "data": DATA_CASES, "checkpoint": CHECKPOINT_CASES,
              "conversion": CONVERT_CASES, "features": FEATURES_CASES, "eval": EVAL_CASES,
-             "sweep": SWEEP_CASES}
+             "sweep": SWEEP_CASES, "optimizer": OPTIM_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)
