@@ -130,7 +130,8 @@ def pretraining_defaults() -> ml_collections.ConfigDict:
 
 def finetune_defaults(task: str, size: str = "base") -> ml_collections.ConfigDict:
     """training_defaults with the BERT paper's fine-tuning recipe (A.3: batch 32, 3 epochs, Adam
-    lr 2e-5 of 5e-5, 3e-5, 2e-5, 10% warmup then linear decay, evaluation on dev) and the
+    (Google's, adam_weight_decay) lr 2e-5 of 5e-5, 3e-5, 2e-5, 10% warmup then linear decay,
+    evaluation on dev) and the
     `data` section of `task` (glue, ner, squad, swag); `size` tiny or mini: a CPU-sized run."""
     config = training_defaults()
     config.optimizer.learning_rate = 2e-5

@@ -122,7 +122,7 @@ class ScaleByAdamNoBiasCorrectionState(NamedTuple):
 
 def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
     """m / (sqrt(v) + eps) with m, v the plain moving averages, as BERT's optimization.py:
-    no division by 1 - b^t, so early updates are smaller than Adam's."""
+    no division by 1 - b^t, so early updates are larger than Adam's (up to 6.6x, b1 0.9, b2 0.999)."""
 
     def init(params):
         return ScaleByAdamNoBiasCorrectionState(mu=optax.tree.zeros_like(params),
