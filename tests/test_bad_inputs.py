@@ -601,11 +601,11 @@ SWEEP_CASES = [
 ]
 
 OPTIM_CASES = [
-    # the shared run trained with the default adam_weight_decay, resumed with the bias-corrected
-    # adamw (the default before it): the flag that resumes it, in full
-    case("resume-with-adamw", RESUME + " --config.optimizer.name=adamw --config.train.steps=4", 1,
-         "optimizer.name: 'adam_weight_decay' in the checkpoint, 'adamw' here",
-         "pass --config.optimizer.name=adam_weight_decay", "--workdir"),
+    # the shared run (the tiny config: adamw, as a paper config's run saved before
+    # adam_weight_decay became its default) resumed with adam_weight_decay: the flag that resumes it
+    case("resume-adamw-run-with-adam-weight-decay", RESUME + " --config.optimizer.name=adam_weight_decay "
+         "--config.train.steps=4", 1, "optimizer.name: 'adamw' in the checkpoint, 'adam_weight_decay' here",
+         "pass --config.optimizer.name=adamw", "--workdir"),
     case("optimizer-name-misspelt", PRETRAIN + " --config.optimizer.name=adam_weightdecay", 1,
          "optimizer.name='adam_weightdecay'", "'adam_weight_decay'"),
 ]

@@ -251,11 +251,14 @@ def five_steps(name: str) -> tuple[dict, dict]:
 
 
 def test_paper_configs_use_googles_optimizer():
-    for spec in ("bert_pretrain.py:base", "bert_pretrain.py:tiny", "glue.py:mrpc", "squad.py",
+    for spec in ("bert_pretrain.py:base", "bert_pretrain.py:large", "glue.py:mrpc", "squad.py",
                  "ner.py", "swag.py"):
         opt = config_lib.load(str(REPO / "configs" / spec)).optimizer
         assert (opt.name, opt.b1, opt.b2, opt.eps, opt.weight_decay, opt.grad_clip_norm) == (
             "adam_weight_decay", 0.9, 0.999, 1e-6, 0.01, 1.0), spec
+    # The CPU-sized runs from scratch at lr 1e-3 (not the paper's): bias-corrected AdamW.
+    for spec in ("bert_pretrain.py:tiny", "glue.py:sst2,tiny", "ner.py:conll2003,mini", "swag.py:tiny"):
+        assert config_lib.load(str(REPO / "configs" / spec)).optimizer.name == "adamw", spec
     for spec in ("wmt.py:base", "multi30k.py"):  # Vaswani et al.: Adam, bias-corrected
         assert config_lib.load(str(REPO / "configs" / spec)).optimizer.name == "adam", spec
 
