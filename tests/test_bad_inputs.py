@@ -791,9 +791,21 @@ ATTENTION_CASES = [
     case("attention-window-not-below-length", PRETRAIN + " --config.model.attention_window=16", 1,
          "model.attention_window=16", "sequence length 16", "model.attention_window=0"),
 ]
+
+OPTIM_CASES = [
+    # the shared run (the tiny config: adamw, as a paper config's run saved before
+    # adam_weight_decay became its default) resumed with adam_weight_decay: the flag that resumes it
+    case("resume-adamw-run-with-adam-weight-decay", RESUME + " --config.optimizer.name=adam_weight_decay "
+         "--config.train.steps=4", 1, "optimizer.name: 'adamw' in the checkpoint, 'adam_weight_decay' here",
+         "pass --config.optimizer.name=adamw", "--workdir"),
+    case("optimizer-name-misspelt", PRETRAIN + " --config.optimizer.name=adam_weightdecay", 1,
+         "optimizer.name='adam_weightdecay'", "'adam_weight_decay'"),
+]
+
+# One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
-         + LAUNCH_CASES + ATTENTION_CASES)
+         + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -962,6 +974,6 @@ def test_the_table_covers_every_area():
              "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES,
              "translate": TRANSLATE_CASES, "eval (issue 23)": EVAL23_CASES,
              "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES,
-             "attention": ATTENTION_CASES}
+             "attention": ATTENTION_CASES, "optimizer": OPTIM_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

@@ -1,5 +1,10 @@
 """Optax optimizers and learning-rate schedules from the run config.
 
+Optimizers: `adam_weight_decay` is Google BERT's AdamWeightDecayOptimizer (optimization.py,
+used by its pretraining and fine-tuning scripts): Adam without bias correction, weight decay
+added to the update before the learning rate. `adamw` is optax's (and torch's) AdamW, the
+same with bias correction. `adam` (Kingma & Ba, bias-corrected) is the Transformer paper's.
+
 A schedule maps optax's update count `c` (0-based: the update being computed is number
 c + 1) to that update's learning rate. Two step conventions, each the one its paper uses:
   rsqrt_paper, warmup_rsqrt:       n = c + 1, as Vaswani et al.'s step_num (starts at 1)
@@ -10,13 +15,13 @@ c + 1) to that update's learning rate. Two step conventions, each the one its pa
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-OPTIMIZERS = ("adam", "adamw", "lamb", "sgd")
+OPTIMIZERS = ("adam_weight_decay", "adam", "adamw", "lamb", "sgd")
 SCHEDULES = ("rsqrt_paper", "warmup_rsqrt", "warmup_linear", "constant", "cosine")
 # Schedules that end at train.steps, so a warmup longer than the run is a config mistake.
 _DECAYING = ("warmup_linear", "cosine")
@@ -109,6 +114,30 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(lambda p, _: _last_key(p) in _DECAYED_LEAVES, params)
 
 
+class ScaleByAdamNoBiasCorrectionState(NamedTuple):
+    """Adam's moments without a step count: nothing here depends on the step."""
+    mu: Any
+    nu: Any
+
+
+def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+    """m / (sqrt(v) + eps) with m, v the plain moving averages, as BERT's optimization.py:
+    no division by 1 - b^t, so early updates are larger than Adam's (up to 6.6x, b1 0.9, b2 0.999)."""
+
+    def init(params):
+        return ScaleByAdamNoBiasCorrectionState(mu=optax.tree.zeros_like(params),
+                                                nu=optax.tree.zeros_like(params))
+
+    def update(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        out = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        return out, ScaleByAdamNoBiasCorrectionState(mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init, update)
+
+
 def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformation:
     """The optimizer proper for `opt.name`, before gradient clipping."""
     name, wd = opt["name"], float(opt["weight_decay"] or 0.0)
@@ -118,12 +147,18 @@ def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformati
         raise ValueError(f"optimizer.weight_decay={wd} must be >= 0")
     if name in ("adam", "sgd") and wd:
         raise ValueError(f"optimizer.weight_decay={wd} with optimizer.name={name!r}, which has "
-                         f"no weight decay: set it to 0, or use optimizer.name='adamw'")
+                         f"no weight decay: set it to 0, or use optimizer.name='adam_weight_decay' "
+                         f"or 'adamw'")
     b1, b2, eps = float(opt["b1"]), float(opt["b2"]), float(opt["eps"])
     if name == "adam":
         return optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+    if name == "adam_weight_decay":
+        # BERT: update = m / (sqrt(v) + eps) + wd * param (masked), then param -= lr * update.
+        return optax.chain(scale_by_adam_no_bias_correction(b1, b2, eps),
+                           optax.add_decayed_weights(wd, mask=decay_mask),
+                           optax.scale_by_learning_rate(schedule))
     if name == "adamw":
-        # optax scales the decay by the learning rate, as BERT's AdamWeightDecayOptimizer does.
+        # optax scales the decay by the learning rate, as adam_weight_decay does.
         return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=decay_mask)
     if name == "lamb":
         return optax.lamb(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=decay_mask)
