@@ -1,5 +1,6 @@
 """The tokenizer API: trains WordPiece or SentencePiece vocabularies and loads either behind one
-Tokenizer (ids of text, BERT's [CLS] A [SEP] B [SEP] inputs, tokens and word starts of ids)."""
+Tokenizer (ids of text and their character offsets, BERT's [CLS] A [SEP] B [SEP] inputs, tokens
+and word starts of ids)."""
 
 from __future__ import annotations
 
@@ -279,6 +280,11 @@ class Tokenizer:
         """Token ids (int32) of one text, without [CLS]/[SEP]."""
         return self.encode_batch([text])[0]
 
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """encode's ids and, for each, the (start, end) characters of text it covers ([n, 2]
+        int32), as HF's return_offsets_mapping."""
+        raise NotImplementedError
+
     def save(self, directory: str | Path) -> None:
         """Writes the tokenizer files into directory (so a checkpoint carries its tokenizer)."""
         raise NotImplementedError
@@ -380,6 +386,13 @@ class _WordPiece(Tokenizer):
         """Token ids of each text, without [CLS]/[SEP] (batched and parallel in Rust)."""
         return [np.asarray(self._wp.tokens_to_ids(t), np.int32) for t in self._wp.tokenize_batch(texts)]
 
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and character spans: a "##x" piece spans its characters (through lowercasing,
+        accent stripping and NFC), [UNK] its whole word, a kept special token its literal."""
+        tokens, spans = self._wp.tokenize_with_offsets(text)
+        return (np.asarray(self._wp.tokens_to_ids(tokens), np.int32),
+                np.asarray(spans, np.int32).reshape(-1, 2))
+
     def decode(self, ids: Iterable[int], clean_up_spaces: bool = False) -> str:
         """Wordpieces joined as BERT does ("##" glued on: "life ' s ."); [PAD] dropped.
         clean_up_spaces: then transformers' clean_up_tokenization ("life's."), as HF's decode."""
@@ -424,6 +437,16 @@ class _SentencePiece(Tokenizer):
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text, without [CLS]/[SEP] (batched and parallel in C++)."""
         return [np.asarray(ids, np.int32) for ids in self._sp.encode(list(texts), out_type=int)]
+
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and the characters each piece comes from, by sentencepiece's own alignment: a "▁"
+        spans the whitespace it stands for, a piece its NFKC source (or nothing, (i, i), when an
+        earlier piece holds it, as "f" of "\ufb01")."""
+        proto = self._sp.encode(text, return_type="proto")
+        char_at = [i for i, c in enumerate(text) for _ in c.encode("utf-8")] + [len(text)]  # of bytes
+        spans = [(char_at[p.begin], char_at[p.end]) for p in proto.pieces]
+        return (np.asarray([p.id for p in proto.pieces], np.int32),
+                np.asarray(spans, np.int32).reshape(-1, 2))
 
     def decode(self, ids: Iterable[int], clean_up_spaces: bool = False) -> str:
         """Detokenized text; [CLS] [SEP] [MASK] (which sentencepiece decodes to "") by name.
