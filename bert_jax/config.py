@@ -14,6 +14,7 @@ import importlib.util
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import ml_collections
 
@@ -66,7 +67,7 @@ def training_defaults() -> ml_collections.ConfigDict:
     c.optimizer.b1 = 0.9
     c.optimizer.b2 = 0.999
     c.optimizer.eps = 1e-6
-    c.optimizer.weight_decay = 0.01  # decoupled; not on LayerNorm params or biases (stable_adamw: per peak lr)
+    c.optimizer.weight_decay = 0.01  # decoupled; not on LayerNorm or biases (stable_adamw: per peak lr)
     c.optimizer.grad_clip_norm = 1.0  # global-norm clipping; 0 = off
 
     c.schedule = ml_collections.ConfigDict()
@@ -447,6 +448,16 @@ def model_config(config) -> dict:
     if dtype not in DTYPES:
         raise ConfigError(f"dtype={dtype!r}; choose one of {list(DTYPES)}")
     return {**config.model.to_dict(), "dtype": dtype}
+
+
+def phase_stream(config, index: int) -> Any:
+    """Which data stream phase `index` reads: with batch sizes in data.phases, one stream of
+    microbatches per (length, predictions), so a phase that only grows the batch reads on
+    where the one before stopped; otherwise each phase its own (started afresh)."""
+    phases = tuple(config.data.get("phases") or ())
+    if not any(len(p) > 3 for p in phases):
+        return index
+    return tuple(phases[index][1:3])
 
 
 def phase_config(config, step: int):

@@ -2,6 +2,7 @@
 
 import re
 import shutil
+import types
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import pytest
 from conftest import REPO
 
 from bert_jax import config as config_lib
+from bert_jax.training import input as pipelines
 from bert_jax.training import metrics, optim, train
 
 
@@ -419,6 +421,24 @@ def test_phase_batch_keeps_the_microbatch():
     config.data.phases = ((0, 16, 3, 12), (3, 16, 3))
     with pytest.raises(config_lib.ConfigError, match=r"data\.phases\[0\] batch 12 .* multiple of 8"):
         config_lib.validate(config, 8)
+
+
+def test_a_batch_phase_reads_on_from_the_phase_before():
+    """Phase 1 (16 rows) goes on with the microbatches after phase 0's 3 x 8 rows, both when the
+    run goes on and when it resumes from a position saved in phase 0; none is read twice."""
+    config = config_lib.load(str(REPO / "configs/bert_pretrain.py:tiny"), BATCH_WARMUP)
+    micro = pipelines.make(config_lib.phase_config(config, 0)[1], "train", batch_size=8)
+    stream = [next(micro)["input_ids"] for _ in range(7)]
+    _, cfg0, _ = config_lib.phase_config(config, 0)
+    _, cfg1, _ = config_lib.phase_config(config, 3)
+    p0 = train._phase_pipeline(config, cfg0, 0, {}, None, None)
+    assert [next(p0)["input_ids"].tolist() for _ in range(3)] == [s.tolist() for s in stream[:3]]
+    saved = {"phase": 0, "pipeline": p0.get_state()}
+    goes_on = train._phase_pipeline(config, cfg1, 1, {}, types.SimpleNamespace(index=0, pipeline=p0), None)
+    resumed = train._phase_pipeline(config, cfg1, 1, saved, None, None)
+    for pipeline in (goes_on, resumed):
+        for i in (3, 5):
+            np.testing.assert_array_equal(next(pipeline)["input_ids"], np.concatenate(stream[i:i + 2]))
 
 
 @pytest.mark.slow  # two phases compiled (~10 s of CPU), as the length phases' test

@@ -144,16 +144,57 @@ class Phase:
         return batch["input_ids"].shape[0] if self.objective.rows_vary(self.config) else None
 
 
-def start_phase(config, step: int, saved: dict, *, make_step, state_now, objective, mesh, task,
-                clock: goodput.Clock) -> Phase:
-    """Data pipeline and compiled step of the phase at `step`; `saved` is the checkpointed data
-    position (used if it belongs to this phase); `make_step(phase config)` jits the step."""
-    index, phase_cfg, end = config_lib.phase_config(config, step)
-    step_fn = make_step(phase_cfg)
-    with clock.host("data"):
+class Microbatches:
+    """The train batches of a run with batch sizes in data.phases: each step's batch is the
+    next `accum` microbatches (train.batch_size / grad_accum_steps rows) of one stream, so a
+    phase that grows the batch reads on from where the one before stopped; the stream's
+    position (get_state) counts microbatches."""
+
+    def __init__(self, source, accum: int):
+        self.source, self.accum = source, accum
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        parts = [next(self.source) for _ in range(self.accum)]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def get_state(self) -> dict:
+        return self.source.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self.source.set_state(state)
+
+
+def _phase_pipeline(config, phase_cfg, index: int, saved: dict, previous: Phase | None, task):
+    """The train batches of phase `index`: the previous phase's stream when they share it
+    (config.phase_stream), else a new one at the saved position if that was in this stream."""
+    stream = config_lib.phase_stream(config, index)
+    if stream == index:  # its own stream, at the phase's batch size
         pipeline = pipelines.make(phase_cfg, "train", task=task)
         if saved and saved.get("phase") == index:
             pipeline.set_state(saved["pipeline"])
+        return pipeline
+    if previous is not None and config_lib.phase_stream(config, previous.index) == stream:
+        source = previous.pipeline.source
+    else:
+        micro = config.train.batch_size // config.train.grad_accum_steps
+        source = pipelines.make(phase_cfg, "train", task=task, batch_size=micro)
+        if saved and config_lib.phase_stream(config, saved.get("phase", 0)) == stream:
+            source.set_state(saved["pipeline"])
+    return Microbatches(source, phase_cfg.train.grad_accum_steps)
+
+
+def start_phase(config, step: int, saved: dict, *, make_step, state_now, objective, mesh, task,
+                clock: goodput.Clock, previous: Phase | None = None) -> Phase:
+    """Data pipeline and compiled step of the phase at `step` (after `previous`, when the run
+    goes on from it); `saved` is the checkpointed data position (used if it belongs to this
+    phase's stream); `make_step(phase config)` jits the step."""
+    index, phase_cfg, end = config_lib.phase_config(config, step)
+    step_fn = make_step(phase_cfg)
+    with clock.host("data"):
+        pipeline = _phase_pipeline(config, phase_cfg, index, saved, previous, task)
     t0 = time.perf_counter()
     phase = Phase(index, phase_cfg, end, pipeline, step_fn, objective, clock)
     vary = objective.rows_vary(phase_cfg)
@@ -335,7 +376,7 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
             if step == phase.end:
                 phase = start_phase(run.config, step, {}, make_step=run.make_step, state_now=train_state,
                                     objective=run.objective, mesh=run.mesh, task=run.task,
-                                    clock=run.clock)
+                                    clock=run.clock, previous=phase)
             with run.clock.host("data"):
                 batch = next_batch(phase, run.mesh)
             train_state, metrics = phase.step(train_state, batch)
