@@ -413,16 +413,20 @@ def check_phase_batches(config, shards: int, num_processes: int) -> None:
     the mesh splits) and an equal share per process."""
     t = config.train
     micro = t.batch_size // t.grad_accum_steps
-    for i, phase in enumerate(config.data.get("phases") or ()):
+    phases = tuple(config.data.get("phases") or ())
+    for i, phase in enumerate(phases):
         if len(phase) not in (3, 4):
             raise ConfigError(f"data.phases[{i}]={tuple(phase)}: each phase is (first step, "
                               "max_seq_length, max_predictions_per_seq) or those and its batch size")
-        if len(phase) == 4 and (phase[3] < 1 or phase[3] % micro or phase[3] % num_processes):
+        if len(phase) == 4 and (phase[3] < 1 or phase[3] % micro):
             raise ConfigError(
                 f"data.phases[{i}] batch {phase[3]} is not a multiple of the microbatch "
                 f"train.batch_size/grad_accum_steps={micro} (the rows the mesh's {shards} batch "
-                f"shards split) and of the {num_processes} processes; use a multiple of "
-                f"{math.lcm(micro, num_processes)}")
+                f"shards split); use a multiple of {micro}")
+    if any(len(p) == 4 for p in phases) and micro % num_processes:
+        raise ConfigError(f"microbatch train.batch_size/grad_accum_steps={micro} is not divisible "
+                          f"by the {num_processes} processes (with batch sizes in data.phases each "
+                          f"loads an equal share of every microbatch)")
 
 
 def check_pretraining_data(data, lengths: Sequence[int]) -> None:
@@ -455,7 +459,7 @@ def phase_stream(config, index: int) -> Any:
     microbatches per (length, predictions), so a phase that only grows the batch reads on
     where the one before stopped; otherwise each phase its own (started afresh)."""
     phases = tuple(config.data.get("phases") or ())
-    if not any(len(p) > 3 for p in phases):
+    if not any(len(p) > 3 for p in phases) or index >= len(phases):
         return index
     return tuple(phases[index][1:3])
 
