@@ -802,10 +802,27 @@ OPTIM_CASES = [
          "optimizer.name='adam_weightdecay'", "'adam_weight_decay'"),
 ]
 
+WSD = PRETRAIN + " --config.schedule.name=wsd"
+OPTIM25_CASES = [
+    # ModernBERT's optimisation (issue 25): wsd schedule, stable_adamw, batch size phases
+    case("wsd-decay-longer-than-the-run", WSD + " --config.schedule.decay_steps=5", 1,
+         "schedule.decay_steps=5", "train.steps=2", "at most 1 step(s)"),
+    case("wsd-decay-shape-unknown", WSD + " --config.schedule.decay_shape=cosine", 1,
+         "schedule.decay_shape='cosine'", "['1-sqrt', 'linear']"),
+    case("wsd-final-fraction-above-one", WSD + " --config.schedule.final_fraction=1.5", 1,
+         "schedule.final_fraction=1.5", "[0, 1]"),
+    case("stable-adamw-eps-zero", PRETRAIN + " --config.optimizer.name=stable_adamw "
+         "--config.optimizer.eps=0", 1, "optimizer.eps=0.0", "> 0"),
+    case("phase-batch-not-a-multiple-of-the-microbatch", PRETRAIN
+         + " --config.data.phases=\"((0, 16, 3, 4), (1, 16, 3))\"", 1,
+         "data.phases[0] batch 4", "microbatch train.batch_size/grad_accum_steps=8",
+         "use a multiple of 8"),
+]
+
 # One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
-         + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES)
+         + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + OPTIM25_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -974,6 +991,7 @@ def test_the_table_covers_every_area():
              "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES,
              "translate": TRANSLATE_CASES, "eval (issue 23)": EVAL23_CASES,
              "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES,
-             "attention": ATTENTION_CASES, "optimizer": OPTIM_CASES}
+             "attention": ATTENTION_CASES, "optimizer": OPTIM_CASES,
+             "optimizer (issue 25)": OPTIM25_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)
