@@ -1,6 +1,7 @@
-"""The tokenizer API: trains WordPiece or SentencePiece vocabularies and loads either behind one
-Tokenizer (ids of text and their character offsets, BERT's [CLS] A [SEP] B [SEP] inputs, tokens
-and word starts of ids)."""
+"""The tokenizer API: trains WordPiece or SentencePiece vocabularies and loads either, or a
+RoBERTa-style byte-level BPE, behind one Tokenizer (ids of text and their character offsets,
+BERT's [CLS] A [SEP] B [SEP] inputs or RoBERTa's <s> A </s></s> B </s>, tokens and word starts
+of ids)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,18 @@ from typing import Literal
 
 import numpy as np
 import sentencepiece as spm
-from tokenizers import normalizers, pre_tokenizers
+from tokenizers import AddedToken, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models as tokenizer_models
 
 from bert_jax import paths
 from bert_jax.data.wordpiece import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
 
 META_NAME, SPM_NAME, SPM_VOCAB_NAME = "bert_jax_tokenizer.json", "spm.model", "spm.vocab"
 SP_SPACE = "\u2581"  # "▁": SentencePiece's marker for a preceding space, i.e. a word start
-Kind = Literal["wordpiece", "sentencepiece"]
+# Byte-level BPE (GPT-2, RoBERTa): HF's fast tokenizer.json, or the vocab.json + merges.txt pair.
+BPE_JSON, BPE_VOCAB, BPE_MERGES = "tokenizer.json", "vocab.json", "merges.txt"
+Kind = Literal["wordpiece", "sentencepiece", "bpe"]
 
 
 def _text_lines(inputs: Iterable[str]) -> Iterator[str]:
@@ -249,7 +254,7 @@ class Tokenizer:
         self.unk_id = ids[1]
         self.special_ids = {i for i in ids if i is not None}
         self._starts = starts  # [vocab_size] bool
-        self._vocab_file = vocab_file
+        self.vocab_file = vocab_file
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.kind}, {self.vocab_size} tokens, {str(self.directory)!r})"
@@ -257,7 +262,7 @@ class Tokenizer:
     def _special_id(self, token: str) -> int:
         """The id of a special token, or a ValueError naming the vocab file that lacks it."""
         if (i := self._special[token]) is None:
-            raise ValueError(f"{self._vocab_file}: the vocab has no {token} token, which this use needs "
+            raise ValueError(f"{self.vocab_file}: the vocab has no {token} token, which this use needs "
                              f"(BERT inputs need [CLS] [SEP] [PAD], pretraining [MASK]); add {token} "
                              "to the vocab or use a vocab made by `bert-jax vocab`")
         return i
@@ -289,17 +294,25 @@ class Tokenizer:
         """Writes the tokenizer files into directory (so a checkpoint carries its tokenizer)."""
         raise NotImplementedError
 
+    # [SEP]s between A and B, and B's segment id: BERT's; RoBERTa's is </s></s> and one segment.
+    pair_seps, segment_b = 1, 1
+
+    def n_special(self, pair: bool) -> int:
+        """How many special tokens a row of one text (pair=False) or of two holds."""
+        return 2 + pair * self.pair_seps
+
     def pair_rows(self, ids_a: Sequence[np.ndarray], ids_b: Sequence[np.ndarray | None],
                   max_seq_length: int) -> dict[str, np.ndarray]:
-        """[CLS] a [SEP] (b [SEP]) rows, truncated and padded: input_ids, token_type_ids (A/B),
-        attention_mask [N, T] (data/packing.py)."""
+        """[CLS] a [SEP] (b [SEP]) rows (RoBERTa's: <s> a </s> (</s> b </s>)), truncated and
+        padded: input_ids, token_type_ids (A/B), attention_mask [N, T] (data/packing.py)."""
         n = len(ids_a)
         cls, sep = [self.cls_id], [self.sep_id]
         rows = []  # (the row, the length of its [CLS] A [SEP])
         for a, b in zip(ids_a, ids_b):
-            a, b = truncate_seq_pair(a, b, max_seq_length - (2 if b is None else 3))
+            a, b = truncate_seq_pair(a, b, max_seq_length - self.n_special(b is not None))
             first = np.concatenate([cls, a, sep])
-            rows.append((first if b is None else np.concatenate([first, b, sep]), first.size))
+            rows.append((first if b is None else
+                         np.concatenate([first, sep * (self.pair_seps - 1), b, sep]), first.size))
         # [PAD] only where a row needs padding: encode_pair's exact-length rows need none.
         pad = self.pad_id if any(row.size < max_seq_length for row, _ in rows) else 0
         input_ids = np.full((n, max_seq_length), pad, np.int32)
@@ -308,7 +321,7 @@ class Tokenizer:
         for i, (row, n_first) in enumerate(rows):
             input_ids[i, :row.size] = row
             attention_mask[i, :row.size] = 1
-            token_type_ids[i, n_first:row.size] = 1
+            token_type_ids[i, n_first:row.size] = self.segment_b
         return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
 
     def encode_pairs(self, texts_a: Sequence[str], texts_b: Sequence[str | None],
@@ -324,7 +337,7 @@ class Tokenizer:
         """One example's [CLS] A [SEP] (B [SEP]), truncated to max_length as BERT's run_classifier."""
         ids = self.encode_batch([text_a] if text_b is None else [text_a, text_b])
         a, b = ids[0], None if text_b is None else ids[1]
-        n_special = 2 if b is None else 3
+        n_special = self.n_special(b is not None)
         if max_length is None:  # no truncation: exactly as long as the example
             max_length = len(a) + n_special + (0 if b is None else len(b))
         elif max_length < n_special:
@@ -471,6 +484,89 @@ class _SentencePiece(Tokenizer):
                 paths.copy_file(self.directory / name, directory / name)
 
 
+# The API's roles (pad, unk, cls, sep, mask: SPECIAL_TOKENS' order) -> tokenizer_config.json's key
+# for them and RoBERTa's token (what HF's RobertaTokenizer defaults to).
+BPE_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>",
+                "sep_token": "</s>", "mask_token": "<mask>"}
+
+
+def _token_text(value: str | dict) -> str:
+    """A special token as tokenizer_config.json states it: a string or a serialised AddedToken."""
+    return value["content"] if isinstance(value, dict) else value
+
+
+class _ByteLevelBPE(Tokenizer):
+    """Byte-level BPE as HF's RobertaTokenizer: tokenizer.json if present (what the fast
+    tokenizer loads), else vocab.json + merges.txt built the way transformers builds them;
+    special tokens from tokenizer_config.json (RoBERTa's by default)."""
+
+    pair_seps, segment_b = 2, 0
+
+    def __init__(self, directory: Path) -> None:
+        hf = _read_json(directory / CONFIG_NAME)
+        specials = [_token_text(hf.get(key, token)) for key, token in BPE_SPECIALS.items()]
+        self._prefix_space = hf.get("add_prefix_space", False)
+        if (directory / BPE_JSON).is_file():
+            source = directory / BPE_JSON
+            self._tok = tok = HFTokenizer.from_str(source.read_text("utf-8"))
+            if not isinstance(tok.model, tokenizer_models.BPE):
+                raise ValueError(f"{source}: a {type(tok.model).__name__} tokenizer; only byte-level "
+                                 f"BPE is read from {BPE_JSON} (WordPiece: give its {VOCAB_NAME})")
+        else:
+            source = directory / BPE_VOCAB
+            if not source.is_file():
+                raise FileNotFoundError(f"{source}: not found; a byte-level BPE tokenizer is "
+                                        f"{BPE_VOCAB} + {BPE_MERGES} (or {BPE_JSON})")
+            vocab = _read_json(source)
+            merges = [tuple(line.split(" ")) for line in
+                      (directory / BPE_MERGES).read_text("utf-8").splitlines()
+                      if line and not line.startswith("#version")]
+            self._tok = tok = HFTokenizer(tokenizer_models.BPE(
+                vocab, merges, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=self._prefix_space)
+            tok.decoder = decoders.ByteLevel()
+            # As transformers 5 builds it: special tokens written in the text are those tokens.
+            tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                    for t in specials if t in vocab])
+        ids = [tok.token_to_id(t) for t in specials]
+        if (cls := ids[2]) is not None and (sep := ids[3]) is not None:  # for HF's pair encoding
+            tok.post_processor = processors.RobertaProcessing((specials[3], sep), (specials[2], cls))
+        pieces = [tok.id_to_token(i) or "" for i in range(tok.get_vocab_size(with_added_tokens=True))]
+        # A word starts after a space ("Ġ"), at punctuation and at special tokens (the first word
+        # of a text, with no space before it, is glued to what precedes it).
+        starts = np.array([not p[:1].isalnum() for p in pieces], bool)
+        super().__init__(directory, "bpe", pieces, False, ids, starts, source)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text, without <s>/</s> (batched and parallel in Rust)."""
+        return [np.asarray(e.ids, np.int32)
+                for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int], clean_up_spaces: bool = False) -> str:
+        """The text of the ids (byte-level BPE keeps its spaces); <pad> dropped, other special
+        tokens by name; clean_up_spaces changes nothing."""
+        ids = [i for i in self._checked(ids).ravel().tolist() if i != self._special["[PAD]"]]
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def save(self, directory: str | Path) -> None:
+        """Writes tokenizer.json, vocab.json + merges.txt, a tokenizer_config.json naming the
+        special tokens, and bert_jax_tokenizer.json (kind "bpe")."""
+        directory = paths.path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = json.loads(self._tok.to_str())
+        (directory / BPE_JSON).write_text(json.dumps(state, ensure_ascii=False), "utf-8")
+        model = state["model"]
+        (directory / BPE_VOCAB).write_text(json.dumps(model["vocab"], ensure_ascii=False), "utf-8")
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+        (directory / BPE_MERGES).write_text("\n".join(["#version: 0.2", *merges]) + "\n", "utf-8")
+        options = {key: self.pieces[i] for key, i in zip(BPE_SPECIALS, self._special.values())
+                   if i is not None}
+        options.update(tokenizer_class="RobertaTokenizer", add_prefix_space=self._prefix_space,
+                       bos_token=options.get("cls_token"), eos_token=options.get("sep_token"))
+        (directory / CONFIG_NAME).write_text(json.dumps(options, indent=2) + "\n", "utf-8")
+        _write_meta(directory, "bpe", False, self.vocab_size)
+
+
 def _same_dir(a, b) -> bool:
     """Whether two folders (local or URLs) are the same."""
     if paths.is_remote(a) or paths.is_remote(b):
@@ -512,7 +608,8 @@ def _option(directory: Path, meta: dict, key: str, given: bool | None) -> bool:
     return value
 
 
-TOKENIZER_FILES = (VOCAB_NAME, CONFIG_NAME, META_NAME, SPM_NAME, SPM_VOCAB_NAME)
+TOKENIZER_FILES = (VOCAB_NAME, CONFIG_NAME, META_NAME, SPM_NAME, SPM_VOCAB_NAME, BPE_JSON, BPE_VOCAB,
+                   BPE_MERGES)
 
 
 def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
@@ -528,9 +625,18 @@ def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
     return copied
 
 
+def _kinds_found(directory: Path) -> list[str]:
+    """The tokenizer kinds whose files `directory` holds; a tokenizer.json counts (as BPE) only
+    alone, since an exported BERT folder has one beside its vocab.txt."""
+    files = {"wordpiece": VOCAB_NAME, "sentencepiece": SPM_NAME, "bpe": BPE_MERGES}
+    found = [kind for kind, name in files.items() if (directory / name).is_file()]
+    return found or (["bpe"] if (directory / BPE_JSON).is_file() else [])
+
+
 def has_tokenizer(directory: str | Path) -> bool:
-    """Whether `directory` holds tokenizer files (vocab.txt or spm.model)."""
-    return any((paths.path(directory) / name).is_file() for name in (VOCAB_NAME, SPM_NAME))
+    """Whether `directory` holds tokenizer files (vocab.txt, spm.model, merges.txt or
+    tokenizer.json)."""
+    return bool(_kinds_found(paths.path(directory)))
 
 
 def required_dir(directory: str | Path, key: str = "data.tokenizer") -> str | Path:
@@ -549,7 +655,8 @@ def checkpoint_tokenizer(checkpoint_dir: str | Path, data_tokenizer: str = "") -
 
 def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
                    final_sigma: bool | None = None, keep_special_tokens: bool | None = None) -> Tokenizer:
-    """Loads the vocab in directory: vocab.txt -> WordPiece, spm.model -> SentencePiece.
+    """Loads the vocab in directory: vocab.txt -> WordPiece, spm.model -> SentencePiece,
+    merges.txt or a tokenizer.json alone -> byte-level BPE.
 
     WordPiece casing: `lowercase` if given, else bert_jax_tokenizer.json's, else HF tokenizer_config.json's
     do_lower_case, else uncased iff no vocab token outside [brackets] has an uppercase letter.
@@ -558,17 +665,21 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
     """
     paths.check_reachable(directory)  # gs:// without a network: one line naming GCS
     directory = paths.path(directory)
-    files = {"wordpiece": VOCAB_NAME, "sentencepiece": SPM_NAME}
-    found = [kind for kind, name in files.items() if (directory / name).is_file()]
+    found = _kinds_found(directory)
     kind = _metadata(directory).get("kind")
-    if kind is None and len(found) == 2:
-        raise ValueError(f"{directory} has both {VOCAB_NAME} and {SPM_NAME}; add a {META_NAME} "
-                         'with "kind" to say which to use')
+    if kind is None and len(found) > 1:
+        raise ValueError(f"{directory} has the files of several tokenizers ({', '.join(found)}); "
+                         f'add a {META_NAME} with "kind" to say which to use')
     kind = kind or (found[0] if found else None)
     if kind not in found:
         said = f" ({META_NAME} says kind={kind!r})" if kind else ""
-        raise FileNotFoundError(f"no tokenizer in {directory}{said}: looked for {VOCAB_NAME} (WordPiece) "
-                                f"and {SPM_NAME} (SentencePiece)")
+        raise FileNotFoundError(f"no tokenizer in {directory}{said}: looked for {VOCAB_NAME} (WordPiece), "
+                                f"{SPM_NAME} (SentencePiece) and {BPE_MERGES} or {BPE_JSON} (byte-level BPE)")
+    if kind == "bpe":
+        if lowercase or final_sigma is not None or keep_special_tokens is not None:
+            raise ValueError(f"{directory}: lowercase, final_sigma and keep_special_tokens are "
+                             "WordPiece options; a byte-level BPE tokenizer keeps the text as it is")
+        return _ByteLevelBPE(directory)
     if kind == "sentencepiece":
         if final_sigma is not None or keep_special_tokens is not None:
             raise ValueError(f"{directory / SPM_NAME}: final_sigma and keep_special_tokens are "
@@ -581,7 +692,10 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
 def load_hf_tokenizer(directory: str | Path) -> Tokenizer:
     """A Hugging Face BERT folder's vocab.txt read as its BertTokenizer reads it: lowercase unless
     tokenizer_config.json says do_lower_case=false (HF's default, unlike load_tokenizer's guess),
-    and 'Σ' lowercased to 'σ' as the Rust tokenizer every HF user of the checkpoint loads does."""
+    and 'Σ' lowercased to 'σ' as the Rust tokenizer every HF user of the checkpoint loads does;
+    a RoBERTa folder's byte-level BPE as its RobertaTokenizer reads it."""
     directory = paths.path(directory)
+    if _kinds_found(directory) == ["bpe"]:
+        return _ByteLevelBPE(directory)
     return _WordPiece(directory, _read_json(directory / CONFIG_NAME).get("do_lower_case", True),
                       final_sigma=False)
