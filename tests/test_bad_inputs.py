@@ -819,10 +819,39 @@ OPTIM25_CASES = [
          "use a multiple of 8"),
 ]
 
+
+def converted_roberta(**changes):
+    """A setup converting a copy of the shared HF folder, as a RoBERTa with `changes` to its
+    config.json, into tmp/rob."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        copy_of("hf", hf_config(model_type="roberta", **changes))(tmp, ctx)
+        convert.convert_hf(tmp / "hf", tmp / "rob")
+    return setup
+
+
+ROBERTA_CASES = [
+    case("convert-unsupported-family", "convert hf:{tmp}/hf {tmp}/out", 1, "model_type='modernbert'",
+         "does not convert", "supported model_type: 'bert', 'roberta'",
+         setup=copy_of("hf", hf_config(model_type="modernbert"))),
+    case("convert-roberta-pad-id", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json",
+         "pad_token_id=-1", "max_position_embeddings",
+         setup=copy_of("hf", hf_config(model_type="roberta", pad_token_id=-1))),
+    case("convert-tokenizer-json-not-bpe", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         "WordPiece", "byte-level BPE", "vocab.txt",
+         setup=copy_of("hf", hf_config(model_type="roberta"), remove("vocab.txt"))),
+    case("export-roberta-pad-not-before-positions", "export {tmp}/rob hf:{tmp}/out", 1,
+         "model.position_offset=3", "pad id + 1 = 1", "Hugging Face RoBERTa",
+         setup=converted_roberta(pad_token_id=2)),
+    case("config-position-offset-past-table", INFO + " --config.model.position_offset=512", 1,
+         "model.position_offset=512", "max_len=512"),
+    case("config-position-offset-not-read", "info --config configs/multi30k.py "
+         "--config.model.position_offset=2", 2, "position_offset", "'transformer'", "does not read"),
+]
+
 # One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
-         + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + OPTIM25_CASES)
+         + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + OPTIM25_CASES + ROBERTA_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -992,6 +1021,6 @@ def test_the_table_covers_every_area():
              "translate": TRANSLATE_CASES, "eval (issue 23)": EVAL23_CASES,
              "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES,
              "attention": ATTENTION_CASES, "optimizer": OPTIM_CASES,
-             "optimizer (issue 25)": OPTIM25_CASES}
+             "optimizer (issue 25)": OPTIM25_CASES, "RoBERTa (issue 25)": ROBERTA_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)
