@@ -312,7 +312,7 @@ class Tokenizer:
             a, b = truncate_seq_pair(a, b, max_seq_length - self.n_special(b is not None))
             first = np.concatenate([cls, a, sep])
             rows.append((first if b is None else
-                         np.concatenate([first, sep * (self.pair_seps - 1), b, sep]), first.size))
+                         np.concatenate([first, *[sep] * (self.pair_seps - 1), b, sep]), first.size))
         # [PAD] only where a row needs padding: encode_pair's exact-length rows need none.
         pad = self.pad_id if any(row.size < max_seq_length for row, _ in rows) else 0
         input_ids = np.full((n, max_seq_length), pad, np.int32)
