@@ -56,12 +56,19 @@ def hf_tokenizer(bpe_dir):
 
 @pytest.fixture(scope="module")
 def json_only_dir(tmp_path_factory, hf_tokenizer):
-    """The same tokenizer as HF saves it, keeping only its tokenizer.json."""
+    """The same tokenizer as HF saves it, keeping only its tokenizer.json, there set to cut and
+    pad (as some published ones are), which ours must not do."""
+    from tokenizers import Tokenizer
+
     out = tmp_path_factory.mktemp("bpe_json")
     hf_tokenizer.save_pretrained(out)
     for f in out.iterdir():
         if f.name != "tokenizer.json":
             f.unlink()
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.enable_truncation(8)
+    tok.enable_padding(length=200, pad_id=1, pad_token="<pad>")
+    tok.save(str(out / "tokenizer.json"))
     return out
 
 

@@ -512,6 +512,8 @@ class _ByteLevelBPE(Tokenizer):
             if not isinstance(tok.model, tokenizer_models.BPE):
                 raise ValueError(f"{source}: a {type(tok.model).__name__} tokenizer; only byte-level "
                                  f"BPE is read from {BPE_JSON} (WordPiece: give its {VOCAB_NAME})")
+            tok.no_truncation()  # a saved tokenizer.json may say to cut or pad: rows do that here
+            tok.no_padding()
         else:
             source = directory / BPE_VOCAB
             if not source.is_file():
@@ -529,8 +531,8 @@ class _ByteLevelBPE(Tokenizer):
             tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                     for t in specials if t in vocab])
         ids = [tok.token_to_id(t) for t in specials]
-        if (cls := ids[2]) is not None and (sep := ids[3]) is not None:  # for HF's pair encoding
-            tok.post_processor = processors.RobertaProcessing((specials[3], sep), (specials[2], cls))
+        if tok.post_processor is None and None not in ids[2:4]:  # what export's HF folder encodes with
+            tok.post_processor = processors.RobertaProcessing((specials[3], ids[3]), (specials[2], ids[2]))
         pieces = [tok.id_to_token(i) or "" for i in range(tok.get_vocab_size(with_added_tokens=True))]
         # A word starts after a space ("Ġ"), at punctuation and at special tokens (the first word
         # of a text, with no space before it, is glued to what precedes it).
