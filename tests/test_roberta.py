@@ -83,6 +83,10 @@ def test_tokenizer_equals_hf(bpe_dir, json_only_dir, hf_tokenizer, wiki_lines, s
     ref = hf_tokenizer(texts, add_special_tokens=False)["input_ids"]
     assert [ids.tolist() for ids in ours.encode_batch(texts)] == ref
     assert ours.decode(ours.encode(squad_lines[-1])) == squad_lines[-1]
+    for text in squad_lines[-20:]:  # character offsets too
+        ids, spans = ours.encode_with_offsets(text)
+        ref = hf_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert (ids.tolist(), spans.tolist()) == (ref["input_ids"], [list(o) for o in ref["offset_mapping"]])
     # Pairs <s> A </s></s> B </s>, one segment, cut (longest first) and padded as HF does.
     a, b = squad_lines[:100], squad_lines[-100:]
     rows = ours.encode_pairs(a, b, 96)

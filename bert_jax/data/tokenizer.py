@@ -532,7 +532,8 @@ class _ByteLevelBPE(Tokenizer):
                                     for t in specials if t in vocab])
         ids = [tok.token_to_id(t) for t in specials]
         if tok.post_processor is None and None not in ids[2:4]:  # what export's HF folder encodes with
-            tok.post_processor = processors.RobertaProcessing((specials[3], ids[3]), (specials[2], ids[2]))
+            tok.post_processor = processors.RobertaProcessing(
+                (specials[3], ids[3]), (specials[2], ids[2]), add_prefix_space=self._prefix_space)
         pieces = [tok.id_to_token(i) or "" for i in range(tok.get_vocab_size(with_added_tokens=True))]
         # A word starts after a space ("Ġ"), at punctuation and at special tokens (the first word
         # of a text, with no space before it, is glued to what precedes it).
@@ -543,6 +544,12 @@ class _ByteLevelBPE(Tokenizer):
         """Token ids of each text, without <s>/</s> (batched and parallel in Rust)."""
         return [np.asarray(e.ids, np.int32)
                 for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and character spans as the tokenizers library gives them (the space a "Ġ" token
+        starts with left out, as HF's RobertaTokenizer with trim_offsets)."""
+        e = self._tok.encode(text, add_special_tokens=False)
+        return np.asarray(e.ids, np.int32), np.asarray(e.offsets, np.int32).reshape(-1, 2)
 
     def decode(self, ids: Iterable[int], clean_up_spaces: bool = False) -> str:
         """The text of the ids (byte-level BPE keeps its spaces); <pad> dropped, other special
