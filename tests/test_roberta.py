@@ -185,3 +185,14 @@ def test_roberta_without_a_pad_row_is_refused_on_export(tmp_path):
         convert.hf_config({"name": "bert", "vocab_size": 10, "emb_dim": 8, "num_layers": 1,
                            "num_heads": 2, "head_dim": 4, "mlp_dim": 8, "position_offset": 3},
                           {"pad": 1})
+
+
+def test_a_missing_special_token_names_its_role(bpe_dir, tmp_path):
+    for f in ("vocab.json", "merges.txt"):
+        shutil.copy(bpe_dir / f, tmp_path / f)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"mask_token": "<msk>"}))
+    tok = tokenizer_lib.load_tokenizer(tmp_path)
+    assert (tok.cls_id, tok.sep_id) == (0, 2)  # the others keep RoBERTa's defaults
+    with pytest.raises(ValueError, match=r"vocab.json: the vocab has no mask_token token '<msk>'.*"
+                                         r"set mask_token in tokenizer_config.json"):
+        _ = tok.mask_id

@@ -262,6 +262,11 @@ class Tokenizer:
     def _special_id(self, token: str) -> int:
         """The id of a special token, or a ValueError naming the vocab file that lacks it."""
         if (i := self._special[token]) is None:
+            if self.kind == "bpe":  # its tokens are named by tokenizer_config.json
+                role = BPE_ROLES[token]
+                raise ValueError(f"{self.vocab_file}: the vocab has no {role} token "
+                                 f"{self._bpe_names[role]!r}, which this use needs; set {role} in "
+                                 f"{CONFIG_NAME} to one it has")
             raise ValueError(f"{self.vocab_file}: the vocab has no {token} token, which this use needs "
                              f"(BERT inputs need [CLS] [SEP] [PAD], pretraining [MASK]); add {token} "
                              "to the vocab or use a vocab made by `bert-jax vocab`")
@@ -488,6 +493,7 @@ class _SentencePiece(Tokenizer):
 # for them and RoBERTa's token (what HF's RobertaTokenizer defaults to).
 BPE_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>",
                 "sep_token": "</s>", "mask_token": "<mask>"}
+BPE_ROLES = dict(zip(SPECIAL_TOKENS, BPE_SPECIALS))  # "[PAD]" -> "pad_token", ...
 
 
 def _token_text(value: str | dict) -> str:
@@ -505,6 +511,7 @@ class _ByteLevelBPE(Tokenizer):
     def __init__(self, directory: Path) -> None:
         hf = _read_json(directory / CONFIG_NAME)
         specials = [_token_text(hf.get(key, token)) for key, token in BPE_SPECIALS.items()]
+        self._bpe_names = dict(zip(BPE_SPECIALS, specials))
         self._prefix_space = hf.get("add_prefix_space", False)
         if (directory / BPE_JSON).is_file():
             source = directory / BPE_JSON
