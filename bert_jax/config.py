@@ -14,6 +14,7 @@ import importlib.util
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import ml_collections
 
@@ -57,19 +58,28 @@ def training_defaults() -> ml_collections.ConfigDict:
     c.init_from = ""  # checkpoint dir (bert-jax convert output or workdir) to start from
 
     c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.name = "adamw"  # adam | adamw | lamb | sgd
+    # adam_weight_decay | adam | adamw | stable_adamw | lamb | sgd. The default, as the rest of
+    # this section, is BERT's: Google's AdamWeightDecayOptimizer (no bias correction); adamw is
+    # torch's and optax's AdamW (bias-corrected, what HF's Trainer uses); stable_adamw is
+    # ModernBERT's (AdamW with per-tensor update clipping); translation configs set adam.
+    c.optimizer.name = "adam_weight_decay"
     c.optimizer.learning_rate = 1e-4  # peak (rsqrt_paper: the paper's scale factor)
     c.optimizer.b1 = 0.9
     c.optimizer.b2 = 0.999
     c.optimizer.eps = 1e-6
-    c.optimizer.weight_decay = 0.01  # decoupled; not on LayerNorm params or biases
+    c.optimizer.weight_decay = 0.01  # decoupled; not on LayerNorm or biases (stable_adamw: per peak lr)
     c.optimizer.grad_clip_norm = 1.0  # global-norm clipping; 0 = off
 
     c.schedule = ml_collections.ConfigDict()
-    c.schedule.name = "warmup_linear"  # rsqrt_paper | warmup_rsqrt | warmup_linear | constant | cosine
+    c.schedule.name = "warmup_linear"  # rsqrt_paper | warmup_rsqrt | warmup_linear | constant | cosine | wsd
     c.schedule.warmup_steps = 10  # linear warmup from 0
-    c.schedule.final_fraction = 0.0  # cosine: final lr as a fraction of the peak
+    c.schedule.final_fraction = 0.0  # cosine, wsd: final lr as a fraction of the peak
     c.schedule.warmup_fraction = 0.0  # > 0: warmup_steps = fraction * train.steps (fine-tuning: 0.1)
+    # wsd (warmup-stable-decay): the last decay_steps (or decay_fraction * train.steps) steps
+    # decay to final_fraction, shaped 1-sqrt (ModernBERT's) or linear; 0: no decay
+    c.schedule.decay_steps = 0
+    c.schedule.decay_fraction = 0.0
+    c.schedule.decay_shape = "1-sqrt"
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 100  # total optimizer steps (fine-tuning: 0 = from train.epochs)
@@ -122,14 +132,17 @@ def pretraining_defaults() -> ml_collections.ConfigDict:
     d.shuffle_window = 1000  # instances shuffled within windows of this size
     d.worker_count = 0  # grain worker processes (0: in the training process)
     # Sequence-length phases: ((first step, max_seq_length, max_predictions_per_seq), ...);
-    # empty: one phase with the values above.
+    # empty: one phase with the values above. A 4th entry is that phase's global batch (batch
+    # size warmup): a multiple of the microbatch train.batch_size / train.grad_accum_steps,
+    # which stays fixed while the number of accumulated microbatches changes.
     d.phases = ()
     return config
 
 
 def finetune_defaults(task: str, size: str = "base") -> ml_collections.ConfigDict:
     """training_defaults with the BERT paper's fine-tuning recipe (A.3: batch 32, 3 epochs, Adam
-    lr 2e-5 of 5e-5, 3e-5, 2e-5, 10% warmup then linear decay, evaluation on dev) and the
+    (Google's, adam_weight_decay) lr 2e-5 of 5e-5, 3e-5, 2e-5, 10% warmup then linear decay,
+    evaluation on dev) and the
     `data` section of `task` (glue, ner, squad, swag); `size` tiny or mini: a CPU-sized run."""
     config = training_defaults()
     config.optimizer.learning_rate = 2e-5
@@ -178,6 +191,9 @@ def finetune_defaults(task: str, size: str = "base") -> ml_collections.ConfigDic
         raise ConfigError(f"fine-tuning task {task!r}: choose glue, ner, squad or swag")
     if size in ("tiny", "mini"):  # CPU-sized runs, often from scratch: a larger step size
         config.optimizer.learning_rate = 1e-3
+        # with bias correction: adam_weight_decay's early steps (up to 6.6x) at this lr leave
+        # SST-2, MRPC and NER from scratch at the majority class (docs/training.md#optimizers)
+        config.optimizer.name = "adamw"
         config.train.log_every = 10
     return config
 
@@ -390,6 +406,29 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if t.batch_size % num_processes:
         raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by the "
                           f"{num_processes} processes (each loads an equal share)")
+    check_phase_batches(config, shards, num_processes)
+
+
+def check_phase_batches(config, shards: int, num_processes: int) -> None:
+    """Each data.phases entry is (first step, length, predictions[, batch]); a phase's batch is
+    a whole number of the run's microbatches (so each step's shapes stay those of the microbatch
+    the mesh splits) and an equal share per process."""
+    t = config.train
+    micro = t.batch_size // t.grad_accum_steps
+    phases = tuple(config.data.get("phases") or ())
+    for i, phase in enumerate(phases):
+        if len(phase) not in (3, 4):
+            raise ConfigError(f"data.phases[{i}]={tuple(phase)}: each phase is (first step, "
+                              "max_seq_length, max_predictions_per_seq) or those and its batch size")
+        if len(phase) == 4 and (phase[3] < 1 or phase[3] % micro):
+            raise ConfigError(
+                f"data.phases[{i}] batch {phase[3]} is not a multiple of the microbatch "
+                f"train.batch_size/grad_accum_steps={micro} (the rows the mesh's {shards} batch "
+                f"shards split); use a multiple of {micro}")
+    if any(len(p) == 4 for p in phases) and micro % num_processes:
+        raise ConfigError(f"microbatch train.batch_size/grad_accum_steps={micro} is not divisible "
+                          f"by the {num_processes} processes (with batch sizes in data.phases each "
+                          f"loads an equal share of every microbatch)")
 
 
 def check_pretraining_data(data, lengths: Sequence[int]) -> None:
@@ -417,9 +456,21 @@ def model_config(config) -> dict:
     return {**config.model.to_dict(), "dtype": dtype}
 
 
+def phase_stream(config, index: int) -> Any:
+    """Which data stream phase `index` reads: with batch sizes in data.phases, one stream of
+    microbatches per (length, predictions), so a phase that only grows the batch reads on
+    where the one before stopped; otherwise each phase its own (started afresh)."""
+    phases = tuple(config.data.get("phases") or ())
+    if not any(len(p) > 3 for p in phases) or index >= len(phases):
+        return index
+    return tuple(phases[index][1:3])
+
+
 def phase_config(config, step: int):
-    """(phase index, the config with that phase's data lengths, the step where it ends) for
-    `config.data.phases` = ((first step, max_seq_length, max_predictions_per_seq), ...)."""
+    """(phase index, the config with that phase's data lengths and batch, the step where it
+    ends) for `config.data.phases` = ((first step, max_seq_length, max_predictions_per_seq
+    [, batch_size]), ...). A phase's batch keeps the run's microbatch and changes how many are
+    accumulated (train.grad_accum_steps)."""
     phases = tuple(config.data.get("phases") or ())
     if not phases:
         return 0, config, config.train.steps
@@ -427,5 +478,9 @@ def phase_config(config, step: int):
     phase_cfg = config.copy_and_resolve_references()
     phase_cfg.data.max_seq_length = int(phases[index][1])
     phase_cfg.data.max_predictions_per_seq = int(phases[index][2])
+    if len(phases[index]) > 3:
+        micro = config.train.batch_size // config.train.grad_accum_steps
+        phase_cfg.train.batch_size = int(phases[index][3])
+        phase_cfg.train.grad_accum_steps = phase_cfg.train.batch_size // micro
     end = phases[index + 1][0] if index + 1 < len(phases) else config.train.steps
     return index, phase_cfg, min(end, config.train.steps)

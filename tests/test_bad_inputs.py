@@ -499,8 +499,8 @@ CONVERT_CASES = [
          setup=copy_of("hf", hf_config(hidden_size=None))),
     case("convert-config-bad-type", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json", "num_hidden_layers",
          setup=copy_of("hf", hf_config(num_hidden_layers="two"))),
-    case("convert-model-type", "convert hf:{tmp}/hf {tmp}/out", 1, "model_type='roberta'",
-         setup=copy_of("hf", hf_config(model_type="roberta"))),
+    case("convert-model-type", "convert hf:{tmp}/hf {tmp}/out", 1, "model_type='gpt2'",
+         "'bert', 'roberta'", setup=copy_of("hf", hf_config(model_type="gpt2"))),
     case("convert-activation", "convert hf:{tmp}/hf {tmp}/out", 1, "hidden_act='swish'",
          setup=copy_of("hf", hf_config(hidden_act="swish"))),
     case("convert-heads-not-dividing", "convert hf:{tmp}/hf {tmp}/out", 1, "num_attention_heads=3",
@@ -816,9 +816,68 @@ PATTERN_CASES = [
          "--config.model.attention_dropout_rate=0", 1,
          "model.attention_pattern=linformer runs with model.attention_kernel=xla"),
 ]
+
+OPTIM_CASES = [
+    # the shared run (the tiny config: adamw, as a paper config's run saved before
+    # adam_weight_decay became its default) resumed with adam_weight_decay: the flag that resumes it
+    case("resume-adamw-run-with-adam-weight-decay", RESUME + " --config.optimizer.name=adam_weight_decay "
+         "--config.train.steps=4", 1, "optimizer.name: 'adamw' in the checkpoint, 'adam_weight_decay' here",
+         "pass --config.optimizer.name=adamw", "--workdir"),
+    case("optimizer-name-misspelt", PRETRAIN + " --config.optimizer.name=adam_weightdecay", 1,
+         "optimizer.name='adam_weightdecay'", "'adam_weight_decay'"),
+]
+
+WSD = PRETRAIN + " --config.schedule.name=wsd"
+OPTIM25_CASES = [
+    # ModernBERT's optimisation (issue 25): wsd schedule, stable_adamw, batch size phases
+    case("wsd-decay-longer-than-the-run", WSD + " --config.schedule.decay_steps=5", 1,
+         "schedule.decay_steps=5", "train.steps=2", "at most 1 step(s)"),
+    case("wsd-decay-shape-unknown", WSD + " --config.schedule.decay_shape=cosine", 1,
+         "schedule.decay_shape='cosine'", "['1-sqrt', 'linear']"),
+    case("wsd-final-fraction-above-one", WSD + " --config.schedule.final_fraction=1.5", 1,
+         "schedule.final_fraction=1.5", "[0, 1]"),
+    case("stable-adamw-eps-zero", PRETRAIN + " --config.optimizer.name=stable_adamw "
+         "--config.optimizer.eps=0", 1, "optimizer.eps=0.0", "> 0"),
+    case("phase-batch-not-a-multiple-of-the-microbatch", PRETRAIN
+         + " --config.data.phases=\"((0, 16, 3, 4), (1, 16, 3))\"", 1,
+         "data.phases[0] batch 4", "microbatch train.batch_size/grad_accum_steps=8",
+         "use a multiple of 8"),
+]
+
+
+def converted_roberta(**changes):
+    """A setup converting a copy of the shared HF folder, as a RoBERTa with `changes` to its
+    config.json, into tmp/rob."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        copy_of("hf", hf_config(model_type="roberta", **changes))(tmp, ctx)
+        convert.convert_hf(tmp / "hf", tmp / "rob")
+    return setup
+
+
+ROBERTA_CASES = [
+    case("convert-unsupported-family", "convert hf:{tmp}/hf {tmp}/out", 1, "model_type='modernbert'",
+         "does not convert", "supported model_type: 'bert', 'roberta'",
+         setup=copy_of("hf", hf_config(model_type="modernbert"))),
+    case("convert-roberta-pad-id", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json",
+         "pad_token_id=-1", "max_position_embeddings",
+         setup=copy_of("hf", hf_config(model_type="roberta", pad_token_id=-1))),
+    case("convert-tokenizer-json-not-bpe", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         "WordPiece", "byte-level BPE", "vocab.txt",
+         setup=copy_of("hf", hf_config(model_type="roberta"), remove("vocab.txt"))),
+    case("export-roberta-pad-not-before-positions", "export {tmp}/rob hf:{tmp}/out", 1,
+         "model.position_offset=3", "pad id + 1 = 1", "Hugging Face RoBERTa",
+         setup=converted_roberta(pad_token_id=2)),
+    case("config-position-offset-past-table", INFO + " --config.model.position_offset=512", 1,
+         "model.position_offset=512", "max_len=512"),
+    case("config-position-offset-not-read", "info --config configs/multi30k.py "
+         "--config.model.position_offset=2", 2, "position_offset", "'transformer'", "does not read"),
+]
+
+# One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
-         + LAUNCH_CASES + ATTENTION_CASES + PATTERN_CASES)
+         + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + OPTIM25_CASES + ROBERTA_CASES
+         + PATTERN_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -987,6 +1046,8 @@ def test_the_table_covers_every_area():
              "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES,
              "translate": TRANSLATE_CASES, "eval (issue 23)": EVAL23_CASES,
              "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES,
-             "attention": ATTENTION_CASES, "attention patterns": PATTERN_CASES}
+             "attention": ATTENTION_CASES, "optimizer": OPTIM_CASES,
+             "optimizer (issue 25)": OPTIM25_CASES, "RoBERTa (issue 25)": ROBERTA_CASES,
+             "attention patterns": PATTERN_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

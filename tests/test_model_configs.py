@@ -115,7 +115,8 @@ def test_checkpoint_field_lists_come_from_the_field_metadata():
     # what the lists held when they were kept by hand
     assert set(checkpoint.ARCHITECTURE_FIELDS) == {
         "vocab_size", "emb_dim", "num_layers", "num_heads", "head_dim", "mlp_dim", "max_len",
-        "type_vocab_size", "activation", "norm", "positions"}
+        "type_vocab_size", "activation", "norm", "positions",
+        "position_offset"}  # (and since: RoBERTa's first position row)
     assert set(checkpoint.STATE_FIELDS) - set(checkpoint.ARCHITECTURE_FIELDS) == {
         "name", "num_decoder_layers", "use_pooler", "num_labels", "share_embeddings", "tie_output",
         "scale_embeddings", "attention_window", "attention_global_every", "attention_pattern",

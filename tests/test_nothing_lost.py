@@ -160,6 +160,11 @@ def test_a_checkpoints_folder_lost_mid_run_ends_the_process_at_once(trained, tmp
 @pytest.mark.parametrize("override, message", [
     ("optimizer.name=adam", "optimizer.name: 'adamw' in the checkpoint, 'adam' here"),
     ("optimizer.name=lamb", "optimizer.name: 'adamw' in the checkpoint, 'lamb' here"),
+    # a run saved with adamw (the BERT configs' default before adam_weight_decay) resumed
+    # under the new default: the flag that resumes it
+    ("optimizer.name=adam_weight_decay", r"optimizer.name: 'adamw' in the checkpoint, "
+     r"'adam_weight_decay' here\); to resume it pass --config\.optimizer\.name=adamw, or train in a "
+     r"new --workdir$"),
     ("model.activation=relu", "model.activation: 'gelu' in the checkpoint, 'relu' here"),
 ])
 def test_a_changed_config_is_an_error_not_a_corrupt_checkpoint(trained, tmp_path, override, message):

@@ -9,7 +9,8 @@ Sources (Apache License 2.0; the cases are theirs, the test code here is ours):
 - huggingface/transformers tests/models/bert/test_tokenization_bert.py, Copyright 2020 The
   HuggingFace Team (commits c8dfc84e and 02d54151); cited as "hf: <test name>".
 Their helpers _is_whitespace, _is_control and _is_punctuation are private to those tokenizers;
-here each is checked by what it does to "a<c>b" (see char_class).
+here each is checked by what it does to "a<c>b" (see char_class). HF's character offsets
+(return_offsets_mapping) are our Tokenizer.encode_with_offsets.
 """
 
 import json
@@ -192,16 +193,29 @@ def test_hf_sequence_builders(tmp_path):
 
 
 @pytest.mark.parametrize("lowercase,expected", [
-    (False, ["[CLS]", "A", ",", "na", "##ï", "##ve", "[MASK]", "Allen", "##NL", "##P", "sentence", ".",
-             "[SEP]"]),
-    (True, ["[CLS]", "a", ",", "naive", "[MASK]", "allen", "##nl", "##p", "sentence", ".", "[SEP]"]),
+    (False, [((0, 0), "[CLS]"), ((0, 1), "A"), ((1, 2), ","), ((3, 5), "na"), ((5, 6), "##ï"),
+             ((6, 8), "##ve"), ((9, 15), "[MASK]"), ((16, 21), "Allen"), ((21, 23), "##NL"),
+             ((23, 24), "##P"), ((25, 33), "sentence"), ((33, 34), "."), ((0, 0), "[SEP]")]),
+    (True, [((0, 0), "[CLS]"), ((0, 1), "a"), ((1, 2), ","), ((3, 8), "naive"), ((9, 15), "[MASK]"),
+            ((16, 21), "allen"), ((21, 23), "##nl"), ((23, 24), "##p"), ((25, 33), "sentence"),
+            ((33, 34), "."), ((0, 0), "[SEP]")]),
 ], ids=["cased", "uncased"])
 def test_hf_offsets_with_special_characters(lowercase, expected, tmp_path):
-    """hf: test_offsets_with_special_characters, its tokens (our API has no character offsets):
-    the literal [MASK] kept whole with the option keep_special_tokens."""
-    vocab = [*HF_VOCAB, *(t for t in expected if t not in HF_VOCAB)]
+    """hf: test_offsets_with_special_characters: tokens and character offsets (encode_with_offsets;
+    HF's (0, 0) for the added [CLS] and [SEP]), the literal [MASK] kept whole with the option
+    keep_special_tokens."""
+    vocab = [*HF_VOCAB, *(t for _, t in expected if t not in HF_VOCAB)]
     tok = tokenizer(tmp_path, vocab, lowercase=lowercase, keep_special_tokens=True)
-    assert tok.encode_pair("A, naïve [MASK] AllenNLP sentence.").tokens == expected
+    text = "A, naïve [MASK] AllenNLP sentence."
+    assert tok.encode_pair(text).tokens == [t for _, t in expected]
+    ids, offsets = tok.encode_with_offsets(text)
+    got = list(zip(map(tuple, offsets.tolist()), tok.tokens(ids)))
+    assert [((0, 0), "[CLS]"), *got, ((0, 0), "[SEP]")] == expected
+    # The same through the Python reference path (a rare character sends the text there).
+    wp = tok._wp
+    assert not wp._fast_ok(text + " \u0860")
+    assert wp.tokenize_with_offsets(text + " \u0860") == (
+        [t for _, t in expected[1:-1]] + ["[UNK]"], [o for o, _ in expected[1:-1]] + [(35, 36)])
 
 
 @pytest.mark.parametrize("chinese,expected", [(True, ["的", "人", "有"]), (False, ["的", "##人", "##有"])])

@@ -5,6 +5,7 @@ import itertools
 import json
 import unicodedata
 
+import numpy as np
 import pytest
 from tokenizers import BertWordPieceTokenizer, normalizers
 
@@ -303,3 +304,82 @@ def test_final_sigma_options_match_hf(vocab, corpus):
         assert [ours.tokens(ids) for ids in ours.encode_batch(texts)] == [ref.tokenize(t) for t in texts]
         word = ("οδος" if final_sigma else "οδοσ") if lowercase else "ΟΔΟΣ"
         assert ours._wp.basic_tokenize("ΟΔΟΣ") == [word]
+
+
+def _normalized(text: str, lowercase: bool) -> str:
+    """text as the tokenizer normalizes it, without word breaks; final sigma folded, as a slice of a
+    word loses the context that makes 'Σ' 'ς'."""
+    return "".join(reference_basic_tokenize(text, lowercase)).replace("ς", "σ")
+
+
+@pytest.fixture(scope="module")
+def offset_texts(shared_data, squad, corpus) -> list[str]:
+    """A few hundred WikiText-2 lines, SQuAD contexts and the corpus's odd lines (NFD accents,
+    uppercase Greek, control characters, long words)."""
+    wiki = [line for line in (shared_data / "text" / "wikitext2" / "valid.txt").read_text("utf-8")
+            .splitlines() if line.strip()]
+    contexts = squad[0]
+    return wiki[:300] + contexts[:100] + [c for c in contexts if not c.isascii()][:100] + corpus[-200:]
+
+
+def test_offsets_cover_their_tokens(vocab, offset_texts):
+    """Every token's span of the original text normalizes to the token (without "##"), on the Rust
+    fast path and the Python reference path alike; tokens are those of tokenize."""
+    vocab_file, lowercase = vocab
+    ours = WordPieceTokenizer.from_vocab(vocab_file, lowercase=lowercase)
+    checked = slow = 0
+    for text in offset_texts:
+        tokens, spans = ours.tokenize_with_offsets(text)
+        assert tokens == ours.tokenize(text)
+        assert len(spans) == len(tokens) and all(0 <= lo < hi <= len(text) for lo, hi in spans)
+        assert spans == sorted(spans), text
+        for token, (lo, hi) in zip(tokens, spans):
+            if token != "[UNK]":
+                assert _normalized(text[lo:hi], lowercase) == token.removeprefix("##").replace("ς", "σ"), (
+                    text, token, text[lo:hi])
+                checked += 1
+        slow += not ours._fast_ok(text) or not unicodedata.is_normalized("NFC", text)
+    assert checked > 20_000 and slow > 30
+
+
+def test_offsets_match_hf_fast(vocab, offset_texts):
+    """Offsets equal HF's fast BertTokenizer's return_offsets_mapping wherever its tokens are ours
+    (it lowercases 'Σ' to 'σ' and skips NFC, so a few lines differ). Where Rust's Unicode tables
+    are not Python's (not _fast_ok) an [UNK] can stand for another word, so there [UNK]s are left
+    out."""
+    vocab_file, lowercase = vocab
+    ours = load_tokenizer(vocab_file.parent, lowercase=lowercase)
+    fast = transformers.BertTokenizer(str(vocab_file), do_lower_case=lowercase)
+    same = slow = 0
+    for text in offset_texts:
+        ids, offsets = ours.encode_with_offsets(text)
+        want = fast(text, add_special_tokens=False, return_offsets_mapping=True)
+        if ids.tolist() != want["input_ids"]:
+            continue
+        keep = (ids != ours.unk_id) | ours._wp._fast_ok(text)
+        hf = np.asarray(want["offset_mapping"]).reshape(-1, 2)
+        assert offsets[keep].tolist() == hf[keep].tolist(), text
+        same += 1
+        slow += not ours._wp._fast_ok(text) or not unicodedata.is_normalized("NFC", text)
+    assert same > 0.85 * len(offset_texts) and slow > 5, (same, slow)
+
+
+@pytest.mark.parametrize("lowercase,text,expected", [
+    (True, "Crème BRÛLÉE", [("creme", (0, 5)), ("brulee", (6, 12))]),
+    (True, "cafe\u0301 x", [("cafe", (0, 4)), ("x", (6, 7))]),  # a stripped mark is in no token
+    (False, "cafe\u0301 x", [("caf\u00e9", (0, 5)), ("x", (6, 7))]),  # NFC: "é" spans e + mark
+    (True, "東京x", [("東", (0, 1)), ("京", (1, 2)), ("x", (2, 3))]),
+    (True, "ab\x07c", [("ab", (0, 2)), ("##c", (3, 4))]),  # a removed control char: in no token
+    (True, "ΟΔΟΣ.", [("ο", (0, 1)), ("##δ", (1, 2)), ("##ο", (2, 3)), ("##ς", (3, 4)), (".", (4, 5))]),
+    (True, "İx ﬁ", [("ix", (0, 2)), ("[UNK]", (3, 4))]),  # "İ".lower() is 2 characters
+    (False, "\u0958x", [("\u0915\u093c", (0, 1)), ("##x", (1, 2))]),  # NFC expands it to 2
+])
+def test_offsets_through_normalization(lowercase, text, expected):
+    """Characters whose normalization changes length or depends on the word, on both paths
+    (a rare character appended sends a text to the Python reference)."""
+    vocab = [*SPECIALS, "creme", "brulee", "cafe", "caf\u00e9", "x", "東", "京", "ab", "##c", "ο",
+             "##δ", "##ο", "##ς", ".", "ix", "\u0915\u093c", "##x"]
+    wp = WordPieceTokenizer(vocab, lowercase=lowercase)
+    for suffix, more in (("", []), (" \u0860", [("[UNK]", (len(text) + 1, len(text) + 2))])):
+        tokens, spans = wp.tokenize_with_offsets(text + suffix)
+        assert list(zip(tokens, spans)) == expected + more, suffix

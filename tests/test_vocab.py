@@ -225,6 +225,17 @@ def test_sentencepiece_save(tmp_path, english_lines):
     tok.save(tmp_path / "a")  # onto itself: nothing to do
 
 
+def test_sentencepiece_offsets(tmp_path, english_lines):
+    """encode_with_offsets: encode's ids, each with the characters sentencepiece aligns it to."""
+    tok = load_tokenizer(train_vocab(english_lines, size=300, kind="sentencepiece", out_dir=tmp_path))
+    for text in [*english_lines[:50], "Café  naïve \ufb01sh 東京"]:
+        ids, offsets = tok.encode_with_offsets(text)
+        assert np.array_equal(ids, tok.encode(text)) and offsets.shape == (len(ids), 2)
+        assert (np.diff(offsets[:, 0]) >= 0).all() and (offsets[:, 0] <= offsets[:, 1]).all()
+        # The pieces' spans tile the text, a "▁" over the whitespace it stands for.
+        assert "".join(text[lo:hi] for lo, hi in offsets.tolist()) == text.rstrip()
+
+
 def test_check_fits(wordpiece_vocab):
     tok = load_tokenizer(wordpiece_vocab.parent)
     tok.check_fits(1500, "ok")

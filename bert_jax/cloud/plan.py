@@ -73,7 +73,6 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
     params_bytes = sharding.bytes_per_device(abstract["params"], state_sh["params"])
     opt_bytes = sharding.bytes_per_device(abstract["opt_state"], state_sh["opt_state"])
     train_state = state.with_shardings(abstract, state_sh)
-    step_fn = train.jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh)
     peak = sl.chips * sl.gen.peak_per_chip * mfu
 
     def compiled(name, fn, args, cfg, steps, state_bytes, extra=None):
@@ -94,7 +93,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
         training = name != "eval"
         flops = flops if training else flops / 3
         fits = total is not None and total <= sl.gen.hbm_per_device
-        micro = config.train.grad_accum_steps if training else 1
+        micro = cfg.train.grad_accum_steps if training else 1
         return Step(name, cfg.data.max_seq_length, cfg.train.batch_size, micro, params_bytes,
                     state_bytes, total, temps, fits, says, flops, compiled_flops, steps, flops / peak,
                     time.perf_counter() - t0)
@@ -102,12 +101,14 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
     steps = []
     for index, start in enumerate(_phase_starts(config)):
         _, cfg, end = config_lib.phase_config(config, start)
+        step_fn = train.jit_train_step(cfg, graphdef, objective, tx, schedule, mesh, state_sh)
         steps.append(compiled(f"train phase {index}", step_fn, (train_state,), cfg, end - start,
                               opt_bytes))
     # Evaluation: the params only, at the last phase's lengths; task eval batches also carry
     # which rows are padding.
     eval_fn = evaluate.jit_eval_step(config, graphdef, objective, mesh, outputs=is_task)
     eval_cfg = config_lib.phase_config(config, _phase_starts(config)[-1])[1]
+    eval_cfg.train.batch_size = config.train.batch_size  # evaluation keeps the run's batch
     weight = {"example_weight": jax.ShapeDtypeStruct((config.train.batch_size,), np.float32)}
     steps.append(compiled("eval", eval_fn, (state.with_shardings(abstract["params"], state_sh["params"]),),
                           eval_cfg, 0, 0, weight if is_task else None))

@@ -1,5 +1,7 @@
-"""The tokenizer API: trains WordPiece or SentencePiece vocabularies and loads either behind one
-Tokenizer (ids of text, BERT's [CLS] A [SEP] B [SEP] inputs, tokens and word starts of ids)."""
+"""The tokenizer API: trains WordPiece or SentencePiece vocabularies and loads either, or a
+RoBERTa-style byte-level BPE, behind one Tokenizer (ids of text and their character offsets,
+BERT's [CLS] A [SEP] B [SEP] inputs or RoBERTa's <s> A </s></s> B </s>, tokens and word starts
+of ids)."""
 
 from __future__ import annotations
 
@@ -15,14 +17,18 @@ from typing import Literal
 
 import numpy as np
 import sentencepiece as spm
-from tokenizers import normalizers, pre_tokenizers
+from tokenizers import AddedToken, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models as tokenizer_models
 
 from bert_jax import paths
 from bert_jax.data.wordpiece import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
 
 META_NAME, SPM_NAME, SPM_VOCAB_NAME = "bert_jax_tokenizer.json", "spm.model", "spm.vocab"
 SP_SPACE = "\u2581"  # "▁": SentencePiece's marker for a preceding space, i.e. a word start
-Kind = Literal["wordpiece", "sentencepiece"]
+# Byte-level BPE (GPT-2, RoBERTa): HF's fast tokenizer.json, or the vocab.json + merges.txt pair.
+BPE_JSON, BPE_VOCAB, BPE_MERGES = "tokenizer.json", "vocab.json", "merges.txt"
+Kind = Literal["wordpiece", "sentencepiece", "bpe"]
 
 
 def _text_lines(inputs: Iterable[str]) -> Iterator[str]:
@@ -248,7 +254,7 @@ class Tokenizer:
         self.unk_id = ids[1]
         self.special_ids = {i for i in ids if i is not None}
         self._starts = starts  # [vocab_size] bool
-        self._vocab_file = vocab_file
+        self.vocab_file = vocab_file
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.kind}, {self.vocab_size} tokens, {str(self.directory)!r})"
@@ -256,7 +262,12 @@ class Tokenizer:
     def _special_id(self, token: str) -> int:
         """The id of a special token, or a ValueError naming the vocab file that lacks it."""
         if (i := self._special[token]) is None:
-            raise ValueError(f"{self._vocab_file}: the vocab has no {token} token, which this use needs "
+            if self.kind == "bpe":  # its tokens are named by tokenizer_config.json
+                role = BPE_ROLES[token]
+                raise ValueError(f"{self.vocab_file}: the vocab has no {role} token "
+                                 f"{self._bpe_names[role]!r}, which this use needs; set {role} in "
+                                 f"{CONFIG_NAME} to one it has")
+            raise ValueError(f"{self.vocab_file}: the vocab has no {token} token, which this use needs "
                              f"(BERT inputs need [CLS] [SEP] [PAD], pretraining [MASK]); add {token} "
                              "to the vocab or use a vocab made by `bert-jax vocab`")
         return i
@@ -279,21 +290,34 @@ class Tokenizer:
         """Token ids (int32) of one text, without [CLS]/[SEP]."""
         return self.encode_batch([text])[0]
 
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """encode's ids and, for each, the (start, end) characters of text it covers ([n, 2]
+        int32), as HF's return_offsets_mapping."""
+        raise NotImplementedError
+
     def save(self, directory: str | Path) -> None:
         """Writes the tokenizer files into directory (so a checkpoint carries its tokenizer)."""
         raise NotImplementedError
 
+    # [SEP]s between A and B, and B's segment id: BERT's; RoBERTa's is </s></s> and one segment.
+    pair_seps, segment_b = 1, 1
+
+    def n_special(self, pair: bool) -> int:
+        """How many special tokens a row of one text (pair=False) or of two holds."""
+        return 2 + pair * self.pair_seps
+
     def pair_rows(self, ids_a: Sequence[np.ndarray], ids_b: Sequence[np.ndarray | None],
                   max_seq_length: int) -> dict[str, np.ndarray]:
-        """[CLS] a [SEP] (b [SEP]) rows, truncated and padded: input_ids, token_type_ids (A/B),
-        attention_mask [N, T] (data/packing.py)."""
+        """[CLS] a [SEP] (b [SEP]) rows (RoBERTa's: <s> a </s> (</s> b </s>)), truncated and
+        padded: input_ids, token_type_ids (A/B), attention_mask [N, T] (data/packing.py)."""
         n = len(ids_a)
         cls, sep = [self.cls_id], [self.sep_id]
         rows = []  # (the row, the length of its [CLS] A [SEP])
         for a, b in zip(ids_a, ids_b):
-            a, b = truncate_seq_pair(a, b, max_seq_length - (2 if b is None else 3))
+            a, b = truncate_seq_pair(a, b, max_seq_length - self.n_special(b is not None))
             first = np.concatenate([cls, a, sep])
-            rows.append((first if b is None else np.concatenate([first, b, sep]), first.size))
+            rows.append((first if b is None else
+                         np.concatenate([first, *[sep] * (self.pair_seps - 1), b, sep]), first.size))
         # [PAD] only where a row needs padding: encode_pair's exact-length rows need none.
         pad = self.pad_id if any(row.size < max_seq_length for row, _ in rows) else 0
         input_ids = np.full((n, max_seq_length), pad, np.int32)
@@ -302,7 +326,7 @@ class Tokenizer:
         for i, (row, n_first) in enumerate(rows):
             input_ids[i, :row.size] = row
             attention_mask[i, :row.size] = 1
-            token_type_ids[i, n_first:row.size] = 1
+            token_type_ids[i, n_first:row.size] = self.segment_b
         return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
 
     def encode_pairs(self, texts_a: Sequence[str], texts_b: Sequence[str | None],
@@ -318,7 +342,7 @@ class Tokenizer:
         """One example's [CLS] A [SEP] (B [SEP]), truncated to max_length as BERT's run_classifier."""
         ids = self.encode_batch([text_a] if text_b is None else [text_a, text_b])
         a, b = ids[0], None if text_b is None else ids[1]
-        n_special = 2 if b is None else 3
+        n_special = self.n_special(b is not None)
         if max_length is None:  # no truncation: exactly as long as the example
             max_length = len(a) + n_special + (0 if b is None else len(b))
         elif max_length < n_special:
@@ -380,6 +404,13 @@ class _WordPiece(Tokenizer):
         """Token ids of each text, without [CLS]/[SEP] (batched and parallel in Rust)."""
         return [np.asarray(self._wp.tokens_to_ids(t), np.int32) for t in self._wp.tokenize_batch(texts)]
 
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and character spans: a "##x" piece spans its characters (through lowercasing,
+        accent stripping and NFC), [UNK] its whole word, a kept special token its literal."""
+        tokens, spans = self._wp.tokenize_with_offsets(text)
+        return (np.asarray(self._wp.tokens_to_ids(tokens), np.int32),
+                np.asarray(spans, np.int32).reshape(-1, 2))
+
     def decode(self, ids: Iterable[int], clean_up_spaces: bool = False) -> str:
         """Wordpieces joined as BERT does ("##" glued on: "life ' s ."); [PAD] dropped.
         clean_up_spaces: then transformers' clean_up_tokenization ("life's."), as HF's decode."""
@@ -425,6 +456,16 @@ class _SentencePiece(Tokenizer):
         """Token ids of each text, without [CLS]/[SEP] (batched and parallel in C++)."""
         return [np.asarray(ids, np.int32) for ids in self._sp.encode(list(texts), out_type=int)]
 
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and the characters each piece comes from, by sentencepiece's own alignment: a "▁"
+        spans the whitespace it stands for, a piece its NFKC source (or nothing, (i, i), when an
+        earlier piece holds it, as "f" of "\ufb01")."""
+        proto = self._sp.encode(text, return_type="proto")
+        char_at = [i for i, c in enumerate(text) for _ in c.encode("utf-8")] + [len(text)]  # of bytes
+        spans = [(char_at[p.begin], char_at[p.end]) for p in proto.pieces]
+        return (np.asarray([p.id for p in proto.pieces], np.int32),
+                np.asarray(spans, np.int32).reshape(-1, 2))
+
     def decode(self, ids: Iterable[int], clean_up_spaces: bool = False) -> str:
         """Detokenized text; [CLS] [SEP] [MASK] (which sentencepiece decodes to "") by name.
         clean_up_spaces changes nothing: sentencepiece restores the text's own spaces."""
@@ -446,6 +487,100 @@ class _SentencePiece(Tokenizer):
         for name in (SPM_NAME, SPM_VOCAB_NAME, META_NAME):
             if (self.directory / name).is_file():
                 paths.copy_file(self.directory / name, directory / name)
+
+
+# The API's roles (pad, unk, cls, sep, mask: SPECIAL_TOKENS' order) -> tokenizer_config.json's key
+# for them and RoBERTa's token (what HF's RobertaTokenizer defaults to).
+BPE_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>",
+                "sep_token": "</s>", "mask_token": "<mask>"}
+BPE_ROLES = dict(zip(SPECIAL_TOKENS, BPE_SPECIALS))  # "[PAD]" -> "pad_token", ...
+
+
+def _token_text(value: str | dict) -> str:
+    """A special token as tokenizer_config.json states it: a string or a serialised AddedToken."""
+    return value["content"] if isinstance(value, dict) else value
+
+
+class _ByteLevelBPE(Tokenizer):
+    """Byte-level BPE as HF's RobertaTokenizer: tokenizer.json if present (what the fast
+    tokenizer loads), else vocab.json + merges.txt built the way transformers builds them;
+    special tokens from tokenizer_config.json (RoBERTa's by default)."""
+
+    pair_seps, segment_b = 2, 0
+
+    def __init__(self, directory: Path) -> None:
+        hf = _read_json(directory / CONFIG_NAME)
+        specials = [_token_text(hf.get(key, token)) for key, token in BPE_SPECIALS.items()]
+        self._bpe_names = dict(zip(BPE_SPECIALS, specials))
+        self._prefix_space = hf.get("add_prefix_space", False)
+        if (directory / BPE_JSON).is_file():
+            source = directory / BPE_JSON
+            self._tok = tok = HFTokenizer.from_str(source.read_text("utf-8"))
+            if not isinstance(tok.model, tokenizer_models.BPE):
+                raise ValueError(f"{source}: a {type(tok.model).__name__} tokenizer; only byte-level "
+                                 f"BPE is read from {BPE_JSON} (WordPiece: give its {VOCAB_NAME})")
+            tok.no_truncation()  # a saved tokenizer.json may say to cut or pad: rows do that here
+            tok.no_padding()
+        else:
+            source = directory / BPE_VOCAB
+            if not source.is_file():
+                raise FileNotFoundError(f"{source}: not found; a byte-level BPE tokenizer is "
+                                        f"{BPE_VOCAB} + {BPE_MERGES} (or {BPE_JSON})")
+            vocab = _read_json(source)
+            merges = [tuple(line.split(" ")) for line in
+                      (directory / BPE_MERGES).read_text("utf-8").splitlines()
+                      if line and not line.startswith("#version")]
+            self._tok = tok = HFTokenizer(tokenizer_models.BPE(
+                vocab, merges, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=self._prefix_space)
+            tok.decoder = decoders.ByteLevel()
+            # As transformers 5 builds it: special tokens written in the text are those tokens.
+            tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                    for t in specials if t in vocab])
+        ids = [tok.token_to_id(t) for t in specials]
+        if tok.post_processor is None and None not in ids[2:4]:  # what export's HF folder encodes with
+            tok.post_processor = processors.RobertaProcessing(
+                (specials[3], ids[3]), (specials[2], ids[2]), add_prefix_space=self._prefix_space)
+        pieces = [tok.id_to_token(i) or "" for i in range(tok.get_vocab_size(with_added_tokens=True))]
+        # A word starts after a space ("Ġ"), at punctuation and at special tokens (the first word
+        # of a text, with no space before it, is glued to what precedes it).
+        starts = np.array([not p[:1].isalnum() for p in pieces], bool)
+        super().__init__(directory, "bpe", pieces, False, ids, starts, source)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text, without <s>/</s> (batched and parallel in Rust)."""
+        return [np.asarray(e.ids, np.int32)
+                for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and character spans as the tokenizers library gives them (the space a "Ġ" token
+        starts with left out, as HF's RobertaTokenizer with trim_offsets)."""
+        e = self._tok.encode(text, add_special_tokens=False)
+        return np.asarray(e.ids, np.int32), np.asarray(e.offsets, np.int32).reshape(-1, 2)
+
+    def decode(self, ids: Iterable[int], clean_up_spaces: bool = False) -> str:
+        """The text of the ids (byte-level BPE keeps its spaces); <pad> dropped, other special
+        tokens by name; clean_up_spaces changes nothing."""
+        ids = [i for i in self._checked(ids).ravel().tolist() if i != self._special["[PAD]"]]
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def save(self, directory: str | Path) -> None:
+        """Writes tokenizer.json, vocab.json + merges.txt, a tokenizer_config.json naming the
+        special tokens, and bert_jax_tokenizer.json (kind "bpe")."""
+        directory = paths.path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = json.loads(self._tok.to_str())
+        (directory / BPE_JSON).write_text(json.dumps(state, ensure_ascii=False), "utf-8")
+        model = state["model"]
+        (directory / BPE_VOCAB).write_text(json.dumps(model["vocab"], ensure_ascii=False), "utf-8")
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+        (directory / BPE_MERGES).write_text("\n".join(["#version: 0.2", *merges]) + "\n", "utf-8")
+        options = {key: self.pieces[i] for key, i in zip(BPE_SPECIALS, self._special.values())
+                   if i is not None}
+        options.update(tokenizer_class="RobertaTokenizer", add_prefix_space=self._prefix_space,
+                       bos_token=options.get("cls_token"), eos_token=options.get("sep_token"))
+        (directory / CONFIG_NAME).write_text(json.dumps(options, indent=2) + "\n", "utf-8")
+        _write_meta(directory, "bpe", False, self.vocab_size)
 
 
 def _same_dir(a, b) -> bool:
@@ -489,7 +624,8 @@ def _option(directory: Path, meta: dict, key: str, given: bool | None) -> bool:
     return value
 
 
-TOKENIZER_FILES = (VOCAB_NAME, CONFIG_NAME, META_NAME, SPM_NAME, SPM_VOCAB_NAME)
+TOKENIZER_FILES = (VOCAB_NAME, CONFIG_NAME, META_NAME, SPM_NAME, SPM_VOCAB_NAME, BPE_JSON, BPE_VOCAB,
+                   BPE_MERGES)
 
 
 def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
@@ -505,9 +641,18 @@ def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
     return copied
 
 
+def _kinds_found(directory: Path) -> list[str]:
+    """The tokenizer kinds whose files `directory` holds; a tokenizer.json counts (as BPE) only
+    alone, since an exported BERT folder has one beside its vocab.txt."""
+    files = {"wordpiece": VOCAB_NAME, "sentencepiece": SPM_NAME, "bpe": BPE_MERGES}
+    found = [kind for kind, name in files.items() if (directory / name).is_file()]
+    return found or (["bpe"] if (directory / BPE_JSON).is_file() else [])
+
+
 def has_tokenizer(directory: str | Path) -> bool:
-    """Whether `directory` holds tokenizer files (vocab.txt or spm.model)."""
-    return any((paths.path(directory) / name).is_file() for name in (VOCAB_NAME, SPM_NAME))
+    """Whether `directory` holds tokenizer files (vocab.txt, spm.model, merges.txt or
+    tokenizer.json)."""
+    return bool(_kinds_found(paths.path(directory)))
 
 
 def required_dir(directory: str | Path, key: str = "data.tokenizer") -> str | Path:
@@ -526,7 +671,8 @@ def checkpoint_tokenizer(checkpoint_dir: str | Path, data_tokenizer: str = "") -
 
 def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
                    final_sigma: bool | None = None, keep_special_tokens: bool | None = None) -> Tokenizer:
-    """Loads the vocab in directory: vocab.txt -> WordPiece, spm.model -> SentencePiece.
+    """Loads the vocab in directory: vocab.txt -> WordPiece, spm.model -> SentencePiece,
+    merges.txt or a tokenizer.json alone -> byte-level BPE.
 
     WordPiece casing: `lowercase` if given, else bert_jax_tokenizer.json's, else HF tokenizer_config.json's
     do_lower_case, else uncased iff no vocab token outside [brackets] has an uppercase letter.
@@ -535,17 +681,21 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
     """
     paths.check_reachable(directory)  # gs:// without a network: one line naming GCS
     directory = paths.path(directory)
-    files = {"wordpiece": VOCAB_NAME, "sentencepiece": SPM_NAME}
-    found = [kind for kind, name in files.items() if (directory / name).is_file()]
+    found = _kinds_found(directory)
     kind = _metadata(directory).get("kind")
-    if kind is None and len(found) == 2:
-        raise ValueError(f"{directory} has both {VOCAB_NAME} and {SPM_NAME}; add a {META_NAME} "
-                         'with "kind" to say which to use')
+    if kind is None and len(found) > 1:
+        raise ValueError(f"{directory} has the files of several tokenizers ({', '.join(found)}); "
+                         f'add a {META_NAME} with "kind" to say which to use')
     kind = kind or (found[0] if found else None)
     if kind not in found:
         said = f" ({META_NAME} says kind={kind!r})" if kind else ""
-        raise FileNotFoundError(f"no tokenizer in {directory}{said}: looked for {VOCAB_NAME} (WordPiece) "
-                                f"and {SPM_NAME} (SentencePiece)")
+        raise FileNotFoundError(f"no tokenizer in {directory}{said}: looked for {VOCAB_NAME} (WordPiece), "
+                                f"{SPM_NAME} (SentencePiece) and {BPE_MERGES} or {BPE_JSON} (byte-level BPE)")
+    if kind == "bpe":
+        if lowercase or final_sigma is not None or keep_special_tokens is not None:
+            raise ValueError(f"{directory}: lowercase, final_sigma and keep_special_tokens are "
+                             "WordPiece options; a byte-level BPE tokenizer keeps the text as it is")
+        return _ByteLevelBPE(directory)
     if kind == "sentencepiece":
         if final_sigma is not None or keep_special_tokens is not None:
             raise ValueError(f"{directory / SPM_NAME}: final_sigma and keep_special_tokens are "
@@ -558,7 +708,10 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
 def load_hf_tokenizer(directory: str | Path) -> Tokenizer:
     """A Hugging Face BERT folder's vocab.txt read as its BertTokenizer reads it: lowercase unless
     tokenizer_config.json says do_lower_case=false (HF's default, unlike load_tokenizer's guess),
-    and 'Σ' lowercased to 'σ' as the Rust tokenizer every HF user of the checkpoint loads does."""
+    and 'Σ' lowercased to 'σ' as the Rust tokenizer every HF user of the checkpoint loads does;
+    a RoBERTa folder's byte-level BPE as its RobertaTokenizer reads it."""
     directory = paths.path(directory)
+    if _kinds_found(directory) == ["bpe"]:
+        return _ByteLevelBPE(directory)
     return _WordPiece(directory, _read_json(directory / CONFIG_NAME).get("do_lower_case", True),
                       final_sigma=False)

@@ -41,37 +41,98 @@ def _is_punctuation(c: str) -> bool:
             or unicodedata.category(c).startswith("P"))
 
 
-def reference_basic_tokenize(text: str, lowercase: bool, strip_accents: bool | None = None,
-                             chinese: bool = True, final_sigma: bool = True) -> list[str]:
-    """The reference BasicTokenizer in Python (HF BertTokenizer's, i.e. with NFC); final_sigma=False
-    lowercases character by character, as the Rust BertNormalizer does (Σ -> σ, never ς)."""
-    chars = []
-    for c in text:
+Span = tuple[int, int]  # (start, end) character offsets into the original text
+
+
+def _cleaned(text: str, chinese: bool) -> tuple[str, list[int]]:
+    """The reference's cleaning (control characters dropped, whitespace to " ", spaces around CJK
+    ideographs) and, for each character kept, its index in text."""
+    chars, origin = [], []
+    for i, c in enumerate(text):
         category = unicodedata.category(c)
         if c in "\0\ufffd" or (category[0] == "C" and c not in "\t\n\r"):  # C*: control etc.
             continue
         if c in " \t\n\r" or category == "Zs":
-            chars.append(" ")
+            c = " "
         elif chinese and any(lo <= ord(c) <= hi for lo, hi in _CJK):
-            chars += (" ", c, " ")
+            c = f" {c} "
+        chars.append(c)
+        origin += [i] * len(c)
+    return "".join(chars), origin
+
+
+def _normalize_word(word: str, lowercase: bool, strip_accents: bool | None, final_sigma: bool) -> str:
+    """A whitespace-separated word NFC-normalized, lowercased and accent-stripped as the reference."""
+    word = unicodedata.normalize("NFC", word)
+    if lowercase:  # per word, so Greek final sigma depends on the whole word
+        word = word.lower() if final_sigma else "".join(c.lower() for c in word)
+    if strip_accents or (strip_accents is None and lowercase):
+        word = "".join(c for c in unicodedata.normalize("NFD", word) if unicodedata.category(c) != "Mn")
+    return word
+
+
+def _split_punctuation(chars: list) -> list[list]:
+    """chars (or (char, span) pairs) split into words, each punctuation character one of its own."""
+    words, piece = [], []
+    for item in chars:
+        if _is_punctuation(item[0]):
+            words += [piece, [item]] if piece else [[item]]
+            piece = []
         else:
-            chars.append(c)
+            piece.append(item)
+    return words + [piece] if piece else words
+
+
+def reference_basic_tokenize(text: str, lowercase: bool, strip_accents: bool | None = None,
+                             chinese: bool = True, final_sigma: bool = True) -> list[str]:
+    """The reference BasicTokenizer in Python (HF BertTokenizer's, i.e. with NFC); final_sigma=False
+    lowercases character by character, as the Rust BertNormalizer does (Σ -> σ, never ς)."""
+    # Splitting on whitespace before NFC, not after, is the same: NFC never composes across a
+    # whitespace character nor makes or removes one (checked over all code points).
+    return ["".join(w) for word in _cleaned(text, chinese)[0].split()
+            for w in _split_punctuation(list(_normalize_word(word, lowercase, strip_accents, final_sigma)))]
+
+
+def _aligned_word(word: str, origin: list[int], normalize) -> list[tuple[str, Span]]:
+    """Each character of normalize(word) with the span of the original characters it comes from.
+
+    The word is cut into the shortest pieces whose normalizations, concatenated, are the word's
+    (a composed accent, a final sigma or a ligature stays in one piece with what it depends on); a
+    piece's characters map one to one when it keeps its length, else each spans the whole piece.
+    A piece that normalizes to nothing (a stripped combining mark) is in no span, as a removed
+    control character, and as in HF's fast tokenizer."""
+    target = normalize(word)
+    if len(target) == len(word) and all(normalize(c) == t for c, t in zip(word, target)):
+        return [(t, (i, i + 1)) for t, i in zip(target, origin)]  # the usual case, in linear time
+    out: list[tuple[str, Span]] = []
+    done, start = 0, 0
+    while start < len(word):
+        end = start + 1
+        while end < len(word):
+            piece = normalize(word[start:end])
+            if target.startswith(piece, done) and target[done + len(piece):] == normalize(word[end:]):
+                break
+            end += 1
+        piece = normalize(word[start:end]) if end < len(word) else target[done:]
+        if len(piece) == end - start:
+            out += [(t, (i, i + 1)) for t, i in zip(piece, origin[start:end])]
+        else:
+            out += [(t, (origin[start], origin[end - 1] + 1)) for t in piece]
+        done += len(piece)
+        start = end
+    return out
+
+
+def reference_basic_tokenize_with_offsets(text: str, lowercase: bool, strip_accents: bool | None = None,
+                                          chinese: bool = True, final_sigma: bool = True
+                                          ) -> list[tuple[str, list[Span]]]:
+    """reference_basic_tokenize's words, each with the span in text of each of its characters."""
+    cleaned, origin = _cleaned(text, chinese)
     words = []
-    for word in unicodedata.normalize("NFC", "".join(chars)).split():
-        if lowercase:  # per word, so Greek final sigma depends on the whole word
-            word = word.lower() if final_sigma else "".join(c.lower() for c in word)
-        if strip_accents or (strip_accents is None and lowercase):
-            word = "".join(c for c in unicodedata.normalize("NFD", word)
-                           if unicodedata.category(c) != "Mn")
-        piece = ""
-        for c in word:
-            if _is_punctuation(c):
-                words += [piece, c] if piece else [c]
-                piece = ""
-            else:
-                piece += c
-        if piece:
-            words.append(piece)
+    for m in re.finditer(r"\S+", cleaned):  # \S: str.split's whitespace
+        chars = _aligned_word(m.group(), origin[m.start():m.end()],
+                              lambda w: _normalize_word(w, lowercase, strip_accents, final_sigma))
+        words += [("".join(c for c, _ in w), [span for _, span in w]) for w in _split_punctuation(chars)]
     return words
 
 
@@ -186,43 +247,73 @@ class WordPieceTokenizer:
         normalized = self._tok.normalizer.normalize_str(text)
         return [w for w, _ in self._tok.pre_tokenizer.pre_tokenize_str(normalized)]
 
-    def _pieces(self, texts: list[str]) -> list[tuple[list[str], list[int]]]:
-        """Wordpieces and ids per text; with keep_special_tokens, the text between literal special
-        tokens is tokenized as a text of its own (as HF's added-token split does)."""
+    def _pieces(self, texts: list[str], offsets: bool = False) -> list[tuple[list[str], list[int], list]]:
+        """Wordpieces, ids and (with offsets) each one's span in the text, per text; with
+        keep_special_tokens, the text between literal special tokens is tokenized as a text of its
+        own (as HF's added-token split does), a special token spanning its literal."""
         if self._specials is None:
-            return self._text_pieces(texts)
+            return self._text_pieces(texts, offsets)
         parts = [self._specials.split(text) for text in texts]  # odd indices: special tokens
-        between = iter(self._text_pieces([p for ps in parts for p in ps[::2]]))
+        between = iter(self._text_pieces([p for ps in parts for p in ps[::2]], offsets))
         out = []
         for ps in parts:
-            tokens, ids = [], []
+            tokens, ids, spans, at = [], [], [], 0
             for j, part in enumerate(ps):
-                t, i = ([part], [self._ids[part]]) if j % 2 else next(between)
+                t, i, o = ([part], [self._ids[part]], [(0, len(part))]) if j % 2 else next(between)
                 tokens += t
                 ids += i
-            out.append((tokens, ids))
+                spans += [(lo + at, hi + at) for lo, hi in o]
+                at += len(part)
+            out.append((tokens, ids, spans))
         return out
 
-    def _text_pieces(self, texts: list[str]) -> list[tuple[list[str], list[int]]]:
-        """Wordpieces and ids per text: batched in Rust, rare texts via the Python reference."""
+    def _text_pieces(self, texts: list[str], offsets: bool) -> list[tuple[list[str], list[int], list]]:
+        """Wordpieces, ids and spans (if offsets, else []) per text: batched in Rust, rare texts
+        via the Python reference."""
         out: list = [None] * len(texts)
-        fast = [i for i, text in enumerate(texts) if self._fast_ok(text)]
+        # Rust's NFC maps a composed character to its first source character only ("e" of
+        # "e\u0301"), so offsets of a text NFC changes come from the reference alignment.
+        fast = [i for i, text in enumerate(texts) if self._fast_ok(text)
+                and not (offsets and not unicodedata.is_normalized("NFC", text))]
         encodings = self._tok.encode_batch([texts[i] for i in fast], add_special_tokens=False)
         for i, enc in zip(fast, encodings):
-            out[i] = (enc.tokens, enc.ids)
+            out[i] = (enc.tokens, enc.ids, enc.offsets if offsets else [])
         for i, text in enumerate(texts):
             if out[i] is None:
-                pieces = [p for w in self.basic_tokenize(text) for p in self._tok.model.tokenize(w)]
-                out[i] = ([p.value for p in pieces], [p.id for p in pieces])
+                out[i] = self._reference_pieces(text, offsets)
         return out
+
+    def _reference_pieces(self, text: str, offsets: bool) -> tuple[list[str], list[int], list]:
+        """_text_pieces of one text through the Python reference basic tokenization."""
+        options = (self.lowercase, self.strip_accents, self.tokenize_chinese_chars, self.final_sigma)
+        words = (reference_basic_tokenize_with_offsets(text, *options) if offsets
+                 else [(w, None) for w in reference_basic_tokenize(text, *options)])
+        tokens, ids, spans = [], [], []
+        for word, chars in words:
+            at = 0
+            for piece in self._tok.model.tokenize(word):
+                tokens.append(piece.value)
+                ids.append(piece.id)
+                if chars:  # pieces cut the word in order; [UNK] is always the whole word
+                    n = len(word) if piece.id == self.unk_id else len(piece.value) - 2 * (at > 0)
+                    spans.append((chars[at][0], chars[at + n - 1][1]))
+                    at += n
+        return tokens, ids, spans
 
     def tokenize(self, text: str) -> list[str]:
         """Wordpieces of one text, without special tokens."""
         return self._pieces([text])[0][0]
 
+    def tokenize_with_offsets(self, text: str) -> tuple[list[str], list[Span]]:
+        """Wordpieces of one text and the (start, end) characters of text each covers, as HF's
+        return_offsets_mapping: "##x" its characters, [UNK] its whole word, a kept special token
+        its literal."""
+        tokens, _, spans = self._pieces([text], offsets=True)[0]
+        return tokens, [tuple(span) for span in spans]
+
     def tokenize_batch(self, texts: list[str]) -> list[list[str]]:
         """Wordpieces of many texts (parallel in Rust)."""
-        return [tokens for tokens, _ in self._pieces(list(texts))]
+        return [tokens for tokens, _, _ in self._pieces(list(texts))]
 
     def tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
         """Vocab ids; tokens not in the vocab map to [UNK] like the reference."""

@@ -1,11 +1,14 @@
-"""Import of public BERT checkpoints (`bert-jax convert hf:<dir> <out>`), and the one table of
-names between our parameters and Hugging Face's that export.py uses for the way back.
+"""Import of public BERT and RoBERTa checkpoints (`bert-jax convert hf:<dir> <out>`), and the one
+table of names between our parameters and Hugging Face's that export.py uses for the way back.
 
 Accepted sources: a Hugging Face BERT folder (config.json, vocab.txt, and model.safetensors,
 pytorch_model.bin or a sharded index of either; tensors with or without the `bert.` prefix,
 LayerNorm `gamma`/`beta` or `weight`/`bias`), a Hugging Face cache entry (`models--org--name`
 or one of its `snapshots/<hash>`), and Google's original TensorFlow release (bert_config.json,
-vocab.txt, bert_model.ckpt.index + .data-*), read without TensorFlow.
+vocab.txt, bert_model.ckpt.index + .data-*), read without TensorFlow. A Hugging Face RoBERTa
+folder (model_type "roberta": tokenizer.json or vocab.json + merges.txt, tensors under `roberta.`)
+becomes our BERT family with position_offset = pad id + 1; its heads' tensors are renamed to
+BERT's (ROBERTA_NAMES) on the way in and back on the way out.
 """
 
 from __future__ import annotations
@@ -40,8 +43,28 @@ HF_ARCHITECTURE = {
     "bert_span": "BertForQuestionAnswering",
     "bert_choice": "BertForMultipleChoice",
 }
-ARCHITECTURES = {v: k for k, v in HF_ARCHITECTURE.items()} | {
+# The same for a RoBERTa (position_offset > 0): it has no NSP head, so pretraining is its MLM.
+ROBERTA_ARCHITECTURE = {
+    "bert": "RobertaModel",
+    "bert_pretraining": "RobertaForMaskedLM",
+    "bert_classification": "RobertaForSequenceClassification",
+    "bert_tagging": "RobertaForTokenClassification",
+    "bert_span": "RobertaForQuestionAnswering",
+    "bert_choice": "RobertaForMultipleChoice",
+}
+ARCHITECTURES = {v: k for table in (HF_ARCHITECTURE, ROBERTA_ARCHITECTURE) for k, v in table.items()} | {
     "BertForMaskedLM": "bert_pretraining", "BertForNextSentencePrediction": "bert_pretraining"}
+MODEL_TYPES = ("bert", "roberta")  # config.json's model_type values that convert
+# RoBERTa's tensor name prefixes where BERT's differ (its encoder is BERT's, under `roberta.`):
+# the MLM head, and the classification head, whose dense + tanh on <s> is BERT's pooler.
+ROBERTA_NAMES = {
+    "lm_head.dense.": "cls.predictions.transform.dense.",
+    "lm_head.layer_norm.": "cls.predictions.transform.LayerNorm.",
+    "lm_head.bias": "cls.predictions.bias",
+    "lm_head.decoder.": "cls.predictions.decoder.",
+    "classifier.dense.": "pooler.dense.",
+    "classifier.out_proj.": "classifier.",
+}
 # Our activation -> the HF hidden_act export writes; import reads these and the aliases.
 HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 HF_ACTIVATIONS = {v: k for k, v in HF_ACTIVATION.items()} | {"gelu_pytorch_tanh": "gelu_tanh"}
@@ -124,9 +147,11 @@ def hf_names(model_name: str, paths: Iterable[str], num_layers: int, hf_encoder_
 
 def model_config_from_hf(hf: dict[str, Any], name: str | None = None, use_pooler: bool = True
                          ) -> dict[str, Any]:
-    """Our `model` config section from a HF BERT config.json."""
-    if hf.get("model_type", "bert") != "bert":
-        raise ValueError(f"config.json: model_type={hf.get('model_type')!r}; only 'bert' converts")
+    """Our `model` config section from a HF BERT or RoBERTa config.json."""
+    model_type = hf.get("model_type", "bert")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"config.json: model_type={model_type!r} does not convert; supported "
+                         f"model_type: {', '.join(map(repr, MODEL_TYPES))}")
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError("config.json: position_embedding_type="
                          f"{hf['position_embedding_type']!r} is not supported (only 'absolute')")
@@ -148,12 +173,20 @@ def model_config_from_hf(hf: dict[str, Any], name: str | None = None, use_pooler
         raise ValueError(f"config.json: hidden_size={hidden} is not divisible by "
                          f"num_attention_heads={heads}; a BERT config splits the width evenly")
     num_labels = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels", 2)
+    offset = 0
+    if model_type == "roberta":  # positions from pad id + 1 (HF RobertaConfig's default pad: 1)
+        pad = hf.get("pad_token_id", 1)
+        if not isinstance(pad, int) or isinstance(pad, bool) or not 0 <= pad < hf.get(
+                "max_position_embeddings", 512) - 1:
+            raise ValueError(f"config.json: pad_token_id={pad!r}; a RoBERTa's positions start "
+                             "after it, so it must be an integer < max_position_embeddings - 1")
+        offset = pad + 1
     # The fields model `name` reads: the pooler and the label count only where it has them.
     return models.model_section(name, dict(
         vocab_size=hf["vocab_size"], emb_dim=hidden,
         num_layers=hf["num_hidden_layers"], num_heads=heads, head_dim=hidden // heads,
         mlp_dim=hf["intermediate_size"], max_len=hf.get("max_position_embeddings", 512),
-        type_vocab_size=hf.get("type_vocab_size", 2),
+        type_vocab_size=hf.get("type_vocab_size", 2), position_offset=offset,
         dropout_rate=hf.get("hidden_dropout_prob", 0.1),
         attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
         activation=HF_ACTIVATIONS[act], layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
@@ -161,23 +194,38 @@ def model_config_from_hf(hf: dict[str, Any], name: str | None = None, use_pooler
         num_labels=num_labels))
 
 
-def hf_config(model_cfg: dict[str, Any], pad_token_id: int = 0) -> dict[str, Any]:
-    """The HF config.json of our `model` config section (the inverse of model_config_from_hf);
-    a model HF's BERT cannot express is a ValueError naming the field."""
+def is_roberta(model_cfg: dict[str, Any]) -> bool:
+    """Whether our BERT-family `model` section is a RoBERTa (positions after the pad id)."""
+    return model_cfg.get("position_offset", 0) > 0
+
+
+def hf_config(model_cfg: dict[str, Any], special_ids: dict[str, int] | None = None
+              ) -> dict[str, Any]:
+    """The HF config.json of our `model` config section (the inverse of model_config_from_hf):
+    a BERT, or a RoBERTa when position_offset > 0; `special_ids`: the tokenizer's pad (and, for
+    RoBERTa, cls and sep) ids. A model HF cannot express is a ValueError naming the field."""
     name, cfg = models.split_model_config(model_cfg)
     if name not in HF_ARCHITECTURE:
         raise ValueError(f"model.name={name!r} has no Hugging Face BERT equivalent; exportable: "
                          f"{sorted(HF_ARCHITECTURE)}")
-    bad = [f"model.norm={cfg.norm!r} (HF BERT: 'post')"] if cfg.norm != "post" else []
+    roberta, ids = cfg.position_offset > 0, special_ids or {}
+    family = "RoBERTa" if roberta else "BERT"
+    bad = [f"model.norm={cfg.norm!r} (HF {family}: 'post')"] if cfg.norm != "post" else []
     if cfg.num_heads * cfg.head_dim != cfg.emb_dim:
-        bad.append(f"model.num_heads*head_dim={cfg.num_heads * cfg.head_dim} (HF BERT: "
+        bad.append(f"model.num_heads*head_dim={cfg.num_heads * cfg.head_dim} (HF {family}: "
                    f"emb_dim={cfg.emb_dim})")
     if cfg.type_vocab_size == 0:
-        bad.append("model.type_vocab_size=0 (HF BERT always has segment embeddings)")
+        bad.append(f"model.type_vocab_size=0 (HF {family} always has segment embeddings)")
+    # HF's RoBERTa finds padding by its pad id, whose position row is the one before the first.
+    if roberta and ids.get("pad", cfg.position_offset - 1) != cfg.position_offset - 1:
+        bad.append(f"model.position_offset={cfg.position_offset} (HF RoBERTa: the tokenizer's pad "
+                   f"id + 1 = {ids['pad'] + 1})")
     if bad:
-        raise ValueError("this model cannot be written as a Hugging Face BERT: " + "; ".join(bad))
+        raise ValueError(f"this model cannot be written as a Hugging Face {family}: "
+                         + "; ".join(bad))
+    architecture = (ROBERTA_ARCHITECTURE if roberta else HF_ARCHITECTURE)[name]
     out = {
-        "architectures": [HF_ARCHITECTURE[name]], "model_type": "bert",
+        "architectures": [architecture], "model_type": "roberta" if roberta else "bert",
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.emb_dim,
         "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
         "intermediate_size": cfg.mlp_dim, "hidden_act": HF_ACTIVATION[cfg.activation],
@@ -185,9 +233,11 @@ def hf_config(model_cfg: dict[str, Any], pad_token_id: int = 0) -> dict[str, Any
         "attention_probs_dropout_prob": cfg.attention_dropout_rate,
         "max_position_embeddings": cfg.max_len, "type_vocab_size": cfg.type_vocab_size,
         "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
-        "pad_token_id": pad_token_id, "position_embedding_type": "absolute",
-        "dtype": "float32",
+        "pad_token_id": cfg.position_offset - 1 if roberta else ids.get("pad", 0),
+        "position_embedding_type": "absolute", "dtype": "float32",
     }
+    if roberta and {"cls", "sep"} <= set(ids):
+        out.update(bos_token_id=ids["cls"], eos_token_id=ids["sep"])
     if name in ("bert_classification", "bert_tagging"):
         out["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
         out["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
@@ -222,11 +272,30 @@ def choose_head(hf: dict[str, Any], names: Iterable[str], name: str | None = Non
 
 
 def normalise_name(name: str) -> str:
-    """HF tensor name relative to the encoder: TF-era gamma/beta spellings and the `bert.`
-    prefix of task models (a bare BertModel's names have none) taken away."""
+    """HF tensor name relative to the encoder: TF-era gamma/beta spellings and the `bert.` or
+    `roberta.` prefix of task models (a bare BertModel's names have none) taken away, and
+    RoBERTa's head names as BERT's (ROBERTA_NAMES)."""
     name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
     name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-    return name.removeprefix("bert.")
+    name = name.removeprefix("bert.").removeprefix("roberta.")
+    for theirs, ours in ROBERTA_NAMES.items():
+        if name.startswith(theirs):
+            return ours + name.removeprefix(theirs)
+    return name
+
+
+def roberta_name(name: str, model_name: str) -> str | None:
+    """HF RoBERTa's name of the BERT tensor `name` (relative to the encoder, as normalise_name
+    gives it) in our model `model_name`'s RoBERTa class, without the `roberta.` prefix; None
+    where that class has no such tensor (RobertaForMaskedLM: no pooler, no NSP head)."""
+    if model_name == "bert_pretraining" and name.startswith(("pooler.", "cls.seq_relationship.")):
+        return None
+    for theirs, ours in ROBERTA_NAMES.items():
+        # The classification head's names only in the classification model.
+        if name.startswith(ours) and (theirs.startswith("lm_head.")
+                                      or model_name == "bert_classification"):
+            return theirs + name.removeprefix(ours)
+    return name
 
 
 def tf_to_hf(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -418,9 +487,9 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
         except ValueError as e:
             raise ValueError(f"{origin[3:]}: {e}") from None
         if tokenizer.vocab_size > model_cfg["vocab_size"]:
-            raise ValueError(f"{tokenizer.directory / tokenizer_lib.VOCAB_NAME} has {tokenizer.vocab_size} "
-                             f"tokens but the model config says vocab_size={model_cfg['vocab_size']}; "
-                             "use the vocab.txt that came with the model")
+            raise ValueError(f"{tokenizer.vocab_file} has {tokenizer.vocab_size} tokens but the model "
+                             f"config says vocab_size={model_cfg['vocab_size']}; use the "
+                             f"{tokenizer.vocab_file.name} that came with the model")
         params, missing, unused = convert_hf_weights(weights, model_cfg)
         encoder = "".join(f"{k}/" for k in models.encoder_path(name))
         essential = [p for p in missing if p.startswith(encoder) and p.removeprefix(encoder) not in _POOLER]

@@ -2,7 +2,8 @@
 model.safetensors and the WordPiece tokenizer (vocab.txt, tokenizer_config.json,
 special_tokens_map.json, tokenizer.json) as a published BERT checkpoint has them, so that
 transformers' `from_pretrained` loads the model and its fast and slow tokenizers the same as
-the original's.
+the original's. A RoBERTa (position_offset > 0) is written as transformers' RoBERTa classes
+with its byte-level BPE tokenizer (tokenizer.json, vocab.json, merges.txt).
 
 The source is a `bert-jax convert` output or a training workdir (same layout); names go
 through convert.py's table, the one both directions share.
@@ -23,7 +24,7 @@ from tokenizers import models as tokenizer_models
 
 from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
-from bert_jax.interop.convert import hf_config, hf_names
+from bert_jax.interop.convert import hf_config, hf_names, is_roberta, roberta_name
 from bert_jax.training import checkpoint, state
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,19 @@ log = logging.getLogger(__name__)
 
 def hf_state_dict(model_cfg: dict[str, Any], params: dict) -> dict[str, np.ndarray]:
     """{HF tensor name: float32 array} of our params (torch layout: Linear weights [out, in])."""
-    name = model_cfg["name"]
+    name, roberta = model_cfg["name"], is_roberta(model_cfg)
     flat = traverse_util.flatten_dict(params, sep="/")
-    prefix = "bert." if models.encoder_path(name) else ""  # HF task models: encoder under bert.
+    # HF task models hold the encoder under bert. (roberta.); the bare encoder at the root.
+    prefix = ("roberta." if roberta else "bert.") if models.encoder_path(name) else ""
     out = {}
-    for path, names in hf_names(name, flat, model_cfg["num_layers"], prefix).items():
+    for path, names in hf_names(name, flat, model_cfg["num_layers"]).items():
+        if roberta:
+            names = [roberta_name(n, name) for n in names]
+            if names[0] is None:  # e.g. the NSP head: RobertaForMaskedLM has none
+                continue
+        encoder = path.startswith("".join(f"{k}/" for k in models.encoder_path(name)))
+        # (RoBERTa's classifier.dense, at the root, is our classification model's pooler.)
+        names = [prefix + n if encoder and not n.startswith("classifier.") else n for n in names]
         value = np.asarray(flat[path], np.float32)
         stacked = "encoder/layers/" in path  # [L, ...]: one HF tensor per layer
         for i, hf_name in enumerate(names):
@@ -95,6 +104,24 @@ def write_hf_tokenizer(tokenizer: tokenizer_lib.Tokenizer, model_max_length: int
     hf_tokenizer_json(tokenizer.pieces, options).save(str(directory / "tokenizer.json"))
 
 
+_TOKENIZER_NAMES = {"wordpiece": "a WordPiece vocab.txt", "sentencepiece": "a SentencePiece model",
+                    "bpe": "a byte-level BPE tokenizer"}
+
+
+def write_hf_bpe_tokenizer(tokenizer: tokenizer_lib.Tokenizer, model_max_length: int,
+                           directory: os.PathLike) -> None:
+    """Writes a byte-level BPE tokenizer into a local folder as a published RoBERTa has it."""
+    directory = paths.path(directory)
+    tokenizer.save(directory)  # tokenizer.json, vocab.json, merges.txt, tokenizer_config.json
+    (directory / tokenizer_lib.META_NAME).unlink()  # transformers' folder, as transformers writes one
+    config_file = directory / tokenizer_lib.CONFIG_NAME
+    options = json.loads(config_file.read_text("utf-8"))
+    options["model_max_length"] = model_max_length  # else transformers assumes 1e30
+    config_file.write_text(json.dumps(options, indent=2) + "\n", "utf-8")
+    specials = {k: v for k, v in options.items() if k.endswith("_token")}
+    (directory / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", "utf-8")
+
+
 def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | None = None
               ) -> dict[str, Any]:
     """Writes checkpoint `step` (latest by default) of `source` as a Hugging Face folder `out`;
@@ -109,10 +136,19 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
         tokenizer = tokenizer_lib.load_tokenizer(source)
     except FileNotFoundError:
         tokenizer = None
-    config = hf_config(model_cfg, tokenizer.pad_id if tokenizer else 0)
+    ids = {"pad": tokenizer.pad_id} if tokenizer else {}
+    if tokenizer and tokenizer.kind == "bpe":
+        ids.update(cls=tokenizer.cls_id, sep=tokenizer.sep_id)
+    config = hf_config(model_cfg, ids)
+    architecture = config["architectures"][0]
     if name == "bert" and not model_cfg["use_pooler"]:
-        log.warning("warning: this encoder has no pooler; transformers' BertModel will "
+        log.warning(f"warning: this encoder has no pooler; transformers' {architecture} will "
                     "initialise one (pooler_output is meaningless, last_hidden_state is exact)")
+    if name == "bert_pretraining" and is_roberta(model_cfg):
+        log.warning("warning: RobertaForMaskedLM has no NSP head and no pooler; they are left out")
+    # The tokenizer HF's class of this model reads: WordPiece for BERT, byte-level BPE for RoBERTa.
+    kind = "bpe" if is_roberta(model_cfg) else "wordpiece"
+    written = tokenizer is not None and tokenizer.kind == kind
     _, model = state.load_model(source, step, model_cfg)
     tensors = hf_state_dict(model_cfg, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     with paths.staged_output(out) as local:
@@ -120,11 +156,14 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
         (local / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         # transformers refuses safetensors files without format metadata.
         safetensors.numpy.save_file(tensors, local / "model.safetensors", metadata={"format": "pt"})
-        if tokenizer is not None and tokenizer.kind == "wordpiece":
+        if written and kind == "wordpiece":
             write_hf_tokenizer(tokenizer, config["max_position_embeddings"], local)
-    if not (tokenizer is not None and tokenizer.kind == "wordpiece"):
-        what = "a SentencePiece model" if tokenizer else "no tokenizer"
-        log.warning(f"warning: {source} has {what}; {out} gets no tokenizer files (HF BERT "
-                    "reads a WordPiece vocab.txt)")
-    return {"architecture": config["architectures"][0], "out": str(out),
-            "tensors": len(tensors), "tokenizer": bool(tokenizer and tokenizer.kind == "wordpiece")}
+        elif written:
+            write_hf_bpe_tokenizer(tokenizer, model_cfg["max_len"] - model_cfg["position_offset"], local)
+    if not written:
+        what = _TOKENIZER_NAMES[tokenizer.kind] if tokenizer else "no tokenizer"
+        family = "RoBERTa" if kind == "bpe" else "BERT"
+        log.warning(f"warning: {source} has {what}; {out} gets no tokenizer files (HF {family} "
+                    f"reads {_TOKENIZER_NAMES[kind]})")
+    return {"architecture": architecture, "out": str(out), "tensors": len(tensors),
+            "tokenizer": written}

@@ -61,6 +61,7 @@ class BertModel(nnx.Module):
         self.embeddings = BertEmbeddings(cfg, rngs=rngs)
         self.encoder = Encoder(cfg, rngs=rngs)
         self.window, self.pattern = pattern_of(cfg)
+        self.position_offset = cfg.position_offset
         use_pooler = cfg.use_pooler if use_pooler is None else use_pooler
         self.pooler = (dense(cfg, cfg.emb_dim, cfg.emb_dim, ("embed", "mlp"), rngs=rngs)
                        if use_pooler else None)
@@ -90,7 +91,11 @@ class BertModel(nnx.Module):
         if segment_ids is None:
             segment_ids = (jnp.ones_like(input_ids) if attention_mask is None
                            else attention_mask.astype(jnp.int32))
-        x_BTD = self.embeddings(input_ids, token_type_ids, positions, r[0])
+        rows = positions
+        if self.position_offset:  # RoBERTa: rows from pad id + 1 on, padding on the pad id's
+            rows = jnp.where(segment_ids > 0, positions + self.position_offset,
+                             self.position_offset - 1)
+        x_BTD = self.embeddings(input_ids, token_type_ids, rows, r[0])
         masking = Masking(segment_ids, segment_ids, positions, positions,
                           window=self.window, pattern=self.pattern)
         seq_BTD, _, extras = self.encoder(x_BTD, masking, rng=r[1], return_hidden=return_hidden,

@@ -110,15 +110,29 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BertConfig(ModelConfig):
     """BERT: learned positions (max_len), segment A/B embeddings, post-LN, the MLM head tied to
-    the word embeddings; a pooler on the bare encoder by choice, on the heads that need one."""
+    the word embeddings; a pooler on the bare encoder by choice, on the heads that need one.
+    RoBERTa is this family with position_offset = pad id + 1 and type_vocab_size = 1."""
 
     family: ClassVar[str] = "BERT"
 
     type_vocab_size: int = _field(2, "architecture", least=0)  # segment A/B embeddings; 0 = none
     linformer_k: int = _field(256, "state", flops=True, least=1)  # projected sequence length
+    # RoBERTa: a token at position t reads position row t + offset (pad id + 1), padding the
+    # pad id's row (HF's create_position_ids_from_input_ids); 0 = BERT.
+    position_offset: int = _field(0, "architecture", least=0)
     use_pooler: bool = _field(True, "state", only=("bert",))  # [CLS] pooler of the bare encoder
     num_labels: int = _field(2, "state", least=1,  # 1 = regression
                              only=("bert_classification", "bert_tagging"))
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.position_offset >= self.max_len:
+            raise ValueError(f"model.position_offset={self.position_offset} leaves no position of "
+                             f"the max_len={self.max_len} table; it must be < max_len")
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.max_len - self.position_offset
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

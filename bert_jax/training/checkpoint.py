@@ -388,9 +388,11 @@ class TrainCheckpointer:
         opt_diff = changed_fields(stored.get("optimizer", {}), config.get("optimizer", {}), ("name",),
                                   "optimizer.")
         if opt_diff:
+            # E.g. a run saved with adamw, the BERT configs' default before adam_weight_decay.
             raise ConfigError(f"checkpoint {where}: its optimizer state does not fit the optimizer "
-                              f"of this config ({opt_diff}); train in a new --workdir, or use the "
-                              f"config stored in {where}/config")
+                              f"of this config ({opt_diff}); to resume it pass "
+                              f"--config.optimizer.name={stored['optimizer']['name']}, or train "
+                              f"in a new --workdir")
 
     def _check_fits(self, step: int, metadata, abstract_params, abstract_opt_state) -> None:
         """A readable checkpoint whose arrays do not match the config is the user's config

@@ -103,7 +103,10 @@ class ObjectiveEvaluator:
 
     def run(self, params, *, config=None, out_dir=None, splits=None) -> dict[str, float]:
         config = config or self.config  # pretraining: the current length phase's config
-        pipeline = pipelines.make(config, "validation", num_batches=config.train.eval_steps or None)
+        # The run's batch in every phase (a phase's own may be smaller: batch size warmup), so
+        # each evaluation reads the same examples.
+        pipeline = pipelines.make(config, "validation", batch_size=self.config.train.batch_size,
+                                  num_batches=config.train.eval_steps or None)
         total = None
         for local in pipeline:
             sums = self.fn(params, sharding.global_batch(local, self.mesh, jax.process_count()))

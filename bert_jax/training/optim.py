@@ -1,25 +1,35 @@
 """Optax optimizers and learning-rate schedules from the run config.
 
+Optimizers: `adam_weight_decay` is Google BERT's AdamWeightDecayOptimizer (optimization.py,
+used by its pretraining and fine-tuning scripts): Adam without bias correction, weight decay
+added to the update before the learning rate. `adamw` is optax's (and torch's) AdamW, the
+same with bias correction. `adam` (Kingma & Ba, bias-corrected) is the Transformer paper's.
+`stable_adamw` is ModernBERT's: optimi's StableAdamW with decouple_lr (its
+`decoupled_stableadamw`), AdamW whose step shrinks per tensor when the gradient spikes.
+
 A schedule maps optax's update count `c` (0-based: the update being computed is number
 c + 1) to that update's learning rate. Two step conventions, each the one its paper uses:
-  rsqrt_paper, warmup_rsqrt:       n = c + 1, as Vaswani et al.'s step_num (starts at 1)
-  warmup_linear, constant, cosine: c, as BERT's `global_step` (read before its increment),
-                                   so a warmup's first update has lr 0
+  rsqrt_paper, warmup_rsqrt:            n = c + 1, as Vaswani et al.'s step_num (starts at 1)
+  warmup_linear, constant, cosine, wsd: c, as BERT's `global_step` (read before its
+                                        increment; Composer's, ModernBERT's, counts the
+                                        same), so a warmup's first update has lr 0
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-OPTIMIZERS = ("adam", "adamw", "lamb", "sgd")
-SCHEDULES = ("rsqrt_paper", "warmup_rsqrt", "warmup_linear", "constant", "cosine")
+OPTIMIZERS = ("adam_weight_decay", "adam", "adamw", "stable_adamw", "lamb", "sgd")
+SCHEDULES = ("rsqrt_paper", "warmup_rsqrt", "warmup_linear", "constant", "cosine", "wsd")
+# wsd's decay shapes: progress p in [0, 1] through the decay -> share of (peak - final) kept.
+DECAY_SHAPES = {"1-sqrt": lambda p: 1.0 - jnp.sqrt(p), "linear": lambda p: 1.0 - p}
 # Schedules that end at train.steps, so a warmup longer than the run is a config mistake.
-_DECAYING = ("warmup_linear", "cosine")
+_DECAYING = ("warmup_linear", "cosine", "wsd")
 # BERT's exclude_from_weight_decay drops LayerNorm and bias; what is left is these leaves.
 _DECAYED_LEAVES = ("kernel", "embedding")
 
@@ -80,10 +90,11 @@ def make_schedule(schedule_cfg, learning_rate: float, total_steps: int,
         def schedule(count):
             return lr * _warmup(jnp.asarray(count, jnp.float32), warmup)
 
+    elif name == "wsd":
+        return _wsd(schedule_cfg, lr, total, warmup)
+
     else:  # cosine
-        final = float(schedule_cfg.get("final_fraction", 0.0) or 0.0)
-        if not 0.0 <= final <= 1.0:
-            raise ValueError(f"schedule.final_fraction={final} must be in [0, 1]")
+        final = _final_fraction(schedule_cfg)
 
         def schedule(count):
             # BERT-style warmup to lr at c == warmup, then half a cosine down to
@@ -92,6 +103,48 @@ def make_schedule(schedule_cfg, learning_rate: float, total_steps: int,
             progress = jnp.clip((c - warmup) / max(total - warmup, 1), 0.0, 1.0)
             cosine = final + (1.0 - final) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
             return lr * jnp.where(c < warmup, _warmup(c, warmup), cosine)
+
+    return schedule
+
+
+def _final_fraction(schedule_cfg) -> float:
+    """schedule.final_fraction (cosine, wsd): the last lr as a fraction of the peak."""
+    final = float(schedule_cfg.get("final_fraction", 0.0) or 0.0)
+    if not 0.0 <= final <= 1.0:
+        raise ValueError(f"schedule.final_fraction={final} must be in [0, 1] (the last learning "
+                         f"rate as a fraction of the peak; ModernBERT decays to 0.0)")
+    return final
+
+
+def _wsd(schedule_cfg, lr: float, total: int, warmup: int) -> optax.Schedule:
+    """Warmup-stable-decay (trapezoidal): BERT-style warmup to lr at c == warmup, lr until the
+    last `decay` updates, then down to lr * final_fraction at c == total in the decay shape."""
+    shape = schedule_cfg.get("decay_shape", "1-sqrt")
+    if shape not in DECAY_SHAPES:
+        raise ValueError(f"schedule.decay_shape={shape!r}; choose one of {list(DECAY_SHAPES)}")
+    final = _final_fraction(schedule_cfg)
+    steps, fraction = schedule_cfg.get("decay_steps", 0), schedule_cfg.get("decay_fraction", 0.0)
+    if not isinstance(steps, numbers.Integral) or steps < 0:
+        raise ValueError(f"schedule.decay_steps={steps!r} must be an integer >= 0")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"schedule.decay_fraction={fraction} must be in [0, 1] (of train.steps)")
+    if steps and fraction:
+        raise ValueError(f"schedule.decay_steps={steps} and schedule.decay_fraction={fraction} "
+                         f"both set the decay length; set one of them to 0")
+    decay = round(fraction * total) if fraction else int(steps)
+    if warmup + decay > total:
+        key = (f"schedule.decay_fraction={fraction} ({decay} steps)" if fraction
+               else f"schedule.decay_steps={steps}")
+        raise ValueError(f"{key} after schedule.warmup_steps={warmup} is longer than "
+                         f"train.steps={total}: decay for at most {total - warmup} step(s)")
+    shaped = DECAY_SHAPES[shape]
+
+    def schedule(count):
+        c = jnp.asarray(count, jnp.float32)
+        # p = 0 at c == total - decay (still the peak), 1 at c == total (the final lr).
+        progress = jnp.clip((c - (total - decay)) / max(decay, 1), 0.0, 1.0)
+        stable_or_decay = final + (1.0 - final) * shaped(progress)
+        return lr * jnp.where(c < warmup, _warmup(c, warmup), stable_or_decay)
 
     return schedule
 
@@ -109,6 +162,58 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(lambda p, _: _last_key(p) in _DECAYED_LEAVES, params)
 
 
+class ScaleByAdamNoBiasCorrectionState(NamedTuple):
+    """Adam's moments without a step count: nothing here depends on the step."""
+    mu: Any
+    nu: Any
+
+
+def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+    """m / (sqrt(v) + eps) with m, v the plain moving averages, as BERT's optimization.py:
+    no division by 1 - b^t, so early updates are larger than Adam's (up to 6.6x, b1 0.9, b2 0.999)."""
+
+    def init(params):
+        return ScaleByAdamNoBiasCorrectionState(mu=optax.tree.zeros_like(params),
+                                                nu=optax.tree.zeros_like(params))
+
+    def update(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        out = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        return out, ScaleByAdamNoBiasCorrectionState(mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init, update)
+
+
+def stable_adamw(schedule: optax.Schedule, peak_lr: float, b1: float, b2: float, eps: float,
+                 weight_decay: float) -> optax.GradientTransformation:
+    """optimi's StableAdamW with decouple_lr (ModernBERT's `decoupled_stableadamw`): per tensor,
+    lr_t = schedule / max(1, sqrt(mean(g^2 / max(v_hat, eps^2)))), then
+    param *= 1 - lr_t / peak_lr * weight_decay (kernels and embeddings) and
+    param -= lr_t * m_hat / (sqrt(v_hat) + eps), with m_hat, v_hat Adam's bias-corrected moments."""
+    # Both terms are scaled by the same clipped lr_t, so the clipping divides their sum.
+    adamw = optax.chain(optax.scale_by_adam(b1, b2, eps),
+                        optax.add_decayed_weights(weight_decay / peak_lr if peak_lr else 0.0,
+                                                  mask=decay_mask))
+
+    def update(grads, state, params=None):
+        out, state = adamw.update(grads, state, params)
+        adam = state[0]  # v_hat includes this step's gradient, as in optimi
+        nu_hat = optax.tree.bias_correction(adam.nu, b2, adam.count)
+
+        def clip(u, g, v):
+            # AdaFactor's update clipping: the RMS of g / sqrt(v_hat) is ~1 for steady
+            # gradients and grows when g spikes above its running average.
+            rms = jnp.sqrt(jnp.mean(jnp.square(g) / jnp.maximum(v, eps**2)))
+            return u / jnp.maximum(1.0, rms)
+
+        return jax.tree.map(clip, out, grads, nu_hat), state
+
+    return optax.chain(optax.GradientTransformation(adamw.init, update),
+                       optax.scale_by_learning_rate(schedule))
+
+
 def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformation:
     """The optimizer proper for `opt.name`, before gradient clipping."""
     name, wd = opt["name"], float(opt["weight_decay"] or 0.0)
@@ -118,13 +223,25 @@ def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformati
         raise ValueError(f"optimizer.weight_decay={wd} must be >= 0")
     if name in ("adam", "sgd") and wd:
         raise ValueError(f"optimizer.weight_decay={wd} with optimizer.name={name!r}, which has "
-                         f"no weight decay: set it to 0, or use optimizer.name='adamw'")
+                         f"no weight decay: set it to 0, or use optimizer.name='adam_weight_decay' "
+                         f"or 'adamw'")
     b1, b2, eps = float(opt["b1"]), float(opt["b2"]), float(opt["eps"])
     if name == "adam":
         return optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+    if name == "adam_weight_decay":
+        # BERT: update = m / (sqrt(v) + eps) + wd * param (masked), then param -= lr * update.
+        return optax.chain(scale_by_adam_no_bias_correction(b1, b2, eps),
+                           optax.add_decayed_weights(wd, mask=decay_mask),
+                           optax.scale_by_learning_rate(schedule))
     if name == "adamw":
-        # optax scales the decay by the learning rate, as BERT's AdamWeightDecayOptimizer does.
+        # optax scales the decay by the learning rate, as adam_weight_decay does.
         return optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=decay_mask)
+    if name == "stable_adamw":
+        if not eps > 0:
+            raise ValueError(f"optimizer.eps={eps} must be > 0 with optimizer.name='stable_adamw' "
+                             f"(eps^2 floors the second moment its clipping divides by; "
+                             f"ModernBERT: 1e-6)")
+        return stable_adamw(schedule, float(opt["learning_rate"]), b1, b2, eps, wd)
     if name == "lamb":
         return optax.lamb(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=decay_mask)
     return optax.sgd(schedule, momentum=b1 or None)

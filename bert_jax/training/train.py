@@ -1,5 +1,5 @@
 """The training loop, in named pieces: the jitted sharded `train_step`; one `Phase` per
-sequence length (its data and compiled step); `cadence` (when to evaluate and save);
+sequence length or batch size (its data and compiled step); `cadence` (when to evaluate and save);
 `report_step` (metrics lines), `save_and_evaluate`, `Preemption`; `train_loop` runs them in
 order, and `train_and_evaluate` sets a run up (`restore_or_init`, `log_setup`) around it.
 
@@ -92,7 +92,8 @@ def train_step(state: dict, batch: dict[str, Array], *, graphdef, objective, tx,
 
 
 def jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh):
-    """train_step jitted with the state's shardings (the state buffers are donated); lower it
+    """train_step jitted with the state's shardings (the state buffers are donated), for the
+    train.grad_accum_steps of `config` (a phase's config: see config.phase_config); lower it
     with the state and `batch_shapes` to compile. Train and plan use this one function."""
     step = functools.partial(train_step, graphdef=graphdef, objective=objective, tx=tx,
                              schedule=schedule, accum=config.train.grad_accum_steps, mesh=mesh,
@@ -110,13 +111,13 @@ def batch_shapes(spec: dict, mesh) -> dict[str, jax.ShapeDtypeStruct]:
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-    """One sequence-length phase of the run: its config, data and compiled step."""
+    """One phase of the run (data.phases): its config, data and compiled step."""
 
     index: int
-    config: Any  # the run config with this phase's data lengths
+    config: Any  # the run config with this phase's data lengths and batch
     end: int  # the step at which the next phase starts (or train.steps)
     pipeline: Any  # host-local batches, with get_state()/set_state()
-    step_fn: Any  # the jitted train step
+    step_fn: Any  # the jitted train step, for this phase's number of microbatches
     objective: Any  # what every batch must look like (objective.batch_spec)
     clock: goodput.Clock  # compiling is timed
     # Per row count (None: a fixed shape; packed fine-tuning batches come in a few row
@@ -143,15 +144,57 @@ class Phase:
         return batch["input_ids"].shape[0] if self.objective.rows_vary(self.config) else None
 
 
-def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective, mesh, task,
-                clock: goodput.Clock) -> Phase:
-    """Data pipeline and compiled step of the sequence-length phase at `step`; `saved` is the
-    checkpointed data position (used if it belongs to this phase)."""
-    index, phase_cfg, end = config_lib.phase_config(config, step)
-    with clock.host("data"):
+class Microbatches:
+    """The train batches of a run with batch sizes in data.phases: each step's batch is the
+    next `accum` microbatches (train.batch_size / grad_accum_steps rows) of one stream, so a
+    phase that grows the batch reads on from where the one before stopped; the stream's
+    position (get_state) counts microbatches."""
+
+    def __init__(self, source, accum: int):
+        self.source, self.accum = source, accum
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        parts = [next(self.source) for _ in range(self.accum)]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def get_state(self) -> dict:
+        return self.source.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self.source.set_state(state)
+
+
+def _phase_pipeline(config, phase_cfg, index: int, saved: dict, previous: Phase | None, task):
+    """The train batches of phase `index`: the previous phase's stream when they share it
+    (config.phase_stream), else a new one at the saved position if that was in this stream."""
+    stream = config_lib.phase_stream(config, index)
+    if stream == index:  # its own stream, at the phase's batch size
         pipeline = pipelines.make(phase_cfg, "train", task=task)
         if saved and saved.get("phase") == index:
             pipeline.set_state(saved["pipeline"])
+        return pipeline
+    if previous is not None and config_lib.phase_stream(config, previous.index) == stream:
+        source = previous.pipeline.source
+    else:
+        micro = config.train.batch_size // config.train.grad_accum_steps
+        source = pipelines.make(phase_cfg, "train", task=task, batch_size=micro)
+        if saved and config_lib.phase_stream(config, saved.get("phase", 0)) == stream:
+            source.set_state(saved["pipeline"])
+    return Microbatches(source, phase_cfg.train.grad_accum_steps)
+
+
+def start_phase(config, step: int, saved: dict, *, make_step, state_now, objective, mesh, task,
+                clock: goodput.Clock, previous: Phase | None = None) -> Phase:
+    """Data pipeline and compiled step of the phase at `step` (after `previous`, when the run
+    goes on from it); `saved` is the checkpointed data position (used if it belongs to this
+    phase's stream); `make_step(phase config)` jits the step."""
+    index, phase_cfg, end = config_lib.phase_config(config, step)
+    step_fn = make_step(phase_cfg)
+    with clock.host("data"):
+        pipeline = _phase_pipeline(config, phase_cfg, index, saved, previous, task)
     t0 = time.perf_counter()
     phase = Phase(index, phase_cfg, end, pipeline, step_fn, objective, clock)
     vary = objective.rows_vary(phase_cfg)
@@ -159,7 +202,7 @@ def start_phase(config, step: int, saved: dict, *, step_fn, state_now, objective
         with clock.timing("compile"):
             phase.compiled[None] = step_fn.lower(state_now, batch_shapes(phase.batch_spec(), mesh)
                                                  ).compile()
-    t = config.train
+    t = phase_cfg.train
     compiled = ("packed into rows; compiles at each new row count" if vary
                 else f"compiled in {time.perf_counter() - t0:.1f}s")
     log.info(f"phase {index} from step {step}: batch {t.batch_size} x "
@@ -213,7 +256,7 @@ class Run:
     mesh: Any
     task: Any  # the fine-tuning task, None for pretraining data
     objective: Any
-    step_fn: Any  # the jitted train step, compiled per phase (start_phase)
+    make_step: Any  # phase config -> the jitted train step, compiled per phase (start_phase)
     evaluator: Any
     ckpt: checkpoint.TrainCheckpointer
     writer: MetricsWriter
@@ -331,9 +374,9 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
     with Preemption(run.ckpt) as preemption:
         while step < t.steps:
             if step == phase.end:
-                phase = start_phase(run.config, step, {}, step_fn=run.step_fn, state_now=train_state,
+                phase = start_phase(run.config, step, {}, make_step=run.make_step, state_now=train_state,
                                     objective=run.objective, mesh=run.mesh, task=run.task,
-                                    clock=run.clock)
+                                    clock=run.clock, previous=phase)
             with run.clock.host("data"):
                 batch = next_batch(phase, run.mesh)
             train_state, metrics = phase.step(train_state, batch)
@@ -443,16 +486,18 @@ def _train(config, workdir: str, task, started: float) -> dict[str, Any]:
             log.info(f"steps {start + 1}-{start + clock.redone_steps} are done again: the last "
                      f"run reached step {start + clock.redone_steps}, its checkpoints after "
                      f"{start} did not survive")
+        # Called with each phase's config: a phase's batch size sets its microbatch count.
+        make_step = functools.partial(jit_train_step, graphdef=graphdef, objective=objective, tx=tx,
+                                      schedule=schedule, mesh=mesh, state_sh=state_sh)
         try:
-            step_fn = jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh)
             evaluator = evaluate.make_evaluator(config, graphdef, objective, mesh, task)
             evaluator.prepare()  # a missing or bad eval file stops the run now, not after training
             peak = log_setup(config, mesh, abstract, state_sh)
-            phase = start_phase(config, start, data_state, step_fn=step_fn, state_now=train_state,
+            phase = start_phase(config, start, data_state, make_step=make_step, state_now=train_state,
                                 objective=objective, mesh=mesh, task=task, clock=clock)
             with MetricsWriter(workdir, enabled=jax.process_index() == 0, total_steps=t.steps,
                                resume_step=start) as writer:
-                run = Run(config, mesh, task, objective, step_fn, evaluator, ckpt, writer, clock,
+                run = Run(config, mesh, task, objective, make_step, evaluator, ckpt, writer, clock,
                           config_json, peak, best_metric)
                 summary = train_loop(run, phase, train_state, start)
         finally:  # a failed or interrupted attempt's time counts too
