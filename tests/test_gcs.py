@@ -381,6 +381,7 @@ def test_checkpoint_tools_read_and_write_gs(vocab, gcs_here):
     report = export.export_hf(f"{root}/ckpt", f"{root}/hf")
     assert report["out"] == f"{root}/hf" and report["tokenizer"]
     assert listing(fs, f"{BUCKET}/tools/hf") == ["config.json", "model.safetensors",
+                                                "special_tokens_map.json", "tokenizer.json",
                                                 "tokenizer_config.json", "vocab.txt"]
     report = convert.convert_hf(f"{root}/hf", f"{root}/converted")
     assert report["source"] == f"hf:{root}/hf"  # named as given, not as its local copy

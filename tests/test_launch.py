@@ -291,6 +291,7 @@ def test_a_config_that_does_not_fit_is_refused_before_any_call(cli, gcloud):
     argv = [a for a in launch_argv("--config.train.batch_size=65536", "--config.data.max_seq_length=512",
                                    "--config.data.max_predictions_per_seq=20") if a != "--skip_plan"]
     argv[argv.index("v4-8")] = "v3-8"
+    argv[argv.index("us-central2-b")] = "europe-west4-a"  # a zone with v3 TPUs
     code, out, err = cli(argv)
     assert code == 1 and "does not fit v3-8 (plan above); refusing to launch" in err, err
     assert "exceeds available HBM" in out and calls() == []
