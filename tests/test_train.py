@@ -45,8 +45,20 @@ def cli(*args, devices: int = 8, check: bool = True, wait: bool = True):
     return proc
 
 
+def train_argv(workdir, *overrides) -> list[str]:
+    return ["train", f"--config={CONFIG}", f"--workdir={workdir}", *SMALL, *overrides]
+
+
 def train_cli(workdir, *overrides, **kw):
-    return cli("train", f"--config={CONFIG}", f"--workdir={workdir}", *SMALL, *overrides, **kw)
+    return cli(*train_argv(workdir, *overrides), **kw)
+
+
+def train_here(cli, workdir, *overrides, code: int = 0) -> tuple[str, str]:
+    """`bert-jax train` in-process (the `cli` fixture): (stdout, stderr), the exit code checked.
+    A real process only where it is the point: killed, signalled, other device counts, pods."""
+    got, out, err = cli(train_argv(workdir, *overrides))
+    assert got == code, err[-3000:]
+    return out, err
 
 
 def losses(workdir) -> dict[int, float]:
@@ -192,7 +204,7 @@ def _wait_for_step(workdir, proc, step, timeout=300, checkpoint=None):
 
 
 @pytest.mark.slow
-def test_kill_9_then_resume_gives_identical_losses(reference, tmp_path):
+def test_kill_9_then_resume_gives_identical_losses(reference, tmp_path, cli):
     proc = train_cli(tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=4",
                      wait=False)
     _wait_for_step(tmp_path, proc, 5, checkpoint=4)  # killed somewhere in steps 5..11
@@ -201,8 +213,8 @@ def test_kill_9_then_resume_gives_identical_losses(reference, tmp_path):
     assert steps_on_disk(tmp_path)[-1] in (4, 8)
     # Copy before resuming, to also resume the same interrupted run onto another mesh.
     shutil.copytree(tmp_path, tmp_path / "other_mesh")
-    resumed = train_cli(tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=4")
-    assert "resumed from" in resumed.stdout
+    out, _ = train_here(cli, tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=4")
+    assert "resumed from" in out
     got = losses(tmp_path)
     assert sorted(got) == list(range(1, 13))  # lost steps' lines are replaced, not duplicated
     assert [got[s] for s in range(1, 13)] == [reference[s] for s in range(1, 13)]  # bitwise
@@ -216,7 +228,7 @@ def test_kill_9_then_resume_gives_identical_losses(reference, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_and_exits_0_then_resumes(reference, tmp_path):
+def test_sigterm_saves_and_exits_0_then_resumes(reference, tmp_path, cli):
     proc = train_cli(tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=100",
                      wait=False)
     _wait_for_step(tmp_path, proc, 3)
@@ -225,21 +237,21 @@ def test_sigterm_saves_and_exits_0_then_resumes(reference, tmp_path):
     assert proc.returncode == 0, err[-2000:]
     saved = steps_on_disk(tmp_path)
     assert len(saved) == 1 and 3 <= saved[0] < 12
-    train_cli(tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=100")
+    train_here(cli, tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=100")
     got = losses(tmp_path)
     assert [got[s] for s in range(1, 13)] == [reference[s] for s in range(1, 13)]
 
 
 @pytest.mark.slow
-def test_corrupt_latest_checkpoint_falls_back_to_previous(reference, tmp_path):
-    train_cli(tmp_path, "--config.train.steps=8", "--config.train.checkpoint_every=4")
+def test_corrupt_latest_checkpoint_falls_back_to_previous(reference, tmp_path, cli):
+    train_here(cli, tmp_path, "--config.train.steps=8", "--config.train.checkpoint_every=4")
     assert steps_on_disk(tmp_path) == [4, 8]
     # Truncate every data file of step 8's parameters.
     for f in (tmp_path / "checkpoints" / "8" / "params").rglob("*"):
         if f.is_file() and f.stat().st_size > 100 and f.suffix != ".json":
             f.write_bytes(f.read_bytes()[:50])
-    proc = train_cli(tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=4")
-    assert "cannot be restored" in proc.stderr and "resumed from" in proc.stdout
+    out, err = train_here(cli, tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=4")
+    assert "cannot be restored" in err and "resumed from" in out
     assert (tmp_path / "checkpoints" / "8.unreadable").is_dir()  # kept for inspection
     assert steps_on_disk(tmp_path) == [4, 8, 12]
     got = losses(tmp_path)
@@ -247,20 +259,19 @@ def test_corrupt_latest_checkpoint_falls_back_to_previous(reference, tmp_path):
 
 
 @pytest.mark.slow
-def test_non_finite_loss_stops_and_keeps_good_checkpoints(tmp_path):
-    train_cli(tmp_path, "--config.train.steps=4", "--config.train.checkpoint_every=4",
-              "--config.schedule.warmup_steps=2")
+def test_non_finite_loss_stops_and_keeps_good_checkpoints(tmp_path, cli):
+    train_here(cli, tmp_path, "--config.train.steps=4", "--config.train.checkpoint_every=4",
+               "--config.schedule.warmup_steps=2")
     # A config change that does not fit the checkpoint is an error, not a corrupt checkpoint.
-    proc = train_cli(tmp_path, "--config.train.steps=40", "--config.optimizer.name=sgd",
-                     "--config.optimizer.weight_decay=0.0", check=False)
-    assert proc.returncode == 1 and "optimizer state does not fit" in proc.stderr
+    _, err = train_here(cli, tmp_path, "--config.train.steps=40", "--config.optimizer.name=sgd",
+                        "--config.optimizer.weight_decay=0.0", code=1)
+    assert "optimizer state does not fit" in err
     assert steps_on_disk(tmp_path) == [4]
 
-    proc = train_cli(tmp_path, "--config.train.steps=40", "--config.train.checkpoint_every=1",
-                     "--config.optimizer.learning_rate=1e30", check=False)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "not finite" in proc.stderr and "Traceback" not in proc.stderr
-    bad_step = int(re.search(r"step (\d+): loss", proc.stderr).group(1))
+    _, err = train_here(cli, tmp_path, "--config.train.steps=40", "--config.train.checkpoint_every=1",
+                        "--config.optimizer.learning_rate=1e30", code=1)
+    assert "not finite" in err and "Traceback" not in err
+    bad_step = int(re.search(r"step (\d+): loss", err).group(1))
     assert 4 < bad_step <= 40
     assert 4 in steps_on_disk(tmp_path) or len(steps_on_disk(tmp_path)) == 3
     assert max(steps_on_disk(tmp_path)) < bad_step
@@ -270,9 +281,10 @@ def test_non_finite_loss_stops_and_keeps_good_checkpoints(tmp_path):
     ("--config.train.stepz=3", "valid keys there"),
     ("--config.train.steps=abc", "train.steps"),
 ])
-def test_bad_override_names_the_key(tmp_path, override, message):
-    proc = train_cli(tmp_path, override, check=False)
-    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+def test_bad_override_names_the_key(tmp_path, override, message, cli):
+    # In-process: tests/test_cli.py checks the real script's exit codes.
+    _, err = train_here(cli, tmp_path, override, code=2)
+    assert message in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -281,10 +293,10 @@ def test_bad_override_names_the_key(tmp_path, override, message):
     (["--config.optimizer.name=adagrad"], "optimizer.name='adagrad'; choose one of"),
     (["--config.train.grad_accum_steps=3"], "grad_accum_steps=3"),
 ])
-def test_impossible_config_fails_before_compile(tmp_path, overrides, message):
-    proc = train_cli(tmp_path, *overrides, check=False)
-    assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr and not (tmp_path / "checkpoints").exists()
+def test_impossible_config_fails_before_compile(tmp_path, overrides, message, cli):
+    _, err = train_here(cli, tmp_path, *overrides, code=1)
+    assert message in err
+    assert "Traceback" not in err and not (tmp_path / "checkpoints").exists()
 
 
 
