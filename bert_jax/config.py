@@ -28,6 +28,10 @@ BATCH_AXES = ("data", "fsdp")  # the axes the examples of a batch are split over
 # t5x vocabulary -> mesh axes. A logical axis maps to one mesh axis, several, or None
 # (replicated). Params: embed over fsdp (ZeRO-3 style), mlp/heads/vocab over tensor
 # (Megatron style); activations: batch over data and fsdp.
+# data.instances: what a pretraining row holds (data/pretraining.py); pairs carry NSP labels
+INSTANCES = ("pairs", "packed", "full_rows")
+MLM_ONLY_DEFAULT = "packed"  # what an MLM-only (model.nsp=False) config chooses: docs/pretraining.md
+
 DEFAULT_AXIS_RULES = (
     ("batch", ("data", "fsdp")),
     ("embed", "fsdp"),
@@ -120,8 +124,15 @@ def pretraining_defaults() -> ml_collections.ConfigDict:
     d.tfds_data_dir = ""
     d.tokenizer = ""  # directory with vocab.txt (WordPiece) or spm.model (SentencePiece)
     d.max_seq_length = 128
-    d.max_predictions_per_seq = 20
-    d.masked_lm_prob = 0.15
+    # What a row holds (data/pretraining.py): pairs = BERT's [CLS] A [SEP] B [SEP] with an NSP
+    # label (model.nsp=True); MLM only (model.nsp=False): packed = each document cut into
+    # sequences of at most max_seq_length, packed into rows with attention within a document
+    # (RoBERTa's DOC-SENTENCES, ModernBERT; the MLM-only default) | full_rows = documents
+    # concatenated and cut into full rows, attention across them (RoBERTa's FULL-SENTENCES)
+    d.instances = "pairs"
+    d.max_predictions_per_seq = 20  # pairs: a cap (as the original); MLM only: >= round(rate * length)
+    d.masked_lm_prob = 0.15  # fraction of tokens masked in training (ModernBERT: 0.3)
+    d.eval_masked_lm_prob = 0.0  # in held-out evaluation; 0: masked_lm_prob (ModernBERT: 0.15)
     d.short_seq_prob = 0.1  # fraction of instances with a shorter random target length
     d.whole_word_masking = False
     d.dupe_factor = 0  # static masking: N fixed maskings cycled; 0: dynamic (new each epoch)
@@ -375,11 +386,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
         raise ConfigError(f"data.max_seq_length={config.data.max_seq_length} leaves no room for "
                           "[CLS] A [SEP] B [SEP]; use at least 3")
     if "masked_lm_prob" in config.data:
-        check_pretraining_data(config.data, lengths)
+        check_pretraining_data(config.data, lengths, config.model)
     try:  # a field the model does not read, a value it cannot take, attention it cannot run
         _, model = models.split_model_config(model_config(config))
         attention.check(model, [n for n in lengths if n], training=training)
-        attention.check_data(model, packed=bool(config.data.get("pack")))
+        attention.check_data(model, packed=bool(config.data.get("pack"))
+                             or config.data.get("instances") == "packed")
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if model.max_positions is not None and max(lengths) > model.max_positions:
@@ -431,18 +443,59 @@ def check_phase_batches(config, shards: int, num_processes: int) -> None:
                           f"loads an equal share of every microbatch)")
 
 
-def check_pretraining_data(data, lengths: Sequence[int]) -> None:
-    """The pretraining recipe's data values (data/pretraining.py) in their ranges."""
-    # Each instance is [CLS] A [SEP] B [SEP] with A and B at least one token each (the
-    # recipe draws a short target length from [2, max_seq_length - 3]).
-    if min(lengths) < 5:
-        which = (f"data.max_seq_length={lengths[0]}" if lengths[0] < 5
+def check_pretraining_data(data, lengths: Sequence[int], model=None) -> None:
+    """The pretraining recipe's data values (data/pretraining.py) in their ranges, and rows
+    that the model's head reads (NSP pairs exactly for model.nsp=True)."""
+    kind = data.get("instances", "pairs")
+    if kind not in INSTANCES:
+        raise ConfigError(f"data.instances={kind!r}; choose one of {list(INSTANCES)} (pairs: BERT's "
+                          f"NSP pairs; MLM only: {MLM_ONLY_DEFAULT}, docs/pretraining.md)")
+    nsp = bool(model.get("nsp", True)) if model is not None else kind == "pairs"
+    if nsp and kind != "pairs":
+        raise ConfigError(f"data.instances={kind!r} has no sentence pairs for model.nsp=True (the "
+                          "next-sentence head); set --config.model.nsp=False to train the masked LM "
+                          "only, or --config.data.instances=pairs")
+    if not nsp and kind == "pairs":
+        raise ConfigError(f"model.nsp=False (MLM only) has no next-sentence head for data.instances="
+                          f"'pairs' (NSP sentence pairs); set --config.data.instances="
+                          f"{MLM_ONLY_DEFAULT} (or full_rows), or model.nsp=True")
+    # Each row holds at least [CLS] x [SEP] (packed), [CLS] x (full rows), and a pair at least
+    # [CLS] A [SEP] B [SEP] with A and B one token each (the recipe draws a short target
+    # length from [2, max_seq_length - 3]).
+    least, what = {"pairs": (5, "pretraining instances [CLS] A [SEP] B [SEP]"),
+                   "packed": (3, "packed sequences [CLS] text [SEP]"),
+                   "full_rows": (2, "full rows [CLS] text")}[kind]
+    if min(lengths) < least:
+        which = (f"data.max_seq_length={lengths[0]}" if lengths[0] < least
                  else f"data.phases length {min(lengths)}")
-        raise ConfigError(f"{which} is too short for pretraining instances [CLS] A [SEP] B [SEP]; "
-                          "use at least 5")
-    if not 0.0 < data.masked_lm_prob <= 1.0:
-        raise ConfigError(f"data.masked_lm_prob={data.masked_lm_prob} is the fraction of tokens "
-                          "masked; use a value in (0, 1] (the paper: 0.15)")
+        raise ConfigError(f"{which} is too short for {what}; use at least {least}")
+    if data.name == "synthetic" and kind == "packed":
+        raise ConfigError("data.instances='packed': data.name='synthetic' rows are full length "
+                          "(nothing to pack); set --config.data.instances=full_rows")
+    if kind == "full_rows" and data.get("pack"):
+        raise ConfigError("data.pack=True with data.instances='full_rows': full rows have no "
+                          "padding to pack; set --config.data.pack=false (or data.instances=packed)")
+    rates = {"data.masked_lm_prob": data.masked_lm_prob}
+    if data.get("eval_masked_lm_prob"):
+        rates["data.eval_masked_lm_prob"] = data.eval_masked_lm_prob
+    for key, rate in rates.items():
+        if not 0.0 < rate <= 1.0:
+            raise ConfigError(f"{key}={rate} is the fraction of tokens masked; use a value in (0, 1] "
+                              "(the paper: 0.15; ModernBERT: 0.3 in training, 0.15 in evaluation; "
+                              "data.eval_masked_lm_prob=0: the training rate)")
+    if kind != "pairs":  # MLM only: the rate is the recipe, so a cap that would lower it is an error
+        phases = tuple(data.get("phases") or ())
+        budgets = [("data.max_seq_length", data.max_seq_length, "data.max_predictions_per_seq",
+                    data.max_predictions_per_seq)]
+        budgets += [(f"data.phases[{i}] length", p[1], f"data.phases[{i}] predictions", p[2])
+                    for i, p in enumerate(phases)]
+        for key, rate in rates.items():
+            for length_key, length, cap_key, cap in budgets:
+                need = round(rate * length)
+                if need > cap:
+                    raise ConfigError(
+                        f"{cap_key}={cap} is below {key}={rate} of {length_key}={length} "
+                        f"({need} masked tokens a row); set {cap_key} >= {need}")
     if data.get("pack") and data.get("max_instances_per_row", 1) < 1:
         raise ConfigError(f"data.max_instances_per_row={data.max_instances_per_row} must be >= 1 "
                           "with data.pack=True (instances packed into one row; default 4)")

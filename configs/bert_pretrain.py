@@ -20,6 +20,12 @@ Check either before renting the slice (compiles for it here; pip install 'bert_j
            bert-jax train --config configs/bert_pretrain.py:long --workdir /tmp/bert_long \
              --config.data.tokenizer=/tmp/vocab --config.data.train_files='books/*.txt' \
              --config.data.eval_files=heldout.txt --config.model.attention_pattern=bigbird
+  mlm_tiny  `tiny` trained as RoBERTa and ModernBERT are: masked LM only (model.nsp=False, no
+         pooler or NSP head), documents packed into rows with attention per document
+         (data.instances=packed; full_rows: RoBERTa's rows across documents), 30% of the tokens
+         masked in training and 15% in evaluation, a new masking each epoch:
+           bert-jax train --config configs/bert_pretrain.py:mlm_tiny --workdir /tmp/mlm_tiny \
+             --config.data.tokenizer=/tmp/vocab --config.data.train_files='books/*.txt'
 The paper's schedule: batch 256, 1M steps, 90% at length 128 (20 predictions) then 10% at
 512 (80 predictions), Adam lr 1e-4, b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01 (Google's
 AdamWeightDecayOptimizer, no bias correction: optimizer.name adam_weight_decay, the default),
@@ -36,7 +42,7 @@ from bert_jax import models
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = config_lib.pretraining_defaults()
-    size = "tiny" if arg == "long" else arg
+    size = "tiny" if arg in ("long", "mlm_tiny") else arg
     config.model = ml_collections.ConfigDict(
         models.model_section("bert_pretraining", models.bert_model_fields(size)))
     config.train.keep_checkpoints = 5
@@ -72,4 +78,9 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
         config.train.update(batch_size=2, steps=40, log_every=10, eval_every=40, eval_steps=4,
                             checkpoint_every=40)
         config.schedule.warmup_steps = 5
+    if arg == "mlm_tiny":
+        config.model.nsp = False
+        config.data.update(instances=config_lib.MLM_ONLY_DEFAULT, masked_lm_prob=0.3,
+                           eval_masked_lm_prob=0.15,
+                           max_predictions_per_seq=20)  # round(0.3 * 64) = 19, and room to pack
     return config

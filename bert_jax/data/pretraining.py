@@ -1,6 +1,8 @@
 """BERT pretraining examples (Google's create_pretraining_data.py), one document at a time.
 
-Every output is a pure function of (seed, document index, epoch): draw
+Besides BERT's sentence-pair instances, MLM-only data (RoBERTa, ModernBERT; data.instances
+"packed" and "full_rows", below `mask_tokens`). Every output is a pure function of (seed,
+document index, epoch): draw
 `rng = document_rng(seed, doc_index, epoch)`, pass it to `create_instances`, then to
 `to_features` (or unpadded `instance_features`, for packing) for each instance, in that
 order. Static masking (the original's dupe_factor) is epoch = copy index in
@@ -285,16 +287,81 @@ def instance_features(instance: Instance, *, rng: np.random.Generator, cls_id: i
     tokens = np.concatenate([[cls_id], a, [sep_id], b, [sep_id]]).astype(np.int32)
     if len(tokens) > max_seq_length:
         raise ValueError(f"instance has {len(tokens)} tokens > max_seq_length={max_seq_length}")
+    f = mask_tokens(tokens, rng=rng, vocab_size=vocab_size, special_ids=special_ids,
+                    mask_id=mask_id, max_predictions_per_seq=max_predictions_per_seq,
+                    masked_lm_prob=masked_lm_prob, starts_word=starts_word,
+                    random_token_ids=random_token_ids)
+    f["token_type_ids"][len(a) + 2:] = 1
+    f["next_sentence_labels"] = np.array([int(instance.is_random_next)], np.int32)  # 1 = random
+    return f
+
+
+def mask_tokens(tokens: np.ndarray, *, rng: np.random.Generator, vocab_size: int,
+                special_ids: Iterable[int], mask_id: int, max_predictions_per_seq: int,
+                masked_lm_prob: float, starts_word: np.ndarray | None = None,
+                random_token_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """`mask_instance` of one sequence as unpadded features (token types all 0)."""
     masked, positions, labels = mask_instance(
         tokens, rng=rng, vocab_size=vocab_size, special_ids=special_ids, mask_id=mask_id,
         max_predictions_per_seq=max_predictions_per_seq, masked_lm_prob=masked_lm_prob,
         word_starts=None if starts_word is None else np.asarray(starts_word)[tokens],
         random_token_ids=random_token_ids)
-    token_type_ids = np.zeros(len(tokens), np.int32)
-    token_type_ids[len(a) + 2:] = 1
-    return {"input_ids": masked.astype(np.int32), "token_type_ids": token_type_ids,
-            "masked_lm_positions": positions, "masked_lm_ids": labels.astype(np.int32),
-            "next_sentence_labels": np.array([int(instance.is_random_next)], np.int32)}  # 1 = random
+    return {"input_ids": masked.astype(np.int32), "token_type_ids": np.zeros(len(tokens), np.int32),
+            "masked_lm_positions": positions, "masked_lm_ids": labels.astype(np.int32)}
+
+
+# MLM-only data (data.instances; model.nsp=False): no sentence pairs, no NSP labels.
+#   "packed"     each document's tokens (its sentences joined) cut into pieces of at most
+#                T - 2, each a sequence `[CLS] piece [SEP]`, masked alone; packing.first_fit
+#                packs the sequences into rows (segment ids, positions restarting), so
+#                attention stays within a document (RoBERTa's DOC-SENTENCES, ModernBERT).
+#   "full_rows"  the documents' tokens concatenated, each document closed by [SEP], cut into
+#                rows of `[CLS]` + T - 1 tokens (RoBERTa's FULL-SENTENCES): every row full,
+#                attention across the documents a row holds. Each token carries its document,
+#                epoch and offset, so a row's masking is a pure function of where it starts.
+
+
+def document_pieces(doc: TokenizedDocument, max_tokens: int) -> list[np.ndarray]:
+    """The document's tokens (sentences joined) in consecutive pieces of max_tokens, the
+    last shorter."""
+    tokens = np.concatenate(doc).astype(np.int32)
+    return [tokens[i:i + max_tokens] for i in range(0, len(tokens), max_tokens)]
+
+
+def sequence_features(piece: np.ndarray, *, cls_id: int, sep_id: int, max_seq_length: int,
+                      **mask) -> dict[str, np.ndarray]:
+    """`[CLS] piece [SEP]` masked (mask_tokens' arguments), unpadded: one sequence of a packed
+    row (data.instances="packed")."""
+    tokens = np.concatenate([[cls_id], piece, [sep_id]]).astype(np.int32)
+    if len(tokens) > max_seq_length:
+        raise ValueError(f"sequence has {len(tokens)} tokens > max_seq_length={max_seq_length}")
+    return mask_tokens(tokens, **mask)
+
+
+STREAM_KEYS = ("tokens", "doc", "epoch", "offset")  # full_rows' per-token arrays
+
+
+def document_stream(doc: TokenizedDocument, doc_index: int, epoch: int, sep_id: int
+                    ) -> dict[str, np.ndarray]:
+    """A document as full_rows concatenates it: its tokens then [SEP], and per token its
+    document, epoch and offset in the document (which seed the masking of a row it starts)."""
+    tokens = np.concatenate([*doc, [sep_id]]).astype(np.int32)
+    n = len(tokens)
+    return {"tokens": tokens, "doc": np.full(n, doc_index, np.int32),
+            "epoch": np.full(n, epoch, np.int32), "offset": np.arange(n, dtype=np.int32)}
+
+
+def full_row_features(row: dict[str, np.ndarray], *, seed: int, cls_id: int, max_seq_length: int,
+                      max_predictions_per_seq: int, **mask) -> dict[str, np.ndarray]:
+    """A row of concatenated document streams (T - 1 tokens from grain's concat-then-split;
+    fewer only at the end of an evaluation pass) -> `[CLS]` + the tokens, masked with a
+    generator seeded by (seed, document, epoch, offset) of its first token, padded features."""
+    n = int((row["tokens_segment_ids"] > 0).sum())
+    rng = np.random.default_rng((seed, int(row["doc"][0]), int(row["epoch"][0]),
+                                 int(row["offset"][0])))
+    tokens = np.concatenate([[cls_id], row["tokens"][:n]]).astype(np.int32)
+    f = mask_tokens(tokens, rng=rng, max_predictions_per_seq=max_predictions_per_seq, **mask)
+    return pad_features(f, max_seq_length, max_predictions_per_seq)
 
 
 def pad_features(f: dict[str, np.ndarray], max_seq_length: int, max_predictions_per_seq: int
@@ -308,7 +375,8 @@ def pad_features(f: dict[str, np.ndarray], max_seq_length: int, max_predictions_
             "masked_lm_positions": np.pad(f["masked_lm_positions"], (0, P - k)),
             "masked_lm_ids": np.pad(f["masked_lm_ids"], (0, P - k)),
             "masked_lm_weights": (np.arange(P) < k).astype(np.float32),
-            "next_sentence_labels": f["next_sentence_labels"].reshape(())}
+            **({"next_sentence_labels": f["next_sentence_labels"].reshape(())}
+               if "next_sentence_labels" in f else {})}
 
 
 def to_features(instance: Instance, **kwargs) -> dict[str, np.ndarray]:
@@ -317,12 +385,15 @@ def to_features(instance: Instance, **kwargs) -> dict[str, np.ndarray]:
     return pad_features(f, kwargs["max_seq_length"], kwargs["max_predictions_per_seq"])
 
 
-# Each key's room in a packed row: T tokens, P predictions, S instances (NSP labels).
-def pack_lengths(max_seq_length: int, max_predictions_per_seq: int, max_instances: int
+# Each key's room in a packed row: T tokens, P predictions, S instances (NSP labels; None:
+# MLM only, any number of sequences a row).
+def pack_lengths(max_seq_length: int, max_predictions_per_seq: int, max_instances: int | None
                  ) -> dict[str, int]:
     T, P = max_seq_length, max_predictions_per_seq
-    return {"input_ids": T, "token_type_ids": T, "masked_lm_positions": P, "masked_lm_ids": P,
-            "next_sentence_labels": max_instances}
+    lengths = {"input_ids": T, "token_type_ids": T, "masked_lm_positions": P, "masked_lm_ids": P}
+    if max_instances is not None:
+        lengths["next_sentence_labels"] = max_instances
+    return lengths
 
 
 def pack_row(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -337,14 +408,16 @@ def pack_row(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     ids, first = np.unique(token_seg, return_index=True)
     starts[ids] = first
     mlm_seg = packed["masked_lm_positions_segment_ids"]
+    row = {"input_ids": packed["input_ids"], "token_type_ids": packed["token_type_ids"],
+           "segment_ids": token_seg.astype(np.int32),
+           "positions": packed["input_ids_positions"].astype(np.int32),
+           "masked_lm_positions": np.where(mlm_seg > 0, packed["masked_lm_positions"]
+                                           + starts[mlm_seg], 0).astype(np.int32),
+           "masked_lm_ids": packed["masked_lm_ids"],
+           "masked_lm_weights": (mlm_seg > 0).astype(np.float32)}
+    if "next_sentence_labels" not in packed:  # MLM only (data.instances="packed")
+        return row
     nsp_seg = packed["next_sentence_labels_segment_ids"]
-    return {"input_ids": packed["input_ids"], "token_type_ids": packed["token_type_ids"],
-            "segment_ids": token_seg.astype(np.int32),
-            "positions": packed["input_ids_positions"].astype(np.int32),
-            "masked_lm_positions": np.where(mlm_seg > 0, packed["masked_lm_positions"]
-                                            + starts[mlm_seg], 0).astype(np.int32),
-            "masked_lm_ids": packed["masked_lm_ids"],
-            "masked_lm_weights": (mlm_seg > 0).astype(np.float32),
-            "next_sentence_labels": packed["next_sentence_labels"],
+    return {**row, "next_sentence_labels": packed["next_sentence_labels"],
             "next_sentence_positions": np.where(nsp_seg > 0, starts[nsp_seg], 0).astype(np.int32),
             "next_sentence_weights": (nsp_seg > 0).astype(np.float32)}

@@ -66,7 +66,7 @@ class SyntheticPretraining:
 
     def __init__(self, *, vocab_size: int, seq_len: int, batch_size: int, seed: int,
                  max_predictions: int = 0, split: str = "train", process_index: int = 0,
-                 process_count: int = 1, num_batches: int | None = None):
+                 process_count: int = 1, num_batches: int | None = None, nsp: bool = True):
         if split not in SPLITS:
             raise ValueError(f"synthetic data split {split!r}; choose one of {sorted(SPLITS)}")
         if vocab_size <= FIRST_WORD + 1 or seq_len < 8:
@@ -76,6 +76,7 @@ class SyntheticPretraining:
         self.local = batch_size // process_count
         self.first_row = process_index * self.local
         self.global_size, self.num_batches = batch_size, num_batches
+        self.nsp = nsp  # False: no next_sentence_labels (an MLM-only model, model.nsp=False)
         self.position = 0
 
     def __iter__(self):
@@ -93,7 +94,10 @@ class SyntheticPretraining:
         return {k: np.stack([row[k] for row in rows]) for k in rows[0]}
 
     def example(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return _example(rng, self.vocab, self.seq_len, self.max_pred)
+        example = _example(rng, self.vocab, self.seq_len, self.max_pred)
+        if not self.nsp:
+            del example["next_sentence_labels"]
+        return example
 
     def get_state(self) -> dict:
         return {"position": self.position}

@@ -134,7 +134,7 @@ class MaskedLMHead(nnx.Module):
 
 
 class BertForPreTraining(BertTask):
-    """MLM + next-sentence prediction."""
+    """MLM + next-sentence prediction; with cfg.nsp=False MLM only (no pooler, no NSP head)."""
 
     @staticmethod
     def flops_per_token(cfg: BertConfig, seq_len: int) -> dict[str, float]:
@@ -144,9 +144,9 @@ class BertForPreTraining(BertTask):
                 + logits_flops_per_token(cfg)}
 
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
-        self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
+        self.bert = BertModel(cfg, rngs=rngs, use_pooler=cfg.nsp)  # no NSP head, no pooler
         self.mlm = MaskedLMHead(cfg, rngs=rngs)
-        self.nsp = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs)
+        self.nsp = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs) if cfg.nsp else None
 
     def __call__(self, input_ids: Array, *, masked_positions: Array | None = None,
                  rng: Array | None = None, **inputs) -> dict[str, Array]:
@@ -156,8 +156,10 @@ class BertForPreTraining(BertTask):
         seq_BTD = out["sequence_output"]
         if masked_positions is not None:  # [B, P]
             seq_BTD = jnp.take_along_axis(seq_BTD, masked_positions[..., None], axis=1)
-        return {"mlm_logits": self.mlm(seq_BTD, self.bert.embeddings.word),
-                "nsp_logits": self.nsp(out["pooled_output"]).astype(jnp.float32)}
+        logits = {"mlm_logits": self.mlm(seq_BTD, self.bert.embeddings.word)}
+        if self.nsp is not None:
+            logits["nsp_logits"] = self.nsp(out["pooled_output"]).astype(jnp.float32)
+        return logits
 
 
 class BertForSequenceClassification(BertTask):

@@ -4,6 +4,11 @@ Pretraining pipeline (grain): this host's documents (every process_count-th, so 
 disjoint and together complete) -> shuffled each epoch -> each document turned into
 instances by the create_pretraining_data algorithm with an rng fixed by (seed, document,
 epoch) -> window shuffle -> (data.pack: instances packed first-fit into rows) -> batches.
+MLM-only data (data.instances, data/pretraining.py): "packed" turns each document into masked
+sequences of at most data.max_seq_length, packed first fit into rows; "full_rows" concatenates
+the documents and cuts full rows (grain's concat-then-split), masked per row, window shuffled.
+Training batches mask data.masked_lm_prob of the tokens, evaluation batches
+data.eval_masked_lm_prob (0: the same).
 Every stage is checkpointable, so the iterator state saved with a checkpoint resumes the
 exact stream.
 
@@ -17,12 +22,14 @@ segment_ids as token types, <x>_segmentation) are renamed on the way (packing.re
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import grain
 import jax
 import numpy as np
 from grain.experimental import (
+    ConcatThenSplitIterDataset,
     FlatMapIterDataset,
     FlatMapTransform,
     WindowShuffleIterDataset,
@@ -56,27 +63,35 @@ class _Instances(FlatMapTransform):
         self.starts_word = (self.tokenizer.word_starts(np.arange(self.tokenizer.vocab_size))
                             if self.data["whole_word_masking"] else None)
 
+    def mask_options(self) -> dict:
+        """mask_tokens' arguments (data/pretraining.py) of this run's tokenizer and data."""
+        tok, d = self.tokenizer, self.data
+        # As the original: [UNK] may be predicted; [CLS], [SEP], [MASK], padding never.
+        return {"vocab_size": tok.vocab_size, "mask_id": tok.mask_id,
+                "special_ids": {tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id},
+                "masked_lm_prob": d["masked_lm_prob"], "starts_word": self.starts_word}
+
     def flat_map(self, element):
         epoch, k = element
-        d = self.data
+        d, tok, doc_id = self.data, self.tokenizer, int(self.doc_ids[k])
         # Static masking: dupe_factor fixed maskings, cycled; dynamic (0): new ones each epoch.
-        rng = pretraining.document_rng(self.seed, int(self.doc_ids[k]),
-                                       epoch % d["dupe_factor"] if d["dupe_factor"] else epoch)
+        epoch = epoch % d["dupe_factor"] if d["dupe_factor"] else epoch
+        kind = d.get("instances", "pairs")
+        if kind == "full_rows":  # masked per row, after the concatenation (full_row_features)
+            return [pretraining.document_stream(self.docs[doc_id], doc_id, epoch, tok.sep_id)]
+        rng = pretraining.document_rng(self.seed, doc_id, epoch)
+        lengths = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, max_seq_length=d["max_seq_length"],
+                       max_predictions_per_seq=d["max_predictions_per_seq"], rng=rng)
+        if kind == "packed":
+            pieces = pretraining.document_pieces(self.docs[doc_id], d["max_seq_length"] - 2)
+            return [pretraining.sequence_features(p, **lengths, **self.mask_options()) for p in pieces]
         instances = pretraining.create_instances(
-            self.docs[int(self.doc_ids[k])], int(k), num_docs=len(self.doc_ids),
+            self.docs[doc_id], int(k), num_docs=len(self.doc_ids),
             get_doc=lambda j: self.docs[int(self.doc_ids[j])],
             max_seq_length=d["max_seq_length"], short_seq_prob=d["short_seq_prob"], rng=rng)
-        tok = self.tokenizer
         # Packed rows take each instance unpadded; else one instance per padded row.
         make = pretraining.instance_features if d.get("pack") else pretraining.to_features
-        return [make(
-            inst, cls_id=tok.cls_id, sep_id=tok.sep_id, max_seq_length=d["max_seq_length"],
-            max_predictions_per_seq=d["max_predictions_per_seq"], rng=rng,
-            vocab_size=tok.vocab_size, mask_id=tok.mask_id,
-            # As the original: [UNK] may be predicted; [CLS], [SEP], [MASK], padding never.
-            special_ids={tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id},
-            masked_lm_prob=d["masked_lm_prob"], starts_word=self.starts_word)
-            for inst in instances]
+        return [make(inst, **lengths, **self.mask_options()) for inst in instances]
 
 
 class GrainBatches:
@@ -145,13 +160,21 @@ class PretrainingPipeline(GrainBatches):
         if train:
             positions = positions.shuffle(seed).repeat(None)
         ds = positions.map_with_index(lambda i, k: (i // n, int(k))).to_iter_dataset()
-        ds = FlatMapIterDataset(ds, _Instances(docs, np.asarray(doc_ids), tokenizer, data, seed))
+        instances = _Instances(docs, np.asarray(doc_ids), tokenizer, data, seed)
+        ds = FlatMapIterDataset(ds, instances)
+        kind = data.get("instances", "pairs")
+        if kind == "full_rows":  # the documents' streams cut into full rows, then masked
+            rows = {k: data["max_seq_length"] - 1 for k in pretraining.STREAM_KEYS}  # + [CLS]
+            ds = ConcatThenSplitIterDataset(ds, length_struct=rows).map(functools.partial(
+                pretraining.full_row_features, seed=seed, cls_id=tokenizer.cls_id,
+                max_seq_length=data["max_seq_length"],
+                max_predictions_per_seq=data["max_predictions_per_seq"], **instances.mask_options()))
         if train and data["shuffle_window"] > 1:
             ds = WindowShuffleIterDataset(ds, window_size=data["shuffle_window"], seed=seed)
-        if data.get("pack"):  # several short instances per row, first fit over a batch of rows
-            lengths = pretraining.pack_lengths(data["max_seq_length"],
-                                               data["max_predictions_per_seq"],
-                                               data["max_instances_per_row"])
+        if data.get("pack") or kind == "packed":  # several sequences a row, first fit over a batch of rows
+            lengths = pretraining.pack_lengths(
+                data["max_seq_length"], data["max_predictions_per_seq"],
+                data["max_instances_per_row"] if kind == "pairs" else None)
             ds = packing.first_fit(ds, lengths, rows=batch_size, seed=seed,
                                    train=train).map(pretraining.pack_row)
         super().__init__(ds, batch_size=batch_size, train=train, num_batches=num_batches,
@@ -214,11 +237,13 @@ def open_documents(config, split: str, tokenizer):
         docs = (documents.TextDocuments(files, d.text_format, tokenizer) if d.name == "text"
                 else documents.ArrayRecordDocuments(files))
     ids = _split_doc_ids(len(docs), split, d.heldout_every, own)
-    if len(ids) < 2:
+    pairs = d.get("instances", "pairs") == "pairs"  # NSP draws random next segments elsewhere
+    if len(ids) < (2 if pairs else 1):
         fix = ("set data.eval_files, or lower data.heldout_every (1 document in N is held out)"
                if not own and d.heldout_every > 0 else "give more documents")
-        raise ValueError(f"data: the {split} split has {len(ids)} documents of {len(docs)}; NSP needs "
-                         f">= 2: {fix}")
+        need = "NSP needs >= 2" if pairs else "it needs >= 1"
+        raise ValueError(f"data: the {split} split has {len(ids)} documents of {len(docs)}; {need}: "
+                         f"{fix}")
     return docs, ids
 
 
@@ -295,12 +320,16 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
             vocab_size=config.model.vocab_size, seq_len=d.max_seq_length,
             max_predictions=d.max_predictions_per_seq, batch_size=global_batch,
             seed=config.seed, split=split, process_index=jax.process_index(),
-            process_count=jax.process_count(), num_batches=num_batches)
+            process_count=jax.process_count(), num_batches=num_batches,
+            nsp=config.model.get("nsp", True))
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
     tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
     docs, ids = open_documents(config, split, tokenizer)
+    data = d.to_dict()
+    if split != "train":  # held-out batches mask at the evaluation rate
+        data["masked_lm_prob"] = d.get("eval_masked_lm_prob") or d.masked_lm_prob
     return PretrainingPipeline(
-        docs, ids, tokenizer, d.to_dict(), seed=config.seed,
+        docs, ids, tokenizer, data, seed=config.seed,
         batch_size=global_batch // jax.process_count(), train=split == "train",
         process_index=jax.process_index(), process_count=jax.process_count(),
         num_batches=num_batches)

@@ -136,12 +136,19 @@ class Pretraining(_Bert):
     """BERT MLM + NSP: mean cross-entropy over the masked positions plus mean NSP
     cross-entropy (the original run_pretraining.py loss). With data.pack, a row holds up to
     S = data.max_instances_per_row instances (data/pretraining.pack_row): NSP labels, their
-    [CLS] positions and weights are [B, S], and every instance counts once in the means."""
+    [CLS] positions and weights are [B, S], and every instance counts once in the means.
+    With model.nsp=False (RoBERTa, ModernBERT) the masked LM alone: no NSP labels, term or
+    metrics; its rows are data.instances "full_rows" or "packed" (packed rows, no [CLS] index)."""
 
     packing = "rows"
 
+    def __init__(self, model_cfg: Mapping[str, Any]):
+        super().__init__(model_cfg)
+        self.nsp = bool(self.model_cfg.get("nsp", True))
+
     def packs(self, config) -> bool:
-        return bool(config.data.get("pack", False))  # max_instances_per_row: config.validate
+        # max_instances_per_row and which instances pack: config.check_pretraining_data
+        return bool(config.data.get("pack", False)) or config.data.get("instances") == "packed"
 
     def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
@@ -150,8 +157,10 @@ class Pretraining(_Bert):
         tokens = ({k: _spec((B, T)) for k in packing_lib.ROW_KEYS} if packed
                   else self.input_spec((B, T)))
         spec = {**tokens, "masked_lm_positions": _spec((B, P)),
-                "masked_lm_ids": _spec((B, P)), "masked_lm_weights": _spec((B, P), jnp.float32),
-                "next_sentence_labels": _spec((B,))}
+                "masked_lm_ids": _spec((B, P)), "masked_lm_weights": _spec((B, P), jnp.float32)}
+        if not self.nsp:
+            return spec
+        spec["next_sentence_labels"] = _spec((B,))
         if packed:
             S = config.data.max_instances_per_row
             spec |= {"next_sentence_labels": _spec((B, S)), "next_sentence_positions": _spec((B, S)),
@@ -172,14 +181,16 @@ class Pretraining(_Bert):
         return w
 
     def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
-        return {"masked_lm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-                "next_sentence": jnp.sum(self._nsp_weight(batch))}
+        w = {"masked_lm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))}
+        if self.nsp:
+            w["next_sentence"] = jnp.sum(self._nsp_weight(batch))
+        return w
 
     def forward(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None
                 ) -> dict[str, Array]:
-        """mlm_logits [B, P, V] and nsp_logits [B, 2] (packed: [B, S, 2])."""
+        """mlm_logits [B, P, V] and with NSP nsp_logits [B, 2] (packed: [B, S, 2])."""
         inputs = self.inputs(batch)
-        if "segment_ids" in batch:  # packed: each instance's [CLS] as an index into all B*T tokens
+        if self.nsp and "segment_ids" in batch:  # each instance's [CLS] as an index into all B*T tokens
             B, T = batch["input_ids"].shape
             inputs["cls_index"] = batch["next_sentence_positions"] + T * jnp.arange(B)[:, None]
         return model(batch["input_ids"], masked_positions=batch["masked_lm_positions"], rng=rng,
@@ -190,15 +201,19 @@ class Pretraining(_Bert):
         out = self.forward(model, batch, rng)
         w_BP = batch["masked_lm_weights"].astype(jnp.float32)
         ce_BP, ok_BP = _cross_entropy(out["mlm_logits"], batch["masked_lm_ids"])
+        mlm_sum, n_mlm = jnp.sum(ce_BP * w_BP), jnp.sum(w_BP)
+        terms = {"masked_lm": mlm_sum}
+        metrics = {"masked_lm_loss": (mlm_sum, n_mlm),
+                   "masked_lm_accuracy": (jnp.sum(ok_BP * w_BP), n_mlm)}
+        if not self.nsp:
+            return terms, metrics
         w_B = self._nsp_weight(batch)  # [B], or [B, S] packed
         nsp_B, nsp_ok_B = _cross_entropy(out["nsp_logits"], batch["next_sentence_labels"])
-        mlm_sum, nsp_sum = jnp.sum(ce_BP * w_BP), jnp.sum(nsp_B * w_B)
-        n_mlm, n_ex = jnp.sum(w_BP), jnp.sum(w_B)
-        metrics = {"masked_lm_loss": (mlm_sum, n_mlm),
-                   "masked_lm_accuracy": (jnp.sum(ok_BP * w_BP), n_mlm),
-                   "next_sentence_loss": (nsp_sum, n_ex),
-                   "next_sentence_accuracy": (jnp.sum(nsp_ok_B * w_B), n_ex)}
-        return {"masked_lm": mlm_sum, "next_sentence": nsp_sum}, metrics
+        nsp_sum, n_ex = jnp.sum(nsp_B * w_B), jnp.sum(w_B)
+        terms["next_sentence"] = nsp_sum
+        metrics |= {"next_sentence_loss": (nsp_sum, n_ex),
+                    "next_sentence_accuracy": (jnp.sum(nsp_ok_B * w_B), n_ex)}
+        return terms, metrics
 
 
 class _FineTuning(_Bert):
