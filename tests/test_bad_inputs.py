@@ -873,11 +873,40 @@ ROBERTA_CASES = [
          "--config.model.position_offset=2", 2, "position_offset", "'transformer'", "does not read"),
 ]
 
+MLM_ONLY = PRETRAIN + " --config.model.nsp=false --config.data.instances=full_rows"
+MLM25_CASES = [
+    # masked LM only (issue 25): the model's head and the data's rows must agree, and the
+    # masking rates fit the prediction slots, before anything compiles
+    case("nsp-model-with-mlm-only-rows", PRETRAIN + " --config.data.instances=full_rows", 1,
+         "data.instances='full_rows'", "model.nsp=True", "--config.model.nsp=False",
+         "--config.data.instances=pairs"),
+    case("mlm-only-model-with-nsp-pairs", PRETRAIN + " --config.model.nsp=false", 1,
+         "model.nsp=False", "data.instances='pairs'", "--config.data.instances=packed"),
+    case("instances-unknown", MLM_ONLY.replace("=full_rows", "=full_sentences"), 1,
+         "data.instances='full_sentences'", "['pairs', 'packed', 'full_rows']"),
+    case("mlm-rate-above-the-prediction-slots", MLM_ONLY + " --config.data.masked_lm_prob=0.3", 1,
+         "data.max_predictions_per_seq=3", "data.masked_lm_prob=0.3", "data.max_seq_length=16",
+         ">= 5"),
+    case("eval-rate-above-the-prediction-slots", MLM_ONLY + " --config.data.eval_masked_lm_prob=0.5",
+         1, "data.max_predictions_per_seq=3", "data.eval_masked_lm_prob=0.5", ">= 8"),
+    case("phase-predictions-below-the-rate", MLM_ONLY
+         + " --config.data.phases=\"((0, 16, 3), (1, 32, 4))\"", 1,
+         "data.phases[1] predictions=4", "data.phases[1] length=32", ">= 5"),
+    case("eval-rate-out-of-range", MLM_ONLY + " --config.data.eval_masked_lm_prob=1.5", 1,
+         "data.eval_masked_lm_prob=1.5", "(0, 1]"),
+    case("full-rows-packed", MLM_ONLY + " --config.data.pack=true", 1,
+         "data.pack=True", "data.instances='full_rows'", "--config.data.pack=false"),
+    case("synthetic-rows-packed-mlm-only", MLM_ONLY.replace("=full_rows", "=packed"), 1,
+         "data.instances='packed'", "data.name='synthetic'", "--config.data.instances=full_rows"),
+    case("nsp-not-read-by-a-classifier", "info --config configs/glue.py:sst2,tiny "
+         "--config.model.nsp=false", 2, "nsp", "'bert_classification'", "does not read"),
+]
+
 # One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
          + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + OPTIM25_CASES + ROBERTA_CASES
-         + PATTERN_CASES)
+         + PATTERN_CASES + MLM25_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -1048,6 +1077,6 @@ def test_the_table_covers_every_area():
              "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES,
              "attention": ATTENTION_CASES, "optimizer": OPTIM_CASES,
              "optimizer (issue 25)": OPTIM25_CASES, "RoBERTa (issue 25)": ROBERTA_CASES,
-             "attention patterns": PATTERN_CASES}
+             "attention patterns": PATTERN_CASES, "MLM only (issue 25)": MLM25_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)
