@@ -121,7 +121,8 @@ def test_checkpoint_field_lists_come_from_the_field_metadata():
         "name", "num_decoder_layers", "use_pooler", "num_labels", "share_embeddings", "tie_output",
         "scale_embeddings", "attention_window", "attention_global_every", "attention_pattern",
         "bigbird_block", "bigbird_window_blocks", "bigbird_global_blocks", "bigbird_random_blocks",
-        "linformer_k"}  # (and since: the local window and the patterns, what they compute)
+        "linformer_k", "nsp"}  # (and since: the local window and the patterns, what they
+    # compute; whether pretraining has the NSP head and pooler)
 
 
 def _changed(value, meta):
