@@ -5,6 +5,7 @@ dynamic masking, every source (text, array_record shards, TFDS) and a short trai
 
 import numpy as np
 import pytest
+import test_pretraining_pipeline as nsp_tests
 
 from bert_jax import config as config_lib
 from bert_jax.data import documents
@@ -14,14 +15,8 @@ from bert_jax.training import metrics, train
 
 CONFIG = "configs/bert_pretrain.py:mlm_tiny"
 KINDS = ("packed", "full_rows")
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(shared_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("vocab")
-    lines = (shared_data / "text" / "gutenberg" / "austen-emma.txt").read_text().splitlines()
-    tokenizer_lib.train_vocab(lines, size=4000, kind="wordpiece", out_dir=out)
-    return out
+# The NSP pipeline tests' vocabulary of Emma (a module fixture) and helpers.
+tokenizer_dir, take, with_data = nsp_tests.tokenizer_dir, nsp_tests.take, nsp_tests.with_data
 
 
 @pytest.fixture(scope="module")
@@ -37,16 +32,6 @@ def text_config(shared_data, tokenizer_dir):
         f"data.tokenizer={tokenizer_dir}", f"data.train_files={text}/gutenberg/austen-emma.txt,"
         f"{text}/gutenberg/chesterton-ball.txt", "data.heldout_every=10", "model.vocab_size=4000",
         "train.batch_size=8", "data.shuffle_window=50"])
-
-
-def with_data(config, **fields):
-    config = config.copy_and_resolve_references()
-    config.data.update(fields)
-    return config
-
-
-def take(pipeline, n):
-    return [next(pipeline) for _ in range(n)]
 
 
 def originals(batch):

@@ -121,7 +121,8 @@ class BertConfig(ModelConfig):
     # pad id's row (HF's create_position_ids_from_input_ids); 0 = BERT.
     position_offset: int = _field(0, "architecture", least=0)
     use_pooler: bool = _field(True, "state", only=("bert",))  # [CLS] pooler of the bare encoder
-    nsp: bool = _field(True, "state", only=("bert_pretraining",))  # next-sentence head; False: MLM only (RoBERTa, ModernBERT)
+    # next-sentence head (and the pooler it reads); False: MLM only (RoBERTa, ModernBERT)
+    nsp: bool = _field(True, "state", only=("bert_pretraining",))
     num_labels: int = _field(2, "state", least=1,  # 1 = regression
                              only=("bert_classification", "bert_tagging"))
 
