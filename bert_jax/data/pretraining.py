@@ -401,7 +401,8 @@ def pack_row(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     with `<key>_segment_ids` 1, 2, ... per instance and 0 for padding) -> a packed BERT row
     (data/packing.py): segment_ids hold each token's instance id, positions restart at 0 in
     each instance, masked_lm_positions point into the row, and each instance's NSP label is
-    read at its [CLS], next_sentence_positions (next_sentence_weights 0 = empty slot).
+    read at its [CLS], next_sentence_positions (next_sentence_weights 0 = empty slot; MLM-only
+    sequences have no NSP keys).
     """
     token_seg = packed["input_ids_segment_ids"]
     starts = np.zeros(len(token_seg) + 1, np.int32)  # row offset of each instance id

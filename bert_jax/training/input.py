@@ -132,8 +132,18 @@ class GrainBatches:
         return {"grain": self.iterator.get_state(), "produced": self.produced}
 
     def set_state(self, state: dict) -> None:
-        self.iterator.set_state(state["grain"])
+        self.iterator.set_state(_slices_as_tuples(state["grain"]))
         self.produced = int(state["produced"])
+
+
+def _slices_as_tuples(state):
+    """The grain state with concat-then-split's remainder slices as tuples again: the JSON the
+    checkpoint stores makes them lists, and grain (0.2.18) compares a slice with the tuple
+    (-1, -1) ("none"), so a list would cut rows from the wrong place after a resume."""
+    if isinstance(state, dict):
+        return {k: ({f: tuple(v) for f, v in s.items()} if k == "remainder_slices"
+                    else _slices_as_tuples(s)) for k, s in state.items()}
+    return state
 
 
 def _check_hosts(n_local: int, n_all: int, train: bool, process_index: int, process_count: int,

@@ -21,7 +21,8 @@ Batches are in the layouts of data/packing.py. BERT: input_ids, token_type_ids a
 attention_mask (unpacked) or segment_ids + positions (packed rows), plus the original
 labels (masked_lm_positions, masked_lm_ids, masked_lm_weights, next_sentence_labels,
 label_ids); packed pretraining rows (data.pack) hold several instances' NSP labels as
-next_sentence_labels/_positions/_weights [B, S]. Sequence batches (transformer, decoder_lm):
+next_sentence_labels/_positions/_weights [B, S]; an MLM-only model (model.nsp=False) has no
+NSP labels at all. Sequence batches (transformer, decoder_lm):
 `inputs`/`targets` with optional `<x>_segment_ids` (0 = padding, else the packed sequence's
 id) and `<x>_positions`. `example_weight` (0 for padding examples of the last eval batch) is
 optional. Every objective's `packing` says how its packed batches are read: "cls", "tokens",
