@@ -80,18 +80,18 @@ class _Instances(FlatMapTransform):
         if kind == "full_rows":  # masked per row, after the concatenation (full_row_features)
             return [pretraining.document_stream(self.docs[doc_id], doc_id, epoch, tok.sep_id)]
         rng = pretraining.document_rng(self.seed, doc_id, epoch)
-        lengths = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, max_seq_length=d["max_seq_length"],
-                       max_predictions_per_seq=d["max_predictions_per_seq"], rng=rng)
+        common = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, max_seq_length=d["max_seq_length"],
+                      max_predictions_per_seq=d["max_predictions_per_seq"], rng=rng)
         if kind == "packed":
             pieces = pretraining.document_pieces(self.docs[doc_id], d["max_seq_length"] - 2)
-            return [pretraining.sequence_features(p, **lengths, **self.mask_options()) for p in pieces]
+            return [pretraining.sequence_features(p, **common, **self.mask_options()) for p in pieces]
         instances = pretraining.create_instances(
             self.docs[doc_id], int(k), num_docs=len(self.doc_ids),
             get_doc=lambda j: self.docs[int(self.doc_ids[j])],
             max_seq_length=d["max_seq_length"], short_seq_prob=d["short_seq_prob"], rng=rng)
         # Packed rows take each instance unpadded; else one instance per padded row.
         make = pretraining.instance_features if d.get("pack") else pretraining.to_features
-        return [make(inst, **lengths, **self.mask_options()) for inst in instances]
+        return [make(inst, **common, **self.mask_options()) for inst in instances]
 
 
 class GrainBatches:
