@@ -67,13 +67,13 @@ PRETRAIN = ["train", "--config", "configs/bert_pretrain.py:tiny"]
 
 
 @pytest.mark.parametrize("argv,field,model", [
-    (PRETRAIN + ["--config.model.positions=sinusoidal"], "model.positions", "bert_pretraining"),
+    (PRETRAIN + ["--config.model.tie_output=false"], "model.tie_output", "bert_pretraining"),
     (PRETRAIN + ["--config.model.num_labels=3"], "model.num_labels", "bert_pretraining"),
     (["train", "--config", "configs/squad.py:v1,tiny", "--config.model.use_pooler=false"],
      "model.use_pooler", "bert_span"),
     (["train", "--config", "configs/multi30k.py", "--config.model.type_vocab_size=2"],
      "model.type_vocab_size", "transformer"),
-], ids=["positions-on-bert", "num-labels-on-pretraining", "pooler-on-span", "segments-on-transformer"])
+], ids=["tie-output-on-bert", "num-labels-on-pretraining", "pooler-on-span", "segments-on-transformer"])
 def test_a_field_the_model_does_not_read_is_an_error(cli, tmp_path, argv, field, model):
     code, out, err = cli(argv + ["--workdir", str(tmp_path / "w"), "--config.data.name=synthetic"])
     assert code != 0

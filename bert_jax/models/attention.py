@@ -30,7 +30,17 @@ from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
 from bert_jax.models.config import ModelConfig
-from bert_jax.models.layers import Array, Cache, constrain, cpu_bf16, dense, dropout, matmul, sharding_context
+from bert_jax.models.layers import (
+    Array,
+    Cache,
+    constrain,
+    cpu_bf16,
+    dense,
+    dropout,
+    matmul,
+    rope,
+    sharding_context,
+)
 
 log = logging.getLogger(__name__)
 
@@ -402,16 +412,30 @@ def check(cfg: ModelConfig, lengths: Sequence[int], *, training: bool) -> None:
                                                            length=length))
 
 
+def rope_theta(m: Masking, global_theta: float, local_theta: float) -> Array | float:
+    """The rope base of the layer attending: the local one where a window applies (all layers,
+    or those a Pattern does not make global), else the global one."""
+    if m.window is None:
+        return global_theta
+    if m.pattern is None or not m.pattern.global_every:
+        return local_theta
+    return jnp.where(m.pattern.is_global(m.layer), global_theta, local_theta)
+
+
 class Attention(nnx.Module):
     """Multi-head attention (self or encoder-decoder) with an optional key/value cache."""
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, cross: bool = False):
         D, N, K = cfg.emb_dim, cfg.num_heads, cfg.head_dim
         self.query = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
         self.key = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
         self.value = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
         self.out = dense(cfg, (N, K), D, ("heads", "kv", "embed"), axis=(-2, -1), rngs=rngs)
         self.dropout_rate = cfg.attention_dropout_rate
+        # Rotary positions on self-attention's queries and keys; the local (window) layers
+        # have their own base (ModernBERT: 10k local, 160k global).
+        self.rope = cfg.positions == "rope" and not cross
+        self.rope_thetas = (cfg.rope_theta, cfg.rope_local_theta or cfg.rope_theta)
         self.kernel = cfg.attention_kernel
         kernel(self.kernel)  # an unknown name fails here, when the model is built
         self.options = {"block_size": cfg.attention_block_size} if self.kernel in BLOCKED else {}
@@ -444,6 +468,10 @@ class Attention(nnx.Module):
         heads = ("batch", "length", "heads", "kv")
         q_BTNK = constrain(self.query(x_BTD), *heads)
         k_BSNK, v_BSNK = constrain(self.key(kv_BSD), *heads), constrain(self.value(kv_BSD), *heads)
+        if self.rope:  # self-attention: the new keys sit at the queries' positions
+            theta = rope_theta(masking, *self.rope_thetas)
+            q_BTNK = rope(q_BTNK, masking.q_positions, theta)
+            k_BSNK = rope(k_BSNK, masking.q_positions, theta)
         if cache is not None:
             start = (0, cache_index, 0, 0)
             k_BSNK = jax.lax.dynamic_update_slice(cache["key"], k_BSNK.astype(cache["key"].dtype), start)
