@@ -217,6 +217,40 @@ def _splash_mask(m: Masking, T: int, S: int, layer: int) -> splash.Mask:
     return splash.CausalMask((T, S)) if m.causal else splash.FullMask((T, S))
 
 
+SPLASH_MATMULS = {"forward": 2, "training": 9}  # per visited block: QK^T, PV; backward 7 more
+
+
+def splash_blocks(T: int, S: int, block: int, *, causal: bool = False, window: int | None = None,
+                  pattern: Pattern | None = None, layer: int = 0) -> int:
+    """The [block, block] tiles splash visits in one head of one row at layer `layer`: those
+    its static mask (`_splash_mask`) leaves non-empty (segment ids skip nothing statically)."""
+    m = Masking(None, None, None, None, causal=causal, window=window, pattern=pattern)
+    mask = _splash_mask(m, T, S, layer)
+    return sum(int(mask[i:i + block, :].reshape(-1, S // block, block).any(axis=(0, 2)).sum())
+               for i in range(0, T, block))
+
+
+def splash_flops(cfg: ModelConfig, batch: int, length: int, *, causal: bool = False,
+                 layers: int | None = None, training: bool = True) -> float:
+    """Splash's matmul FLOPs for `batch` rows of `length` tokens through a stack of self-attention
+    layers (default cfg.num_layers) of cfg's heads and pattern: per visited tile 2 matmuls
+    forward (QK^T, PV) and, training, 7 backward (dq: QK^T, dP, dQ; dkv: QK^T, dP, dV, dK), each
+    2 * block^2 * head_dim FLOPs per head. XLA's cost analysis cannot see inside the kernel."""
+    layers = cfg.num_layers if layers is None else layers
+    window, pattern = pattern_of(cfg)
+    pattern = None if pattern is None else dataclasses.replace(pattern, num_layers=layers)
+    kinds = pattern.layer_kinds() if pattern is not None else [0] * layers
+    block = min(cfg.attention_block_size, length)
+    visited: dict[int, int] = {}
+    for i, kind in enumerate(kinds):
+        if kind not in visited:
+            visited[kind] = splash_blocks(length, length, block, causal=causal, window=window,
+                                          pattern=pattern, layer=i)
+    tiles = sum(visited[k] for k in kinds)
+    per_tile = SPLASH_MATMULS["training" if training else "forward"] * 2 * block * block * cfg.head_dim
+    return float(tiles * per_tile * cfg.num_heads * batch)
+
+
 def _platform() -> str:
     """Where the step runs: the mesh's devices inside a sharded step (`plan` traces for a TPU
     mesh on a CPU machine), else the default backend."""
