@@ -3,6 +3,7 @@ step's tokens/s and MFU are the step's own counts over the measured time, a peer
 peers.py (here with this environment's transformers), a missing peer is skipped with a reason,
 and the table prints ratios."""
 
+import json
 import sys
 
 import pytest
@@ -72,3 +73,52 @@ def test_the_long_input_benchmark_configs_are_valid():
         config = config_lib.load(str(REPO / "configs/bert_pretrain.py:long"), pattern)
         config_lib.validate(config, 1)
         assert config.data.max_seq_length == config.model.max_len == 4096
+
+
+needs_libtpu = pytest.mark.skipif(not __import__("bert_jax.cloud.tpu").cloud.tpu.libtpu_installed(),
+                                  reason="libtpu is not installed: bench attention plans with it")
+
+
+@needs_libtpu
+def test_the_attention_benchmark_plans_a_row_per_kernel_through_plan(capsys, monkeypatch):
+    """`bench attention` at a tiny size (a 1-layer model, 256 tokens on a v5e-8: one compile):
+    the splash row shows the step's memory, that it fits, and splash's FLOPs beside XLA's."""
+    from bert_jax.models import attention
+    from bert_jax.tools import bench
+
+    monkeypatch.setattr(sys, "argv", [
+        "bench", "attention", "--config", "configs/bert_pretrain.py:tiny", "--lengths", "256",
+        "--topologies", "v5litepod-8", "--kernels", "splash", "--patterns", "local",
+        "--config.model.num_layers=1", "--config.model.vocab_size=256"])
+    bench.main()
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| v5litepod-8 | 256 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:4] == ["splash", "local"] and cells[5] == "yes (15.75)", row
+    result = json.loads(out.splitlines()[-1])["rows"][0]
+    assert 0 < result["temporaries_gib"] <= result["total_gib"] < 1 and result["fits"]
+    assert cells[4] == f"{result['total_gib']} / {result['temporaries_gib']}"
+    # 8 rows (one per device), window 64 in 128-token tiles: 4 of the 2 x 2 tiles, 2 heads of 64
+    cfg = bench.attention_config("configs/bert_pretrain.py:tiny", "v5litepod-8", 256, "splash",
+                                 "local", ["model.num_layers=1"])
+    assert cfg.train.batch_size == 8 and cfg.data.max_predictions_per_seq == 38
+    splash = attention.splash_flops(models_cfg(cfg), 8, 256) / 8 / 1e9
+    assert cells[6].endswith(f" + {round(splash, 1):,}") and splash == 4 * 9 * 2 * 128 ** 2 * 64 * 2 / 1e9
+    assert "no GPU here (cpu): kernels not timed" in out
+
+
+def models_cfg(config):
+    from bert_jax import config as config_lib
+    from bert_jax import models
+
+    return models.split_model_config(config_lib.model_config(config))[1]
+
+
+def test_kernel_timing_runs_each_kernel_it_is_given():
+    """The GPU part of `bench attention` (cudnn beside xla there), here with xla on CPU."""
+    from bert_jax.tools import bench
+
+    rows = bench.time_kernels(["xla"], [64], heads=2, head_dim=8, tokens=128, steps=1,
+                              dtype="float32")
+    assert [(r["kernel"], r["tokens"], r["rows"]) for r in rows] == [("xla", 64, 2)]
+    assert rows[0]["tokens_per_s"] > 0

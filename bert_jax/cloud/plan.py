@@ -51,8 +51,10 @@ class Step:
     compile_seconds: float
 
 
-def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, Any]:
-    """The plan of `config` on `slices` x `topology`, as a JSON-ready dict."""
+def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
+         evaluation: bool = True) -> dict[str, Any]:
+    """The plan of `config` on `slices` x `topology`, as a JSON-ready dict (`evaluation=False`:
+    the train steps only, one compile fewer)."""
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu={mfu}: a fraction of the chip's peak, in (0, 1]")
     sl = tpu.parse(topology, slices)
@@ -115,12 +117,14 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
                               opt_bytes))
     # Evaluation: the params only, at the last phase's lengths; task eval batches also carry
     # which rows are padding.
-    eval_fn = evaluate.jit_eval_step(config, graphdef, objective, mesh, outputs=is_task)
     eval_cfg = config_lib.phase_config(config, _phase_starts(config)[-1])[1]
     eval_cfg.train.batch_size = config.train.batch_size  # evaluation keeps the run's batch
-    weight = {"example_weight": jax.ShapeDtypeStruct((config.train.batch_size,), np.float32)}
-    steps.append(compiled("eval", eval_fn, (state.with_shardings(abstract["params"], state_sh["params"]),),
-                          eval_cfg, 0, 0, weight if is_task else None))
+    if evaluation:
+        eval_fn = evaluate.jit_eval_step(config, graphdef, objective, mesh, outputs=is_task)
+        weight = {"example_weight": jax.ShapeDtypeStruct((config.train.batch_size,), np.float32)}
+        steps.append(compiled("eval", eval_fn,
+                              (state.with_shardings(abstract["params"], state_sh["params"]),),
+                              eval_cfg, 0, 0, weight if is_task else None))
     return {
         "host": _host_input(eval_cfg, objective, sl.hosts, is_task),
         "config": {"model": config.model.name, "dtype": config.dtype,
