@@ -122,3 +122,46 @@ def test_kernel_timing_runs_each_kernel_it_is_given():
                               dtype="float32")
     assert [(r["kernel"], r["tokens"], r["rows"]) for r in rows] == [("xla", 64, 2)]
     assert rows[0]["tokens_per_s"] > 0
+
+
+@pytest.mark.slow  # two 4,096-token steps of a tiny BERT on a CPU, in a process of one device
+def test_long_document_classification_trains_with_bigbird_at_4096_tokens(shared_data, tmp_path):
+    """configs/glue.py:sst2,long on `bench longdoc`'s data (an excerpt per book here): a
+    4,096-token row per Gutenberg excerpt, BigBird attention, trained and scored on unseen
+    books."""
+    import os
+    import subprocess
+
+    from conftest import REPO
+
+    from bert_jax.tools import bench
+
+    data = bench.build_longdoc(tmp_path / "data", per_book=1)
+    train_rows = (data / "SST-2" / "train.tsv").read_text().splitlines()[1:]
+    assert [r.rsplit("\t", 1)[1] for r in train_rows] == ["1", "1", "0", "0"]
+    assert all(len(r.split()) == 2801 for r in train_rows)  # 2,800 words and the label
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+           "BERT_JAX_SHARED_DATA": str(shared_data)}
+    run = subprocess.run(
+        [sys.executable, "-m", "bert_jax", "train", "--config=configs/glue.py:sst2,long",
+         f"--workdir={tmp_path / 'run'}", f"--config.data.data_dir={data}",
+         f"--config.data.tokenizer={data / 'vocab'}", "--config.train.steps=2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["step"] == 2 and 0 <= summary["eval"]["eval/accuracy"] <= 1
+    assert "batch 2 x 4096 tokens" in run.stderr + run.stdout
+
+
+def test_the_long_document_configs_are_valid():
+    """Each pattern of `bench longdoc` on configs/glue.py:sst2,long passes the checks made
+    before training, at 4,096 tokens."""
+    from conftest import REPO
+
+    from bert_jax import config as config_lib
+    from bert_jax.tools import bench
+
+    for pattern in bench.LONGDOC_PATTERNS.values():
+        config = config_lib.load(str(REPO / "configs/glue.py:sst2,long"), pattern)
+        config_lib.validate(config, 1)
+        assert config.data.max_seq_length == config.model.max_len == 4096 and not config.data.pack

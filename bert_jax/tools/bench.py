@@ -36,6 +36,14 @@
       --topologies v5litepod-8` is the quick check. On a GPU it also times each kernel that runs
       there (xla, cudnn): one attention layer forward and backward, tokens/s.
 
+  python -m bert_jax.tools.bench longdoc [--workdir runs/longdoc_bench] [--config.x=v ...]
+      Long-document classification (configs/glue.py:sst2,long: a tiny BERT, 4,096-token rows):
+      which author, Austen (1) or Chesterton (0), wrote an excerpt of ~2,800 words of a
+      Gutenberg book (../shared/data/text), in SST-2's TSV layout; trained on emma, sense,
+      ball and brown, scored on two books it never saw (persuasion, thursday); a WordPiece
+      vocab on the training excerpts; for each pattern (full, local, bigbird; xla kernel) dev
+      accuracy and the train step time. Prints a markdown table and JSON.
+
   python -m bert_jax.tools.bench restart [--config configs/bert_pretrain.py:tiny] [--config.x=v ...]
       Time to the first step of a training run and of its resumed run, with JAX's persistent
       compilation cache and without: `bert-jax train` (synthetic data, log every step) is
@@ -215,6 +223,66 @@ def bench_long(workdir: str, overrides: list[str]) -> dict:
               f"{r['train_mlm_loss']} | {r['step_s']} |" for k, r in rows.items()]
     return {"benchmark": f"{config_path}, {config.train.steps} steps of {config.train.batch_size} "
                          f"x {config.data.max_seq_length} tokens, held out: {', '.join(LONG_HELDOUT)}",
+            "rows": rows, "table": "\n".join(table)}
+
+
+LONGDOC_BOOKS = {  # split -> (book, label: 1 Austen, 0 Chesterton)
+    "train": (("austen-emma", 1), ("austen-sense", 1), ("chesterton-ball", 0),
+              ("chesterton-brown", 0)),
+    "dev": (("austen-persuasion", 1), ("chesterton-thursday", 0)),
+}
+LONGDOC_PATTERNS = {  # the rows of `bench longdoc`: overrides of configs/glue.py:sst2,long
+    "full": ["model.attention_pattern=full"],
+    "local (W=128)": ["model.attention_pattern=full", "model.attention_window=128"],
+    "bigbird (64, 1, 1, 3)": [],
+}
+
+
+def build_longdoc(out: Path, words: int = 2800, per_book: int = 0) -> Path:
+    """The long-document task's files under `out`: SST-2/{train,dev}.tsv (`sentence\tlabel`,
+    one excerpt of `words` words a row, every excerpt of each book, or its first `per_book`),
+    and a 4,096-token WordPiece vocab on the training excerpts in out/vocab. Returns out."""
+    books = paths.shared_data() / "text" / "gutenberg"
+    rows: dict[str, list[tuple[str, int]]] = {}
+    for split, named in LONGDOC_BOOKS.items():
+        rows[split] = []
+        for name, label in named:
+            path = books / f"{name}.txt"
+            if not path.is_file():
+                raise SystemExit(f"no book {path} (set BERT_JAX_SHARED_DATA)")
+            text = path.read_bytes().decode("utf-8", errors="replace").split()
+            starts = range(0, len(text) - words + 1, words)
+            rows[split] += [(" ".join(text[i:i + words]), label)
+                            for i in list(starts)[:per_book or None]]
+        write = [f"{t}\t{label}" for t, label in rows[split]]
+        folder = out / "SST-2"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(write) + "\n")
+    if not tokenizer_lib.has_tokenizer(out / "vocab"):
+        tokenizer_lib.train_vocab((t for t, _ in rows["train"]), size=4096, kind="wordpiece",
+                                  out_dir=out / "vocab")
+    return out
+
+
+def bench_longdoc(workdir: str, overrides: list[str]) -> dict:
+    from bert_jax.training import train
+
+    work = Path(workdir)
+    build_longdoc(work / "data")
+    config_path = str(paths.REPO / "configs" / "glue.py") + ":sst2,long"
+    data = [f"data.data_dir={work / 'data'}", f"data.tokenizer={work / 'data' / 'vocab'}"]
+    rows = {}
+    for name, pattern in LONGDOC_PATTERNS.items():
+        config = config_lib.load(config_path, [*data, *pattern, *overrides])
+        t0 = time.perf_counter()
+        summary = train.train_and_evaluate(config, str(work / name.split()[0]))
+        rows[name] = {"dev_accuracy": round(summary["eval"]["eval/accuracy"], 3),
+                      "step_s": round(summary["metrics"]["goodput/train_s"] / summary["step"], 2),
+                      "steps": summary["step"], "wall_s": round(time.perf_counter() - t0, 1)}
+    table = ["| pattern | dev accuracy (unseen books) | train step, s (CPU, xla) |", "|---|---|---|"]
+    table += [f"| {k} | {r['dev_accuracy']} | {r['step_s']} |" for k, r in rows.items()]
+    return {"benchmark": f"{config_path}: Austen or Chesterton, {rows and next(iter(rows.values()))['steps']} "
+                         f"steps of {config.train.batch_size} x {config.data.max_seq_length} tokens",
             "rows": rows, "table": "\n".join(table)}
 
 
@@ -417,7 +485,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["data", "multi30k", "model", "restart", "long",
-                                         "attention"])
+                                         "attention", "longdoc"])
     parser.add_argument("--lengths", default="512,2048,8192", help="attention: sequence lengths")
     parser.add_argument("--topologies", default="v5litepod-8,v5p-8", help="attention: TPU slices")
     parser.add_argument("--kernels", default="xla,splash", help="attention: kernels planned")
@@ -431,7 +499,8 @@ def main() -> None:
     parser.add_argument("--finetune_steps", type=int, default=250)
     parser.add_argument("--out", default="bench_model.json", help="model: results file")
     parser.add_argument("--workdir", default=None, help="multi30k: run directory (default "
-                        "runs/multi30k_bench); long: its runs (default runs/long_bench); "
+                        "runs/multi30k_bench); long, longdoc: their runs (default runs/long_bench, "
+                        "runs/longdoc_bench); "
                         "restart: where the runs and the cache go (default: "
                         "a new temporary folder)")
     parser.add_argument("--config", default=None, help="restart: the config trained (default "
@@ -440,12 +509,17 @@ def main() -> None:
     parser.add_argument("--text", default=None, help="text file globs (default: stdlib docstrings)")
     parser.add_argument("--seconds", type=float, default=20)
     args, rest = parser.parse_known_args()
-    if args.what in ("multi30k", "restart", "long", "attention"):
+    if args.what in ("multi30k", "restart", "long", "attention", "longdoc"):
         bad = [a for a in rest if not a.startswith("--config.")]
         if bad:
             parser.error(f"unrecognized arguments: {' '.join(bad)}")
         if args.what == "attention":
             print(json.dumps(attention_main(args, [a[9:] for a in rest])))
+            return
+        if args.what == "longdoc":
+            result = bench_longdoc(args.workdir or "runs/longdoc_bench", [a[9:] for a in rest])
+            print(result["table"])
+            print(json.dumps(result))
             return
         if args.what == "long":
             result = bench_long(args.workdir or "runs/long_bench", [a[9:] for a in rest])
