@@ -281,8 +281,9 @@ def bench_longdoc(workdir: str, overrides: list[str]) -> dict:
                       "steps": summary["step"], "wall_s": round(time.perf_counter() - t0, 1)}
     table = ["| pattern | dev accuracy (unseen books) | train step, s (CPU, xla) |", "|---|---|---|"]
     table += [f"| {k} | {r['dev_accuracy']} | {r['step_s']} |" for k, r in rows.items()]
-    return {"benchmark": f"{config_path}: Austen or Chesterton, {rows and next(iter(rows.values()))['steps']} "
-                         f"steps of {config.train.batch_size} x {config.data.max_seq_length} tokens",
+    steps = next(iter(rows.values()))["steps"]
+    return {"benchmark": f"{config_path}: Austen or Chesterton, {steps} steps of "
+                         f"{config.train.batch_size} x {config.data.max_seq_length} tokens",
             "rows": rows, "table": "\n".join(table)}
 
 
@@ -374,9 +375,9 @@ def time_kernels(kernels: list[str], lengths: list[int], *, heads: int = 12, hea
         pos = jnp.broadcast_to(jnp.arange(length), seg.shape)
         m = attention.Masking(seg, seg, pos, pos)
         for name in kernels:
-            fn = attention.KERNELS[name]
-            grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, m)[0].astype(jnp.float32)),
-                                    argnums=(0, 1, 2)))
+            def loss(q, k, v, fn=attention.KERNELS[name], m=m):
+                return jnp.sum(fn(q, k, v, m)[0].astype(jnp.float32))
+            grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
             jax.block_until_ready(grad(q, k, v))  # compile
             t0 = time.perf_counter()
             for _ in range(steps):
