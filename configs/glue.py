@@ -4,7 +4,8 @@
 
 Variants (`arg`): `<task>` or `<task>,<size>` with task one of cola sst2 mrpc stsb qqp mnli
 qnli rte wnli (mnli is scored on dev matched and mismatched) and size one of tiny mini small
-medium base large (default base). From a converted public checkpoint:
+medium base large, or modernbert-<size> (ModernBERT's heads: pooled [CLS] or mean, then
+dense + GELU + norm; docs/modernbert.md) (default base). From a converted public checkpoint:
   bert-jax convert hf:bert-base-uncased /ckpt/bert_base
   bert-jax train --config configs/glue.py:mrpc --workdir /runs/mrpc \\
     --config.init_from=/ckpt/bert_base --config.data.data_dir=/data/glue
@@ -31,7 +32,7 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     size = "tiny" if long else size or "base"
     config = config_lib.finetune_defaults("glue", size)
     config.model = ml_collections.ConfigDict(models.model_section(
-        "bert_classification", models.bert_model_fields(size),
+        "bert_classification", models.encoder_model_fields(size),
         num_labels=1 if spec.labels is None else len(spec.labels)))  # 1: regression (STS-B)
     config.data.task = task
     if long:  # 4,096-token rows, one document each, BigBird: seconds a step on 2 CPU cores
