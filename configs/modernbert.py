@@ -7,7 +7,9 @@ local attention with a global layer every third, no token types, vocabulary 50,3
 multiple of 64), no dropout; masked LM only at 30% masking.
 Optimisation: StableAdamW (lr 8e-4, betas 0.9/0.98, eps 1e-6, weight decay 1e-5 per peak lr,
 no gradient clipping), warmup then a stable phase then a 1-sqrt decay (wsd), batch-size
-warmup through data.phases' batch entry (768 -> 4,608 rows of 1,024 tokens over ~50B tokens).
+warmup through data.phases' batch entry (768 -> 4,608 rows of 1,024 tokens over ~50B tokens),
+and in the same run the context extension: from step 377,000 rows of 8,192 tokens with the
+global layers' rope base raised from 10k to 160k (data.phases' 5th entry).
 
 Variants (`arg`):
   base   22 x 768 (149M), 1,024-token rows; on a v5p-128 slice:
@@ -31,6 +33,7 @@ from bert_jax import models
 # Rows per step during batch-size warmup at 1,024 tokens (ModernBERT: 768 -> 4,608 over ~50B
 # tokens): (first step, rows); ~12.5B tokens per stage.
 BATCH_WARMUP = ((0, 768), (15_900, 1_536), (23_850, 3_072), (27_820, 4_608))
+CONTEXT_EXTENSION = 377_000  # the step where rows become 8,192 tokens (768 rows per step)
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
@@ -51,8 +54,11 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
         d.max_seq_length, d.max_predictions_per_seq = 1024, 308  # 30% of 1,024
         micro = 768  # rows per microbatch: every phase's batch is a multiple of it
         config.train.batch_size = micro
-        d.phases = tuple((start, 1024, 308, rows) for start, rows in BATCH_WARMUP)
-        config.train.steps = 377_000  # ~1.7T tokens
+        # 1,024-token phases with rope base 10k everywhere, then the context extension: 8,192
+        # tokens with the global layers' base raised to model.rope_theta (160k).
+        d.phases = tuple((start, 1024, 308, rows, 10_000.0) for start, rows in BATCH_WARMUP) \
+            + ((CONTEXT_EXTENSION, 8192, 2458, micro, 0.0),)
+        config.train.steps = CONTEXT_EXTENSION + 40_000  # ~1.7T tokens, then ~250B at 8,192
         config.schedule.warmup_steps = 3_800  # ~3B tokens at 768 rows
         config.schedule.decay_fraction = 0.1
         config.train.log_every = 100

@@ -2,9 +2,12 @@
 the embedding and first-layer norms, ModernBERT's task heads and sizes. Equality with
 Hugging Face's ModernBERT classes is tested through convert/export (tests/test_modernbert_hf.py)."""
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from bert_jax import models
 from bert_jax.models import layers
@@ -158,3 +161,42 @@ def test_glu_counts_three_ffn_matrices():
     plain = models.flops_per_token(modern(mlp_layer="mlp"), 16)["encoder_per_token"]
     glu = models.flops_per_token(modern(), 16)["encoder_per_token"]
     assert glu - plain == pytest.approx(4 * 2 * 32 * 48)  # one more D x F matmul per layer
+
+
+def test_a_context_extension_phase_changes_the_rope_base(cli, tmp_path, caplog):
+    """data.phases' 5th entry is the phase's global rope base: the phase's config and graph
+    have it, and a run goes through both phases (train and eval compiled per phase)."""
+    from bert_jax import config as config_lib
+    from bert_jax.models.attention import Attention
+    from bert_jax.training import state
+
+    phases = "((0,32,10,0,1000.0),(4,64,20))"
+    config = config_lib.load("configs/modernbert.py:tiny", [f"data.phases={phases}"])
+    first, later = config_lib.phase_config(config, 0)[1], config_lib.phase_config(config, 4)[1]
+    assert (first.model.rope_theta, later.model.rope_theta) == (1000.0, 160_000.0)
+    graphs = [state.graphdef_of(c) for c in (first, later)]
+    thetas = [{n.rope_thetas for _, n in nnx.graph.iter_graph(nnx.merge(g, nnx.state(
+        models.abstract_model(dict(c.model))))) if isinstance(n, Attention)} for g, c in
+        zip(graphs, (first, later))]
+    assert thetas == [{(1000.0, 10_000.0)}, {(160_000.0, 10_000.0)}]
+    code, _, err = cli(["train", "--config", "configs/modernbert.py:tiny", "--workdir",
+                        str(tmp_path / "w"), "--config.data.name=synthetic", "--config.train.steps=6",
+                        f"--config.data.phases={phases}", "--config.train.eval_every=3",
+                        "--config.train.eval_steps=1", "--config.train.batch_size=8",
+                        "--config.model.attention_window=8", "--config.schedule.warmup_steps=2"])
+    assert code == 0, err
+    assert "phase 1 from step 4" in caplog.text
+
+
+@pytest.mark.parametrize("phases,message", [
+    ("((0,32,10,0,-5.0),)", "rope base -5.0 must be > 0"),
+    ("((0,32,10,0,1.0,7),)", "each phase is (first step"),
+])
+def test_bad_context_extension_phases(phases, message):
+    from bert_jax import config as config_lib
+    config = config_lib.load("configs/modernbert.py:tiny", [f"data.phases={phases}"])
+    with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+        config_lib.check_phase_batches(config, 1, 1)
+    bert = config_lib.load("configs/bert_pretrain.py:tiny", ["data.phases=((0,32,10,0,1000.0),)"])
+    with pytest.raises(config_lib.ConfigError, match="without rope"):
+        config_lib.check_phase_batches(bert, 1, 1)
