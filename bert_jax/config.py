@@ -144,8 +144,10 @@ def pretraining_defaults() -> ml_collections.ConfigDict:
     d.worker_count = 0  # grain worker processes (0: in the training process)
     # Sequence-length phases: ((first step, max_seq_length, max_predictions_per_seq), ...);
     # empty: one phase with the values above. A 4th entry is that phase's global batch (batch
-    # size warmup): a multiple of the microbatch train.batch_size / train.grad_accum_steps,
-    # which stays fixed while the number of accumulated microbatches changes.
+    # size warmup; 0: train.batch_size): a multiple of the microbatch train.batch_size /
+    # train.grad_accum_steps, which stays fixed while the number of accumulated microbatches
+    # changes. A 5th is the phase's rope base for global layers (context extension; 0: the
+    # model's rope_theta).
     d.phases = ()
     return config
 
@@ -200,7 +202,7 @@ def finetune_defaults(task: str, size: str = "base") -> ml_collections.ConfigDic
         d.num_choices = 4  # endings per example (the reader checks each row)
     else:
         raise ConfigError(f"fine-tuning task {task!r}: choose glue, ner, squad or swag")
-    if size in ("tiny", "mini"):  # CPU-sized runs, often from scratch: a larger step size
+    if size.rpartition("-")[2] in ("tiny", "mini"):  # CPU-sized runs (also modernbert-tiny), often from scratch: a larger step size
         config.optimizer.learning_rate = 1e-3
         # with bias correction: adam_weight_decay's early steps (up to 6.6x) at this lr leave
         # SST-2, MRPC and NER from scratch at the majority class (docs/training.md#optimizers)
@@ -429,15 +431,24 @@ def check_phase_batches(config, shards: int, num_processes: int) -> None:
     micro = t.batch_size // t.grad_accum_steps
     phases = tuple(config.data.get("phases") or ())
     for i, phase in enumerate(phases):
-        if len(phase) not in (3, 4):
+        if len(phase) not in (3, 4, 5):
             raise ConfigError(f"data.phases[{i}]={tuple(phase)}: each phase is (first step, "
-                              "max_seq_length, max_predictions_per_seq) or those and its batch size")
-        if len(phase) == 4 and (phase[3] < 1 or phase[3] % micro):
+                              "max_seq_length, max_predictions_per_seq), optionally then its batch "
+                              "size (0: train.batch_size) and its rope base (0: model.rope_theta)")
+        if len(phase) == 5 and phase[4]:
+            if config.model.get("positions") != "rope":
+                raise ConfigError(f"data.phases[{i}] sets a rope base ({phase[4]}) for a model "
+                                  f"without rope (model.positions="
+                                  f"{config.model.get('positions')!r}); drop the 5th entry")
+            if phase[4] < 0:
+                raise ConfigError(f"data.phases[{i}] rope base {phase[4]} must be > 0 (0: "
+                                  f"model.rope_theta)")
+        if len(phase) >= 4 and phase[3] and (phase[3] < 1 or phase[3] % micro):
             raise ConfigError(
                 f"data.phases[{i}] batch {phase[3]} is not a multiple of the microbatch "
                 f"train.batch_size/grad_accum_steps={micro} (the rows the mesh's {shards} batch "
                 f"shards split); use a multiple of {micro}")
-    if any(len(p) == 4 for p in phases) and micro % num_processes:
+    if any(len(p) >= 4 and p[3] for p in phases) and micro % num_processes:
         raise ConfigError(f"microbatch train.batch_size/grad_accum_steps={micro} is not divisible "
                           f"by the {num_processes} processes (with batch sizes in data.phases each "
                           f"loads an equal share of every microbatch)")
@@ -522,8 +533,10 @@ def phase_stream(config, index: int) -> Any:
 def phase_config(config, step: int):
     """(phase index, the config with that phase's data lengths and batch, the step where it
     ends) for `config.data.phases` = ((first step, max_seq_length, max_predictions_per_seq
-    [, batch_size]), ...). A phase's batch keeps the run's microbatch and changes how many are
-    accumulated (train.grad_accum_steps)."""
+    [, batch_size [, rope_theta]]), ...). A phase's batch (0: the run's) keeps the run's
+    microbatch and changes how many are accumulated (train.grad_accum_steps); its rope base
+    (0: model.rope_theta) is the global layers' rope_theta during the phase (ModernBERT's
+    context extension raises it with the length)."""
     phases = tuple(config.data.get("phases") or ())
     if not phases:
         return 0, config, config.train.steps
@@ -531,9 +544,11 @@ def phase_config(config, step: int):
     phase_cfg = config.copy_and_resolve_references()
     phase_cfg.data.max_seq_length = int(phases[index][1])
     phase_cfg.data.max_predictions_per_seq = int(phases[index][2])
-    if len(phases[index]) > 3:
+    if len(phases[index]) > 3 and phases[index][3]:
         micro = config.train.batch_size // config.train.grad_accum_steps
         phase_cfg.train.batch_size = int(phases[index][3])
         phase_cfg.train.grad_accum_steps = phase_cfg.train.batch_size // micro
+    if len(phases[index]) > 4 and phases[index][4]:  # context extension: rope's global base
+        phase_cfg.model.rope_theta = float(phases[index][4])
     end = phases[index + 1][0] if index + 1 < len(phases) else config.train.steps
     return index, phase_cfg, min(end, config.train.steps)

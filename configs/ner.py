@@ -1,7 +1,7 @@
 """Named entity recognition (Devlin et al. 2019, 5.3): each word's first sub-token -> a tag;
 entity-level precision / recall / F1 (conlleval / seqeval semantics) on dev.
 
-Variants (`arg`): `conll2003` or `wnut17`, optionally `,<size>` (tiny ... large; default base).
+Variants (`arg`): `conll2003` or `wnut17`, optionally `,<size>` (tiny ... large, or modernbert-<size>; default base).
 Any `token ... tag` column file works: set data.data_dir, data.train_file/dev_file/test_file
 and data.labels (the tag set, 'O' first; model.num_labels must equal its length).
   bert-jax train --config configs/ner.py:conll2003 --workdir /runs/ner \\
@@ -29,7 +29,7 @@ def get_config(arg: str = "conll2003") -> ml_collections.ConfigDict:
     labels = ("O", *(f"{p}-{t}" for p in "BI" for t in _TYPES[dataset]))
     config = config_lib.finetune_defaults("ner", size or "base")
     config.model = ml_collections.ConfigDict(models.model_section(
-        "bert_tagging", models.bert_model_fields(size or "base"), num_labels=len(labels)))
+        "bert_tagging", models.encoder_model_fields(size or "base"), num_labels=len(labels)))
     config.data.labels = labels
     config.data.train_file, config.data.dev_file, config.data.test_file = _FILES[dataset]
     return config

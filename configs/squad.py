@@ -4,7 +4,7 @@ predicts no answer when the [CLS] score beats the best span by null_score_diff_t
 Official EM / F1; predictions.json and nbest_predictions.json (v2: null_odds.json).
 
 Variants (`arg`): `v1` (3 epochs, lr 5e-5, batch 32) or `v2` (2 epochs, lr 5e-5, batch 48),
-optionally `,<size>` (tiny ... large; default base).
+optionally `,<size>` (tiny ... large, or modernbert-<size>; default base).
   bert-jax train --config configs/squad.py:v1 --workdir /runs/squad \\
     --config.init_from=/ckpt/bert_base --config.data.data_dir=/data/squad
   bert-jax eval --config configs/squad.py:v1 --workdir /runs/squad --step best
@@ -24,7 +24,7 @@ def get_config(arg: str = "v1") -> ml_collections.ConfigDict:
         raise ValueError(f"configs/squad.py:{arg}: choose v1 or v2")
     config = config_lib.finetune_defaults("squad", size or "base")
     config.model = ml_collections.ConfigDict(models.model_section(
-        "bert_span", models.bert_model_fields(size or "base")))
+        "bert_span", models.encoder_model_fields(size or "base")))
     config.train.epochs = 3.0 if version == "v1" else 2.0
     config.train.batch_size = 32 if version == "v1" else 48
     d = config.data

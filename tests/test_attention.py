@@ -70,7 +70,7 @@ def test_explicit_softmax_path_equals_the_fused_one():
 
 
 def test_unknown_kernel_is_an_error_naming_the_field():
-    with pytest.raises(ValueError, match=r"model.attention_kernel='flash'.*\['splash', 'xla'\]"):
+    with pytest.raises(ValueError, match=r"model.attention_kernel='flash'.*\['cudnn', 'splash', 'xla'\]"):
         models.create_model(models.model_section("bert", models.bert_model_fields("tiny"),
                                                  attention_kernel="flash"))
 
@@ -79,6 +79,10 @@ def test_every_kernel_has_the_reference_signature():
     q = k = v = jnp.ones((1, 128, 2, 8))  # splash tiles in multiples of 128
     seg, pos = jnp.ones((1, 128), jnp.int32), jnp.arange(128)[None]
     for name, fn in attention.KERNELS.items():
+        if jax.default_backend() not in attention.PLATFORMS.get(name, (jax.default_backend(),)):
+            with pytest.raises(attention.UnsupportedAttention, match=f"{name} needs a GPU"):
+                fn(q, k, v, Masking(seg, seg, pos, pos))
+            continue
         out, probs = fn(q, k, v, Masking(seg, seg, pos, pos), dropout_rate=0.0, rng=None,
                         return_probs=False)
         assert out.shape == (1, 128, 2, 8) and probs is None, name

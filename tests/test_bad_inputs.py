@@ -295,8 +295,8 @@ CONFIG_CASES = [
     case("model-norm", INFO + " --config.model.norm=mid", 1, "model.norm='mid'", "pre"),
     case("model-positions", "info --config configs/multi30k.py --config.model.positions=rotary", 1,
          "model.positions='rotary'"),
-    case("model-field-not-read", PRETRAIN + " --config.model.positions=sinusoidal", 2,
-         "model.positions='sinusoidal'", "'bert_pretraining'", "does not read"),
+    case("model-field-not-read", PRETRAIN + " --config.model.tie_output=false", 2,
+         "model.tie_output", "'bert_pretraining'", "does not read"),
     case("model-remat", INFO + " --config.model.remat_policy=all", 1, "model.remat_policy='all'"),
     case("model-vocab-zero", INFO + " --config.model.vocab_size=0", 1, "model.vocab_size=0", ">= 1"),
     case("model-layers-negative", PRETRAIN + " --config.model.num_layers=-1", 1, "model.num_layers=-1"),
@@ -778,7 +778,7 @@ LAUNCH_CASES = [
 ATTENTION_CASES = [
     # attention kernels and patterns (models/attention.py), refused before anything compiles
     case("attention-kernel-unknown", PRETRAIN + " --config.model.attention_kernel=flash", 1,
-         "model.attention_kernel='flash'", "choose one of ['splash', 'xla']"),
+         "model.attention_kernel='flash'", "choose one of ['cudnn', 'splash', 'xla']"),
     case("splash-with-attention-dropout", PRETRAIN + " --config.model.attention_kernel=splash", 1,
          "model.attention_dropout_rate=0.1 with model.attention_kernel=splash",
          "set model.attention_dropout_rate=0"),
@@ -815,6 +815,28 @@ PATTERN_CASES = [
          "--config.model.linformer_k=8 --config.model.attention_kernel=splash "
          "--config.model.attention_dropout_rate=0", 1,
          "model.attention_pattern=linformer runs with model.attention_kernel=xla"),
+]
+
+CUDNN = PRETRAIN + " --config.model.attention_kernel=cudnn --config.model.attention_dropout_rate=0 "
+ATTENTION_GPU_CASES = [
+    # the cudnn kernel (models/attention.py): refused on this CPU machine, and what its masks
+    # cannot express, before anything compiles
+    case("cudnn-on-cpu", CUDNN + "--config.dtype=bfloat16", 1,
+         "model.attention_kernel=cudnn needs a GPU", "not cpu", "model.attention_kernel=xla"),
+    case("cudnn-with-attention-dropout", PRETRAIN + " --config.model.attention_kernel=cudnn "
+         "--config.dtype=bfloat16", 1, "model.attention_dropout_rate=0.1 with "
+         "model.attention_kernel=cudnn", "set model.attention_dropout_rate=0"),
+    case("cudnn-in-float32", CUDNN, 1, "dtype=float32 with model.attention_kernel=cudnn",
+         "--config.dtype=bfloat16"),
+    case("cudnn-with-packed-rows", CUDNN + "--config.dtype=bfloat16 --config.data.pack=true", 1,
+         "model.attention_kernel=cudnn with data.pack=True", "set data.pack=False"),
+    case("cudnn-with-bigbird", CUDNN + "--config.dtype=bfloat16 "
+         "--config.model.attention_pattern=bigbird --config.model.bigbird_block=4", 1,
+         "model.attention_pattern=bigbird with model.attention_kernel=cudnn",
+         "model.attention_kernel=xla"),
+    case("cudnn-bidirectional-window", CUDNN + "--config.dtype=bfloat16 "
+         "--config.model.attention_window=4", 1,
+         "model.attention_window=4 with model.attention_kernel=cudnn", "causal only"),
 ]
 
 OPTIM_CASES = [
@@ -906,7 +928,7 @@ MLM25_CASES = [
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
          + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + OPTIM25_CASES + ROBERTA_CASES
-         + PATTERN_CASES + MLM25_CASES)
+         + PATTERN_CASES + ATTENTION_GPU_CASES + MLM25_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -1077,6 +1099,7 @@ def test_the_table_covers_every_area():
              "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES,
              "attention": ATTENTION_CASES, "optimizer": OPTIM_CASES,
              "optimizer (issue 25)": OPTIM25_CASES, "RoBERTa (issue 25)": ROBERTA_CASES,
-             "attention patterns": PATTERN_CASES, "MLM only (issue 25)": MLM25_CASES}
+             "attention patterns": PATTERN_CASES, "attention on GPU": ATTENTION_GPU_CASES,
+             "MLM only (issue 25)": MLM25_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

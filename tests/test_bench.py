@@ -3,6 +3,7 @@ step's tokens/s and MFU are the step's own counts over the measured time, a peer
 peers.py (here with this environment's transformers), a missing peer is skipped with a reason,
 and the table prints ratios."""
 
+import json
 import sys
 
 import pytest
@@ -72,3 +73,95 @@ def test_the_long_input_benchmark_configs_are_valid():
         config = config_lib.load(str(REPO / "configs/bert_pretrain.py:long"), pattern)
         config_lib.validate(config, 1)
         assert config.data.max_seq_length == config.model.max_len == 4096
+
+
+needs_libtpu = pytest.mark.skipif(not __import__("bert_jax.cloud.tpu").cloud.tpu.libtpu_installed(),
+                                  reason="libtpu is not installed: bench attention plans with it")
+
+
+@needs_libtpu
+def test_the_attention_benchmark_plans_a_row_per_kernel_through_plan(capsys, monkeypatch):
+    """`bench attention` at a tiny size (a 1-layer model, 256 tokens on a v5e-8: one compile):
+    the splash row shows the step's memory, that it fits, and splash's FLOPs beside XLA's."""
+    from bert_jax.models import attention
+    from bert_jax.tools import bench
+
+    monkeypatch.setattr(sys, "argv", [
+        "bench", "attention", "--config", "configs/bert_pretrain.py:tiny", "--lengths", "256",
+        "--topologies", "v5litepod-8", "--kernels", "splash", "--patterns", "local",
+        "--config.model.num_layers=1", "--config.model.vocab_size=256"])
+    bench.main()
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| v5litepod-8 | 256 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:4] == ["splash", "local"] and cells[5] == "yes (15.75)", row
+    result = json.loads(out.splitlines()[-1])["rows"][0]
+    assert 0 < result["temporaries_gib"] <= result["total_gib"] < 1 and result["fits"]
+    assert cells[4] == f"{result['total_gib']} / {result['temporaries_gib']}"
+    # 8 rows (one per device), window 64 in 128-token tiles: 4 of the 2 x 2 tiles, 2 heads of 64
+    cfg = bench.attention_config("configs/bert_pretrain.py:tiny", "v5litepod-8", 256, "splash",
+                                 "local", ["model.num_layers=1"])
+    assert cfg.train.batch_size == 8 and cfg.data.max_predictions_per_seq == 38
+    splash = attention.splash_flops(models_cfg(cfg), 8, 256) / 8 / 1e9
+    assert cells[6].endswith(f" + {round(splash, 1):,}") and splash == 4 * 9 * 2 * 128 ** 2 * 64 * 2 / 1e9
+    assert "no GPU here (cpu): kernels not timed" in out
+
+
+def models_cfg(config):
+    from bert_jax import config as config_lib
+    from bert_jax import models
+
+    return models.split_model_config(config_lib.model_config(config))[1]
+
+
+def test_kernel_timing_runs_each_kernel_it_is_given():
+    """The GPU part of `bench attention` (cudnn beside xla there), here with xla on CPU."""
+    from bert_jax.tools import bench
+
+    rows = bench.time_kernels(["xla"], [64], heads=2, head_dim=8, tokens=128, steps=1,
+                              dtype="float32")
+    assert [(r["kernel"], r["tokens"], r["rows"]) for r in rows] == [("xla", 64, 2)]
+    assert rows[0]["tokens_per_s"] > 0
+
+
+@pytest.mark.slow  # two 4,096-token steps of a tiny BERT on a CPU, in a process of one device
+def test_long_document_classification_trains_with_bigbird_at_4096_tokens(shared_data, tmp_path):
+    """configs/glue.py:sst2,long on `bench longdoc`'s data (an excerpt per book here): a
+    4,096-token row per Gutenberg excerpt, BigBird attention, trained and scored on unseen
+    books."""
+    import os
+    import subprocess
+
+    from conftest import REPO
+
+    from bert_jax.tools import bench
+
+    data = bench.build_longdoc(tmp_path / "data", per_book=1)
+    train_rows = (data / "SST-2" / "train.tsv").read_text().splitlines()[1:]
+    assert [r.rsplit("\t", 1)[1] for r in train_rows] == ["1", "1", "0", "0"]
+    assert all(len(r.split()) == 2801 for r in train_rows)  # 2,800 words and the label
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+           "BERT_JAX_SHARED_DATA": str(shared_data)}
+    run = subprocess.run(
+        [sys.executable, "-m", "bert_jax", "train", "--config=configs/glue.py:sst2,long",
+         f"--workdir={tmp_path / 'run'}", f"--config.data.data_dir={data}",
+         f"--config.data.tokenizer={data / 'vocab'}", "--config.train.steps=2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["step"] == 2 and 0 <= summary["eval"]["eval/accuracy"] <= 1
+    assert "batch 2 x 4096 tokens" in run.stderr + run.stdout
+
+
+def test_the_long_document_configs_are_valid():
+    """Each pattern of `bench longdoc` on configs/glue.py:sst2,long passes the checks made
+    before training, at 4,096 tokens."""
+    from conftest import REPO
+
+    from bert_jax import config as config_lib
+    from bert_jax.tools import bench
+
+    for pattern in bench.LONGDOC_PATTERNS.values():
+        config = config_lib.load(str(REPO / "configs/glue.py:sst2,long"), pattern)
+        config_lib.validate(config, 1)
+        assert config.data.max_seq_length == config.model.max_len == 4096 and not config.data.pack

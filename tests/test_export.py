@@ -219,22 +219,26 @@ def test_models_hf_cannot_express_are_refused(tmp_path):
     cases = {"pre_ln": (dict(name="bert", norm="pre", **small), r"model.norm='pre'"),
              "transformer": (dict(name="transformer", **small), "model.name='transformer' has no"),
              "no_segments": (dict(name="bert", **{**small, "type_vocab_size": 0}),
-                             "type_vocab_size=0")}
+                             "type_vocab_size=0"),
+             "rope": (dict(name="bert", positions="rope", **small), r"model.positions='rope'"),
+             "sinusoidal": (dict(name="bert", positions="sinusoidal", **small),
+                            r"model.positions='sinusoidal'"),
+             "glu": (dict(name="bert", mlp_layer="glu", use_bias=False, **small),
+                     r"model.use_bias=False.*model.mlp_layer='glu'"),
+             "window": (dict(name="bert", attention_window=4, **small), r"model.attention_window=4")}
     for name, (model_cfg, message) in cases.items():
         params = nnx.to_pure_dict(nnx.state(models.create_model(model_cfg), nnx.Param))
         checkpoint.save_params(tmp_path / name, 0, params, {"model": model_cfg})
         with pytest.raises(ValueError, match=message):
             export.export_hf(tmp_path / name, tmp_path / f"{name}_out")
         assert not (tmp_path / f"{name}_out").exists()
-    # A BERT always has a learned position table: sinusoidal is no BERT setting (not even one
-    # export refuses); a checkpoint whose stored config says so (saved before the per-family
-    # model configs) holds a learned table, and exports.
+    # A checkpoint saved before BERT read `positions` (its stored config has every model's
+    # fields, e.g. tie_output) holds a learned table whatever its `positions` says: it exports.
     bert = dict(name="bert_pretraining", **small)
-    with pytest.raises(ValueError, match=r"model.positions='sinusoidal'.*'bert_pretraining'"):
-        models.create_model(dict(bert, positions="sinusoidal"))
     params = nnx.to_pure_dict(nnx.state(models.create_model(bert), nnx.Param))
-    checkpoint.save_params(tmp_path / "sinusoidal", 0, params, {"model": dict(bert, positions="sinusoidal")})
-    export.export_hf(tmp_path / "sinusoidal", tmp_path / "sinusoidal_out")
+    old = {**dict(bert, positions="sinusoidal", tie_output=True)}  # a pre-split config
+    checkpoint.save_params(tmp_path / "old", 0, params, {"model": old})
+    export.export_hf(tmp_path / "old", tmp_path / "old_out")
     with pytest.raises(FileNotFoundError, match="no checkpoints/ folder"):
         export.export_hf(tmp_path / "nothing", tmp_path / "out")
     (tmp_path / "full").mkdir()

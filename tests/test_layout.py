@@ -30,7 +30,7 @@ ALLOWED = {
     "viz": BASE | {"config", "models", "data", "tasks", "training", "translation"},
     "sweep": BASE | {"config", "viz"},
     "tools": BASE | {"config", "models", "data", "tasks", "training", "translation", "interop",
-                     "viz", "main"},
+                     "cloud", "viz", "main"},
     "main": BASE | {"config", "models", "data", "tasks", "training", "translation", "interop",
                     "cloud", "viz", "sweep"},
     "__main__": {"main"},

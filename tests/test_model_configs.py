@@ -67,13 +67,13 @@ PRETRAIN = ["train", "--config", "configs/bert_pretrain.py:tiny"]
 
 
 @pytest.mark.parametrize("argv,field,model", [
-    (PRETRAIN + ["--config.model.positions=sinusoidal"], "model.positions", "bert_pretraining"),
+    (PRETRAIN + ["--config.model.tie_output=false"], "model.tie_output", "bert_pretraining"),
     (PRETRAIN + ["--config.model.num_labels=3"], "model.num_labels", "bert_pretraining"),
     (["train", "--config", "configs/squad.py:v1,tiny", "--config.model.use_pooler=false"],
      "model.use_pooler", "bert_span"),
     (["train", "--config", "configs/multi30k.py", "--config.model.type_vocab_size=2"],
      "model.type_vocab_size", "transformer"),
-], ids=["positions-on-bert", "num-labels-on-pretraining", "pooler-on-span", "segments-on-transformer"])
+], ids=["tie-output-on-bert", "num-labels-on-pretraining", "pooler-on-span", "segments-on-transformer"])
 def test_a_field_the_model_does_not_read_is_an_error(cli, tmp_path, argv, field, model):
     code, out, err = cli(argv + ["--workdir", str(tmp_path / "w"), "--config.data.name=synthetic"])
     assert code != 0
@@ -101,7 +101,7 @@ def test_each_model_section_holds_the_fields_its_model_reads():
         section = models.model_section(name, preset)
         assert set(section) == {"name", *models.model_fields(name)} - {"dtype"}, name
         models.split_model_config(section)  # accepted as it is
-    assert "positions" not in models.model_fields("bert")
+    assert "tie_output" not in models.model_fields("bert")
     assert "num_labels" in models.model_fields("bert_tagging")
     assert "num_labels" not in models.model_fields("bert_span")
     assert "share_embeddings" not in models.model_fields("decoder_lm")
@@ -116,19 +116,21 @@ def test_checkpoint_field_lists_come_from_the_field_metadata():
     assert set(checkpoint.ARCHITECTURE_FIELDS) == {
         "vocab_size", "emb_dim", "num_layers", "num_heads", "head_dim", "mlp_dim", "max_len",
         "type_vocab_size", "activation", "norm", "positions",
-        "position_offset"}  # (and since: RoBERTa's first position row)
+        "position_offset",  # (and since: RoBERTa's first position row, the modern encoder's switches)
+        "normalization", "norm_bias", "use_bias", "mlp_layer", "rope_theta", "rope_local_theta",
+        "embedding_norm", "vocab_multiple", "task_head"}
     assert set(checkpoint.STATE_FIELDS) - set(checkpoint.ARCHITECTURE_FIELDS) == {
         "name", "num_decoder_layers", "use_pooler", "num_labels", "share_embeddings", "tie_output",
         "scale_embeddings", "attention_window", "attention_global_every", "attention_pattern",
         "bigbird_block", "bigbird_window_blocks", "bigbird_global_blocks", "bigbird_random_blocks",
-        "linformer_k", "nsp"}  # (and since: the local window and the patterns, what they
-    # compute; whether pretraining has the NSP head and pooler)
+        "linformer_k",  # (and since: the local window and the patterns, what they compute)
+        "pooling", "nsp"}  # (and whether pretraining has the NSP head and its pooler)
 
 
 def _changed(value, meta):
     if meta["choices"]:
         return next(c for c in meta["choices"] if c != value)
-    return (not value) if isinstance(value, bool) else value + 1 if isinstance(value, int) else value / 2
+    return (not value) if isinstance(value, bool) else value + 7 if isinstance(value, int) else value / 2  # +7: vocab_multiple 8 pads 30522
 
 
 def test_the_flops_count_reads_exactly_the_fields_marked_flops():
@@ -178,7 +180,8 @@ def test_old_stored_configs_load(tmp_path, name):
     if name == "bert_pretraining":  # its encoder initialises a fine-tuning run (init_from)
         config = config_lib.load(str(REPO / "configs/glue.py:sst2,tiny"), [f"init_from={tmp_path}"])
         config = state.sizes_from_init(config)
-        assert config.model.emb_dim == 16 and "positions" not in config.model
+        # (the old config's positions: BERT read none then, its table is learned)
+        assert config.model.emb_dim == 16 and config.model.positions == "learned"
         mesh = sharding.make_mesh(config.mesh)
         _, abstract, state_sh = state.abstract_state(config, mesh)
         found = state.pretrained(config, state.with_shardings(abstract["params"],

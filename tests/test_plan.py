@@ -158,3 +158,24 @@ def test_plan_compiles_the_splash_kernel_for_the_tpu_and_it_needs_fewer_temporar
         assert result["config"]["attention_kernel"] == kernel
         temps[kernel] = result["steps"][0]["temporaries"]
     assert temps["splash"] < temps["xla"], temps
+
+
+def test_plan_counts_splash_flops_that_the_compiler_cannot_see():
+    """No compile: the splash kernel's FLOPs of a step, from its visited tiles (a 1-layer model,
+    2 heads of 64, 32 rows of 512 tokens in tiles of 128: 16 tiles; a window of 100 visits the
+    diagonal and its neighbours, 10), 9 matmuls a tile training, 2 in evaluation; xla: none."""
+    tile = 9 * 2 * 128 * 128 * 64 * 2 * 32
+    splash = ["data.max_seq_length=512", "model.attention_kernel=splash",
+              "model.attention_dropout_rate=0"]
+    assert plan.kernel_flops(small(), training=True) is None
+    assert plan.kernel_flops(small(*splash), training=True) == 16 * tile
+    windowed = small(*splash, "model.attention_window=100")
+    assert plan.kernel_flops(windowed, training=True) == 10 * tile
+    assert plan.kernel_flops(windowed, training=False) == 10 * tile * 2 / 9
+
+
+def test_plan_refuses_the_cudnn_kernel_for_a_tpu(cli):
+    code, _, err = cli(["plan", "--config", CONFIG, *(f"--config.{o}" for o in SMALL), "--topology",
+                        "v4-8", "--config.model.attention_kernel=cudnn", "--config.dtype=bfloat16",
+                        "--config.model.attention_dropout_rate=0"])
+    assert code == 1 and "model.attention_kernel=cudnn needs a GPU (cuDNN flash attention), not tpu" in err

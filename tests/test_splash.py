@@ -224,3 +224,36 @@ def test_splash_passes_the_checks_it_can_run_and_refuses_gpu():
         attention.check_platform("splash", "gpu")
     with pytest.raises(UnsupportedAttention, match="model.attention_dropout_rate=0.1"):
         attention.splash_attention(*qkv(), masking(), dropout_rate=0.1, rng=jax.random.key(0))
+
+
+# Tiles splash visits at T = S = 512 in 128-token tiles (4 x 4), counted by hand.
+@pytest.mark.parametrize("flags,tiles", [
+    ({}, 16),
+    ({"causal": True}, 10),  # the diagonal and below
+    ({"window": 128}, 10),  # |i - j| <= 1: tiles two apart are 129 tokens apart at the closest
+    ({"window": 129}, 14),  # ... which a window of 129 reaches
+    ({"window": 64, "causal": True}, 7),  # the diagonal and the one below it
+    # BigBird in 64-token blocks, one block each side: tiles |i - j| <= 1, plus tile row and
+    # column 0 (the first 64 tokens are global)
+    ({"pattern": attention.Pattern(block=64, window_blocks=1, global_blocks=1)}, 14),
+    # 128-token blocks and one random block: block 1 draws block 3, block 3 block 1 (the only
+    # ones outside its window and the global block), block 2 has none left: every tile
+    ({"pattern": attention.Pattern(block=128, window_blocks=1, global_blocks=1,
+                                   random_blocks=1)}, 16),
+], ids=["full", "causal", "window-128", "window-129", "causal-window", "bigbird", "bigbird-random"])
+def test_splash_visits_the_tiles_its_pattern_leaves_non_empty(flags, tiles):
+    assert attention.splash_blocks(512, 512, 128, **flags) == tiles
+
+
+def test_splash_flops_count_each_layers_visited_tiles():
+    """A 3-layer stack, 2 heads of 16, 4 rows of 512: window 128 with every 2nd layer global
+    visits 16 + 10 + 16 tiles; each 9 matmuls training (2 forward) of 2 * 128^2 * 16 FLOPs per
+    head and row."""
+    cfg = _cfg(num_layers=3, num_heads=2, head_dim=16, attention_window=128,
+               attention_global_every=2)
+    per_tile = 2 * 128 * 128 * 16 * 2 * 4
+    assert attention.splash_flops(cfg, 4, 512) == 42 * 9 * per_tile
+    assert attention.splash_flops(cfg, 4, 512, training=False) == 42 * 2 * per_tile
+    # full attention: every tile of every layer, 18 B N T^2 K, not dense attention's 12
+    full = _cfg(num_layers=3, num_heads=2, head_dim=16)
+    assert attention.splash_flops(full, 4, 512) == 3 * 18 * 4 * 2 * 512 ** 2 * 16

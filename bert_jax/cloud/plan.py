@@ -7,7 +7,8 @@ TPU). Per device the compiler's memory analysis gives the total and the temporar
 parameters and optimizer state come from the shardings. Model FLOPs per step come from the
 model's objective on a full batch (every slot a real token), the projected time from the
 chip's peak at a stated MFU; the compiler's own count (XLA's cost analysis) is shown beside
-it, which leaves out custom kernels (splash attention: docs/attention.md counts those).
+it, which leaves out custom kernels: splash attention's FLOPs are counted beside it from the
+tiles its pattern visits (attention.splash_flops; docs/attention.md).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import jax
 import numpy as np
 
 from bert_jax import config as config_lib
-from bert_jax import tasks
+from bert_jax import models, tasks
 from bert_jax.cloud import tpu
 from bert_jax.cloud.tpu import GiB
+from bert_jax.models import attention
 from bert_jax.training import evaluate, objectives, optim, sharding, state, train
 
 
@@ -43,18 +45,25 @@ class Step:
     compiler_says: str  # the compiler's message when it does not fit
     flops: float  # model FLOPs of one full global batch
     compiled_flops: float | None  # XLA's cost analysis, per device (custom kernels not counted)
+    kernel_flops: float | None  # splash's, per device (evenly shared), from its visited tiles
     steps: int  # steps of the run in this phase (0 for eval)
     step_time: float  # seconds at the stated MFU
     compile_seconds: float
 
 
-def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, Any]:
-    """The plan of `config` on `slices` x `topology`, as a JSON-ready dict."""
+def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
+         evaluation: bool = True) -> dict[str, Any]:
+    """The plan of `config` on `slices` x `topology`, as a JSON-ready dict (`evaluation=False`:
+    the train steps only, one compile fewer)."""
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu={mfu}: a fraction of the chip's peak, in (0, 1]")
     sl = tpu.parse(topology, slices)
     devices = tpu.compile_only_devices(sl)
     config_lib.validate(config, len(devices), sl.hosts)
+    try:
+        attention.check_platform(config.model.get("attention_kernel", "xla"), "tpu")
+    except ValueError as e:
+        raise config_lib.ConfigError(str(e)) from None
     # No data is read: a fine-tuning config's train.steps may come from its number of examples.
     is_task = config.data.name in tasks.TASKS
     steps_note = ""
@@ -94,8 +103,10 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
         flops = flops if training else flops / 3
         fits = total is not None and total <= sl.gen.hbm_per_device
         micro = cfg.train.grad_accum_steps if training else 1
+        kernel = kernel_flops(cfg, training=training)
         return Step(name, cfg.data.max_seq_length, cfg.train.batch_size, micro, params_bytes,
-                    state_bytes, total, temps, fits, says, flops, compiled_flops, steps, flops / peak,
+                    state_bytes, total, temps, fits, says, flops, compiled_flops,
+                    None if kernel is None else kernel / len(devices), steps, flops / peak,
                     time.perf_counter() - t0)
 
     steps = []
@@ -106,12 +117,14 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
                               opt_bytes))
     # Evaluation: the params only, at the last phase's lengths; task eval batches also carry
     # which rows are padding.
-    eval_fn = evaluate.jit_eval_step(config, graphdef, objective, mesh, outputs=is_task)
     eval_cfg = config_lib.phase_config(config, _phase_starts(config)[-1])[1]
     eval_cfg.train.batch_size = config.train.batch_size  # evaluation keeps the run's batch
-    weight = {"example_weight": jax.ShapeDtypeStruct((config.train.batch_size,), np.float32)}
-    steps.append(compiled("eval", eval_fn, (state.with_shardings(abstract["params"], state_sh["params"]),),
-                          eval_cfg, 0, 0, weight if is_task else None))
+    if evaluation:
+        eval_fn = evaluate.jit_eval_step(config, graphdef, objective, mesh, outputs=is_task)
+        weight = {"example_weight": jax.ShapeDtypeStruct((config.train.batch_size,), np.float32)}
+        steps.append(compiled("eval", eval_fn,
+                              (state.with_shardings(abstract["params"], state_sh["params"]),),
+                              eval_cfg, 0, 0, weight if is_task else None))
     return {
         "host": _host_input(eval_cfg, objective, sl.hosts, is_task),
         "config": {"model": config.model.name, "dtype": config.dtype,
@@ -129,6 +142,23 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4) -> dict[str, 
         "run_seconds": None if steps_note else sum(s.steps * s.step_time for s in steps),
         "note": steps_note,
     }
+
+
+def kernel_flops(config, *, training: bool) -> float | None:
+    """The FLOPs of a step's custom attention kernels (splash), which XLA's cost analysis does
+    not count: each self-attention stack's visited tiles for the global batch (cross-attention
+    runs with xla, so the compiler counts it). None for the xla kernel."""
+    model = config_lib.model_config(config)
+    if model.get("attention_kernel", "xla") != "splash":
+        return None
+    _, cfg = models.split_model_config(model)
+    batch, length = config.train.batch_size, config.data.max_seq_length
+    splash = attention.splash_flops
+    flops = splash(cfg, batch, length, causal=cfg.family == "decoder-only", training=training)
+    if cfg.family == "encoder-decoder":  # the decoder's causal self-attention too
+        flops += splash(cfg, batch, length, causal=True, training=training,
+                        layers=cfg.num_decoder_layers or cfg.num_layers)
+    return flops
 
 
 def _host_input(cfg, objective, hosts: int, is_task: bool) -> dict[str, Any]:
@@ -217,6 +247,9 @@ def format_plan(result: dict[str, Any]) -> str:
             if s["compiled_flops"] is not None:
                 verdict += (f"; the compiler counts {s['compiled_flops'] / 1e12:.3g} TFLOP per "
                             f"device (custom kernels such as splash not counted)")
+            if s["kernel_flops"] is not None:
+                verdict += (f"; splash's visited tiles add {s['kernel_flops'] / 1e12:.3g} TFLOP "
+                            f"per device")
         lines.append(f"{s['name']} ({s['seq_len']} tokens, batch {s['batch']}) on {sl['name']}: "
                      f"{verdict}")
     h = result["host"]

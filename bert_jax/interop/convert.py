@@ -199,6 +199,12 @@ def is_roberta(model_cfg: dict[str, Any]) -> bool:
     return model_cfg.get("position_offset", 0) > 0
 
 
+# What HF's BERT and RoBERTa classes always are, of the switches our encoder has beyond them.
+BERT_ONLY_VALUES = {"positions": "learned", "normalization": "layernorm", "norm_bias": True,
+                    "use_bias": True, "mlp_layer": "mlp", "embedding_norm": True,
+                    "task_head": "bert", "attention_window": 0, "attention_pattern": "full"}
+
+
 def hf_config(model_cfg: dict[str, Any], special_ids: dict[str, int] | None = None
               ) -> dict[str, Any]:
     """The HF config.json of our `model` config section (the inverse of model_config_from_hf):
@@ -216,6 +222,9 @@ def hf_config(model_cfg: dict[str, Any], special_ids: dict[str, int] | None = No
                    f"emb_dim={cfg.emb_dim})")
     if cfg.type_vocab_size == 0:
         bad.append(f"model.type_vocab_size=0 (HF {family} always has segment embeddings)")
+    for field, value in BERT_ONLY_VALUES.items():  # the modern encoder's switches
+        if getattr(cfg, field) != value:
+            bad.append(f"model.{field}={getattr(cfg, field)!r} (HF {family}: {value!r})")
     # HF's RoBERTa finds padding by its pad id, whose position row is the one before the first.
     if roberta and ids.get("pad", cfg.position_offset - 1) != cfg.position_offset - 1:
         bad.append(f"model.position_offset={cfg.position_offset} (HF RoBERTa: the tokenizer's pad "

@@ -58,6 +58,12 @@ ALL_FIELDS = tuple(dict.fromkeys(f.name for c in set(CONFIGS.values()) for f in 
 BERT_SIZES = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512),
               "base": (12, 768), "large": (24, 1024)}
 
+# ModernBERT (Warner et al. 2024): (layers, hidden, FFN width); heads = hidden / 64. base and
+# large are the released models (149M, 395M); the miniatures have BERT's miniature shapes
+# with ModernBERT's FFN ratio (1.5 x hidden), for CPU runs.
+MODERNBERT_SIZES = {"tiny": (2, 128, 192), "mini": (4, 256, 384), "small": (4, 512, 768),
+                    "medium": (8, 512, 768), "base": (22, 768, 1152), "large": (28, 1024, 2624)}
+
 # Paper Table 3: (N, d_model, d_ff, h, dropout).
 TRANSFORMER_SIZES = {"base": (6, 512, 2048, 8, 0.1), "big": (6, 1024, 4096, 16, 0.3)}
 
@@ -111,6 +117,37 @@ def bert_model_fields(size: str) -> dict[str, Any]:
         initializer="truncated_normal", initializer_range=0.02))
 
 
+def modernbert_model_fields(size: str) -> dict[str, Any]:
+    """BertConfig fields of a named ModernBERT size: vocabulary 50,368 (50,280 BPE tokens padded
+    to a multiple of 64), rope (theta 160k in global layers, 10k in local ones), GeGLU, pre-norm
+    with bias-free LayerNorms (eps 1e-5) and linear layers, an embedding norm and a final norm,
+    128-token local attention (64 each side) with a global layer every third, no token types,
+    no dropout, ModernBERT's task heads (HF's ModernBertConfig defaults)."""
+    if size not in MODERNBERT_SIZES:
+        raise ValueError(f"unknown ModernBERT size {size!r}; choose one of {sorted(MODERNBERT_SIZES)}")
+    layers, hidden, mlp = MODERNBERT_SIZES[size]
+    return dataclasses.asdict(BertConfig(
+        vocab_size=50368, vocab_multiple=64, emb_dim=hidden, num_layers=layers,
+        num_heads=hidden // 64, head_dim=64, mlp_dim=mlp, max_len=8192, type_vocab_size=0,
+        positions="rope", rope_theta=160_000.0, rope_local_theta=10_000.0, mlp_layer="glu",
+        activation="gelu", norm="pre", normalization="layernorm", norm_bias=False,
+        use_bias=False, embedding_norm=True, layer_norm_eps=1e-5, attention_window=64,
+        attention_global_every=3, dropout_rate=0.0, attention_dropout_rate=0.0,
+        task_head="modernbert", pooling="cls", use_pooler=False,
+        initializer="truncated_normal", initializer_range=0.02))
+
+
+def encoder_model_fields(size: str) -> dict[str, Any]:
+    """A named encoder: a BERT size (tiny .. large), or `modernbert-<size>`."""
+    family, _, rest = size.rpartition("-")
+    if family == "modernbert":
+        return modernbert_model_fields(rest)
+    if family:
+        raise ValueError(f"unknown encoder {size!r}; choose a BERT size {sorted(BERT_SIZES)} or "
+                         f"modernbert-<size> with a size of {sorted(MODERNBERT_SIZES)}")
+    return bert_model_fields(size)
+
+
 def transformer_model_fields(size: str, vocab_size: int = 37000) -> dict[str, Any]:
     """EncoderDecoderConfig fields of the paper's Transformer base/big (shared 37k BPE
     vocabulary); a decoder_lm's model_section takes those it reads."""
@@ -160,7 +197,11 @@ def stored_model_config(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
     if name not in MODELS:
         return dict(model_cfg)
     reads = model_fields(name)
-    return {k: v for k, v in model_cfg.items() if k == "name" or k in reads or k not in ALL_FIELDS}
+    out = {k: v for k, v in model_cfg.items() if k == "name" or k in reads or k not in ALL_FIELDS}
+    if CONFIGS[name] is BertConfig and len(out) < len(model_cfg):
+        # Saved with every model's fields, before BERT read `positions`: a learned table.
+        out.pop("positions", None)
+    return out
 
 
 def create_model(model_cfg: Mapping[str, Any], *, seed: int = 0) -> nnx.Module:

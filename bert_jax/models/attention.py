@@ -30,7 +30,17 @@ from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
 from bert_jax.models.config import ModelConfig
-from bert_jax.models.layers import Array, Cache, constrain, cpu_bf16, dense, dropout, matmul, sharding_context
+from bert_jax.models.layers import (
+    Array,
+    Cache,
+    constrain,
+    cpu_bf16,
+    dense,
+    dropout,
+    matmul,
+    rope,
+    sharding_context,
+)
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +227,40 @@ def _splash_mask(m: Masking, T: int, S: int, layer: int) -> splash.Mask:
     return splash.CausalMask((T, S)) if m.causal else splash.FullMask((T, S))
 
 
+SPLASH_MATMULS = {"forward": 2, "training": 9}  # per visited block: QK^T, PV; backward 7 more
+
+
+def splash_blocks(T: int, S: int, block: int, *, causal: bool = False, window: int | None = None,
+                  pattern: Pattern | None = None, layer: int = 0) -> int:
+    """The [block, block] tiles splash visits in one head of one row at layer `layer`: those
+    its static mask (`_splash_mask`) leaves non-empty (segment ids skip nothing statically)."""
+    m = Masking(None, None, None, None, causal=causal, window=window, pattern=pattern)
+    mask = _splash_mask(m, T, S, layer)
+    return sum(int(mask[i:i + block, :].reshape(-1, S // block, block).any(axis=(0, 2)).sum())
+               for i in range(0, T, block))
+
+
+def splash_flops(cfg: ModelConfig, batch: int, length: int, *, causal: bool = False,
+                 layers: int | None = None, training: bool = True) -> float:
+    """Splash's matmul FLOPs for `batch` rows of `length` tokens through a stack of self-attention
+    layers (default cfg.num_layers) of cfg's heads and pattern: per visited tile 2 matmuls
+    forward (QK^T, PV) and, training, 7 backward (dq: QK^T, dP, dQ; dkv: QK^T, dP, dV, dK), each
+    2 * block^2 * head_dim FLOPs per head. XLA's cost analysis cannot see inside the kernel."""
+    layers = cfg.num_layers if layers is None else layers
+    window, pattern = pattern_of(cfg)
+    pattern = None if pattern is None else dataclasses.replace(pattern, num_layers=layers)
+    kinds = pattern.layer_kinds() if pattern is not None else [0] * layers
+    block = min(cfg.attention_block_size, length)
+    visited: dict[int, int] = {}
+    for i, kind in enumerate(kinds):
+        if kind not in visited:
+            visited[kind] = splash_blocks(length, length, block, causal=causal, window=window,
+                                          pattern=pattern, layer=i)
+    tiles = sum(visited[k] for k in kinds)
+    per_tile = SPLASH_MATMULS["training" if training else "forward"] * 2 * block * block * cfg.head_dim
+    return float(tiles * per_tile * cfg.num_heads * batch)
+
+
 def _platform() -> str:
     """Where the step runs: the mesh's devices inside a sharded step (`plan` traces for a TPU
     mesh on a CPU machine), else the default backend."""
@@ -246,7 +290,7 @@ def splash_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, masking: Maski
         return xla_attention(q_BTNK, k_BSNK, v_BSNK, masking, dropout_rate=dropout_rate, rng=rng,
                              return_probs=return_probs)
     if rng is not None and dropout_rate > 0.0:
-        raise UnsupportedAttention(_DROPOUT_ERROR.format(dropout_rate))
+        raise UnsupportedAttention(_DROPOUT_ERROR.format(rate=dropout_rate, kernel="splash"))
     platform = _platform()
     check_platform("splash", platform)
     block = min(block_size, T)
@@ -293,16 +337,88 @@ def splash_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, masking: Maski
     return sharded(q_BTNK, k_BSNK, v_BSNK, q_seg_BT, kv_seg_BS, pick), None
 
 
+def _kv_lengths(m: Masking) -> Array:
+    """[B] int32: the real keys of each unpacked row (padding after them; `check_data` refuses
+    packed rows). A row of padding only counts 1, so no softmax runs over nothing (its output
+    differs from xla's and no loss reads it)."""
+    return jnp.maximum(jnp.sum(m.kv_segment_ids != 0, axis=1), 1).astype(jnp.int32)
+
+
+def dpa_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, masking: Masking, *,
+                  dropout_rate: float = 0.0, rng: Array | None = None,
+                  return_probs: bool = False, implementation: str | None = "cudnn"
+                  ) -> tuple[Array, Array | None]:
+    """jax.nn.dot_product_attention with the masks it takes instead of a dense one: padding as
+    each row's key count (key_value_seq_lengths; every query is computed, so a padding query
+    sees the real keys, as in xla), `causal` as is_causal, a causal window as
+    local_window_size=(W, 0), a global layer of `attention_global_every` as no window (a traced
+    layer index picks with lax.cond). implementation="cudnn" is the `cudnn` kernel (cuDNN flash
+    attention, GPU only); "xla" runs the same mapping anywhere (the tests' CPU check of it).
+    Unpacked rows only (the masks have no segment ids). Returning probabilities and incremental
+    decoding go to xla; bidirectional windows and bigbird are refused."""
+    name = f"model.attention_kernel={implementation}"
+    xla_instead = ("returning attention probabilities" if return_probs
+                   else "incremental decoding" if not isinstance(masking.q_offset, int)
+                   or masking.q_offset else None)
+    if xla_instead:
+        _say_once(f"{name}: {xla_instead} runs with the xla kernel")
+        return xla_attention(q_BTNK, k_BSNK, v_BSNK, masking, dropout_rate=dropout_rate, rng=rng,
+                             return_probs=return_probs)
+    if rng is not None and dropout_rate > 0.0:
+        raise UnsupportedAttention(_DROPOUT_ERROR.format(rate=dropout_rate, kernel=implementation))
+    if implementation == "cudnn":
+        check_platform("cudnn", _platform())
+    p, window = masking.pattern, masking.window
+    if p is not None and p.block:
+        raise UnsupportedAttention(_CUDNN_BIGBIRD)
+    if window is not None and not masking.causal:
+        raise UnsupportedAttention(_CUDNN_WINDOW.format(window=window))
+    kv_len_B = _kv_lengths(masking)
+
+    def run(window: int | None) -> Array:
+        return jax.nn.dot_product_attention(
+            q_BTNK, k_BSNK, v_BSNK, is_causal=masking.causal, key_value_seq_lengths=kv_len_B,
+            local_window_size=None if window is None else (window, 0),
+            implementation=implementation)
+
+    if window is None or p is None:
+        return run(window), None
+    if isinstance(masking.layer, int):
+        return run(None if p.is_global(masking.layer) else window), None
+    return jax.lax.cond(p.is_global(masking.layer), lambda: run(None), lambda: run(window)), None
+
+
+def cudnn_attention(q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, masking: Masking, **options
+                    ) -> tuple[Array, Array | None]:
+    """cuDNN flash attention (GPU): `dpa_attention` with implementation="cudnn"."""
+    return dpa_attention(q_BTNK, k_BSNK, v_BSNK, masking, **options, implementation="cudnn")
+
+
 Kernel = Callable[..., tuple[Array, Array | None]]
 KERNELS: dict[str, Kernel] = {
     "xla": xla_attention,
     "splash": splash_attention,
+    "cudnn": cudnn_attention,
 }
 BLOCKED = ("splash",)  # the kernels that read model.attention_block_size
+PLATFORMS = {"splash": ("tpu", "cpu"), "cudnn": ("gpu",)}  # where a kernel runs (default: anywhere)
 
-_DROPOUT_ERROR = ("model.attention_dropout_rate={} with model.attention_kernel=splash: splash has "
-                  "no dropout on the attention probabilities; set model.attention_dropout_rate=0 "
-                  "or use model.attention_kernel=xla")
+_DROPOUT_ERROR = ("model.attention_dropout_rate={rate} with model.attention_kernel={kernel}: "
+                  "{kernel} has no dropout on the attention probabilities; set "
+                  "model.attention_dropout_rate=0 or use model.attention_kernel=xla")
+_CUDNN_BIGBIRD = ("model.attention_pattern=bigbird with model.attention_kernel=cudnn: cuDNN's masks "
+                  "(sequence lengths, causal, a causal window) cannot express bigbird's blocks; "
+                  "choose model.attention_kernel=xla (or splash on TPU)")
+_CUDNN_WINDOW = ("model.attention_window={window} with model.attention_kernel=cudnn: cuDNN's "
+                 "sliding window (jax.nn.dot_product_attention) is causal only, and this "
+                 "model's attention is bidirectional; choose model.attention_kernel=xla (or "
+                 "splash on TPU), or model.attention_window=0")
+_CUDNN_DTYPE = ("dtype={dtype} with model.attention_kernel=cudnn: cuDNN flash attention computes "
+                "in bfloat16 or float16; set --config.dtype=bfloat16, or "
+                "model.attention_kernel=xla")
+_CUDNN_HEAD = ("model.head_dim={head_dim} with model.attention_kernel=cudnn: cuDNN flash "
+               "attention needs a head dim that is a multiple of 8 and at most 256 (128 before "
+               "Hopper); choose such a head_dim or model.attention_kernel=xla")
 _BLOCK_ERROR = ("model.attention_kernel=splash tiles a sequence of {length} tokens in blocks of "
                 "min(model.attention_block_size={block}, {length}), which must be a multiple of "
                 "128 that divides {length}; choose a block size and sequence length (data."
@@ -322,10 +438,14 @@ def kernel(name: str) -> Kernel:
 
 def check_platform(name: str, platform: str) -> None:
     """An error naming the field when kernel `name` cannot run on `platform` (jax's name)."""
-    if name == "splash" and platform not in ("tpu", "cpu"):
+    if name == "splash" and platform not in PLATFORMS["splash"]:
         raise UnsupportedAttention(f"model.attention_kernel=splash runs on TPU (and on CPU in "
                                    f"interpret mode), not on {platform}; choose "
                                    f"model.attention_kernel=xla")
+    if name == "cudnn" and platform not in PLATFORMS["cudnn"]:
+        raise UnsupportedAttention(f"model.attention_kernel=cudnn needs a GPU (cuDNN flash "
+                                   f"attention), not {platform}; choose model.attention_kernel=xla"
+                                   + (" (or splash)" if platform == "tpu" else ""))
 
 
 def check_pattern(cfg: ModelConfig) -> None:
@@ -359,11 +479,34 @@ def check_data(cfg: ModelConfig, *, packed: bool) -> None:
             "model.attention_pattern=linformer with data.pack=True: linformer's projection mixes "
             "every position of a row, so packed examples would see each other; set "
             "data.pack=False or choose another model.attention_pattern")
+    if cfg.attention_kernel == "cudnn" and (packed or type(cfg).family != "BERT"):
+        rows = ("data.pack=True" if packed else
+                f"the {type(cfg).family} models' batches (packed rows with segment ids)")
+        raise UnsupportedAttention(
+            f"model.attention_kernel=cudnn with {rows}: cuDNN's masks (sequence lengths) cannot "
+            f"keep the sequences of a packed row apart; "
+            + ("set data.pack=False or " if packed else "")
+            + "choose model.attention_kernel=xla (or splash on TPU)")
     if packed and cfg.attention_pattern == "bigbird" and cfg.attention_kernel == "splash":
         raise UnsupportedAttention(
             "model.attention_pattern=bigbird with model.attention_kernel=splash and data.pack=True: "
             "splash's static mask makes only each row's first blocks global, not each packed "
             "example's; set data.pack=False or model.attention_kernel=xla")
+
+
+def _check_cudnn(cfg: ModelConfig, *, training: bool) -> None:
+    """What the cudnn kernel cannot compute (any length)."""
+    if training and cfg.attention_dropout_rate > 0.0:
+        raise UnsupportedAttention(_DROPOUT_ERROR.format(rate=cfg.attention_dropout_rate,
+                                                         kernel="cudnn"))
+    if cfg.attention_pattern == "bigbird":
+        raise UnsupportedAttention(_CUDNN_BIGBIRD)
+    if cfg.attention_window and type(cfg).family != "decoder-only":  # bidirectional somewhere
+        raise UnsupportedAttention(_CUDNN_WINDOW.format(window=cfg.attention_window))
+    if cfg.dtype not in ("bfloat16", "float16"):
+        raise UnsupportedAttention(_CUDNN_DTYPE.format(dtype=cfg.dtype))
+    if cfg.head_dim % 8 or cfg.head_dim > 256:
+        raise UnsupportedAttention(_CUDNN_HEAD.format(head_dim=cfg.head_dim))
 
 
 def _divisor(length: int, block: int) -> int:
@@ -392,26 +535,43 @@ def check(cfg: ModelConfig, lengths: Sequence[int], *, training: bool) -> None:
                 f"model.linformer_k={cfg.linformer_k} is not smaller than the sequence length "
                 f"{length}: the projection would not shorten it; choose model.linformer_k below "
                 f"{length}, or model.attention_pattern=full")
+    if cfg.attention_kernel == "cudnn":
+        _check_cudnn(cfg, training=training)
     if cfg.attention_kernel != "splash":
         return
     if training and cfg.attention_dropout_rate > 0.0:
-        raise UnsupportedAttention(_DROPOUT_ERROR.format(cfg.attention_dropout_rate))
+        raise UnsupportedAttention(_DROPOUT_ERROR.format(rate=cfg.attention_dropout_rate,
+                                                         kernel="splash"))
     for length in lengths:
         if _bad_blocks(cfg.attention_block_size, length):
             raise UnsupportedAttention(_BLOCK_ERROR.format(block=cfg.attention_block_size,
                                                            length=length))
 
 
+def rope_theta(m: Masking, global_theta: float, local_theta: float) -> Array | float:
+    """The rope base of the layer attending: the local one where a window applies (all layers,
+    or those a Pattern does not make global), else the global one."""
+    if m.window is None:
+        return global_theta
+    if m.pattern is None or not m.pattern.global_every:
+        return local_theta
+    return jnp.where(m.pattern.is_global(m.layer), global_theta, local_theta)
+
+
 class Attention(nnx.Module):
     """Multi-head attention (self or encoder-decoder) with an optional key/value cache."""
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, cross: bool = False):
         D, N, K = cfg.emb_dim, cfg.num_heads, cfg.head_dim
         self.query = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
         self.key = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
         self.value = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
         self.out = dense(cfg, (N, K), D, ("heads", "kv", "embed"), axis=(-2, -1), rngs=rngs)
         self.dropout_rate = cfg.attention_dropout_rate
+        # Rotary positions on self-attention's queries and keys; the local (window) layers
+        # have their own base (ModernBERT: 10k local, 160k global).
+        self.rope = cfg.positions == "rope" and not cross
+        self.rope_thetas = (cfg.rope_theta, cfg.rope_local_theta or cfg.rope_theta)
         self.kernel = cfg.attention_kernel
         kernel(self.kernel)  # an unknown name fails here, when the model is built
         self.options = {"block_size": cfg.attention_block_size} if self.kernel in BLOCKED else {}
@@ -444,6 +604,10 @@ class Attention(nnx.Module):
         heads = ("batch", "length", "heads", "kv")
         q_BTNK = constrain(self.query(x_BTD), *heads)
         k_BSNK, v_BSNK = constrain(self.key(kv_BSD), *heads), constrain(self.value(kv_BSD), *heads)
+        if self.rope:  # self-attention: the new keys sit at the queries' positions
+            theta = rope_theta(masking, *self.rope_thetas)
+            q_BTNK = rope(q_BTNK, masking.q_positions, theta)
+            k_BSNK = rope(k_BSNK, masking.q_positions, theta)
         if cache is not None:
             start = (0, cache_index, 0, 0)
             k_BSNK = jax.lax.dynamic_update_slice(cache["key"], k_BSNK.astype(cache["key"].dtype), start)

@@ -21,29 +21,40 @@ from bert_jax.models.layers import (
     layer_flops_per_token,
     layer_norm,
     logits_flops_per_token,
+    sinusoidal_positions,
     split_rng,
 )
 from bert_jax.models.transformer import Encoder
 
 
 class BertEmbeddings(nnx.Module):
-    """Token + segment (token type) + learned position embeddings, LayerNorm, dropout."""
+    """Token + segment (token type, unless type_vocab_size=0) + position embeddings (a learned
+    table, the sinusoidal encoding, or none with rope, which the attention applies), the
+    embedding norm (unless embedding_norm=False), dropout."""
 
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
-        self.word = embed(cfg, cfg.vocab_size, ("vocab", "embed"), rngs=rngs)
-        self.position = embed(cfg, cfg.max_len, (None, "embed"), rngs=rngs)
+        self.word = embed(cfg, cfg.vocab_rows, ("vocab", "embed"), rngs=rngs)
+        self.position = (embed(cfg, cfg.max_len, (None, "embed"), rngs=rngs)
+                         if cfg.positions == "learned" else None)
+        self.sinusoidal = cfg.positions == "sinusoidal"
         self.token_type = (embed(cfg, cfg.type_vocab_size, (None, "embed"), rngs=rngs)
                            if cfg.type_vocab_size else None)
-        self.norm = layer_norm(cfg, rngs=rngs)
+        self.norm = layer_norm(cfg, rngs=rngs) if cfg.embedding_norm else None
         self.dropout_rate = cfg.dropout_rate
+        self.emb_dim = cfg.emb_dim
 
     def __call__(self, ids_BT: Array, token_type_ids_BT: Array, positions_BT: Array,
                  rng: Array | None) -> Array:
         x_BTD = self.word(ids_BT)
         if self.token_type is not None:
             x_BTD = x_BTD + self.token_type(token_type_ids_BT)
-        x_BTD = x_BTD + self.position(positions_BT)
-        return dropout(self.norm(x_BTD), self.dropout_rate, rng)
+        if self.position is not None:
+            x_BTD = x_BTD + self.position(positions_BT)
+        elif self.sinusoidal:
+            x_BTD = x_BTD + sinusoidal_positions(positions_BT, self.emb_dim).astype(x_BTD.dtype)
+        if self.norm is not None:
+            x_BTD = self.norm(x_BTD)
+        return dropout(x_BTD, self.dropout_rate, rng)
 
 
 def encoder_flops_per_token(cfg: BertConfig, seq_len: int) -> dict[str, float]:
@@ -51,8 +62,39 @@ def encoder_flops_per_token(cfg: BertConfig, seq_len: int) -> dict[str, float]:
     return {"encoder_per_token": cfg.num_layers * layer_flops_per_token(cfg, seq_len)}
 
 
+class PredictionHead(nnx.Module):
+    """dense + activation + norm: the MLM head's transform, and (task_head=modernbert) the task
+    heads' (HF's ModernBertPredictionHead)."""
+
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
+        self.transform = dense(cfg, cfg.emb_dim, cfg.emb_dim, ("embed", "mlp"), rngs=rngs)
+        self.norm = layer_norm(cfg, rngs=rngs)
+        self.activation = cfg.activation
+
+    def __call__(self, x_BXD: Array) -> Array:
+        return self.norm(ACTIVATIONS[self.activation](self.transform(x_BXD)))
+
+
+def mean_pool(seq_BTD: Array, segment_ids_BT: Array, cls_index: Array | None) -> Array:
+    """The mean of each example's tokens: of every row's non-padding tokens [B, D], or, for
+    packed rows, of the tokens sharing the segment of each cls_index (flat [B*T] indices, any
+    shape) [*cls_index.shape, D]."""
+    if cls_index is None:
+        w_BT = (segment_ids_BT > 0).astype(jnp.float32)
+        total_BD = jnp.einsum("bt,btd->bd", w_BT, seq_BTD.astype(jnp.float32))
+        return (total_BD / jnp.maximum(w_BT.sum(1, keepdims=True), 1.0)).astype(seq_BTD.dtype)
+    T = seq_BTD.shape[1]
+    rows = cls_index // T
+    segment = segment_ids_BT.reshape(-1)[cls_index]
+    w_XT = (segment_ids_BT[rows] == segment[..., None]).astype(jnp.float32)
+    total_XD = jnp.einsum("...t,...td->...d", w_XT, seq_BTD[rows].astype(jnp.float32))
+    return (total_XD / jnp.maximum(w_XT.sum(-1, keepdims=True), 1.0)).astype(seq_BTD.dtype)
+
+
 class BertModel(nnx.Module):
-    """The BERT encoder: embeddings, Transformer encoder, optional [CLS] pooler."""
+    """The BERT encoder: embeddings, Transformer encoder, optional pooled output: BERT's tanh
+    pooler on [CLS], or (task_head=modernbert) the [CLS] vector or the tokens' mean as they
+    are (the task's PredictionHead follows)."""
 
     encoder_path: tuple[str, ...] = ()  # where a BertModel's parameters sit in this model
     flops_per_token = staticmethod(encoder_flops_per_token)
@@ -63,8 +105,9 @@ class BertModel(nnx.Module):
         self.window, self.pattern = pattern_of(cfg)
         self.position_offset = cfg.position_offset
         use_pooler = cfg.use_pooler if use_pooler is None else use_pooler
+        self.pooling = (cfg.pooling if cfg.task_head == "modernbert" else "tanh") if use_pooler else None
         self.pooler = (dense(cfg, cfg.emb_dim, cfg.emb_dim, ("embed", "mlp"), rngs=rngs)
-                       if use_pooler else None)
+                       if self.pooling == "tanh" else None)
 
     def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
                  attention_mask: Array | None = None, *, segment_ids: Array | None = None,
@@ -79,7 +122,7 @@ class BertModel(nnx.Module):
         shape; packed rows hold several [CLS]); default: each row's first token.
 
         Returns sequence_output [B,T,D], pooled_output [B,D] or [*cls_index.shape, D] (with a
-        pooler); with return_hidden, hidden_states [L+1,B,T,D]: the embeddings then every
+        pooler; mean pooling averages each example's tokens); with return_hidden, hidden_states [L+1,B,T,D]: the embeddings then every
         layer's output. attention_out: a dict that receives "encoder", every layer's and head's
         attention probabilities [L,B,N,T,T] (query x key), as every model's attention_out does.
         """
@@ -101,10 +144,12 @@ class BertModel(nnx.Module):
         seq_BTD, _, extras = self.encoder(x_BTD, masking, rng=r[1], return_hidden=return_hidden,
                                           return_attention=attention_out is not None)
         out = {"sequence_output": seq_BTD}
-        if self.pooler is not None:
+        if self.pooling == "mean":
+            out["pooled_output"] = mean_pool(seq_BTD, segment_ids, cls_index)
+        elif self.pooling is not None:
             cls_BD = (seq_BTD[:, 0] if cls_index is None
                       else seq_BTD.reshape(-1, seq_BTD.shape[-1])[cls_index])
-            out["pooled_output"] = jnp.tanh(self.pooler(cls_BD))
+            out["pooled_output"] = cls_BD if self.pooler is None else jnp.tanh(self.pooler(cls_BD))
         if return_hidden:
             out["hidden_states"] = jnp.concatenate([x_BTD[None], extras["hidden"]], axis=0)
         if attention_out is not None:
@@ -113,23 +158,32 @@ class BertModel(nnx.Module):
 
 
 class BertTask(nnx.Module):
-    """A task model: the encoder as `.bert` plus a head."""
+    """A task model: the encoder as `.bert` plus a head; with task_head=modernbert, a
+    PredictionHead (`.head`) before the classifier and its dropout."""
 
     encoder_path: tuple[str, ...] = ("bert",)
     flops_per_token = staticmethod(encoder_flops_per_token)
 
+    def _task_head(self, cfg: BertConfig, rngs: nnx.Rngs) -> None:
+        self.head = PredictionHead(cfg, rngs=rngs) if cfg.task_head == "modernbert" else None
+        self.dropout_rate = cfg.dropout_rate
 
-class MaskedLMHead(nnx.Module):
-    """dense + activation + LayerNorm, then the decoder tied to the token embeddings + bias."""
+    def _classify(self, classifier: nnx.Module, x_BXD: Array, rng: Array | None) -> Array:
+        """The head (if any), dropout, then the classifier; float32 logits."""
+        if self.head is not None:
+            x_BXD = self.head(x_BXD)
+        return classifier(dropout(x_BXD, self.dropout_rate, rng)).astype(jnp.float32)
+
+
+class MaskedLMHead(PredictionHead):
+    """dense + activation + norm, then the decoder tied to the token embeddings + bias."""
 
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
-        self.transform = dense(cfg, cfg.emb_dim, cfg.emb_dim, ("embed", "mlp"), rngs=rngs)
-        self.norm = layer_norm(cfg, rngs=rngs)
-        self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.float32), out_sharding=("vocab",))
-        self.activation = cfg.activation
+        super().__init__(cfg, rngs=rngs)
+        self.bias = nnx.Param(jnp.zeros((cfg.vocab_rows,), jnp.float32), out_sharding=("vocab",))
 
     def __call__(self, x_BPD: Array, word_embeddings: nnx.Embed) -> Array:
-        h_BPD = self.norm(ACTIVATIONS[self.activation](self.transform(x_BPD)))
+        h_BPD = super().__call__(x_BPD)
         return attend(word_embeddings, h_BPD).astype(jnp.float32) + self.bias[...]
 
 
@@ -146,7 +200,8 @@ class BertForPreTraining(BertTask):
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=cfg.nsp)  # no NSP head, no pooler
         self.mlm = MaskedLMHead(cfg, rngs=rngs)
-        self.nsp = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs) if cfg.nsp else None
+        self.nsp = (dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs, use_bias=True)
+                    if cfg.nsp else None)
 
     def __call__(self, input_ids: Array, *, masked_positions: Array | None = None,
                  rng: Array | None = None, **inputs) -> dict[str, Array]:
@@ -163,58 +218,64 @@ class BertForPreTraining(BertTask):
 
 
 class BertForSequenceClassification(BertTask):
-    """Pooled [CLS] -> dropout -> dense: num_labels classes, or a regression when 1."""
+    """Pooled output (BERT: tanh pooler on [CLS]; modernbert: [CLS] or mean -> head) ->
+    dropout -> dense: num_labels classes, or a regression when 1."""
 
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
-        self.classifier = dense(cfg, cfg.emb_dim, cfg.num_labels, ("embed", None), rngs=rngs)
-        self.dropout_rate = cfg.dropout_rate
+        self._task_head(cfg, rngs)
+        self.classifier = dense(cfg, cfg.emb_dim, cfg.num_labels, ("embed", None), rngs=rngs,
+                                use_bias=True)
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:
         r = split_rng(rng, 2)
         pooled_BD = self.bert(input_ids, rng=r[0], **inputs)["pooled_output"]
-        logits = self.classifier(dropout(pooled_BD, self.dropout_rate, r[1]))
-        return {"logits": logits.astype(jnp.float32)}
+        return {"logits": self._classify(self.classifier, pooled_BD, r[1])}
 
 
 class BertForTokenClassification(BertTask):
-    """Per-token tags: sequence output -> dropout -> dense."""
+    """Per-token tags: sequence output (-> head, modernbert) -> dropout -> dense."""
 
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=False)
-        self.classifier = dense(cfg, cfg.emb_dim, cfg.num_labels, ("embed", None), rngs=rngs)
-        self.dropout_rate = cfg.dropout_rate
+        self._task_head(cfg, rngs)
+        self.classifier = dense(cfg, cfg.emb_dim, cfg.num_labels, ("embed", None), rngs=rngs,
+                                use_bias=True)
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:
         r = split_rng(rng, 2)
         seq_BTD = self.bert(input_ids, rng=r[0], **inputs)["sequence_output"]
-        logits = self.classifier(dropout(seq_BTD, self.dropout_rate, r[1]))
-        return {"logits": logits.astype(jnp.float32)}
+        return {"logits": self._classify(self.classifier, seq_BTD, r[1])}
 
 
 class BertForQuestionAnswering(BertTask):
-    """Span QA: start and end logits from one dense layer (the start/end vectors)."""
+    """Span QA: start and end logits from one dense layer (the start/end vectors); modernbert:
+    after the head and dropout (BERT's has neither)."""
 
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=False)
-        self.qa = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs)
+        self._task_head(cfg, rngs)
+        self.qa = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs, use_bias=True)
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:
-        seq_BTD = self.bert(input_ids, rng=rng, **inputs)["sequence_output"]
-        logits_BT2 = self.qa(seq_BTD).astype(jnp.float32)
+        r = split_rng(rng, 2)
+        seq_BTD = self.bert(input_ids, rng=r[0], **inputs)["sequence_output"]
+        logits_BT2 = (self._classify(self.qa, seq_BTD, r[1]) if self.head is not None
+                      else self.qa(seq_BTD).astype(jnp.float32))
         return {"start_logits": logits_BT2[..., 0], "end_logits": logits_BT2[..., 1]}
 
 
 class BertForMultipleChoice(BertTask):
-    """One score per choice from its pooled [CLS]; softmax over choices in the loss."""
+    """One score per choice from its pooled output (as sequence classification); softmax over
+    choices in the loss."""
 
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
-        self.classifier = dense(cfg, cfg.emb_dim, 1, ("embed", None), rngs=rngs)
-        self.dropout_rate = cfg.dropout_rate
+        self._task_head(cfg, rngs)
+        self.classifier = dense(cfg, cfg.emb_dim, 1, ("embed", None), rngs=rngs, use_bias=True)
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:
@@ -223,10 +284,8 @@ class BertForMultipleChoice(BertTask):
         r = split_rng(rng, 2)
         if "cls_index" in inputs:
             pooled_BCD = self.bert(input_ids, rng=r[0], **inputs)["pooled_output"]
-            logits = self.classifier(dropout(pooled_BCD, self.dropout_rate, r[1]))
-            return {"logits": logits[..., 0].astype(jnp.float32)}
+            return {"logits": self._classify(self.classifier, pooled_BCD, r[1])[..., 0]}
         B, C, T = input_ids.shape
         flat = {k: None if v is None else v.reshape(B * C, T) for k, v in inputs.items()}
         pooled = self.bert(input_ids.reshape(B * C, T), rng=r[0], **flat)["pooled_output"]
-        logits = self.classifier(dropout(pooled, self.dropout_rate, r[1]))
-        return {"logits": logits.reshape(B, C).astype(jnp.float32)}
+        return {"logits": self._classify(self.classifier, pooled, r[1]).reshape(B, C)}

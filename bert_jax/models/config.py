@@ -39,6 +39,10 @@ KINDS = ("architecture", "state", "run")
 # random blocks; linformer: keys and values projected along the sequence (models/attention.py).
 PATTERNS = ("full", "bigbird", "linformer")
 
+# learned: a position table (max_len rows); sinusoidal: the paper's fixed encoding, added to the
+# embeddings; rope: rotary embeddings on each self-attention's queries and keys (no table).
+POSITIONS = ("learned", "sinusoidal", "rope")
+
 
 def _field(default: Any, kind: str, *, flops: bool = False, choices: tuple | None = None,
            least: int | None = None, only: tuple[str, ...] | None = None) -> Any:
@@ -62,9 +66,17 @@ class ModelConfig:
     mlp_dim: int = _field(3072, "architecture", flops=True, least=1)  # d_ff / intermediate_size
     max_len: int = _field(512, "architecture", least=1)  # learned position table size
     activation: str = _field("gelu", "architecture",  # gelu: exact erf, as BERT
-                             choices=("relu", "gelu", "gelu_tanh"))
+                             choices=("relu", "gelu", "gelu_tanh", "silu"))
     norm: str = _field("post", "architecture",  # post: LN(x + f(x)) (paper, BERT); pre: x + f(LN(x))
-                       choices=("post", "pre"))
+                       choices=("post", "pre"))  # pre adds a final norm after the last layer
+    normalization: str = _field("layernorm", "architecture", choices=("layernorm", "rmsnorm"))
+    norm_bias: bool = _field(True, "architecture")  # the LayerNorms' bias (rmsnorm has none)
+    use_bias: bool = _field(True, "architecture")  # biases of the attention, FFN and head dense layers
+    # mlp: act(x W_i) W_o; glu: (act(x W_i) * x W_gate) W_o (activation gelu: GeGLU, silu: SwiGLU)
+    mlp_layer: str = _field("mlp", "architecture", flops=True, choices=("mlp", "glu"))
+    positions: str = _field("learned", "architecture", choices=POSITIONS)
+    rope_theta: float = _field(10000.0, "architecture")  # rope's base (in global layers)
+    rope_local_theta: float = _field(0.0, "architecture")  # in local (windowed) layers; 0: rope_theta
     dropout_rate: float = _field(0.1, "run")  # embeddings, residual branches, heads
     attention_dropout_rate: float = _field(0.1, "run")  # on the attention probabilities
     layer_norm_eps: float = _field(1e-12, "run")
@@ -96,6 +108,19 @@ class ModelConfig:
         for name in ("dropout_rate", "attention_dropout_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be in [0, 1)")
+        if self.rope_theta <= 0 or self.rope_local_theta < 0:
+            bad = "rope_theta" if self.rope_theta <= 0 else "rope_local_theta"
+            raise ValueError(f"model.{bad}={getattr(self, bad)!r}: rope's base must be > 0 "
+                             f"(10000 is the usual; ModernBERT 160000 global, 10000 local)"
+                             + (", or 0 for rope_theta" if bad == "rope_local_theta" else ""))
+        if self.normalization == "rmsnorm" and self.norm_bias:
+            raise ValueError("model.normalization=rmsnorm has no bias: set model.norm_bias=False "
+                             "(or model.normalization=layernorm)")
+
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of the token embedding table (and columns of the output logits)."""
+        return self.vocab_size
 
     @property
     def compute_dtype(self) -> Any:
@@ -104,7 +129,7 @@ class ModelConfig:
     @property
     def max_positions(self) -> int | None:
         """The longest sequence the position embeddings cover (None: no limit)."""
-        return self.max_len
+        return self.max_len if self.positions == "learned" else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,6 +141,14 @@ class BertConfig(ModelConfig):
     family: ClassVar[str] = "BERT"
 
     type_vocab_size: int = _field(2, "architecture", least=0)  # segment A/B embeddings; 0 = none
+    embedding_norm: bool = _field(True, "architecture")  # a norm after the embeddings (BERT, ModernBERT)
+    vocab_multiple: int = _field(1, "architecture", flops=True, least=1)  # table rows padded to a multiple
+    # The task heads: bert: a tanh pooler on [CLS] (sentence tasks), the sequence output as is
+    # (tokens, spans); modernbert: dense + activation + norm (the MLM head's transform) on the
+    # pooled vector or every token, then dropout and the classifier (HF ModernBertFor*).
+    task_head: str = _field("bert", "architecture", choices=("bert", "modernbert"))
+    pooling: str = _field("cls", "state", choices=("cls", "mean"),  # modernbert heads: [CLS] or the mean
+                          only=("bert", "bert_classification", "bert_choice"))
     linformer_k: int = _field(256, "state", flops=True, least=1)  # projected sequence length
     # RoBERTa: a token at position t reads position row t + offset (pad id + 1), padding the
     # pad id's row (HF's create_position_ids_from_input_ids); 0 = BERT.
@@ -131,10 +164,17 @@ class BertConfig(ModelConfig):
         if self.position_offset >= self.max_len:
             raise ValueError(f"model.position_offset={self.position_offset} leaves no position of "
                              f"the max_len={self.max_len} table; it must be < max_len")
+        if self.pooling == "mean" and self.task_head == "bert":
+            raise ValueError("model.pooling=mean pools for model.task_head=modernbert; BERT's tanh "
+                             "pooler reads [CLS]: set model.task_head=modernbert or model.pooling=cls")
+
+    @property
+    def vocab_rows(self) -> int:
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     @property
     def max_positions(self) -> int | None:
-        return self.max_len - self.position_offset
+        return self.max_len - self.position_offset if self.positions == "learned" else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,13 +183,8 @@ class DecoderLMConfig(ModelConfig):
 
     family: ClassVar[str] = "decoder-only"
 
-    positions: str = _field("learned", "architecture", choices=("learned", "sinusoidal"))
     tie_output: bool = _field(True, "state")  # output projection = embedding table transposed
     scale_embeddings: bool = _field(False, "state")  # embeddings x sqrt(emb_dim) (paper 3.4)
-
-    @property
-    def max_positions(self) -> int | None:
-        return self.max_len if self.positions == "learned" else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

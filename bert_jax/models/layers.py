@@ -169,11 +169,13 @@ def embed_init(cfg: ModelConfig) -> nnx.Initializer:
 
 
 def dense(cfg: ModelConfig, in_features, out_features, axes: tuple, *, rngs: nnx.Rngs,
-          axis=-1, use_bias: bool = True) -> nnx.LinearGeneral:
-    """A LinearGeneral whose kernel and bias carry logical axis names."""
+          axis=-1, use_bias: bool | None = None) -> nnx.LinearGeneral:
+    """A LinearGeneral whose kernel and bias carry logical axis names; with a bias when
+    `use_bias`, by default the config's (the model's inner layers; the task classifiers always
+    have one)."""
     n_out = 1 if isinstance(out_features, int) else len(out_features)
     return nnx.LinearGeneral(
-        in_features, out_features, axis=axis, use_bias=use_bias,
+        in_features, out_features, axis=axis, use_bias=cfg.use_bias if use_bias is None else use_bias,
         dtype=cfg.compute_dtype, kernel_init=kernel_init(cfg), rngs=rngs,
         dot_general=_dot_general if cfg.dtype == "bfloat16" else None,
         kernel_metadata={"out_sharding": axes},
@@ -181,11 +183,16 @@ def dense(cfg: ModelConfig, in_features, out_features, axes: tuple, *, rngs: nnx
     )
 
 
-def layer_norm(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def layer_norm(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.LayerNorm | nnx.RMSNorm:
+    """The config's normalization over emb_dim: LayerNorm (with or without bias) or RMSNorm."""
+    if cfg.normalization == "rmsnorm":
+        return nnx.RMSNorm(cfg.emb_dim, epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype,
+                           use_fast_variance=False, rngs=rngs,
+                           scale_metadata={"out_sharding": ("embed",)})
     # use_fast_variance=False: E[(x-mu)^2], the reference formula (E[x^2]-mu^2 loses digits).
     return nnx.LayerNorm(
         cfg.emb_dim, epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype,
-        use_fast_variance=False, rngs=rngs,
+        use_fast_variance=False, use_bias=cfg.norm_bias, rngs=rngs,
         scale_metadata={"out_sharding": ("embed",)}, bias_metadata={"out_sharding": ("embed",)},
     )
 
@@ -249,18 +256,20 @@ def layer_flops_per_token(cfg: ModelConfig, seq_len: int, *, cross_attention: bo
         attention += 2 * 2 * keys * nk
     if cross_attention:
         attention += projections + 2 * 2 * seq_len * nk
-    return attention + 2 * 2 * cfg.emb_dim * cfg.mlp_dim
+    ffn_matrices = 3 if cfg.mlp_layer == "glu" else 2
+    return attention + 2 * ffn_matrices * cfg.emb_dim * cfg.mlp_dim
 
 
 def logits_flops_per_token(cfg: ModelConfig) -> int:
     """The vocabulary projection's forward FLOPs per token."""
-    return 2 * cfg.emb_dim * cfg.vocab_size
+    return 2 * cfg.emb_dim * cfg.vocab_rows
 
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "silu": jax.nn.silu,
 }
 
 
@@ -270,3 +279,16 @@ def sinusoidal_positions(positions: Array, dim: int) -> Array:
     angles = positions[..., None].astype(jnp.float32) * inv_freq
     table = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # interleave sin, cos
     return table.reshape(*positions.shape, -1)[..., :dim]
+
+
+def rope(x_BTNK: Array, positions_BT: Array, theta: Array | float) -> Array:
+    """Rotary position embedding (Su et al. 2021) in the rotate-half layout of GPT-NeoX and
+    Hugging Face: dimension i < K/2 pairs with i + K/2, rotated by position / theta^(2i/K);
+    computed in float32, returned in x's dtype. `theta` may be traced (chosen per layer)."""
+    K = x_BTNK.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, K, 2, dtype=jnp.float32) / K))
+    angles_BTH = positions_BT[..., None].astype(jnp.float32) * inv_freq
+    cos, sin = jnp.cos(angles_BTH)[:, :, None, :], jnp.sin(angles_BTH)[:, :, None, :]
+    x = x_BTNK.astype(jnp.float32)
+    x1, x2 = x[..., :K // 2], x[..., K // 2:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BTNK.dtype)

@@ -32,16 +32,21 @@ from bert_jax.models.layers import (
 
 
 class FeedForward(nnx.Module):
-    """Position-wise FFN: act(x W_i + b_i) W_o + b_o."""
+    """Position-wise FFN: act(x W_i + b_i) W_o + b_o; gated (mlp_layer=glu, Shazeer 2020):
+    (act(x W_i) * x W_gate) W_o, GeGLU with gelu, SwiGLU with silu."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.wi = dense(cfg, cfg.emb_dim, cfg.mlp_dim, ("embed", "mlp"), rngs=rngs)
+        self.wi_gate = (dense(cfg, cfg.emb_dim, cfg.mlp_dim, ("embed", "mlp"), rngs=rngs)
+                        if cfg.mlp_layer == "glu" else None)
         self.wo = dense(cfg, cfg.mlp_dim, cfg.emb_dim, ("mlp", "embed"), rngs=rngs)
         self.activation = cfg.activation
 
     def __call__(self, x_BTD: Array) -> Array:
-        h_BTF = constrain(ACTIVATIONS[self.activation](self.wi(x_BTD)), "batch", "length", "mlp")
-        return self.wo(h_BTF)
+        h_BTF = ACTIVATIONS[self.activation](self.wi(x_BTD))
+        if self.wi_gate is not None:
+            h_BTF = h_BTF * self.wi_gate(x_BTD)
+        return self.wo(constrain(h_BTF, "batch", "length", "mlp"))
 
 
 # The encoder output a decoder layer attends to, with who may see what of it.
@@ -55,11 +60,14 @@ class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs):
         self.attention = Attention(cfg, rngs=rngs)
         self.attention_norm = layer_norm(cfg, rngs=rngs)
-        self.cross_attention = Attention(cfg, rngs=rngs) if cross_attention else None
+        self.cross_attention = Attention(cfg, rngs=rngs, cross=True) if cross_attention else None
         self.cross_attention_norm = layer_norm(cfg, rngs=rngs) if cross_attention else None
         self.mlp = FeedForward(cfg, rngs=rngs)
         self.mlp_norm = layer_norm(cfg, rngs=rngs)
         self.pre_norm = cfg.norm == "pre"
+        # Pre-norm after an embedding norm (ModernBERT): the first layer's attention reads the
+        # normalised embeddings as they are (its attention_norm is not used).
+        self.first_reads_embeddings = self.pre_norm and getattr(cfg, "embedding_norm", False)
         self.dropout_rate = cfg.dropout_rate
 
     def _residual(self, x, norm, fn, rng):
@@ -69,10 +77,12 @@ class Block(nnx.Module):
 
     def __call__(self, x_BTD: Array, masking: Masking, *, memory: Memory | None = None,
                  rng: Array | None = None, cache: Cache | None = None,
-                 return_attention: bool = False) -> tuple[Array, Cache | None, dict[str, Array]]:
+                 return_attention: bool = False, layer: Array | int = 1
+                 ) -> tuple[Array, Cache | None, dict[str, Array]]:
         """Returns (output, updated cache, {} or with return_attention the probabilities
         {"attention": [B, N, T, S], and "cross_attention" with a memory}). With `cache`, the
-        queries are written to the cache at masking.q_offset."""
+        queries are written to the cache at masking.q_offset. `layer`: this layer's index
+        (traced under scan)."""
         r = split_rng(rng, 5)
         x_BTD = constrain(x_BTD, "batch", "length", "embed")
         probs = {}
@@ -85,7 +95,13 @@ class Block(nnx.Module):
                 cache_index=None if cache is None else masking.q_offset, return_probs=return_attention)
             return out
 
-        x_BTD = self._residual(x_BTD, self.attention_norm, self_attention, r[1])
+        attention_norm = self.attention_norm
+        if self.first_reads_embeddings:
+            def attention_norm(h):
+                if isinstance(layer, int):
+                    return h if layer == 0 else self.attention_norm(h)
+                return jnp.where(layer == 0, h, self.attention_norm(h))
+        x_BTD = self._residual(x_BTD, attention_norm, self_attention, r[1])
         if self.cross_attention is not None:
             encoded_BSD, cross_masking = memory
 
@@ -136,7 +152,7 @@ class Stack(nnx.Module):
             block = nnx.merge(graphdef, layer_params)
             h_BTD, layer_cache, probs = block(h_BTD, masking.in_layer(layer, self.num_layers),
                                               memory=memory, rng=layer_rng, cache=layer_cache,
-                                              return_attention=return_attention)
+                                              return_attention=return_attention, layer=layer)
             return h_BTD, (layer_cache, {**probs, **({"hidden": h_BTD} if return_hidden else {})})
 
         def remat(fn):
@@ -210,21 +226,23 @@ class Decoder(Stack):
 
 
 class TokenEmbedder(nnx.Module):
-    """Token embeddings (optionally x sqrt(d)) + sinusoidal or learned positions + dropout."""
+    """Token embeddings (optionally x sqrt(d)) + sinusoidal or learned positions (none with
+    rope, which the attention applies) + dropout."""
 
     def __init__(self, cfg: DecoderLMConfig, *, rngs: nnx.Rngs):
         self.token = embed(cfg, cfg.vocab_size, ("vocab", "embed"), rngs=rngs)
         self.position = (embed(cfg, cfg.max_len, (None, "embed"), rngs=rngs)
                          if cfg.positions == "learned" else None)
+        self.sinusoidal = cfg.positions == "sinusoidal"
         self.scale = math.sqrt(cfg.emb_dim) if cfg.scale_embeddings else 1.0
         self.dropout_rate = cfg.dropout_rate
         self.emb_dim = cfg.emb_dim
 
     def __call__(self, ids_BT: Array, positions_BT: Array, rng: Array | None) -> Array:
         x_BTD = self.token(ids_BT) * self.scale
-        if self.position is None:
+        if self.sinusoidal:
             x_BTD = x_BTD + sinusoidal_positions(positions_BT, self.emb_dim).astype(x_BTD.dtype)
-        else:
+        elif self.position is not None:
             x_BTD = x_BTD + self.position(positions_BT)
         return dropout(x_BTD, self.dropout_rate, rng)
 

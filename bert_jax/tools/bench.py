@@ -26,6 +26,24 @@
       (chesterton-thursday.txt, shakespeare-macbeth.txt) and the train step time. Prints a
       markdown table and JSON.
 
+  python -m bert_jax.tools.bench attention [--lengths 512,2048,8192] [--topologies v5litepod-8,v5p-8]
+                                     [--kernels xla,splash] [--patterns full,local,bigbird]
+                                     [--config configs/bert_pretrain.py:base] [--config.x=v ...]
+      Attention memory per kernel and pattern, planned for TPU slices on this machine (libtpu)
+      by `bert-jax plan`'s code path: BERT-Base pretraining, one sequence per device, bfloat16,
+      layers scanned, attention dropout 0, the train step's memory per device, whether it fits,
+      and its FLOPs (XLA's count and splash's visited tiles). Minutes per row: `--lengths 512
+      --topologies v5litepod-8` is the quick check. On a GPU it also times each kernel that runs
+      there (xla, cudnn): one attention layer forward and backward, tokens/s.
+
+  python -m bert_jax.tools.bench longdoc [--workdir runs/longdoc_bench] [--config.x=v ...]
+      Long-document classification (configs/glue.py:sst2,long: a tiny BERT, 4,096-token rows):
+      which author, Austen (1) or Chesterton (0), wrote an excerpt of ~2,800 words of a
+      Gutenberg book (../shared/data/text), in SST-2's TSV layout; trained on emma, sense,
+      ball and brown, scored on two books it never saw (persuasion, thursday); a WordPiece
+      vocab on the training excerpts; for each pattern (full, local, bigbird; xla kernel) dev
+      accuracy and the train step time. Prints a markdown table and JSON.
+
   python -m bert_jax.tools.bench restart [--config configs/bert_pretrain.py:tiny] [--config.x=v ...]
       Time to the first step of a training run and of its resumed run, with JAX's persistent
       compilation cache and without: `bert-jax train` (synthetic data, log every step) is
@@ -208,6 +226,169 @@ def bench_long(workdir: str, overrides: list[str]) -> dict:
             "rows": rows, "table": "\n".join(table)}
 
 
+LONGDOC_BOOKS = {  # split -> (book, label: 1 Austen, 0 Chesterton)
+    "train": (("austen-emma", 1), ("austen-sense", 1), ("chesterton-ball", 0),
+              ("chesterton-brown", 0)),
+    "dev": (("austen-persuasion", 1), ("chesterton-thursday", 0)),
+}
+LONGDOC_PATTERNS = {  # the rows of `bench longdoc`: overrides of configs/glue.py:sst2,long
+    "full": ["model.attention_pattern=full"],
+    "local (W=128)": ["model.attention_pattern=full", "model.attention_window=128"],
+    "bigbird (64, 1, 1, 3)": [],
+}
+
+
+def build_longdoc(out: Path, words: int = 2800, per_book: int = 0) -> Path:
+    """The long-document task's files under `out`: SST-2/{train,dev}.tsv (`sentence\tlabel`,
+    one excerpt of `words` words a row, every excerpt of each book, or its first `per_book`),
+    and a 4,096-token WordPiece vocab on the training excerpts in out/vocab. Returns out."""
+    books = paths.shared_data() / "text" / "gutenberg"
+    rows: dict[str, list[tuple[str, int]]] = {}
+    for split, named in LONGDOC_BOOKS.items():
+        rows[split] = []
+        for name, label in named:
+            path = books / f"{name}.txt"
+            if not path.is_file():
+                raise SystemExit(f"no book {path} (set BERT_JAX_SHARED_DATA)")
+            text = path.read_bytes().decode("utf-8", errors="replace").split()
+            starts = range(0, len(text) - words + 1, words)
+            rows[split] += [(" ".join(text[i:i + words]), label)
+                            for i in list(starts)[:per_book or None]]
+        write = [f"{t}\t{label}" for t, label in rows[split]]
+        folder = out / "SST-2"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(write) + "\n")
+    if not tokenizer_lib.has_tokenizer(out / "vocab"):
+        tokenizer_lib.train_vocab((t for t, _ in rows["train"]), size=4096, kind="wordpiece",
+                                  out_dir=out / "vocab")
+    return out
+
+
+def bench_longdoc(workdir: str, overrides: list[str]) -> dict:
+    from bert_jax.training import train
+
+    work = Path(workdir)
+    build_longdoc(work / "data")
+    config_path = str(paths.REPO / "configs" / "glue.py") + ":sst2,long"
+    data = [f"data.data_dir={work / 'data'}", f"data.tokenizer={work / 'data' / 'vocab'}"]
+    rows = {}
+    for name, pattern in LONGDOC_PATTERNS.items():
+        config = config_lib.load(config_path, [*data, *pattern, *overrides])
+        t0 = time.perf_counter()
+        summary = train.train_and_evaluate(config, str(work / name.split()[0]))
+        rows[name] = {"dev_accuracy": round(summary["eval"]["eval/accuracy"], 3),
+                      "step_s": round(summary["metrics"]["goodput/train_s"] / summary["step"], 2),
+                      "steps": summary["step"], "wall_s": round(time.perf_counter() - t0, 1)}
+    table = ["| pattern | dev accuracy (unseen books) | train step, s (CPU, xla) |", "|---|---|---|"]
+    table += [f"| {k} | {r['dev_accuracy']} | {r['step_s']} |" for k, r in rows.items()]
+    steps = next(iter(rows.values()))["steps"]
+    return {"benchmark": f"{config_path}: Austen or Chesterton, {steps} steps of "
+                         f"{config.train.batch_size} x {config.data.max_seq_length} tokens",
+            "rows": rows, "table": "\n".join(table)}
+
+
+ATTENTION_PATTERNS = {  # the rows of `bench attention`: overrides of the planned config
+    "full": [],
+    "local": ["model.attention_window=64"],  # 128-token windows, every layer
+    "local+global": ["model.attention_window=64", "model.attention_global_every=3"],  # ModernBERT
+    "bigbird": ["model.attention_pattern=bigbird"],  # blocks of 64: 1 window, 1 global, 3 random
+}
+
+
+def attention_config(config: str, topology: str, length: int, kernel: str, pattern: str,
+                     overrides: list[str]):
+    """The planned run: `config` at `length` tokens (15% predicted), one sequence per device of
+    `topology`, bfloat16, scanned layers, attention dropout 0, then `overrides`."""
+    from bert_jax.cloud import tpu
+
+    devices = tpu.parse(topology).devices
+    return config_lib.load(config, [
+        f"model.max_len={length}", f"data.max_seq_length={length}",
+        f"data.max_predictions_per_seq={round(0.15 * length)}", "data.phases=()",
+        f"train.batch_size={devices}", "dtype=bfloat16", "model.scan_layers=true",
+        "model.attention_dropout_rate=0", f"model.attention_kernel={kernel}",
+        *ATTENTION_PATTERNS[pattern], *overrides])
+
+
+def bench_attention(config: str, topologies: list[str], lengths: list[int], kernels: list[str],
+                    patterns: list[str], overrides: list[str]) -> dict:
+    """One `bert-jax plan` (train step only) per topology, length, kernel and pattern."""
+    from bert_jax.cloud import plan, tpu
+
+    if not tpu.libtpu_installed():
+        raise SystemExit("bench attention plans with libtpu: pip install 'bert_jax[tpu]'")
+    rows = []
+    for topology in topologies:
+        for length in lengths:
+            for pattern in patterns:
+                for kernel in kernels:
+                    cfg = attention_config(config, topology, length, kernel, pattern, overrides)
+                    t0 = time.perf_counter()
+                    step = plan.plan(cfg, topology, evaluation=False)["steps"][0]
+                    rows.append({"slice": topology, "tokens": length, "kernel": kernel,
+                                 "pattern": pattern, "total_gib": _gib(step["total"]),
+                                 "temporaries_gib": _gib(step["temporaries"]), "fits": step["fits"],
+                                 "hbm_gib": round(tpu.parse(topology).gen.hbm_per_device / 2**30, 2),
+                                 "compiler_says": step["compiler_says"],
+                                 "xla_gflop": _gflop(step["compiled_flops"]),
+                                 "kernel_gflop": _gflop(step["kernel_flops"]),
+                                 "plan_s": round(time.perf_counter() - t0, 1)})
+    table = ["| slice | tokens | kernel | pattern | train step: total / temporaries, GiB per "
+             "device | fits (HBM GiB) | FLOPs per device, GFLOP: XLA counts + splash's tiles |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        memory = (f"{r['total_gib']} / {r['temporaries_gib']}" if r["total_gib"] is not None
+                  else f"does not fit (the compiler: \"{r['compiler_says']}\")")
+        flops = "-" if r["xla_gflop"] is None else f"{r['xla_gflop']:,}"
+        if r["kernel_gflop"] is not None:
+            flops += f" + {r['kernel_gflop']:,}"
+        table.append(f"| {r['slice']} | {r['tokens']:,} | {r['kernel']} | {r['pattern']} | "
+                     f"{memory} | {'yes' if r['fits'] else 'no'} ({r['hbm_gib']}) | {flops} |")
+    return {"benchmark": f"{config} train step planned per slice, length, kernel and pattern",
+            "rows": rows, "table": "\n".join(table)}
+
+
+def _gib(x: float | None) -> float | None:
+    return None if x is None else round(x / 2**30, 2)
+
+
+def _gflop(x: float | None) -> float | None:
+    return None if x is None else round(x / 1e9, 1)
+
+
+def time_kernels(kernels: list[str], lengths: list[int], *, heads: int = 12, head_dim: int = 64,
+                 tokens: int = 16384, steps: int = 10, dtype: str = "bfloat16") -> list[dict]:
+    """Tokens/s of one self-attention layer, forward and backward with respect to q, k and v, on
+    this machine's default device: rows of `length` tokens (tokens // length of them), the
+    last row's final quarter padding, each kernel jitted and timed over `steps` calls."""
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax.models import attention
+
+    out = []
+    for length in lengths:
+        B = max(1, tokens // length)
+        q, k, v = (jax.random.normal(jax.random.key(i), (B, length, heads, head_dim), dtype)
+                   for i in range(3))
+        seg = jnp.ones((B, length), jnp.int32).at[-1, length * 3 // 4:].set(0)
+        pos = jnp.broadcast_to(jnp.arange(length), seg.shape)
+        m = attention.Masking(seg, seg, pos, pos)
+        for name in kernels:
+            def loss(q, k, v, fn=attention.KERNELS[name], m=m):
+                return jnp.sum(fn(q, k, v, m)[0].astype(jnp.float32))
+            grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+            jax.block_until_ready(grad(q, k, v))  # compile
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                result = grad(q, k, v)
+            jax.block_until_ready(result)
+            seconds = (time.perf_counter() - t0) / steps
+            out.append({"kernel": name, "tokens": length, "rows": B,
+                        "tokens_per_s": round(B * length / seconds)})
+    return out
+
+
 def _first_step(argv: list[str], workdir: Path, after: int, log_path: Path) -> dict:
     """Runs `bert-jax train` (argv) until it logs a step after `after`, then SIGTERM (it saves
     and exits 0): the seconds from its start to that line, and its goodput.json record."""
@@ -268,6 +449,34 @@ def bench_restart(config: str, overrides: list[str], out_dir: str | None = None)
             "table": "\n".join(table), "out": str(root)}
 
 
+def attention_main(args, overrides: list[str]) -> dict:
+    """`bench attention`: the plan table (printed as it is made), and on a GPU the kernels'
+    tokens/s."""
+    import jax
+
+    def split(text: str) -> list[str]:
+        return [x for x in text.split(",") if x]
+
+    lengths = [int(x) for x in split(args.lengths)]
+    unknown = [p for p in split(args.patterns) if p not in ATTENTION_PATTERNS]
+    if unknown:
+        raise SystemExit(f"--patterns: {unknown[0]!r}; choose from {', '.join(ATTENTION_PATTERNS)}")
+    result = bench_attention(args.config or "configs/bert_pretrain.py:base",
+                             split(args.topologies), lengths, split(args.kernels),
+                             split(args.patterns), overrides)
+    print(result["table"])
+    if jax.default_backend() == "gpu":
+        result["gpu"] = time_kernels(["xla", "cudnn"], lengths)
+        print("\n| kernel | tokens | rows | tokens/s (one layer, fwd + bwd, bfloat16) |")
+        print("|---|---|---|---|")
+        for r in result["gpu"]:
+            print(f"| {r['kernel']} | {r['tokens']:,} | {r['rows']} | {r['tokens_per_s']:,} |")
+    else:
+        result["gpu"] = f"no GPU here ({jax.default_backend()}): kernels not timed"
+        print(result["gpu"])
+    return result
+
+
 def translation_lines(spec: str):
     for path in documents.expand(spec):
         yield from documents.read_lines(path)
@@ -276,7 +485,13 @@ def translation_lines(spec: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["data", "multi30k", "model", "restart", "long"])
+    parser.add_argument("what", choices=["data", "multi30k", "model", "restart", "long",
+                                         "attention", "longdoc"])
+    parser.add_argument("--lengths", default="512,2048,8192", help="attention: sequence lengths")
+    parser.add_argument("--topologies", default="v5litepod-8,v5p-8", help="attention: TPU slices")
+    parser.add_argument("--kernels", default="xla,splash", help="attention: kernels planned")
+    parser.add_argument("--patterns", default="full,local,bigbird",
+                        help=f"attention: of {', '.join(ATTENTION_PATTERNS)}")
     parser.add_argument("--peers", default=".venv-peers/bin/python",
                         help="model: the peers' Python ('none': ours only)")
     parser.add_argument("--glue", default=None, help="model: GLUE folder with SST-2/ "
@@ -285,18 +500,28 @@ def main() -> None:
     parser.add_argument("--finetune_steps", type=int, default=250)
     parser.add_argument("--out", default="bench_model.json", help="model: results file")
     parser.add_argument("--workdir", default=None, help="multi30k: run directory (default "
-                        "runs/multi30k_bench); long: its runs (default runs/long_bench); "
+                        "runs/multi30k_bench); long, longdoc: their runs (default runs/long_bench, "
+                        "runs/longdoc_bench); "
                         "restart: where the runs and the cache go (default: "
                         "a new temporary folder)")
-    parser.add_argument("--config", default="configs/bert_pretrain.py:tiny", help="restart: the "
-                        "config trained")
+    parser.add_argument("--config", default=None, help="restart: the config trained (default "
+                        "configs/bert_pretrain.py:tiny); attention: the config planned (default "
+                        "configs/bert_pretrain.py:base)")
     parser.add_argument("--text", default=None, help="text file globs (default: stdlib docstrings)")
     parser.add_argument("--seconds", type=float, default=20)
     args, rest = parser.parse_known_args()
-    if args.what in ("multi30k", "restart", "long"):
+    if args.what in ("multi30k", "restart", "long", "attention", "longdoc"):
         bad = [a for a in rest if not a.startswith("--config.")]
         if bad:
             parser.error(f"unrecognized arguments: {' '.join(bad)}")
+        if args.what == "attention":
+            print(json.dumps(attention_main(args, [a[9:] for a in rest])))
+            return
+        if args.what == "longdoc":
+            result = bench_longdoc(args.workdir or "runs/longdoc_bench", [a[9:] for a in rest])
+            print(result["table"])
+            print(json.dumps(result))
+            return
         if args.what == "long":
             result = bench_long(args.workdir or "runs/long_bench", [a[9:] for a in rest])
             print(result["table"])
@@ -306,7 +531,7 @@ def main() -> None:
             print(json.dumps(bench_multi30k(args.workdir or "runs/multi30k_bench",
                                             [a[9:] for a in rest])))
             return
-        result = bench_restart(args.config, rest, args.workdir)
+        result = bench_restart(args.config or "configs/bert_pretrain.py:tiny", rest, args.workdir)
         print(result["table"])
         print(json.dumps(result))
         return

@@ -16,7 +16,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -93,8 +93,18 @@ class ObjectiveEvaluator:
     """The objective's metrics over `train.eval_steps` batches of the validation split."""
 
     def __init__(self, *, config, graphdef, objective, mesh, task=None):
-        self.config, self.mesh = config, mesh
+        self.config, self.mesh, self.objective = config, mesh, objective
         self.fn = jit_eval_step(config, graphdef, objective, mesh)
+        self.phase_fns: dict[str, Any] = {}  # phases whose model differs (their rope base)
+
+    def _fn(self, config):
+        if config.model == self.config.model:
+            return self.fn
+        key = repr(sorted(config.model.items()))
+        if key not in self.phase_fns:
+            self.phase_fns[key] = jit_eval_step(config, state.graphdef_of(config), self.objective,
+                                                self.mesh)
+        return self.phase_fns[key]
 
     def prepare(self) -> None:
         """Reads one validation batch, so missing eval files or too few held-out documents
@@ -107,9 +117,9 @@ class ObjectiveEvaluator:
         # each evaluation reads the same examples.
         pipeline = pipelines.make(config, "validation", batch_size=self.config.train.batch_size,
                                   num_batches=config.train.eval_steps or None)
-        total = None
+        total, fn = None, self._fn(config)
         for local in pipeline:
-            sums = self.fn(params, sharding.global_batch(local, self.mesh, jax.process_count()))
+            sums = fn(params, sharding.global_batch(local, self.mesh, jax.process_count()))
             total = sums if total is None else jax.tree.map(jnp.add, total, sums)
         return _finish(total, "eval/")
 

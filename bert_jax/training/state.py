@@ -31,6 +31,13 @@ def with_shardings(tree, shardings):
                         tree, shardings)
 
 
+def graphdef_of(config):
+    """The model's graph (its static structure: sizes, rope bases, kernels) for `config`; a
+    length phase with its own rope base (config.phase_config) has its own."""
+    with jax.set_mesh(None):  # (see abstract_state; a train step asks under its mesh)
+        return nnx.split(models.abstract_model(model_config(config)), nnx.Param)[0]
+
+
 def abstract_state(config, mesh, tx: optax.GradientTransformation | None = None):
     """(graphdef, abstract state, state shardings) without allocating anything. Without `tx`
     (evaluation, features) the state holds only `params`."""

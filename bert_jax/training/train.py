@@ -487,8 +487,11 @@ def _train(config, workdir: str, task, started: float) -> dict[str, Any]:
                      f"run reached step {start + clock.redone_steps}, its checkpoints after "
                      f"{start} did not survive")
         # Called with each phase's config: a phase's batch size sets its microbatch count.
-        make_step = functools.partial(jit_train_step, graphdef=graphdef, objective=objective, tx=tx,
-                                      schedule=schedule, mesh=mesh, state_sh=state_sh)
+        # A phase may change the model's static graph (its rope base): then its own graphdef.
+        def make_step(phase_cfg):
+            phase_graph = graphdef if phase_cfg.model == config.model else state.graphdef_of(phase_cfg)
+            return jit_train_step(phase_cfg, graphdef=phase_graph, objective=objective, tx=tx,
+                                  schedule=schedule, mesh=mesh, state_sh=state_sh)
         try:
             evaluator = evaluate.make_evaluator(config, graphdef, objective, mesh, task)
             evaluator.prepare()  # a missing or bad eval file stops the run now, not after training
