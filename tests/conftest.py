@@ -111,3 +111,39 @@ def cli(monkeypatch, capsys):
         captured = capsys.readouterr()
         return code, captured.out, captured.err
     return run
+
+
+# ModernBERT's special tokens in its order, added at the end of its vocabulary (50280..50284).
+MODERNBERT_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+
+
+def write_modernbert_tokenizer(lines: list[str], out: Path, vocab_size: int = 1000) -> Path:
+    """A ModernBERT-style tokenizer in `out` (no ModernBERT tokenizer is on disk, and no
+    network): byte-level BPE trained on `lines` with its GPT-NeoX/OLMo-style specials first,
+    BERT's added at the end ([MASK] taking the space before it), the [CLS] A [SEP] B [SEP]
+    template, and a tokenizer_config.json naming them as ModernBERT-base's does."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors, trainers
+    from tokenizers import models as tokenizer_models
+
+    tok = Tokenizer(tokenizer_models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(lines, trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, show_progress=False,
+        special_tokens=["|||IP_ADDRESS|||", "<|padding|>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=t == "[MASK]")
+                            for t in MODERNBERT_SPECIALS])
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192,
+        "clean_up_tokenization_spaces": True, "model_input_names": ["input_ids", "attention_mask"],
+        **{f"{t[1:-1].lower()}_token": t for t in MODERNBERT_SPECIALS}}))
+    return out

@@ -13,6 +13,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import write_modernbert_tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -23,7 +24,6 @@ from bert_jax.interop import convert, export  # noqa: E402
 from bert_jax.training import checkpoint, state  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
-BERT_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]  # ModernBERT's order (50280..)
 
 
 @pytest.fixture(scope="module")
@@ -43,29 +43,7 @@ def squad_lines(shared_data) -> list[str]:
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory, wiki_lines):
     """A ModernBERT-style tokenizer.json and tokenizer_config.json (as ModernBERT-base's)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors, trainers
-    from tokenizers import models as tokenizer_models
-
-    out = tmp_path_factory.mktemp("modernbert_tok")
-    tok = Tokenizer(tokenizer_models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(wiki_lines, trainers.BpeTrainer(
-        vocab_size=1000, min_frequency=2, show_progress=False,
-        special_tokens=["|||IP_ADDRESS|||", "<|padding|>", "<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=t == "[MASK]")
-                            for t in BERT_SPECIALS])
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192,
-        "clean_up_tokenization_spaces": True, "model_input_names": ["input_ids", "attention_mask"],
-        **{f"{t[1:-1].lower()}_token": t for t in BERT_SPECIALS}}))
-    return out
+    return write_modernbert_tokenizer(wiki_lines, tmp_path_factory.mktemp("modernbert_tok"))
 
 
 @pytest.fixture(scope="module")

@@ -501,12 +501,21 @@ def _token_text(value: str | dict) -> str:
     return value["content"] if isinstance(value, dict) else value
 
 
+# Pair layouts of tokenizer.json's fixed post-processors: (special tokens between A and B, B's
+# segment id).
+_PAIR_LAYOUTS = {"BertProcessing": (1, 1), "RobertaProcessing": (2, 0)}
+
+
 def _template_layout(post_processor: dict | None) -> tuple[int, int] | None:
-    """(special tokens between A and B, B's segment id) of a tokenizer.json's TemplateProcessing
-    pair template (e.g. ModernBERT's [CLS] A [SEP] B [SEP]: (1, its type id)), else None."""
+    """(special tokens between A and B, B's segment id) of a tokenizer.json's post-processor:
+    a TemplateProcessing pair template (e.g. ModernBERT's [CLS] A [SEP] B [SEP]: (1, its type
+    id)) or BERT's or RoBERTa's; None without one."""
     if post_processor and post_processor.get("type") == "Sequence":
-        found = [p for p in post_processor.get("processors", []) if p.get("type") == "TemplateProcessing"]
+        found = [p for p in post_processor.get("processors", [])
+                 if p.get("type") in ("TemplateProcessing", *_PAIR_LAYOUTS)]
         post_processor = found[0] if found else None
+    if post_processor and post_processor.get("type") in _PAIR_LAYOUTS:
+        return _PAIR_LAYOUTS[post_processor["type"]]
     if not post_processor or post_processor.get("type") != "TemplateProcessing":
         return None
     pair = post_processor.get("pair", [])

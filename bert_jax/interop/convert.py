@@ -195,7 +195,7 @@ def hf_names(model_name: str, paths: Iterable[str], num_layers: int, hf_encoder_
 
 def model_config_from_hf(hf: dict[str, Any], name: str | None = None, use_pooler: bool = True
                          ) -> dict[str, Any]:
-    """Our `model` config section from a HF BERT or RoBERTa config.json."""
+    """Our `model` config section from a HF BERT, RoBERTa or ModernBERT config.json."""
     model_type = hf.get("model_type", "bert")
     if model_type not in MODEL_TYPES:
         raise ValueError(f"config.json: model_type={model_type!r} does not convert; supported "
