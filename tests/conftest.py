@@ -147,3 +147,46 @@ def write_modernbert_tokenizer(lines: list[str], out: Path, vocab_size: int = 10
         "clean_up_tokenization_spaces": True, "model_input_names": ["input_ids", "attention_mask"],
         **{f"{t[1:-1].lower()}_token": t for t in MODERNBERT_SPECIALS}}))
     return out
+
+
+@pytest.fixture(scope="session")
+def wiki_lines(shared_data) -> list[str]:
+    """Real WikiText-2 lines (headers, numbers, punctuation, <unk> markers as written)."""
+    text = (shared_data / "text" / "wikitext2" / "valid.txt").read_text("utf-8")
+    return [line.strip() for line in text.splitlines() if len(line.strip()) > 20][:1500]
+
+
+@pytest.fixture(scope="session")
+def squad_lines(shared_data) -> list[str]:
+    """Real SQuAD questions and contexts (quotes, accents, dashes, brackets)."""
+    import json
+
+    data = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text("utf-8"))["data"]
+    paragraphs = [p for article in data[:3] for p in article["paragraphs"]]
+    return [q["question"] for p in paragraphs for q in p["qas"]][:200] + [
+        p["context"] for p in paragraphs][:50]
+
+
+def assert_bpe_equals_hf(ours, hf_tokenizer, texts: list[str], squad_lines: list[str]):
+    """Our byte-level BPE tokenizer encodes as HF's (fast) one: the ids of `texts`, a decode,
+    the character offsets of 20 SQuAD texts, and 100 SQuAD pair rows cut (longest first) to 96
+    and padded (ids, attention mask, token types). Returns our encode_pair of the first pair."""
+    import numpy as np
+
+    ref = hf_tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert [ids.tolist() for ids in ours.encode_batch(texts)] == ref
+    assert ours.decode(ours.encode(squad_lines[-1])) == squad_lines[-1]
+    for text in squad_lines[-20:]:  # character offsets too
+        ids, spans = ours.encode_with_offsets(text)
+        ref = hf_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert (ids.tolist(), spans.tolist()) == (ref["input_ids"], [list(o) for o in ref["offset_mapping"]])
+    a, b = squad_lines[:100], squad_lines[-100:]
+    rows = ours.encode_pairs(a, b, 96)
+    ref = hf_tokenizer(a, b, padding="max_length", truncation=True, max_length=96,
+                       return_tensors="np", return_token_type_ids=True)
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+        np.testing.assert_array_equal(rows[key], ref[key], err_msg=key)
+    assert rows["attention_mask"].sum(1).min() < 96 < rows["attention_mask"].sum(1).max() + 1
+    enc = ours.encode_pair(a[0], b[0])
+    assert enc.input_ids == hf_tokenizer(a[0], b[0])["input_ids"]
+    return enc

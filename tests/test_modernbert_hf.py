@@ -8,12 +8,11 @@ No ModernBERT tokenizer is on this machine (and no network): the tokenizer.json 
 on WikiText-2 in ModernBERT's layout (its OLMo/GPT-NeoX-style specials first, BERT's added at
 the end, [MASK] stripping the space before it)."""
 
-import json
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import write_modernbert_tokenizer
+from conftest import assert_bpe_equals_hf, write_modernbert_tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -24,20 +23,6 @@ from bert_jax.interop import convert, export  # noqa: E402
 from bert_jax.training import checkpoint, state  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def wiki_lines(shared_data) -> list[str]:
-    text = (shared_data / "text" / "wikitext2" / "valid.txt").read_text("utf-8")
-    return [line.strip() for line in text.splitlines() if len(line.strip()) > 20][:1500]
-
-
-@pytest.fixture(scope="module")
-def squad_lines(shared_data) -> list[str]:
-    data = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text("utf-8"))["data"]
-    paragraphs = [p for article in data[:3] for p in article["paragraphs"]]
-    return [q["question"] for p in paragraphs for q in p["qas"]][:200] + [
-        p["context"] for p in paragraphs][:50]
 
 
 @pytest.fixture(scope="module")
@@ -69,24 +54,9 @@ def test_tokenizer_equals_hf(tokenizer_dir, json_only_dir, hf_tokenizer, wiki_li
     assert [getattr(ours, f"{r}_id") for r in roles] == want == [
         getattr(hf_tokenizer, f"{r}_token_id") for r in roles]
     assert sorted(want) == list(range(len(hf_tokenizer) - 5, len(hf_tokenizer)))  # added at the end
-    texts = wiki_lines[:500] + squad_lines + ["a [MASK] b", "[CLS] twice [SEP] [PAD]"]
-    ref = hf_tokenizer(texts, add_special_tokens=False)["input_ids"]
-    assert [ids.tolist() for ids in ours.encode_batch(texts)] == ref
-    assert ours.decode(ours.encode(squad_lines[-1])) == squad_lines[-1]
-    for text in squad_lines[-20:]:  # character offsets too
-        ids, spans = ours.encode_with_offsets(text)
-        ref = hf_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        assert (ids.tolist(), spans.tolist()) == (ref["input_ids"], [list(o) for o in ref["offset_mapping"]])
     # Pairs [CLS] A [SEP] B [SEP] (B's segment 1), cut (longest first) and padded as HF does.
-    a, b = squad_lines[:100], squad_lines[-100:]
-    rows = ours.encode_pairs(a, b, 96)
-    ref = hf_tokenizer(a, b, padding="max_length", truncation=True, max_length=96,
-                       return_tensors="np", return_token_type_ids=True)
-    for key in ("input_ids", "attention_mask", "token_type_ids"):
-        np.testing.assert_array_equal(rows[key], ref[key], err_msg=key)
-    assert rows["attention_mask"].sum(1).min() < 96 < rows["attention_mask"].sum(1).max() + 1
-    enc = ours.encode_pair(a[0], b[0])
-    assert enc.input_ids == hf_tokenizer(a[0], b[0])["input_ids"]
+    texts = wiki_lines[:500] + squad_lines + ["a [MASK] b", "[CLS] twice [SEP] [PAD]"]
+    enc = assert_bpe_equals_hf(ours, hf_tokenizer, texts, squad_lines)
     assert enc.tokens[:1] == ["[CLS]"] and enc.tokens.count("[SEP]") == 2
 
 

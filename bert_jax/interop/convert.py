@@ -140,7 +140,8 @@ MODERNBERT_NAMES = {
     "embeddings.tok_embeddings.": "embeddings.word_embeddings.",
     "embeddings.norm.": "embeddings.LayerNorm.",
     "layers.{i}.attn_norm.": "encoder.layer.{i}.attention.output.LayerNorm.",
-    "layers.{i}.attn.Wqkv.": tuple(f"encoder.layer.{{i}}.attention.self.{x}." for x in ("query", "key", "value")),
+    "layers.{i}.attn.Wqkv.": tuple(f"encoder.layer.{{i}}.attention.self.{x}."
+                                   for x in ("query", "key", "value")),
     "layers.{i}.attn.Wo.": "encoder.layer.{i}.attention.output.dense.",
     "layers.{i}.mlp_norm.": "encoder.layer.{i}.output.LayerNorm.",
     "layers.{i}.mlp.Wi.": ("encoder.layer.{i}.intermediate.dense.", "encoder.layer.{i}.intermediate.gate."),
@@ -580,7 +581,7 @@ def modernbert_to_bert(weights: dict[str, np.ndarray], model_name: str, num_laye
         fills = {"weight": np.ones_like(norm), "bias": np.zeros_like(norm)}
         for leaf in ("weight", "bias") if "embeddings.LayerNorm.bias" in out else ("weight",):
             out[_FIRST_ATTENTION_NORM + leaf] = fills[leaf]
-            shown[_FIRST_ATTENTION_NORM + leaf] = f"(none: HF's layer 0 has no attn_norm)"
+            shown[_FIRST_ATTENTION_NORM + leaf] = "(none: HF's layer 0 has no attn_norm)"
     word = out.get("embeddings.word_embeddings.weight")
     if model_name == "bert_pretraining" and word is not None and "cls.predictions.bias" not in out:
         out["cls.predictions.bias"] = np.zeros(word.shape[0], np.float32)  # decoder_bias=false
