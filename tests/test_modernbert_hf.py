@@ -119,13 +119,11 @@ def randomise(model, seed: int = 0):
     return model.eval()
 
 
-def compare(ref, ours, outputs, mask):
-    """Outputs equal at the real tokens (per-token outputs) or everywhere (pooled)."""
+def compare(ref, ours, outputs):
+    """Outputs equal everywhere (padding's rows too: both attend from them to the real tokens)."""
     for theirs, mine in outputs.items():
-        want, got = np.asarray(getattr(ref, theirs).detach().numpy()), np.asarray(ours[mine])
-        if want.ndim >= 2 and want.shape[:2] == mask.shape:  # per token: padding's rows are free
-            want, got = want[mask.astype(bool)], got[mask.astype(bool)]
-        np.testing.assert_allclose(got, want, **TOL, err_msg=theirs)
+        np.testing.assert_allclose(np.asarray(ours[mine]), getattr(ref, theirs).detach().numpy(),
+                                   **TOL, err_msg=theirs)
 
 
 @pytest.mark.parametrize("hf_class,changes", CASES,
@@ -156,7 +154,7 @@ def test_convert_and_export_parity(hf_class, changes, tokenizer_dir, hf_tokenize
     biased = changes.get("norm_bias", False)
     assert (model_cfg["use_bias"], model_cfg["norm_bias"]) == (biased, biased)
     ours = model(**{k: jnp.asarray(v) for k, v in inputs.items()})
-    compare(run_hf(original, inputs), ours, outputs, inputs["attention_mask"])
+    compare(run_hf(original, inputs), ours, outputs)
 
     export_report = export.export_hf(tmp_path / "ours", tmp_path / "back")
     assert export_report["architecture"] == hf_class and export_report["tokenizer"]
@@ -165,7 +163,7 @@ def test_convert_and_export_parity(hf_class, changes, tokenizer_dir, hf_tokenize
     loaded.config._attn_implementation = "eager"
     assert loaded.config.layer_types == original.config.layer_types
     assert loaded.config.rope_parameters == original.config.rope_parameters
-    compare(run_hf(loaded, inputs), ours, outputs, inputs["attention_mask"])
+    compare(run_hf(loaded, inputs), ours, outputs)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
     assert tok("a b", "c")["input_ids"] == hf_tokenizer("a b", "c")["input_ids"]
     assert tok.mask_token_id == hf_tokenizer.mask_token_id
@@ -280,4 +278,4 @@ def test_a_trained_modern_encoder_exports_with_its_wordpiece_vocab(tmp_path):
     assert inputs["input_ids"].tolist()[0] == [2, 5, 6, 8, 7, 9, 3]
     loaded.config._attn_implementation = "eager"
     ours = model(**{k: jnp.asarray(v) for k, v in inputs.items()})
-    compare(run_hf(loaded, inputs), ours, {"logits": "logits"}, inputs["attention_mask"])
+    compare(run_hf(loaded, inputs), ours, {"logits": "logits"})
