@@ -877,9 +877,9 @@ def converted_roberta(**changes):
 
 
 ROBERTA_CASES = [
-    case("convert-unsupported-family", "convert hf:{tmp}/hf {tmp}/out", 1, "model_type='modernbert'",
-         "does not convert", "supported model_type: 'bert', 'roberta'",
-         setup=copy_of("hf", hf_config(model_type="modernbert"))),
+    case("convert-unsupported-family", "convert hf:{tmp}/hf {tmp}/out", 1, "model_type='deberta-v2'",
+         "does not convert", "supported model_type: 'bert', 'roberta', 'modernbert'",
+         setup=copy_of("hf", hf_config(model_type="deberta-v2"))),
     case("convert-roberta-pad-id", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json",
          "pad_token_id=-1", "max_position_embeddings",
          setup=copy_of("hf", hf_config(model_type="roberta", pad_token_id=-1))),
@@ -924,11 +924,51 @@ MLM25_CASES = [
          "--config.model.nsp=false", 2, "nsp", "'bert_classification'", "does not read"),
 ]
 
+def modernbert_checkpoint(**changes):
+    """A setup saving a tiny ModernBERT-like classifier with `changes` into tmp/mb."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        model_cfg = models.model_section("bert_classification", {
+            **models.modernbert_model_fields("tiny"), "vocab_size": 64, "num_layers": 1, **changes})
+        save_model(tmp / "mb", models.create_model(model_cfg), {"model": model_cfg})
+    return setup
+
+
+MODERNBERT = "convert hf:{tmp}/hf {tmp}/out"
+MODERNBERT_HF_CASES = [
+    # HF ModernBERT config.json switches our BERT family cannot express (the shared HF folder,
+    # relabelled: the config is refused before any weight is read)
+    case("convert-modernbert-layer-pattern", MODERNBERT, 1, "hf: config.json: layer_types=",
+         "cannot be expressed", "model.attention_global_every",
+         setup=copy_of("hf", hf_config(model_type="modernbert", num_hidden_layers=3, layer_types=[
+             "sliding_attention", "full_attention", "sliding_attention"]))),
+    case("convert-modernbert-bias-switches", MODERNBERT, 1,
+         "config.json: mlp_bias=True but attention_bias=False, classifier_bias=False", "model.use_bias",
+         setup=copy_of("hf", hf_config(model_type="modernbert", mlp_bias=True))),
+    case("convert-modernbert-classifier-activation", MODERNBERT, 1,
+         "config.json: classifier_activation='relu' differs from hidden_activation='gelu'",
+         setup=copy_of("hf", hf_config(model_type="modernbert", classifier_activation="relu"))),
+    case("convert-modernbert-rope-theta", MODERNBERT, 1,
+         "config.json: rope_parameters.sliding_attention.rope_theta=-1", "> 0",
+         setup=copy_of("hf", hf_config(model_type="modernbert", rope_parameters={
+             "sliding_attention": {"rope_type": "default", "rope_theta": -1}}))),
+    case("convert-modernbert-rope-scaling", MODERNBERT, 1,
+         "config.json: rope_parameters.full_attention.rope_type='yarn'", "'default'",
+         setup=copy_of("hf", hf_config(model_type="modernbert", rope_parameters={
+             "full_attention": {"rope_type": "yarn", "factor": 4.0}}))),
+    # export of what HF's ModernBERT classes cannot express, naming the field
+    case("export-modernbert-rmsnorm", "export {tmp}/mb hf:{tmp}/out", 1,
+         "Hugging Face ModernBERT", "model.normalization='rmsnorm' (HF ModernBERT: 'layernorm')",
+         setup=modernbert_checkpoint(normalization="rmsnorm")),
+    case("export-modernbert-learned-positions", "export {tmp}/mb hf:{tmp}/out", 1,
+         "Hugging Face ModernBERT", "model.positions='learned' (HF ModernBERT: 'rope')",
+         setup=modernbert_checkpoint(positions="learned")),
+]
+
 # One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
          + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + OPTIM25_CASES + ROBERTA_CASES
-         + PATTERN_CASES + ATTENTION_GPU_CASES + MLM25_CASES)
+         + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM25_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -1100,6 +1140,7 @@ def test_the_table_covers_every_area():
              "attention": ATTENTION_CASES, "optimizer": OPTIM_CASES,
              "optimizer (issue 25)": OPTIM25_CASES, "RoBERTa (issue 25)": ROBERTA_CASES,
              "attention patterns": PATTERN_CASES, "attention on GPU": ATTENTION_GPU_CASES,
+             "ModernBERT in and out": MODERNBERT_HF_CASES,
              "MLM only (issue 25)": MLM25_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

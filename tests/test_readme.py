@@ -17,7 +17,7 @@ import shlex
 import time
 
 import pytest
-from conftest import REPO, shared_data_dir
+from conftest import REPO, shared_data_dir, write_modernbert_tokenizer
 
 from bert_jax.tools import demo
 
@@ -104,6 +104,24 @@ def hf_model(tmp_path_factory, wordpiece_vocab):
 
 
 @pytest.fixture(scope="module")
+def hf_modernbert(tmp_path_factory, english_lines):
+    """A small Hugging Face ModernBertForMaskedLM folder with a ModernBERT-style tokenizer."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    folder = write_modernbert_tokenizer(english_lines, tmp_path_factory.mktemp("hf_modernbert"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=48, local_attention=16, pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
+        bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+        architectures=["ModernBertForMaskedLM"])
+    transformers.ModernBertForMaskedLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
 def small_glue(shared_data, tmp_path_factory):
     """Real MRPC files, the training file cut to its first 160 rows so that the fine-tuning
     and four-trial sweep take seconds (dev and test complete)."""
@@ -147,7 +165,7 @@ class Home:
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory, small_glue, hf_model, english_lines):
+def home(tmp_path_factory, small_glue, hf_model, hf_modernbert, english_lines):
     path = tmp_path_factory.mktemp("home")
     lines = [english_lines[0], f"{english_lines[1]} ||| {english_lines[2]}"]
     (path / "sentences.txt").write_text("\n".join(lines) + "\n")
@@ -155,6 +173,7 @@ def home(tmp_path_factory, small_glue, hf_model, english_lines):
     (path / "tmp").mkdir()
     user_files = {  # what the pages say the user provides
         "/path/to/bert-base-uncased": hf_model, "/path/to/bert-base-cased": hf_model,
+        "/path/to/ModernBERT-base": hf_modernbert,
         "/path/to/uncased_L-12_H-768_A-12": REPO / "tests/fixtures/tf_bert_tiny",
         "/path/to/glue": small_glue, "/path/to/sentences.txt": path / "sentences.txt",
     }

@@ -8,6 +8,7 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_bpe_equals_hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -18,22 +19,6 @@ from bert_jax.training import state  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # roberta-base's ids 0..3, <mask> after
-
-
-@pytest.fixture(scope="module")
-def wiki_lines(shared_data) -> list[str]:
-    """Real WikiText-2 lines (headers, numbers, punctuation, <unk> markers as written)."""
-    text = (shared_data / "text" / "wikitext2" / "valid.txt").read_text("utf-8")
-    return [line.strip() for line in text.splitlines() if len(line.strip()) > 20][:1500]
-
-
-@pytest.fixture(scope="module")
-def squad_lines(shared_data) -> list[str]:
-    """Real SQuAD questions and contexts (quotes, accents, dashes, brackets)."""
-    data = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text("utf-8"))["data"]
-    paragraphs = [p for article in data[:3] for p in article["paragraphs"]]
-    return [q["question"] for p in paragraphs for q in p["qas"]][:200] + [
-        p["context"] for p in paragraphs][:50]
 
 
 @pytest.fixture(scope="module")
@@ -79,24 +64,8 @@ def test_tokenizer_equals_hf(bpe_dir, json_only_dir, hf_tokenizer, wiki_lines, s
     roles = ("cls", "sep", "pad", "unk", "mask")
     assert ([getattr(ours, f"{r}_id") for r in roles]
             == [getattr(hf_tokenizer, f"{r}_token_id") for r in roles] == [0, 2, 1, 3, 4])
-    texts = wiki_lines[:500] + squad_lines
-    ref = hf_tokenizer(texts, add_special_tokens=False)["input_ids"]
-    assert [ids.tolist() for ids in ours.encode_batch(texts)] == ref
-    assert ours.decode(ours.encode(squad_lines[-1])) == squad_lines[-1]
-    for text in squad_lines[-20:]:  # character offsets too
-        ids, spans = ours.encode_with_offsets(text)
-        ref = hf_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        assert (ids.tolist(), spans.tolist()) == (ref["input_ids"], [list(o) for o in ref["offset_mapping"]])
     # Pairs <s> A </s></s> B </s>, one segment, cut (longest first) and padded as HF does.
-    a, b = squad_lines[:100], squad_lines[-100:]
-    rows = ours.encode_pairs(a, b, 96)
-    ref = hf_tokenizer(a, b, padding="max_length", truncation=True, max_length=96,
-                       return_tensors="np", return_token_type_ids=True)
-    for key in ("input_ids", "attention_mask", "token_type_ids"):
-        np.testing.assert_array_equal(rows[key], ref[key], err_msg=key)
-    assert rows["attention_mask"].sum(1).min() < 96 < rows["attention_mask"].sum(1).max() + 1
-    enc = ours.encode_pair(a[0], b[0])
-    assert enc.input_ids == hf_tokenizer(a[0], b[0])["input_ids"]
+    enc = assert_bpe_equals_hf(ours, hf_tokenizer, wiki_lines[:500] + squad_lines, squad_lines)
     assert enc.tokens[:1] == ["<s>"] and enc.tokens.count("</s>") == 3
 
 

@@ -501,17 +501,42 @@ def _token_text(value: str | dict) -> str:
     return value["content"] if isinstance(value, dict) else value
 
 
+# Pair layouts of tokenizer.json's fixed post-processors: (special tokens between A and B, B's
+# segment id).
+_PAIR_LAYOUTS = {"BertProcessing": (1, 1), "RobertaProcessing": (2, 0)}
+
+
+def _template_layout(post_processor: dict | None) -> tuple[int, int] | None:
+    """(special tokens between A and B, B's segment id) of a tokenizer.json's post-processor:
+    a TemplateProcessing pair template (e.g. ModernBERT's [CLS] A [SEP] B [SEP]: (1, its type
+    id)) or BERT's or RoBERTa's; None without one."""
+    if post_processor and post_processor.get("type") == "Sequence":
+        found = [p for p in post_processor.get("processors", [])
+                 if p.get("type") in ("TemplateProcessing", *_PAIR_LAYOUTS)]
+        post_processor = found[0] if found else None
+    if post_processor and post_processor.get("type") in _PAIR_LAYOUTS:
+        return _PAIR_LAYOUTS[post_processor["type"]]
+    if not post_processor or post_processor.get("type") != "TemplateProcessing":
+        return None
+    pair = post_processor.get("pair", [])
+    sequences = [i for i, piece in enumerate(pair) if "Sequence" in piece]
+    if len(sequences) != 2:
+        return None
+    a, b = sequences
+    return b - a - 1, pair[b]["Sequence"].get("type_id", 0)
+
+
 class _ByteLevelBPE(Tokenizer):
     """Byte-level BPE as HF's RobertaTokenizer: tokenizer.json if present (what the fast
     tokenizer loads), else vocab.json + merges.txt built the way transformers builds them;
-    special tokens from tokenizer_config.json (RoBERTa's by default)."""
+    special tokens from tokenizer_config.json, else RoBERTa's (<s> ...) or, where the vocab has
+    not those, BERT's ([CLS] ..., as ModernBERT's); pairs as RoBERTa's, or as tokenizer.json's
+    TemplateProcessing (ModernBERT's: [CLS] A [SEP] B [SEP])."""
 
     pair_seps, segment_b = 2, 0
 
     def __init__(self, directory: Path) -> None:
         hf = _read_json(directory / CONFIG_NAME)
-        specials = [_token_text(hf.get(key, token)) for key, token in BPE_SPECIALS.items()]
-        self._bpe_names = dict(zip(BPE_SPECIALS, specials))
         self._prefix_space = hf.get("add_prefix_space", False)
         if (directory / BPE_JSON).is_file():
             source = directory / BPE_JSON
@@ -521,12 +546,17 @@ class _ByteLevelBPE(Tokenizer):
                                  f"BPE is read from {BPE_JSON} (WordPiece: give its {VOCAB_NAME})")
             tok.no_truncation()  # a saved tokenizer.json may say to cut or pad: rows do that here
             tok.no_padding()
+            layout = _template_layout(json.loads(tok.to_str()).get("post_processor"))
+            if layout is not None:
+                self.pair_seps, self.segment_b = layout
+            vocab = tok.get_vocab(with_added_tokens=True)
         else:
             source = directory / BPE_VOCAB
             if not source.is_file():
                 raise FileNotFoundError(f"{source}: not found; a byte-level BPE tokenizer is "
                                         f"{BPE_VOCAB} + {BPE_MERGES} (or {BPE_JSON})")
             vocab = _read_json(source)
+            specials = self._specials(hf, vocab)
             merges = [tuple(line.split(" ")) for line in
                       (directory / BPE_MERGES).read_text("utf-8").splitlines()
                       if line and not line.startswith("#version")]
@@ -537,6 +567,7 @@ class _ByteLevelBPE(Tokenizer):
             # As transformers 5 builds it: special tokens written in the text are those tokens.
             tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                     for t in specials if t in vocab])
+        specials = self._specials(hf, vocab)
         ids = [tok.token_to_id(t) for t in specials]
         if tok.post_processor is None and None not in ids[2:4]:  # what export's HF folder encodes with
             tok.post_processor = processors.RobertaProcessing(
@@ -546,6 +577,14 @@ class _ByteLevelBPE(Tokenizer):
         # of a text, with no space before it, is glued to what precedes it).
         starts = np.array([not p[:1].isalnum() for p in pieces], bool)
         super().__init__(directory, "bpe", pieces, False, ids, starts, source)
+
+    def _specials(self, hf: dict, vocab: dict[str, int]) -> list[str]:
+        """The special tokens in BPE_SPECIALS' order: tokenizer_config.json's, else RoBERTa's,
+        else BERT's where the vocab has that and not RoBERTa's."""
+        specials = [_token_text(hf[key]) if key in hf else token if token in vocab or bert not in vocab
+                    else bert for (key, token), bert in zip(BPE_SPECIALS.items(), SPECIAL_TOKENS)]
+        self._bpe_names = dict(zip(BPE_SPECIALS, specials))
+        return specials
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text, without <s>/</s> (batched and parallel in Rust)."""
@@ -577,7 +616,10 @@ class _ByteLevelBPE(Tokenizer):
         (directory / BPE_MERGES).write_text("\n".join(["#version: 0.2", *merges]) + "\n", "utf-8")
         options = {key: self.pieces[i] for key, i in zip(BPE_SPECIALS, self._special.values())
                    if i is not None}
-        options.update(tokenizer_class="RobertaTokenizer", add_prefix_space=self._prefix_space,
+        # RoBERTa's pairs: its class; another layout: the tokenizer.json as it is (fast class).
+        roberta = (self.pair_seps, self.segment_b) == (2, 0)
+        options.update(tokenizer_class="RobertaTokenizer" if roberta else "PreTrainedTokenizerFast",
+                       add_prefix_space=self._prefix_space,
                        bos_token=options.get("cls_token"), eos_token=options.get("sep_token"))
         (directory / CONFIG_NAME).write_text(json.dumps(options, indent=2) + "\n", "utf-8")
         _write_meta(directory, "bpe", False, self.vocab_size)

@@ -3,7 +3,10 @@ model.safetensors and the WordPiece tokenizer (vocab.txt, tokenizer_config.json,
 special_tokens_map.json, tokenizer.json) as a published BERT checkpoint has them, so that
 transformers' `from_pretrained` loads the model and its fast and slow tokenizers the same as
 the original's. A RoBERTa (position_offset > 0) is written as transformers' RoBERTa classes
-with its byte-level BPE tokenizer (tokenizer.json, vocab.json, merges.txt).
+with its byte-level BPE tokenizer (tokenizer.json, vocab.json, merges.txt). A model with
+ModernBERT's heads or rotary positions (convert.is_modernbert) is written as transformers'
+ModernBERT classes (any switch they cannot express is an error naming the field), with its
+tokenizer.json (BPE, or WordPiece with vocab.txt).
 
 The source is a `bert-jax convert` output or a training workdir (same layout); names go
 through convert.py's table, the one both directions share.
@@ -24,7 +27,14 @@ from tokenizers import models as tokenizer_models
 
 from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
-from bert_jax.interop.convert import hf_config, hf_names, is_roberta, roberta_name
+from bert_jax.interop.convert import (
+    bert_to_modernbert,
+    hf_config,
+    hf_names,
+    is_modernbert,
+    is_roberta,
+    roberta_name,
+)
 from bert_jax.training import checkpoint, state
 
 log = logging.getLogger(__name__)
@@ -32,12 +42,15 @@ log = logging.getLogger(__name__)
 
 def hf_state_dict(model_cfg: dict[str, Any], params: dict) -> dict[str, np.ndarray]:
     """{HF tensor name: float32 array} of our params (torch layout: Linear weights [out, in])."""
-    name, roberta = model_cfg["name"], is_roberta(model_cfg)
+    name, roberta, modern = model_cfg["name"], is_roberta(model_cfg), is_modernbert(model_cfg)
     flat = traverse_util.flatten_dict(params, sep="/")
     # HF task models hold the encoder under bert. (roberta.); the bare encoder at the root.
-    prefix = ("roberta." if roberta else "bert.") if models.encoder_path(name) else ""
+    # (ModernBERT's names are BERT's until bert_to_modernbert renames them at the end.)
+    prefix = ("roberta." if roberta else "bert.") if models.encoder_path(name) and not modern else ""
     out = {}
     for path, names in hf_names(name, flat, model_cfg["num_layers"]).items():
+        if modern and path.startswith("nsp/"):  # ModernBertForMaskedLM has no NSP head
+            continue
         if roberta:
             names = [roberta_name(n, name) for n in names]
             if names[0] is None:  # e.g. the NSP head: RobertaForMaskedLM has none
@@ -49,15 +62,15 @@ def hf_state_dict(model_cfg: dict[str, Any], params: dict) -> dict[str, np.ndarr
         stacked = "encoder/layers/" in path  # [L, ...]: one HF tensor per layer
         for i, hf_name in enumerate(names):
             v = value[i] if stacked else value
-            if path.endswith("kernel"):  # ours [in..., out...]; the bias has the out shape
-                n_out = int(np.prod(flat[path.removesuffix("kernel") + "bias"].shape[stacked:]))
+            if path.endswith("kernel"):  # ours [in, out...]; the attention output's [N, K, out]
+                n_out = v.shape[-1] if path.endswith("attention/out/kernel") else int(np.prod(v.shape[1:]))
                 v = v.reshape(-1, n_out).T
             elif not path.endswith("embedding"):  # biases, e.g. the query's [N, K], and scales
                 v = v.reshape(-1)
             out[hf_name] = np.ascontiguousarray(v)
     # As transformers saves it: the MLM decoder (tied to the word embeddings and to
     # cls.predictions.bias) is left out.
-    return out
+    return bert_to_modernbert(out, name, model_cfg["num_layers"]) if modern else out
 
 
 # tokenizer_config.json's names of the special tokens, as HF's BertTokenizer takes them.
@@ -136,18 +149,22 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
         tokenizer = tokenizer_lib.load_tokenizer(source)
     except FileNotFoundError:
         tokenizer = None
+    modern = is_modernbert(model_cfg)
     ids = {"pad": tokenizer.pad_id} if tokenizer else {}
-    if tokenizer and tokenizer.kind == "bpe":
+    if tokenizer and (tokenizer.kind == "bpe" or modern):
         ids.update(cls=tokenizer.cls_id, sep=tokenizer.sep_id)
     config = hf_config(model_cfg, ids)
     architecture = config["architectures"][0]
-    if name == "bert" and not model_cfg["use_pooler"]:
+    if name == "bert" and not model_cfg["use_pooler"] and not modern:  # (ModernBertModel has none)
         log.warning(f"warning: this encoder has no pooler; transformers' {architecture} will "
                     "initialise one (pooler_output is meaningless, last_hidden_state is exact)")
-    if name == "bert_pretraining" and is_roberta(model_cfg):
-        log.warning("warning: RobertaForMaskedLM has no NSP head and no pooler; they are left out")
-    # The tokenizer HF's class of this model reads: WordPiece for BERT, byte-level BPE for RoBERTa.
+    if name == "bert_pretraining" and (is_roberta(model_cfg) or modern):
+        log.warning(f"warning: {architecture} has no NSP head and no pooler; they are left out")
+    # The tokenizer HF's class of this model reads: WordPiece for BERT, byte-level BPE for RoBERTa,
+    # the tokenizer.json of either for ModernBERT.
     kind = "bpe" if is_roberta(model_cfg) else "wordpiece"
+    if modern and tokenizer is not None and tokenizer.kind in ("bpe", "wordpiece"):
+        kind = tokenizer.kind
     written = tokenizer is not None and tokenizer.kind == kind
     _, model = state.load_model(source, step, model_cfg)
     tensors = hf_state_dict(model_cfg, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
@@ -160,9 +177,15 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
             write_hf_tokenizer(tokenizer, config["max_position_embeddings"], local)
         elif written:
             write_hf_bpe_tokenizer(tokenizer, model_cfg["max_len"] - model_cfg["position_offset"], local)
+        if written and modern:  # transformers reads a ModernBERT's tokenizer.json as it is
+            config_file = local / tokenizer_lib.CONFIG_NAME
+            options = json.loads(config_file.read_text("utf-8"))
+            options.update(tokenizer_class="PreTrainedTokenizerFast",
+                           model_input_names=["input_ids", "attention_mask"])
+            config_file.write_text(json.dumps(options, indent=2) + "\n", "utf-8")
     if not written:
         what = _TOKENIZER_NAMES[tokenizer.kind] if tokenizer else "no tokenizer"
-        family = "RoBERTa" if kind == "bpe" else "BERT"
+        family = "ModernBERT" if modern else "RoBERTa" if kind == "bpe" else "BERT"
         log.warning(f"warning: {source} has {what}; {out} gets no tokenizer files (HF {family} "
                     f"reads {_TOKENIZER_NAMES[kind]})")
     return {"architecture": architecture, "out": str(out), "tensors": len(tensors),
