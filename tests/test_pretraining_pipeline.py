@@ -64,12 +64,17 @@ def test_same_seed_same_examples_and_exact_resume(text_config, pack):
     other.seed = 1
     assert not np.array_equal(take(pipelines.make(other, "train"), 1)[0]["input_ids"],
                               first[0]["input_ids"])
-    # Resume mid-stream from a JSON round trip of the state, as the checkpoint stores it.
-    p = pipelines.make(text_config, "train")
+    assert_resumes_exactly(text_config)
+
+
+def assert_resumes_exactly(config):
+    """Resumed mid-stream from a JSON round trip of its state (as the checkpoint stores it),
+    the training pipeline gives the batches it would have given."""
+    p = pipelines.make(config, "train")
     take(p, 3)
     state = json.loads(json.dumps(p.get_state()))
     expected = take(p, 4)
-    resumed = pipelines.make(text_config, "train")
+    resumed = pipelines.make(config, "train")
     resumed.set_state(state)
     assert_same(expected, take(resumed, 4))
 
