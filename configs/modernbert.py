@@ -47,7 +47,9 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     s = config.schedule
     s.name, s.decay_shape, s.final_fraction = "wsd", "1-sqrt", 0.0
     d = config.data
+    d.instances = "packed"  # each document's sequences packed into rows, attention per sequence
     d.masked_lm_prob = 0.3
+    d.eval_masked_lm_prob = 0.15
     d.whole_word_masking = False
     config.train.keep_checkpoints = 5
     if arg in ("base", "large"):

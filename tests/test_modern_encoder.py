@@ -183,7 +183,8 @@ def test_a_context_extension_phase_changes_the_rope_base(cli, tmp_path, caplog):
                         str(tmp_path / "w"), "--config.data.name=synthetic", "--config.train.steps=6",
                         f"--config.data.phases={phases}", "--config.train.eval_every=3",
                         "--config.train.eval_steps=1", "--config.train.batch_size=8",
-                        "--config.model.attention_window=8", "--config.schedule.warmup_steps=2"])
+                        "--config.model.attention_window=8", "--config.schedule.warmup_steps=2",
+                        "--config.data.instances=full_rows"])
     assert code == 0, err
     assert "phase 1 from step 4" in caplog.text
 

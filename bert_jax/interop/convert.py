@@ -234,7 +234,10 @@ def model_config_from_hf(hf: dict[str, Any], name: str | None = None, use_pooler
         attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
         activation=HF_ACTIVATIONS[act], layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
         initializer_range=hf.get("initializer_range", 0.02), use_pooler=use_pooler,
-        num_labels=num_labels))
+        num_labels=num_labels,
+        # RoBERTa has no NSP head (nor a pooler); BERT's published MaskedLM checkpoints
+        # (bert-base-uncased) carry both
+        nsp=model_type == "bert"))
 
 
 def _check_sizes(hf: dict[str, Any], family: str) -> None:
@@ -466,6 +469,8 @@ def hf_config(model_cfg: dict[str, Any], special_ids: dict[str, int] | None = No
     if modernbert:
         return modernbert_hf_config(name, cfg, ids)
     architecture = (ROBERTA_ARCHITECTURE if roberta else HF_ARCHITECTURE)[name]
+    if name == "bert_pretraining" and not cfg.nsp and not roberta:
+        architecture = "BertForMaskedLM"  # masked LM only: no NSP head, no pooler
     out = {
         "architectures": [architecture], "model_type": "roberta" if roberta else "bert",
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.emb_dim,
