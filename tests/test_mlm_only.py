@@ -291,3 +291,27 @@ def test_full_rows_run_resumes_exactly(text_config, tmp_path):
     losses = [{r["step"]: r["loss"] for r in metrics.read_metrics(tmp_path / run / "metrics.jsonl")
                if "loss" in r} for run in ("full", "part")]
     assert losses[0] == losses[1] and len(losses[0]) == 6
+
+
+@pytest.mark.slow  # three short runs
+def test_modernbert_run_resumes_exactly(shared_data, tokenizer_dir, tmp_path):
+    """The ModernBERT recipe (packed documents, 30% masking, StableAdamW, rope, local and
+    global layers), stopped at step 3 and resumed, logs the losses of the run that went
+    straight through (docs/modernbert.md)."""
+    book = shared_data / "text" / "gutenberg" / "austen-emma.txt"
+
+    def config(steps):
+        c = config_lib.load("configs/modernbert.py:tiny", [
+            f"data.tokenizer={tokenizer_dir}", f"data.train_files={book}", "data.heldout_every=10",
+            "model.vocab_size=4000", "train.batch_size=8", "data.shuffle_window=5",
+            "data.max_seq_length=32", "data.max_predictions_per_seq=10", "model.attention_window=8"])
+        c.train.update(steps=steps, eval_every=0, eval_steps=1, log_every=1, checkpoint_every=3)
+        c.schedule.update(name="constant", warmup_steps=0)  # the same lr whatever train.steps
+        return c
+
+    train.train_and_evaluate(config(6), str(tmp_path / "full"))
+    train.train_and_evaluate(config(3), str(tmp_path / "part"))
+    train.train_and_evaluate(config(6), str(tmp_path / "part"))  # resumes at 3
+    losses = [{r["step"]: r["loss"] for r in metrics.read_metrics(tmp_path / run / "metrics.jsonl")
+               if "loss" in r} for run in ("full", "part")]
+    assert losses[0] == losses[1] and len(losses[0]) == 6
