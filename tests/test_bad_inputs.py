@@ -923,6 +923,25 @@ MLM25_CASES = [
     case("nsp-not-read-by-a-classifier", "info --config configs/glue.py:sst2,tiny "
          "--config.model.nsp=false", 2, "nsp", "'bert_classification'", "does not read"),
 ]
+MODERN = "info --config configs/modernbert.py:tiny"
+MODERN25_CASES = [
+    # the modern encoder's switches (issue 25), refused when the config is read
+    case("rope-theta-zero", MODERN + " --config.model.rope_theta=0", 1,
+         "model.rope_theta=0.0", "> 0"),
+    case("rmsnorm-with-bias", MODERN + " --config.model.normalization=rmsnorm "
+         "--config.model.norm_bias=true", 1, "model.normalization=rmsnorm", "model.norm_bias=False"),
+    case("mean-pooling-with-bert-pooler", "info --config configs/glue.py:sst2,tiny "
+         "--config.model.pooling=mean", 1, "model.pooling=mean", "model.task_head=modernbert"),
+    case("modern-window-not-below-the-length", "train --config configs/modernbert.py:tiny "
+         "--workdir {tmp}/w --config.data.name=synthetic --config.data.instances=full_rows "
+         "--config.data.max_seq_length=64 --config.data.max_predictions_per_seq=20", 1,
+         "model.attention_window=64", "sequence length 64"),
+    case("rope-base-phase-on-a-learned-position-model", PRETRAIN
+         + " --config.data.phases=\"((0, 16, 3, 0, 1000.0),)\"", 1,
+         "data.phases[0]", "model.positions='learned'"),
+    case("unknown-encoder-size", "info --config configs/glue.py:sst2,modernbert-huge", 2,
+         "'huge'", "modernbert"),
+]
 
 def modernbert_checkpoint(**changes):
     """A setup saving a tiny ModernBERT-like classifier with `changes` into tmp/mb."""
@@ -968,7 +987,8 @@ MODERNBERT_HF_CASES = [
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
          + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + OPTIM25_CASES + ROBERTA_CASES
-         + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM25_CASES)
+         + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM25_CASES
+         + MODERN25_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -1141,6 +1161,6 @@ def test_the_table_covers_every_area():
              "optimizer (issue 25)": OPTIM25_CASES, "RoBERTa (issue 25)": ROBERTA_CASES,
              "attention patterns": PATTERN_CASES, "attention on GPU": ATTENTION_GPU_CASES,
              "ModernBERT in and out": MODERNBERT_HF_CASES,
-             "MLM only (issue 25)": MLM25_CASES}
+             "MLM only (issue 25)": MLM25_CASES, "modern encoder (issue 25)": MODERN25_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)
