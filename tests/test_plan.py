@@ -104,6 +104,19 @@ def test_an_oversized_batch_does_not_fit_in_the_compilers_words(cli):
     assert "exceeds available HBM" in out and "NO" in out
 
 
+def test_the_compilers_words_keep_their_numbers_whole():
+    """No compile: libtpu 0.0.42.1's refusal as `plan` caught it (the oversized batch above);
+    the sentence is kept from its start, the decimal point in 47.78G not taken for its end."""
+    said = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+            "temporaries (47.78G) exceeds available HBM (15.48G).\nMore details...")
+    assert plan._compiler_line(said) == (
+        "Ran out of memory on HBM, the total memory required for HLO temporaries (47.78G) "
+        "exceeds available HBM (15.48G)")
+    assert plan._compiler_line("XLA:TPU compile permanent error. Program hbm requirement "
+                               "72.20G exceeds available HBM (31.25G); details") == (
+        "Program hbm requirement 72.20G exceeds available HBM (31.25G)")
+
+
 @needs_libtpu
 @pytest.mark.slow
 def test_plan_json_for_scripts(cli):

@@ -199,8 +199,9 @@ def _compiled_flops(exe) -> float | None:
 
 
 def _compiler_line(message: str) -> str:
-    """The compiler's 'X exceeds available HBM (Y)' sentence, or its first line."""
-    m = re.search(r"[^.:\n]*exceeds[^\n]*?HBM \([^)]*\)", message)
+    """The compiler's 'X exceeds available HBM (Y)' sentence, or its first line (a sentence
+    ends at '.' or ':' before a space, so '47.78G' and 'XLA:TPU' stay whole)."""
+    m = re.search(r"(?:[^.:\n]|[.:](?!\s))*exceeds[^\n]*?HBM \([^)]*\)", message)
     return (m.group(0) if m else message.splitlines()[0]).strip()[:300]
 
 
