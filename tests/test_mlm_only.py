@@ -273,6 +273,21 @@ def test_the_model_has_no_nsp_head_or_pooler():
     assert set(with_nsp(ids)) == {"mlm_logits", "nsp_logits"}
 
 
+def assert_stopped_and_resumed_run_matches(config, tmp_path):
+    """config(steps): a run config saving every 3 steps, its lr independent of train.steps.
+    Six steps straight through and three then three more (resumed) log the same losses."""
+    c = config(6)
+    c.train.update(eval_every=0, eval_steps=1, log_every=1, checkpoint_every=3)
+    train.train_and_evaluate(c, str(tmp_path / "full"))
+    for steps in (3, 6):  # the second resumes at 3
+        c = config(steps)
+        c.train.update(eval_every=0, eval_steps=1, log_every=1, checkpoint_every=3)
+        train.train_and_evaluate(c, str(tmp_path / "part"))
+    losses = [{r["step"]: r["loss"] for r in metrics.read_metrics(tmp_path / run / "metrics.jsonl")
+               if "loss" in r} for run in ("full", "part")]
+    assert losses[0] == losses[1] and len(losses[0]) == 6
+
+
 @pytest.mark.slow  # three short runs
 def test_full_rows_run_resumes_exactly(text_config, tmp_path):
     """Stopped at step 3 and resumed, a full_rows run (its concat-then-split position restored
@@ -281,16 +296,11 @@ def test_full_rows_run_resumes_exactly(text_config, tmp_path):
         c = with_data(text_config, instances="full_rows", max_seq_length=32,
                       max_predictions_per_seq=10, shuffle_window=5)
         c.model.update(num_layers=1, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64)
-        c.train.update(steps=steps, eval_every=0, eval_steps=1, log_every=1, checkpoint_every=3)
+        c.train.steps = steps
         c.schedule.update(name="constant", warmup_steps=0)
         return c
 
-    train.train_and_evaluate(config(6), str(tmp_path / "full"))
-    train.train_and_evaluate(config(3), str(tmp_path / "part"))
-    train.train_and_evaluate(config(6), str(tmp_path / "part"))  # resumes at 3
-    losses = [{r["step"]: r["loss"] for r in metrics.read_metrics(tmp_path / run / "metrics.jsonl")
-               if "loss" in r} for run in ("full", "part")]
-    assert losses[0] == losses[1] and len(losses[0]) == 6
+    assert_stopped_and_resumed_run_matches(config, tmp_path)
 
 
 @pytest.mark.slow  # three short runs
@@ -305,13 +315,8 @@ def test_modernbert_run_resumes_exactly(shared_data, tokenizer_dir, tmp_path):
             f"data.tokenizer={tokenizer_dir}", f"data.train_files={book}", "data.heldout_every=10",
             "model.vocab_size=4000", "train.batch_size=8", "data.shuffle_window=5",
             "data.max_seq_length=32", "data.max_predictions_per_seq=10", "model.attention_window=8"])
-        c.train.update(steps=steps, eval_every=0, eval_steps=1, log_every=1, checkpoint_every=3)
+        c.train.steps = steps
         c.schedule.update(name="constant", warmup_steps=0)  # the same lr whatever train.steps
         return c
 
-    train.train_and_evaluate(config(6), str(tmp_path / "full"))
-    train.train_and_evaluate(config(3), str(tmp_path / "part"))
-    train.train_and_evaluate(config(6), str(tmp_path / "part"))  # resumes at 3
-    losses = [{r["step"]: r["loss"] for r in metrics.read_metrics(tmp_path / run / "metrics.jsonl")
-               if "loss" in r} for run in ("full", "part")]
-    assert losses[0] == losses[1] and len(losses[0]) == 6
+    assert_stopped_and_resumed_run_matches(config, tmp_path)
