@@ -4,8 +4,10 @@ peers.py (here with this environment's transformers), a missing peer is skipped 
 and the table prints ratios."""
 
 import json
+import shutil
 import sys
 
+import numpy as np
 import pytest
 
 from bert_jax.tools import modelbench
@@ -165,3 +167,134 @@ def test_the_long_document_configs_are_valid():
         config = config_lib.load(str(REPO / "configs/glue.py:sst2,long"), pattern)
         config_lib.validate(config, 1)
         assert config.data.max_seq_length == config.model.max_len == 4096 and not config.data.pack
+
+
+# `bench pretrain` (bert_jax/tools/pretrainbench.py): time to quality.
+
+def test_time_to_target_interpolates_between_checkpoints():
+    from bert_jax.tools import pretrainbench as pb
+
+    curve = [(10.0, 8.0), (20.0, 6.0), (30.0, 5.0)]
+    assert pb.time_to(curve, 7.0) == pytest.approx(15.0)  # halfway from 8 to 6
+    assert pb.time_to(curve, 8.5) == 10.0  # already at the first checkpoint
+    assert pb.time_to(curve, 5.0) == 30.0
+    assert pb.time_to(curve, 4.9) is None  # never reached
+
+
+def test_the_target_is_the_worst_best_loss_and_ratios_are_against_hf():
+    from bert_jax.tools import pretrainbench as pb
+
+    def run(points):  # step -> (train_s, loss); wall_s = train_s + 10
+        return {"timeline": {s: {"train_s": t, "wall_s": t + 10, "heldout_mlm_loss": loss,
+                                 "tokens_per_step": 4096}
+                             for s, (t, loss) in points.items()}}
+    runs = {"bert2018": run({10: (20.0, 7.0), 20: (40.0, 6.0)}),
+            "modern": run({10: (10.0, 6.0), 20: (20.0, 5.0)}),
+            "hf": run({10: (40.0, 7.5), 20: (80.0, 6.5)})}
+    s = pb.summarize(runs)
+    assert s["target_loss"] == 6.5  # hf's best, the worst of the three
+    t = s["time_to_target"]
+    assert t["hf"]["train_s"] == 80.0 and t["hf"]["wall_s"] == 90.0
+    assert t["bert2018"]["train_s"] == pytest.approx(30.0)  # halfway from 7 to 6
+    assert t["modern"]["train_s"] == 10.0 and t["modern"]["step"] == 10
+    assert s["speedup_vs_hf"]["modern"]["train_s"] == pytest.approx(8.0)
+    assert s["speedup_vs_hf"]["bert2018"]["wall_s"] == pytest.approx(90 / 40)
+    table = pb.tables(runs, s, None)
+    assert "| modern recipe (ours) | 4096 | 5.000 | 10 | 10 | 20 | 8.00x | 4.50x |" in table
+
+
+def test_masked_lm_loss_of_uniform_logits_is_log_vocab():
+    from bert_jax.tools import pretrainbench as pb
+
+    logits = np.zeros((2, 3, 8), np.float32)
+    logits[0, 0, 5] = 100.0  # certain and right: loss 0
+    labels = np.array([[5, 0, 1], [2, 3, 4]])
+    weights = np.array([[1, 1, 0], [1, 0, 0]], np.float32)  # 3 positions count
+    ce, correct = pb.masked_lm_loss(logits, labels, weights)
+    assert ce == pytest.approx(2 * np.log(8), rel=1e-6)
+    assert correct == 2  # the certain one, and label 0 (argmax of a uniform row is 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory, shared_data):
+    from bert_jax.tools import pretrainbench as pb
+
+    text = shared_data / "text"
+    out = tmp_path_factory.mktemp("ttq") / "corpus"
+    counts = pb.build_corpus([text / "wikitext2" / "valid.txt",
+                              text / "gutenberg" / "blake-poems.txt"], out, vocab_size=600)
+    return out, counts
+
+
+def test_the_heldout_set_is_fixed_masked_at_15_percent_and_apart_from_training(tiny_corpus):
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.tools import pretrainbench as pb
+
+    corpus, counts = tiny_corpus
+    assert counts["heldout"] >= 5 and counts["train"] == pytest.approx(19 * counts["heldout"], abs=19)
+    train = (corpus / "train.txt").read_text().split("\n\n")
+    heldout = (corpus / "heldout.txt").read_text().split("\n\n")
+    assert not set(train) & (set(heldout) - {""})
+    tok = tokenizer_lib.load_tokenizer(corpus / "vocab")
+    a, b = (pb.heldout_set(corpus / "heldout.txt", tok, rows=32, seq_len=64) for _ in range(2))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    real = a["attention_mask"].sum(1)
+    masked = a["masked_lm_weights"].sum(1)
+    assert np.all(masked == np.minimum(np.round(0.15 * real), 10))  # 15%, at most 10 of 64
+    assert np.all(a["input_ids"][:, 0] == tok.cls_id) and not a["token_type_ids"].any()
+
+
+def test_ours_and_hf_score_the_same_weights_alike(tiny_corpus, tmp_path):
+    """The held-out loss is measured the same way for every recipe: a HF BertForMaskedLM and the
+    same weights converted into ours score equal losses."""
+    torch = pytest.importorskip("torch")
+    from transformers import BertConfig, BertForMaskedLM
+
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.tools import pretrainbench as pb
+
+    corpus, counts = tiny_corpus
+    tok = tokenizer_lib.load_tokenizer(corpus / "vocab")
+    evalset = pb.heldout_set(corpus / "heldout.txt", tok, rows=16, seq_len=64)
+    torch.manual_seed(0)
+    hf = BertForMaskedLM(BertConfig(vocab_size=counts["vocab_size"], hidden_size=32,
+                                    num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=64, max_position_embeddings=64))
+    hf.save_pretrained(tmp_path / "hf")
+    shutil.copy(corpus / "vocab" / "vocab.txt", tmp_path / "hf" / "vocab.txt")
+    ours = pb.convert_hf(tmp_path / "hf", tmp_path / "ours")
+    theirs = pb.score_hf({0: tmp_path / "hf"}, evalset, batch=8)[0]
+    mine = pb.score_ours(ours, [0], evalset, batch=8)[0]
+    assert mine["heldout_mlm_loss"] == pytest.approx(theirs["heldout_mlm_loss"], abs=1e-4)
+    assert mine["heldout_mlm_accuracy"] == pytest.approx(theirs["heldout_mlm_accuracy"], abs=1e-3)
+    assert theirs["heldout_mlm_loss"] == pytest.approx(np.log(counts["vocab_size"]), abs=0.5)
+
+
+@pytest.mark.slow
+def test_bench_pretrain_runs_the_three_recipes_and_fine_tunes_them(tiny_corpus, tmp_path, shared_data):
+    """The whole section at a toy size: 2 steps a recipe, a checkpoint each step, 2 SST-2 steps."""
+    pytest.importorskip("torch")
+    from bert_jax.tools import pretrainbench as pb
+
+    text = shared_data / "text"
+    r = pb.bench_pretrain(str(tmp_path), size="tiny", steps=2, batch=8, seq_len=128, every=1,
+                          eval_rows=16, finetune_steps=2, vocab_size=600,
+                          files=[text / "wikitext2" / "valid.txt",
+                                 text / "gutenberg" / "blake-poems.txt"],
+                          finetune_overrides=["data.max_train_examples=64"])
+    assert list(r["runs"]) == ["bert2018", "modern", "hf"]
+    for run in r["runs"].values():
+        assert sorted(run["timeline"]) == [1, 2]
+        p1, p2 = run["timeline"][1], run["timeline"][2]
+        assert 0 < p1["train_s"] < p2["train_s"] <= p2["wall_s"]
+        assert 0 < p2["heldout_mlm_loss"] < 2 * np.log(600)
+        assert 0 < p2["tokens_per_step"] <= 8 * 128
+    assert r["runs"]["hf"]["same_tokens_as_ours"] == 1.0
+    best = [min(p["heldout_mlm_loss"] for p in run["timeline"].values())
+            for run in r["runs"].values()]
+    assert r["summary"]["target_loss"] == pytest.approx(max(best), abs=1e-4)
+    assert all(0 <= f["dev_accuracy"] <= 1 and f["steps"] == 2 for f in r["finetune"].values())
+    assert r["finetune"]["modern"]["config"] == "configs/glue.py:sst2,modernbert-tiny"
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["summary"]["target_loss"] == pytest.approx(max(best), abs=1e-3)
+    assert (tmp_path / "result.md").read_text().startswith("| step |")

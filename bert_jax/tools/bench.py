@@ -44,6 +44,17 @@
       vocab on the training excerpts; for each pattern (full, local, bigbird; xla kernel) dev
       accuracy and the train step time. Prints a markdown table and JSON.
 
+  python -m bert_jax.tools.bench pretrain [--workdir runs/pretrain_bench] [--size mini] [--steps 200]
+                                    [--every 20] [--finetune_steps 250]
+      Time to quality (pretrainbench.py; docs/modernbert.md#time-to-quality): one WordPiece
+      vocab (8,192) on WikiText-2 + the Gutenberg books (every 20th document held out), the
+      same model size pretrained with the same rows of 32 x 128 tokens per step and the same
+      steps three ways: configs/bert_pretrain.py (BERT 2018), configs/modernbert.py (modern),
+      HF PyTorch BertForMaskedLM with HF's MLM collator; held-out MLM loss at 15% (one fixed
+      masked set) on every checkpoint against the training time, the time each takes to a
+      common target loss and the ratios to HF; then SST-2 dev accuracy of each after the same
+      fine-tuning. Prints markdown tables; writes result.json and result.md in the workdir.
+
   python -m bert_jax.tools.bench restart [--config configs/bert_pretrain.py:tiny] [--config.x=v ...]
       Time to the first step of a training run and of its resumed run, with JAX's persistent
       compilation cache and without: `bert-jax train` (synthetic data, log every step) is
@@ -486,7 +497,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["data", "multi30k", "model", "restart", "long",
-                                         "attention", "longdoc"])
+                                         "attention", "longdoc", "pretrain"])
     parser.add_argument("--lengths", default="512,2048,8192", help="attention: sequence lengths")
     parser.add_argument("--topologies", default="v5litepod-8,v5p-8", help="attention: TPU slices")
     parser.add_argument("--kernels", default="xla,splash", help="attention: kernels planned")
@@ -496,12 +507,15 @@ def main() -> None:
                         help="model: the peers' Python ('none': ours only)")
     parser.add_argument("--glue", default=None, help="model: GLUE folder with SST-2/ "
                         "(default ../shared/data/glue beside the checkout or $BERT_JAX_SHARED_DATA)")
-    parser.add_argument("--steps", type=int, default=10, help="model: timed pretraining steps")
+    parser.add_argument("--steps", type=int, default=None, help="model: timed pretraining steps "
+                        "(default 10); pretrain: steps of each recipe (default 200)")
+    parser.add_argument("--every", type=int, default=20, help="pretrain: steps between checkpoints")
+    parser.add_argument("--size", default="mini", help="pretrain: the miniature size")
     parser.add_argument("--finetune_steps", type=int, default=250)
     parser.add_argument("--out", default="bench_model.json", help="model: results file")
     parser.add_argument("--workdir", default=None, help="multi30k: run directory (default "
-                        "runs/multi30k_bench); long, longdoc: their runs (default runs/long_bench, "
-                        "runs/longdoc_bench); "
+                        "runs/multi30k_bench); long, longdoc, pretrain: their runs (default "
+                        "runs/long_bench, runs/longdoc_bench, runs/pretrain_bench); "
                         "restart: where the runs and the cache go (default: "
                         "a new temporary folder)")
     parser.add_argument("--config", default=None, help="restart: the config trained (default "
@@ -537,12 +551,22 @@ def main() -> None:
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.what == "pretrain":
+        from bert_jax.tools import pretrainbench
+
+        result = pretrainbench.bench_pretrain(
+            args.workdir or "runs/pretrain_bench", size=args.size, steps=args.steps or 200,
+            every=args.every, finetune_steps=args.finetune_steps,
+            glue_dir=Path(args.glue) if args.glue else None)
+        print(result["table"])
+        print(json.dumps(pretrainbench.rounded(result)))
+        return
     if args.what == "model":
         logging.basicConfig(level=logging.WARNING)
         shared = paths.shared_data()
         results = modelbench.bench_model(
             peers_python=None if args.peers == "none" else args.peers,
-            data_dir=Path(args.glue) if args.glue else shared / "glue", steps=args.steps,
+            data_dir=Path(args.glue) if args.glue else shared / "glue", steps=args.steps or 10,
             finetune_steps=args.finetune_steps, out=Path(args.out))
         print(results["table"])
         print(f"(all results: {args.out})")
