@@ -28,6 +28,7 @@ DOCS = sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))
 NEEDS = {
     "docs/checkpoints.md": ("docs/finetuning.md",),  # exports the fine-tuned /tmp/mrpc
     "docs/pictures.md": ("docs/pretraining.md",),  # draws demo_out/run, here /tmp/bert_text
+    "docs/modernbert.md": ("docs/pretraining.md",),  # trains with its /tmp/vocab
 }
 def page_commands(page: str) -> list[str]:
     """Every `.venv/bin/bert-jax ...` command in the page's code blocks, continuation lines
