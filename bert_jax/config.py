@@ -202,7 +202,8 @@ def finetune_defaults(task: str, size: str = "base") -> ml_collections.ConfigDic
         d.num_choices = 4  # endings per example (the reader checks each row)
     else:
         raise ConfigError(f"fine-tuning task {task!r}: choose glue, ner, squad or swag")
-    if size.rpartition("-")[2] in ("tiny", "mini"):  # CPU-sized runs (also modernbert-tiny), often from scratch: a larger step size
+    # CPU-sized runs (also modernbert-tiny), often from scratch: a larger step size
+    if size.rpartition("-")[2] in ("tiny", "mini"):
         config.optimizer.learning_rate = 1e-3
         # with bias correction: adam_weight_decay's early steps (up to 6.6x) at this lr leave
         # SST-2, MRPC and NER from scratch at the majority class (docs/training.md#optimizers)

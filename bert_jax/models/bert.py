@@ -14,6 +14,7 @@ from bert_jax.models.config import BertConfig
 from bert_jax.models.layers import (
     ACTIVATIONS,
     Array,
+    add_positions,
     attend,
     dense,
     dropout,
@@ -21,7 +22,6 @@ from bert_jax.models.layers import (
     layer_flops_per_token,
     layer_norm,
     logits_flops_per_token,
-    sinusoidal_positions,
     split_rng,
 )
 from bert_jax.models.transformer import Encoder
@@ -41,17 +41,13 @@ class BertEmbeddings(nnx.Module):
                            if cfg.type_vocab_size else None)
         self.norm = layer_norm(cfg, rngs=rngs) if cfg.embedding_norm else None
         self.dropout_rate = cfg.dropout_rate
-        self.emb_dim = cfg.emb_dim
 
     def __call__(self, ids_BT: Array, token_type_ids_BT: Array, positions_BT: Array,
                  rng: Array | None) -> Array:
         x_BTD = self.word(ids_BT)
         if self.token_type is not None:
             x_BTD = x_BTD + self.token_type(token_type_ids_BT)
-        if self.position is not None:
-            x_BTD = x_BTD + self.position(positions_BT)
-        elif self.sinusoidal:
-            x_BTD = x_BTD + sinusoidal_positions(positions_BT, self.emb_dim).astype(x_BTD.dtype)
+        x_BTD = add_positions(x_BTD, positions_BT, self.position, self.sinusoidal)
         if self.norm is not None:
             x_BTD = self.norm(x_BTD)
         return dropout(x_BTD, self.dropout_rate, rng)
@@ -122,7 +118,8 @@ class BertModel(nnx.Module):
         shape; packed rows hold several [CLS]); default: each row's first token.
 
         Returns sequence_output [B,T,D], pooled_output [B,D] or [*cls_index.shape, D] (with a
-        pooler; mean pooling averages each example's tokens); with return_hidden, hidden_states [L+1,B,T,D]: the embeddings then every
+        pooler; mean pooling averages each example's tokens); with return_hidden, hidden_states
+        [L+1,B,T,D]: the embeddings then every
         layer's output. attention_out: a dict that receives "encoder", every layer's and head's
         attention probabilities [L,B,N,T,T] (query x key), as every model's attention_out does.
         """

@@ -273,6 +273,17 @@ ACTIVATIONS = {
 }
 
 
+def add_positions(x_BTD: Array, positions_BT: Array, table: nnx.Embed | None,
+                  sinusoidal: bool) -> Array:
+    """x plus its position embeddings: the learned `table`'s rows, or the sinusoidal encoding,
+    or nothing (rope: the attention applies it)."""
+    if table is not None:
+        return x_BTD + table(positions_BT)
+    if sinusoidal:
+        return x_BTD + sinusoidal_positions(positions_BT, x_BTD.shape[-1]).astype(x_BTD.dtype)
+    return x_BTD
+
+
 def sinusoidal_positions(positions: Array, dim: int) -> Array:
     """Paper 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same)."""
     inv_freq = 10000.0 ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)

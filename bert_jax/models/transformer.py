@@ -18,6 +18,7 @@ from bert_jax.models.layers import (
     Array,
     Cache,
     ModelConfig,
+    add_positions,
     attend,
     constrain,
     dense,
@@ -26,7 +27,6 @@ from bert_jax.models.layers import (
     layer_flops_per_token,
     layer_norm,
     logits_flops_per_token,
-    sinusoidal_positions,
     split_rng,
 )
 
@@ -239,11 +239,8 @@ class TokenEmbedder(nnx.Module):
         self.emb_dim = cfg.emb_dim
 
     def __call__(self, ids_BT: Array, positions_BT: Array, rng: Array | None) -> Array:
-        x_BTD = self.token(ids_BT) * self.scale
-        if self.sinusoidal:
-            x_BTD = x_BTD + sinusoidal_positions(positions_BT, self.emb_dim).astype(x_BTD.dtype)
-        elif self.position is not None:
-            x_BTD = x_BTD + self.position(positions_BT)
+        x_BTD = add_positions(self.token(ids_BT) * self.scale, positions_BT, self.position,
+                              self.sinusoidal)
         return dropout(x_BTD, self.dropout_rate, rng)
 
 
