@@ -25,8 +25,11 @@ TEST_WORKERS ?= 2
 PYTEST := XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q \
 	-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
+# Everything, in two runs: the quick tests (tiny models, compiled faster at XLA's -O0, which
+# tests/conftest.py sets for -m "not slow"), then the slow ones (XLA's default optimisation, under
+# which long trainings run twice as fast). Non-zero if either run fails.
 test: install
-	$(PYTEST) tests
+	$(PYTEST) -m "not slow" tests; quick=$$?; $(PYTEST) -m slow tests && exit $$quick
 
 # Everyday work: every test not marked slow (docs/testing.md).
 test-quick: install
