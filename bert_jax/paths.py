@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 def shared_data() -> Path:
     """The project's real test data: ../shared/data beside the checkout, or
     $BERT_JAX_SHARED_DATA (configs/multi30k.py and the benchmarks read it)."""
-    return Path(os.environ.get("BERT_JAX_SHARED_DATA", REPO.parent / "shared" / "data"))
+    return Path(os.environ.get("BERT_JAX_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 
 def is_remote(path: str | os.PathLike) -> bool:

@@ -51,8 +51,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def shared_data_dir() -> Path:
-    """../shared/data beside the checkout, or $BERT_JAX_SHARED_DATA."""
-    return Path(os.environ.get("BERT_JAX_SHARED_DATA", REPO.parent / "shared" / "data"))
+    """../shared/data beside the checkout, or $BERT_JAX_SHARED_DATA (when set and not empty)."""
+    return Path(os.environ.get("BERT_JAX_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 
 @pytest.fixture(scope="session")
