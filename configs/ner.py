@@ -1,7 +1,8 @@
 """Named entity recognition (Devlin et al. 2019, 5.3): each word's first sub-token -> a tag;
 entity-level precision / recall / F1 (conlleval / seqeval semantics) on dev.
 
-Variants (`arg`): `conll2003` or `wnut17`, optionally `,<size>` (tiny ... large, or modernbert-<size>; default base).
+Variants (`arg`): `conll2003` or `wnut17`, optionally `,<size>` (tiny ... large, or
+modernbert-<size>; default base).
 Any `token ... tag` column file works: set data.data_dir, data.train_file/dev_file/test_file
 and data.labels (the tag set, 'O' first; model.num_labels must equal its length).
   bert-jax train --config configs/ner.py:conll2003 --workdir /runs/ner \\

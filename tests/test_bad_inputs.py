@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tokenizers
 from conftest import REPO
 from flax import nnx
 
@@ -521,7 +522,7 @@ CONVERT_CASES = [
          setup=copy_of("hf", replace("vocab.txt", "\n".join(
              ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(200)]) + "\n"))),
     case("convert-no-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "vocab.txt",
-         setup=copy_of("hf", remove("vocab.txt"))),
+         setup=copy_of("hf", remove("vocab.txt"), remove("tokenizer.json"))),
     case("convert-unknown-head", "convert hf:{hf} {tmp}/out --head bert_regression", 1,
          "--head='bert_regression'", "bert_classification"),
     case("convert-out-has-checkpoints", "convert hf:{hf} {ckpt}", 1, "already holds checkpoints"),
@@ -876,6 +877,8 @@ def converted_roberta(**changes):
     return setup
 
 
+UNIGRAM_JSON = tokenizers.Tokenizer(tokenizers.models.Unigram([("[UNK]", 0.0), ("a", -1.0)], 0)).to_str()
+
 ROBERTA_CASES = [
     case("convert-unsupported-family", "convert hf:{tmp}/hf {tmp}/out", 1, "model_type='deberta-v2'",
          "does not convert", "supported model_type: 'bert', 'roberta', 'modernbert'",
@@ -884,8 +887,9 @@ ROBERTA_CASES = [
          "pad_token_id=-1", "max_position_embeddings",
          setup=copy_of("hf", hf_config(model_type="roberta", pad_token_id=-1))),
     case("convert-tokenizer-json-not-bpe", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
-         "WordPiece", "byte-level BPE", "vocab.txt",
-         setup=copy_of("hf", hf_config(model_type="roberta"), remove("vocab.txt"))),
+         "a Unigram tokenizer", "byte-level BPE", "WordPiece",
+         setup=copy_of("hf", hf_config(model_type="roberta"), remove("vocab.txt"),
+                       replace("tokenizer.json", UNIGRAM_JSON))),
     case("export-roberta-pad-not-before-positions", "export {tmp}/rob hf:{tmp}/out", 1,
          "model.position_offset=3", "pad id + 1 = 1", "Hugging Face RoBERTa",
          setup=converted_roberta(pad_token_id=2)),

@@ -166,6 +166,65 @@ def test_exported_tokenizer_loads_as_the_published_one(tmp_path, wordpiece_vocab
     assert ours.decode(ours("the life's work, isn't it?")["input_ids"][1:-1]) == "the life's work, isn't it?"
 
 
+def hf_ids(tokenizer, lines):
+    return tokenizer(lines, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_a_bert_folder_saved_by_transformers_5_converts_with_its_tokenizer(
+        tmp_path, wordpiece_vocab, shared_data, lowercase):
+    """transformers 5 saves a BERT's tokenizer as tokenizer.json alone (no vocab.txt): convert
+    reads its WordPiece vocab and casing; the converted tokenizer equals HF's on real text, and
+    the checkpoint's vocab.txt is the model's vocab in id order."""
+    vocab = tokenizer_lib.load_vocab(wordpiece_vocab)
+    src = tmp_path / "hf"
+    transformers.BertModel(transformers.BertConfig(
+        vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=512)).save_pretrained(src)
+    theirs = transformers.BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=lowercase)
+    theirs.save_pretrained(src)
+    assert not (src / "vocab.txt").exists()
+    convert.convert_hf(src, tmp_path / "ours")
+    assert tokenizer_lib.load_vocab(tmp_path / "ours" / "vocab.txt") == vocab
+    lines, pairs = real_lines(shared_data)
+    lines += [q for q, _ in pairs] + ["Ünïcödé CAFÉ Σίσυφος", "HELLO world"]
+    theirs = transformers.AutoTokenizer.from_pretrained(src)
+    for ours in (tokenizer_lib.load_tokenizer(tmp_path / "ours"), tokenizer_lib.load_hf_tokenizer(src)):
+        assert ours.lowercase == lowercase
+        assert [list(ids) for ids in ours.encode_batch(lines)] == hf_ids(theirs, lines)
+    # transformers rebuilds the normaliser from tokenizer_config.json (do_lower_case: true when
+    # absent), whatever tokenizer.json's says; so does convert.
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    del config["do_lower_case"]
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    theirs = transformers.AutoTokenizer.from_pretrained(src)
+    ours = tokenizer_lib.load_hf_tokenizer(src)
+    assert ours.lowercase and theirs.backend_tokenizer.normalizer.lowercase
+    assert [list(ids) for ids in ours.encode_batch(lines)] == hf_ids(theirs, lines)
+
+
+def test_a_tokenizer_json_beyond_bert_wordpiece_is_refused(tmp_path, wordpiece_vocab, english_lines):
+    """An id without a token (a vocab.txt's duplicate line) reads as transformers reads it; what
+    BertTokenizer's vocab cannot state is one line naming it, not another tokenizer."""
+    vocab = tokenizer_lib.load_vocab(wordpiece_vocab)
+    ids = {t: i for i, t in enumerate(vocab)}
+    del ids["the"]  # e.g. "the" on two lines of vocab.txt: its first id is left without a token
+    transformers.BertTokenizer(vocab=ids).save_pretrained(tmp_path)
+    lines = english_lines[:200]
+    assert ([list(x) for x in tokenizer_lib.load_hf_tokenizer(tmp_path).encode_batch(lines)]
+            == hf_ids(transformers.AutoTokenizer.from_pretrained(tmp_path), lines))
+    state = json.loads((tmp_path / "tokenizer.json").read_text())
+    state["added_tokens"].append({"id": len(vocab), "content": "<new>", "special": False})
+    (tmp_path / "tokenizer.json").write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="tokens added beyond the WordPiece vocab [(]<new>[)]"):
+        tokenizer_lib.load_hf_tokenizer(tmp_path)
+    state["added_tokens"].pop()
+    state["model"]["continuing_subword_prefix"] = "@@"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="WordPiece with {'continuing_subword_prefix': '@@'}"):
+        tokenizer_lib.load_hf_tokenizer(tmp_path)
+
+
 def test_sentencepiece_checkpoint_exports_without_tokenizer(tmp_path, english_lines, caplog):
     spm_dir = tokenizer_lib.train_vocab(english_lines, size=300, kind="sentencepiece",
                                         out_dir=tmp_path / "spm")

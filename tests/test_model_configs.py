@@ -130,7 +130,9 @@ def test_checkpoint_field_lists_come_from_the_field_metadata():
 def _changed(value, meta):
     if meta["choices"]:
         return next(c for c in meta["choices"] if c != value)
-    return (not value) if isinstance(value, bool) else value + 7 if isinstance(value, int) else value / 2  # +7: vocab_multiple 8 pads 30522
+    if isinstance(value, bool):
+        return not value
+    return value + 7 if isinstance(value, int) else value / 2  # +7: vocab_multiple 8 pads 30522
 
 
 def test_the_flops_count_reads_exactly_the_fields_marked_flops():

@@ -51,7 +51,8 @@ def test_rope_scores_depend_only_on_the_offset():
     rng = np.random.default_rng(0)
     q, k = (jnp.asarray(rng.normal(size=(1, 1, 1, 16)), jnp.float32) for _ in range(2))
     def score(t, s, theta=100.0):
-        return float(jnp.sum(layers.rope(q, jnp.array([[t]]), theta) * layers.rope(k, jnp.array([[s]]), theta)))
+        rq, rk = layers.rope(q, jnp.array([[t]]), theta), layers.rope(k, jnp.array([[s]]), theta)
+        return float(jnp.sum(rq * rk))
     for c in (1, 7, 300):
         assert score(3 + c, 5 + c) == pytest.approx(score(3, 5), rel=1e-4, abs=1e-5)
     assert score(0, 0) == pytest.approx(float(jnp.sum(q * k)), rel=1e-6)

@@ -22,7 +22,14 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models as tokenizer_models
 
 from bert_jax import paths
-from bert_jax.data.wordpiece import CONFIG_NAME, SPECIAL_TOKENS, VOCAB_NAME, WordPieceTokenizer, load_vocab
+from bert_jax.data.wordpiece import (
+    CONFIG_NAME,
+    SPECIAL_TOKENS,
+    VOCAB_NAME,
+    WordPieceTokenizer,
+    load_vocab,
+    read_tokenizer_json,
+)
 
 META_NAME, SPM_NAME, SPM_VOCAB_NAME = "bert_jax_tokenizer.json", "spm.model", "spm.vocab"
 SP_SPACE = "\u2581"  # "▁": SentencePiece's marker for a preceding space, i.e. a word start
@@ -385,7 +392,7 @@ class _WordPiece(Tokenizer):
             hf = _read_json(directory / CONFIG_NAME)  # HF tokenizer_config.json, if any
             lowercase = meta.get("lowercase", hf.get("do_lower_case"))
         if lowercase is None:  # no stated casing: uncased unless the vocab has an uppercase token
-            vocab = load_vocab(directory / VOCAB_NAME)
+            vocab = _wordpiece_vocab(directory)
             lowercase = not any(t != t.lower() for t in vocab if not (t[:1] == "[" and t[-1:] == "]"))
         # Ours are in bert_jax_tokenizer.json; absent (a folder from before them, or from HF):
         # WORDPIECE_OPTIONS, i.e. Google's behaviour.
@@ -398,7 +405,7 @@ class _WordPiece(Tokenizer):
         starts = np.array([not t.startswith("##") for t in wp.vocab], bool)
         super().__init__(directory, "wordpiece", wp.vocab, lowercase,
                          (wp.pad_id, wp.unk_id, wp.cls_id, wp.sep_id, wp.mask_id), starts,
-                         directory / VOCAB_NAME)
+                         directory / (VOCAB_NAME if (directory / VOCAB_NAME).is_file() else BPE_JSON))
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text, without [CLS]/[SEP] (batched and parallel in Rust)."""
@@ -542,8 +549,8 @@ class _ByteLevelBPE(Tokenizer):
             source = directory / BPE_JSON
             self._tok = tok = HFTokenizer.from_str(source.read_text("utf-8"))
             if not isinstance(tok.model, tokenizer_models.BPE):
-                raise ValueError(f"{source}: a {type(tok.model).__name__} tokenizer; only byte-level "
-                                 f"BPE is read from {BPE_JSON} (WordPiece: give its {VOCAB_NAME})")
+                raise ValueError(f"{source}: a {type(tok.model).__name__} tokenizer; {BPE_JSON} is read "
+                                 "with byte-level BPE (RoBERTa, ModernBERT) or BERT's WordPiece")
             tok.no_truncation()  # a saved tokenizer.json may say to cut or pad: rows do that here
             tok.no_padding()
             layout = _template_layout(json.loads(tok.to_str()).get("post_processor"))
@@ -683,12 +690,26 @@ def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
     return copied
 
 
+def _wordpiece_vocab(directory: Path) -> list[str]:
+    """vocab.txt's tokens, or tokenizer.json's WordPiece vocab where only that is there."""
+    if not (directory / VOCAB_NAME).is_file() and (directory / BPE_JSON).is_file():
+        return read_tokenizer_json(directory / BPE_JSON)
+    return load_vocab(directory / VOCAB_NAME)
+
+
 def _kinds_found(directory: Path) -> list[str]:
     """The tokenizer kinds whose files `directory` holds; a tokenizer.json counts (as BPE) only
     alone, since an exported BERT folder has one beside its vocab.txt."""
     files = {"wordpiece": VOCAB_NAME, "sentencepiece": SPM_NAME, "bpe": BPE_MERGES}
     found = [kind for kind, name in files.items() if (directory / name).is_file()]
-    return found or (["bpe"] if (directory / BPE_JSON).is_file() else [])
+    if found or not (directory / BPE_JSON).is_file():
+        return found
+    # tokenizer.json alone: byte-level BPE (RoBERTa, ModernBERT), or a BERT saved by transformers 5
+    try:
+        wordpiece = json.loads((directory / BPE_JSON).read_text("utf-8"))["model"]["type"] == "WordPiece"
+    except (ValueError, KeyError, TypeError):  # not a tokenizer.json: the BPE reader says why
+        wordpiece = False
+    return ["wordpiece" if wordpiece else "bpe"]
 
 
 def has_tokenizer(directory: str | Path) -> bool:
@@ -747,13 +768,21 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
     return _WordPiece(directory, lowercase, final_sigma, keep_special_tokens)
 
 
-def load_hf_tokenizer(directory: str | Path) -> Tokenizer:
+# Hugging Face model types whose tokenizer is byte-level BPE (convert.py reads them).
+BYTE_LEVEL_MODELS = ("roberta", "modernbert")
+
+
+def load_hf_tokenizer(directory: str | Path, model_type: str | None = None) -> Tokenizer:
     """A Hugging Face BERT folder's vocab.txt read as its BertTokenizer reads it: lowercase unless
     tokenizer_config.json says do_lower_case=false (HF's default, unlike load_tokenizer's guess),
-    and 'Σ' lowercased to 'σ' as the Rust tokenizer every HF user of the checkpoint loads does;
-    a RoBERTa folder's byte-level BPE as its RobertaTokenizer reads it."""
+    and 'Σ' lowercased to 'σ' as the Rust tokenizer every HF user of the checkpoint loads does
+    (a folder transformers 5 saved has tokenizer.json's WordPiece and no vocab.txt: its vocab is
+    read from there, the casing from tokenizer_config.json as transformers does);
+    a RoBERTa folder's byte-level BPE as its RobertaTokenizer reads it (`model_type`, config.json's:
+    a RoBERTa's or ModernBERT's byte-level BPE files are read first where a vocab.txt is beside them)."""
     directory = paths.path(directory)
-    if _kinds_found(directory) == ["bpe"]:
+    kinds = _kinds_found(directory)
+    if "bpe" in kinds and (kinds == ["bpe"] or model_type in BYTE_LEVEL_MODELS):
         return _ByteLevelBPE(directory)
     return _WordPiece(directory, _read_json(directory / CONFIG_NAME).get("do_lower_case", True),
                       final_sigma=False)

@@ -16,7 +16,7 @@ from bert_jax import paths
 from bert_jax.data.rows import utf8_errors
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-VOCAB_NAME, CONFIG_NAME = "vocab.txt", "tokenizer_config.json"
+VOCAB_NAME, CONFIG_NAME, JSON_NAME = "vocab.txt", "tokenizer_config.json", "tokenizer.json"
 # The reference's CJK ideograph blocks (google-research/bert tokenization._is_chinese_char).
 _CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
         (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
@@ -32,6 +32,39 @@ def load_vocab(path: str | Path) -> list[str]:
     # \x0b, \x1c, \u2028 ... do not, unlike str.splitlines) and only the "\n" is stripped.
     with utf8_errors(path), path.open(encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f.readlines()]
+
+
+def read_tokenizer_json(path: str | Path) -> list[str]:
+    """The vocab (by id) of a fast tokenizer's tokenizer.json with a BERT WordPiece model: what
+    transformers 5 saves for a BERT (no vocab.txt). Its normaliser is not read: transformers
+    rebuilds it from tokenizer_config.json's do_lower_case (default true), strip_accents and
+    tokenize_chinese_chars, as from_pretrained_dir does. What BertTokenizer's vocab cannot
+    state is an error naming it."""
+    path = paths.path(path)
+    try:
+        state = json.loads(path.read_text("utf-8"))
+        model = state["model"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a tokenizer.json ({type(e).__name__}: {e})") from None
+    if model.get("type") != "WordPiece":
+        raise ValueError(f"{path}: a {model.get('type')} model, not WordPiece")
+    odd = {k: model.get(k) for k, want in (("continuing_subword_prefix", "##"), ("unk_token", "[UNK]"),
+                                          ("max_input_chars_per_word", 100)) if model.get(k, want) != want}
+    if odd:
+        raise ValueError(f"{path}: WordPiece with {odd}; BERT's is '##' pieces, [UNK], 100 characters")
+    ids = model.get("vocab") or {}
+    if not ids or not all(isinstance(i, int) and i >= 0 for i in ids.values()):
+        raise ValueError(f"{path}: the WordPiece vocab is empty or has ids that are not integers >= 0")
+    added = sorted(t["content"] for t in state.get("added_tokens") or () if t.get("content") not in ids)
+    if added:
+        raise ValueError(f"{path}: tokens added beyond the WordPiece vocab ({', '.join(added[:5])}): "
+                         f"not supported; add them to the vocab, or give the model's {VOCAB_NAME}")
+    # An id no token has (a vocab.txt with a duplicate line: HF keeps the later id) gets a
+    # placeholder no text can produce (the pre-tokenizer splits at its brackets), as in HF.
+    vocab = [f"[no token {i}]" for i in range(max(ids.values()) + 1)]
+    for token, i in ids.items():
+        vocab[i] = token
+    return vocab
 
 
 def _is_punctuation(c: str) -> bool:
@@ -211,12 +244,17 @@ class WordPieceTokenizer:
             raise ValueError(f"{config_path}: not valid JSON ({e}); fix the file or remove it") from None
         if not config.get("do_basic_tokenize", True):
             raise ValueError(f"{config_path}: do_basic_tokenize=false is not supported")
+        source = directory / VOCAB_NAME
+        if not source.is_file() and (directory / JSON_NAME).is_file():  # transformers 5's BERT
+            source = directory / JSON_NAME
+            vocab = read_tokenizer_json(source)
+        else:
+            vocab = load_vocab(source)
         if lowercase is None:
             lowercase = config.get("do_lower_case", True)
-        return cls.from_vocab(directory / VOCAB_NAME, lowercase=lowercase,
-                              strip_accents=config.get("strip_accents"),
-                              tokenize_chinese_chars=config.get("tokenize_chinese_chars", True),
-                              final_sigma=final_sigma, keep_special_tokens=keep_special_tokens)
+        return cls(vocab, lowercase=lowercase, strip_accents=config.get("strip_accents"),
+                   tokenize_chinese_chars=config.get("tokenize_chinese_chars", True),
+                   final_sigma=final_sigma, keep_special_tokens=keep_special_tokens, source=str(source))
 
     def save(self, directory: str | Path) -> None:
         """Writes vocab.txt and an HF-style tokenizer_config.json (local or gs://)."""

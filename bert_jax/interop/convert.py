@@ -1,7 +1,8 @@
 """Import of public BERT and RoBERTa checkpoints (`bert-jax convert hf:<dir> <out>`), and the one
 table of names between our parameters and Hugging Face's that export.py uses for the way back.
 
-Accepted sources: a Hugging Face BERT folder (config.json, vocab.txt, and model.safetensors,
+Accepted sources: a Hugging Face BERT folder (config.json, vocab.txt or, as transformers 5 saves
+it, tokenizer.json's WordPiece alone, and model.safetensors,
 pytorch_model.bin or a sharded index of either; tensors with or without the `bert.` prefix,
 LayerNorm `gamma`/`beta` or `weight`/`bias`), a Hugging Face cache entry (`models--org--name`
 or one of its `snapshots/<hash>`), and Google's original TensorFlow release (bert_config.json,
@@ -741,7 +742,8 @@ def read_source(source: str | os.PathLike
                 f"{config_file}: not found; expected a Hugging Face BERT folder (config.json, "
                 "weights, vocab.txt), a Hugging Face cache entry (models--org--name), or an "
                 "original TensorFlow BERT folder (bert_config.json, vocab.txt, bert_model.ckpt.*)")
-        return (_read_json(config_file), load_hf_weights(folder), tokenizer_lib.load_hf_tokenizer(folder),
+        hf = _read_json(config_file)
+        return (hf, load_hf_weights(folder), tokenizer_lib.load_hf_tokenizer(folder, hf.get("model_type")),
                 f"hf:{folder}")
     config_file = prefix.parent / "bert_config.json"
     if not config_file.is_file():
