@@ -24,17 +24,19 @@ from tokenizers import models as tokenizer_models
 from bert_jax import paths
 from bert_jax.data.wordpiece import (
     CONFIG_NAME,
+    JSON_NAME,
     SPECIAL_TOKENS,
     VOCAB_NAME,
     WordPieceTokenizer,
-    load_vocab,
-    read_tokenizer_json,
+    load_vocab,  # noqa: F401  (the tokenizer API's: tokenizer.load_vocab)
+    load_wordpiece_vocab,
+    vocab_file,
 )
 
 META_NAME, SPM_NAME, SPM_VOCAB_NAME = "bert_jax_tokenizer.json", "spm.model", "spm.vocab"
 SP_SPACE = "\u2581"  # "▁": SentencePiece's marker for a preceding space, i.e. a word start
 # Byte-level BPE (GPT-2, RoBERTa): HF's fast tokenizer.json, or the vocab.json + merges.txt pair.
-BPE_JSON, BPE_VOCAB, BPE_MERGES = "tokenizer.json", "vocab.json", "merges.txt"
+BPE_JSON, BPE_VOCAB, BPE_MERGES = JSON_NAME, "vocab.json", "merges.txt"
 Kind = Literal["wordpiece", "sentencepiece", "bpe"]
 
 
@@ -392,7 +394,7 @@ class _WordPiece(Tokenizer):
             hf = _read_json(directory / CONFIG_NAME)  # HF tokenizer_config.json, if any
             lowercase = meta.get("lowercase", hf.get("do_lower_case"))
         if lowercase is None:  # no stated casing: uncased unless the vocab has an uppercase token
-            vocab = _wordpiece_vocab(directory)
+            vocab = load_wordpiece_vocab(vocab_file(directory))
             lowercase = not any(t != t.lower() for t in vocab if not (t[:1] == "[" and t[-1:] == "]"))
         # Ours are in bert_jax_tokenizer.json; absent (a folder from before them, or from HF):
         # WORDPIECE_OPTIONS, i.e. Google's behaviour.
@@ -405,7 +407,7 @@ class _WordPiece(Tokenizer):
         starts = np.array([not t.startswith("##") for t in wp.vocab], bool)
         super().__init__(directory, "wordpiece", wp.vocab, lowercase,
                          (wp.pad_id, wp.unk_id, wp.cls_id, wp.sep_id, wp.mask_id), starts,
-                         directory / (VOCAB_NAME if (directory / VOCAB_NAME).is_file() else BPE_JSON))
+                         vocab_file(directory))
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text, without [CLS]/[SEP] (batched and parallel in Rust)."""
@@ -688,13 +690,6 @@ def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
     for name in copied:
         paths.copy_file(src / name, dst / name)
     return copied
-
-
-def _wordpiece_vocab(directory: Path) -> list[str]:
-    """vocab.txt's tokens, or tokenizer.json's WordPiece vocab where only that is there."""
-    if not (directory / VOCAB_NAME).is_file() and (directory / BPE_JSON).is_file():
-        return read_tokenizer_json(directory / BPE_JSON)
-    return load_vocab(directory / VOCAB_NAME)
 
 
 def _kinds_found(directory: Path) -> list[str]:

@@ -67,6 +67,20 @@ def read_tokenizer_json(path: str | Path) -> list[str]:
     return vocab
 
 
+def vocab_file(directory: str | Path) -> Path:
+    """A BERT folder's vocab.txt, or its tokenizer.json where only that is there (transformers 5
+    saves a BERT so)."""
+    directory = paths.path(directory)
+    if not (directory / VOCAB_NAME).is_file() and (directory / JSON_NAME).is_file():
+        return directory / JSON_NAME
+    return directory / VOCAB_NAME
+
+
+def load_wordpiece_vocab(path: str | Path) -> list[str]:
+    """The tokens by id of a vocab_file(): vocab.txt's lines or tokenizer.json's WordPiece vocab."""
+    return read_tokenizer_json(path) if paths.path(path).name == JSON_NAME else load_vocab(path)
+
+
 def _is_punctuation(c: str) -> bool:
     """Unicode P* or any ASCII non-alphanumeric symbol, e.g. $ + ^ `."""
     cp = ord(c)
@@ -244,12 +258,8 @@ class WordPieceTokenizer:
             raise ValueError(f"{config_path}: not valid JSON ({e}); fix the file or remove it") from None
         if not config.get("do_basic_tokenize", True):
             raise ValueError(f"{config_path}: do_basic_tokenize=false is not supported")
-        source = directory / VOCAB_NAME
-        if not source.is_file() and (directory / JSON_NAME).is_file():  # transformers 5's BERT
-            source = directory / JSON_NAME
-            vocab = read_tokenizer_json(source)
-        else:
-            vocab = load_vocab(source)
+        source = vocab_file(directory)
+        vocab = load_wordpiece_vocab(source)
         if lowercase is None:
             lowercase = config.get("do_lower_case", True)
         return cls(vocab, lowercase=lowercase, strip_accents=config.get("strip_accents"),
