@@ -21,6 +21,16 @@ import ml_collections
 from bert_jax import models
 from bert_jax.models import attention
 from bert_jax.models.config import DTYPES
+from bert_jax.specs import (
+    ConfigError,
+    MeshSpec,
+    OptimizerSpec,
+    PhaseSpec,
+    ScheduleSpec,
+    TrainSpec,
+    read,
+    section,
+)
 
 MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes, in order
 BATCH_AXES = ("data", "fsdp")  # the axes the examples of a batch are split over
@@ -46,12 +56,29 @@ LOGICAL_AXES = tuple(name for name, _ in DEFAULT_AXIS_RULES)  # the names the mo
 
 
 
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key and the fix."""
-
-
 class MissingExtra(ImportError):
     """An optional dependency a command needs is not installed (the message says how)."""
+
+
+def phases(data) -> tuple[PhaseSpec, ...]:
+    """data.phases as named records. On the command line and in config files each phase is
+    written (first step, max_seq_length, max_predictions_per_seq[, batch size[, rope base]]),
+    0 in the last two meaning the run's own; empty: one phase, the data section's values."""
+    out = []
+    for i, phase in enumerate(tuple(data.get("phases") or ())):
+        shown = tuple(phase) if isinstance(phase, (tuple, list)) else phase
+        form = (f"data.phases[{i}]={shown}: each phase is (first step, max_seq_length, "
+                "max_predictions_per_seq), optionally then its batch size (0: train.batch_size) "
+                "and its rope base (0: model.rope_theta)")
+        if not isinstance(phase, (tuple, list)) or len(phase) not in (3, 4, 5):
+            raise ConfigError(form)
+        start, length, predictions, batch, theta = (*phase, 0, 0)[:5]
+        try:
+            out.append(PhaseSpec(int(start), int(length), int(predictions), int(batch) or None,
+                                 float(theta) or None))
+        except (TypeError, ValueError):
+            raise ConfigError(f"{form}; each entry a number") from None
+    return tuple(out)
 
 
 def training_defaults() -> ml_collections.ConfigDict:
@@ -61,46 +88,11 @@ def training_defaults() -> ml_collections.ConfigDict:
     c.dtype = "float32"  # compute dtype: float32 | bfloat16 (params and optimizer stay float32)
     c.init_from = ""  # checkpoint dir (bert-jax convert output or workdir) to start from
 
-    c.optimizer = ml_collections.ConfigDict()
-    # adam_weight_decay | adam | adamw | stable_adamw | lamb | sgd. The default, as the rest of
-    # this section, is BERT's: Google's AdamWeightDecayOptimizer (no bias correction); adamw is
-    # torch's and optax's AdamW (bias-corrected, what HF's Trainer uses); stable_adamw is
-    # ModernBERT's (AdamW with per-tensor update clipping); translation configs set adam.
-    c.optimizer.name = "adam_weight_decay"
-    c.optimizer.learning_rate = 1e-4  # peak (rsqrt_paper: the paper's scale factor)
-    c.optimizer.b1 = 0.9
-    c.optimizer.b2 = 0.999
-    c.optimizer.eps = 1e-6
-    c.optimizer.weight_decay = 0.01  # decoupled; not on LayerNorm or biases (stable_adamw: per peak lr)
-    c.optimizer.grad_clip_norm = 1.0  # global-norm clipping; 0 = off
-
-    c.schedule = ml_collections.ConfigDict()
-    c.schedule.name = "warmup_linear"  # rsqrt_paper | warmup_rsqrt | warmup_linear | constant | cosine | wsd
-    c.schedule.warmup_steps = 10  # linear warmup from 0
-    c.schedule.final_fraction = 0.0  # cosine, wsd: final lr as a fraction of the peak
-    c.schedule.warmup_fraction = 0.0  # > 0: warmup_steps = fraction * train.steps (fine-tuning: 0.1)
-    # wsd (warmup-stable-decay): the last decay_steps (or decay_fraction * train.steps) steps
-    # decay to final_fraction, shaped 1-sqrt (ModernBERT's) or linear; 0: no decay
-    c.schedule.decay_steps = 0
-    c.schedule.decay_fraction = 0.0
-    c.schedule.decay_shape = "1-sqrt"
-
-    c.train = ml_collections.ConfigDict()
-    c.train.steps = 100  # total optimizer steps (fine-tuning: 0 = from train.epochs)
-    c.train.epochs = 0.0  # fine-tuning: > 0 with train.steps=0 sets steps = ceil(epochs * examples / batch)
-    c.train.label_smoothing = 0.0  # sequence targets (transformer, decoder_lm): mass spread over the vocab
-    c.train.batch_size = 32  # global, over all hosts and microbatches
-    c.train.grad_accum_steps = 1  # microbatches per step (a scan; same result as one batch)
-    c.train.log_every = 10  # steps between metrics.jsonl lines
-    c.train.eval_every = 0  # steps between evaluations (0: only at the end)
-    c.train.eval_steps = 10  # batches per evaluation (0: the whole eval split)
-    c.train.checkpoint_every = 50  # steps between checkpoints (and one at the end)
-    c.train.keep_checkpoints = 3  # newest K kept
-
-    c.mesh = ml_collections.ConfigDict()
-    c.mesh.data = -1  # -1: all devices left after the other axes
-    c.mesh.fsdp = 1  # parameters and optimizer state split over these devices (ZeRO-3 style)
-    c.mesh.tensor = 1  # matmuls split over these devices (Megatron style)
+    # The sections every run has: their keys, defaults and meanings are the records in specs.py.
+    c.optimizer = section(OptimizerSpec)
+    c.schedule = section(ScheduleSpec)
+    c.train = section(TrainSpec)
+    c.mesh = section(MeshSpec)
     c.logical_axis_rules = DEFAULT_AXIS_RULES
     # Activations pinned by the same rules at block boundaries (batch over data+fsdp, heads
     # and mlp over tensor); False leaves their layout to the compiler (`bert-jax plan` shows both)
@@ -240,6 +232,34 @@ def translation_defaults() -> ml_collections.ConfigDict:
     return config
 
 
+def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` (unchanged) or a copy with the keys every run has that it lacks, at their
+    defaults (training_defaults): a config saved by an older version, or a hand-built one,
+    reads like one made today. Values present are never changed."""
+    missing = _missing(config, training_defaults())
+    if not missing:
+        return config
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        for key, value in missing:
+            node = config
+            for name in key[:-1]:
+                node = node[name]
+            node[key[-1]] = value
+    return config
+
+
+def _missing(config, defaults, prefix=()) -> list[tuple[tuple[str, ...], Any]]:
+    out = []
+    for key, value in defaults.items():
+        if key not in config:
+            out.append(((*prefix, key), value))
+        elif isinstance(value, ml_collections.ConfigDict) and isinstance(
+                config[key], ml_collections.ConfigDict):
+            out += _missing(config[key], value, (*prefix, key))
+    return out
+
+
 def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     """`path.py[:arg]` -> get_config(arg), then `key.path=value` overrides applied in order."""
     if "://" in spec:
@@ -262,6 +282,8 @@ def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"--config={spec}: get_config returned a {type(config).__name__}, expected "
                           "an ml_collections.ConfigDict")
+    if "train" in config:  # a run config (a sweep's has none): the keys every run has
+        config = complete(config)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
@@ -331,7 +353,8 @@ def _parse_like(old, text: str):
 
 def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
     """Mesh axis sizes with the (at most one) -1 filled in; errors name the keys."""
-    sizes = {axis: int(mesh_cfg[axis]) for axis in MESH_AXES}
+    mesh = read(MeshSpec, mesh_cfg, "mesh")
+    sizes = {axis: getattr(mesh, axis) for axis in MESH_AXES}
     fill = [a for a, n in sizes.items() if n == -1]
     bad = [a for a, n in sizes.items() if n == 0 or n < -1]
     if bad or len(fill) > 1:
@@ -378,13 +401,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if model_dtype is not None and model_dtype != config.dtype:
         raise ConfigError(f"model.dtype={model_dtype!r} differs from dtype={config.dtype!r}: the "
                           f"compute dtype is set once, by --config.dtype (remove model.dtype)")
-    t = config.train
+    t = read(TrainSpec, config.train, "train")
     keys = ("steps", "batch_size", "grad_accum_steps", "log_every", "checkpoint_every",
             "keep_checkpoints") if training else ("batch_size",)
     for key in keys:
-        if t[key] < 1 and not (key == "steps" and t[key] == 0 and t.get("epochs", 0) > 0):
-            raise ConfigError(f"train.{key}={t[key]} must be >= 1")
-    lengths = [config.data.get("max_seq_length", 0)] + [p[1] for p in config.data.get("phases", ())]
+        value = getattr(t, key)
+        if value < 1 and not (key == "steps" and value == 0 and t.epochs > 0):
+            raise ConfigError(f"train.{key}={value} must be >= 1")
+    lengths = [config.data.get("max_seq_length", 0)] + [p.seq_len for p in phases(config.data)]
     if "max_seq_length" in config.data and config.data.max_seq_length < 3:
         raise ConfigError(f"data.max_seq_length={config.data.max_seq_length} leaves no room for "
                           "[CLS] A [SEP] B [SEP]; use at least 3")
@@ -400,7 +424,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if model.max_positions is not None and max(lengths) > model.max_positions:
         raise ConfigError(f"data.max_seq_length={max(lengths)} exceeds the model's position table "
                           f"(model.max_len={model.max_len}); use at most {model.max_len}")
-    if not 0.0 <= t.get("label_smoothing", 0.0) < 1.0:
+    if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     sizes = mesh_shape(config.mesh, num_devices)
     check_axis_rules(config.logical_axis_rules)
@@ -425,31 +449,27 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
 
 
 def check_phase_batches(config, shards: int, num_processes: int) -> None:
-    """Each data.phases entry is (first step, length, predictions[, batch]); a phase's batch is
-    a whole number of the run's microbatches (so each step's shapes stay those of the microbatch
-    the mesh splits) and an equal share per process."""
+    """A phase's rope base only with rope, and a phase's batch a whole number of the run's
+    microbatches (so each step's shapes stay those of the microbatch the mesh splits) and an
+    equal share per process."""
     t = config.train
     micro = t.batch_size // t.grad_accum_steps
-    phases = tuple(config.data.get("phases") or ())
-    for i, phase in enumerate(phases):
-        if len(phase) not in (3, 4, 5):
-            raise ConfigError(f"data.phases[{i}]={tuple(phase)}: each phase is (first step, "
-                              "max_seq_length, max_predictions_per_seq), optionally then its batch "
-                              "size (0: train.batch_size) and its rope base (0: model.rope_theta)")
-        if len(phase) == 5 and phase[4]:
+    runs = phases(config.data)
+    for i, phase in enumerate(runs):
+        if phase.rope_theta is not None:
             if config.model.get("positions") != "rope":
-                raise ConfigError(f"data.phases[{i}] sets a rope base ({phase[4]}) for a model "
-                                  f"without rope (model.positions="
+                raise ConfigError(f"data.phases[{i}] sets a rope base ({phase.rope_theta}) for a "
+                                  f"model without rope (model.positions="
                                   f"{config.model.get('positions')!r}); drop the 5th entry")
-            if phase[4] < 0:
-                raise ConfigError(f"data.phases[{i}] rope base {phase[4]} must be > 0 (0: "
+            if phase.rope_theta < 0:
+                raise ConfigError(f"data.phases[{i}] rope base {phase.rope_theta} must be > 0 (0: "
                                   f"model.rope_theta)")
-        if len(phase) >= 4 and phase[3] and (phase[3] < 1 or phase[3] % micro):
+        if phase.batch_size is not None and (phase.batch_size < 1 or phase.batch_size % micro):
             raise ConfigError(
-                f"data.phases[{i}] batch {phase[3]} is not a multiple of the microbatch "
+                f"data.phases[{i}] batch {phase.batch_size} is not a multiple of the microbatch "
                 f"train.batch_size/grad_accum_steps={micro} (the rows the mesh's {shards} batch "
                 f"shards split); use a multiple of {micro}")
-    if any(len(p) >= 4 and p[3] for p in phases) and micro % num_processes:
+    if any(p.batch_size for p in runs) and micro % num_processes:
         raise ConfigError(f"microbatch train.batch_size/grad_accum_steps={micro} is not divisible "
                           f"by the {num_processes} processes (with batch sizes in data.phases each "
                           f"loads an equal share of every microbatch)")
@@ -496,11 +516,10 @@ def check_pretraining_data(data, lengths: Sequence[int], model=None) -> None:
                               "(the paper: 0.15; ModernBERT: 0.3 in training, 0.15 in evaluation; "
                               "data.eval_masked_lm_prob=0: the training rate)")
     if kind != "pairs":  # MLM only: the rate is the recipe, so a cap that would lower it is an error
-        phases = tuple(data.get("phases") or ())
         budgets = [("data.max_seq_length", data.max_seq_length, "data.max_predictions_per_seq",
                     data.max_predictions_per_seq)]
-        budgets += [(f"data.phases[{i}] length", p[1], f"data.phases[{i}] predictions", p[2])
-                    for i, p in enumerate(phases)]
+        budgets += [(f"data.phases[{i}] length", p.seq_len, f"data.phases[{i}] predictions",
+                     p.predictions) for i, p in enumerate(phases(data))]
         for key, rate in rates.items():
             for length_key, length, cap_key, cap in budgets:
                 need = round(rate * length)
@@ -525,31 +544,31 @@ def phase_stream(config, index: int) -> Any:
     """Which data stream phase `index` reads: with batch sizes in data.phases, one stream of
     microbatches per (length, predictions), so a phase that only grows the batch reads on
     where the one before stopped; otherwise each phase its own (started afresh)."""
-    phases = tuple(config.data.get("phases") or ())
-    if not any(len(p) > 3 for p in phases) or index >= len(phases):
+    runs = phases(config.data)
+    if not any(p.batch_size for p in runs) or index >= len(runs):
         return index
-    return tuple(phases[index][1:3])
+    return (runs[index].seq_len, runs[index].predictions)
 
 
 def phase_config(config, step: int):
     """(phase index, the config with that phase's data lengths and batch, the step where it
-    ends) for `config.data.phases` = ((first step, max_seq_length, max_predictions_per_seq
-    [, batch_size [, rope_theta]]), ...). A phase's batch (0: the run's) keeps the run's
-    microbatch and changes how many are accumulated (train.grad_accum_steps); its rope base
-    (0: model.rope_theta) is the global layers' rope_theta during the phase (ModernBERT's
-    context extension raises it with the length)."""
-    phases = tuple(config.data.get("phases") or ())
-    if not phases:
+    ends) for the phase of data.phases (PhaseSpec) that `step` is in. A phase's batch keeps
+    the run's microbatch and changes how many are accumulated (train.grad_accum_steps); its
+    rope base is the global layers' rope_theta during the phase (ModernBERT's context
+    extension raises it with the length)."""
+    runs = phases(config.data)
+    if not runs:
         return 0, config, config.train.steps
-    index = max(i for i, p in enumerate(phases) if step >= p[0])
+    index = max(i for i, p in enumerate(runs) if step >= p.start_step)
+    phase = runs[index]
     phase_cfg = config.copy_and_resolve_references()
-    phase_cfg.data.max_seq_length = int(phases[index][1])
-    phase_cfg.data.max_predictions_per_seq = int(phases[index][2])
-    if len(phases[index]) > 3 and phases[index][3]:
+    phase_cfg.data.max_seq_length = phase.seq_len
+    phase_cfg.data.max_predictions_per_seq = phase.predictions
+    if phase.batch_size is not None:
         micro = config.train.batch_size // config.train.grad_accum_steps
-        phase_cfg.train.batch_size = int(phases[index][3])
-        phase_cfg.train.grad_accum_steps = phase_cfg.train.batch_size // micro
-    if len(phases[index]) > 4 and phases[index][4]:  # context extension: rope's global base
-        phase_cfg.model.rope_theta = float(phases[index][4])
-    end = phases[index + 1][0] if index + 1 < len(phases) else config.train.steps
+        phase_cfg.train.batch_size = phase.batch_size
+        phase_cfg.train.grad_accum_steps = phase.batch_size // micro
+    if phase.rope_theta is not None:  # context extension: rope's global base
+        phase_cfg.model.rope_theta = phase.rope_theta
+    end = runs[index + 1].start_step if index + 1 < len(runs) else config.train.steps
     return index, phase_cfg, min(end, config.train.steps)

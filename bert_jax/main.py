@@ -299,10 +299,10 @@ def cmd_vocab(args: list[str]) -> None:
 
 def cmd_prepare(args: list[str]) -> None:
     """Tokenizes the config's corpus into array_record shards for data.name=array_record."""
-    from bert_jax.data import documents
+    from bert_jax.data import sources
 
     out = _require(_OUT, "prepare")
-    counts = documents.prepare(_require(_CONFIG, "prepare"), out)
+    counts = sources.prepare(_require(_CONFIG, "prepare"), out)
     print(json.dumps({"out": out, "documents": counts}))
     print(f"train with: --config.data.name=array_record --config.data.train_files='{out}/train-*' "
           f"--config.data.eval_files='{out}/validation-*'")

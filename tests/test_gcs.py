@@ -325,7 +325,7 @@ def test_prepared_array_record_shards_on_gs(corpus, vocab, gcs_here, cli):
     """`prepare --out gs://...` uploads the shards; training reads them from the bucket (the
     array_record reader opens gs:// itself) as it reads the text."""
     from bert_jax import config as config_lib
-    from bert_jax.data import documents
+    from bert_jax.data import documents, sources
     from bert_jax.data import tokenizer as tokenizer_lib
     from bert_jax.training import input as pipelines
 
@@ -350,7 +350,7 @@ def test_prepared_array_record_shards_on_gs(corpus, vocab, gcs_here, cli):
                                              f"data.eval_files={shards}/validation-*"])
     assert next(pipelines.make(config, "train"))["input_ids"].shape == (8, 32)
     with pytest.raises(FileExistsError, match=f"{shards} exists and is not empty"):
-        documents.prepare(text_config, shards)
+        sources.prepare(text_config, shards)
 
 
 

@@ -14,14 +14,15 @@ PACKAGE = REPO / "bert_jax"
 # is a sub-package or a top-level module. Lower layers first: models and data know nothing of
 # training; training knows nothing of translation, interop, cloud, viz or tools; tools are
 # imported by nothing in the library.
-BASE = {"trees", "paths", "log"}
+BASE = {"trees", "paths", "log", "specs"}
 ALLOWED = {
     "trees": set(),
     "paths": set(),
     "log": set(),
+    "specs": set(),
     "models": {"trees"},
-    "data": {"paths", "trees"},
-    "config": {"models", "paths"},
+    "data": {"paths", "trees", "specs"},
+    "config": {"models", "paths", "specs"},
     "tasks": BASE | {"config", "models", "data"},
     "training": BASE | {"config", "models", "data", "tasks"},
     "translation": BASE | {"config", "models", "data", "training"},

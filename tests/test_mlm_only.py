@@ -8,7 +8,7 @@ import pytest
 import test_pretraining_pipeline as nsp_tests
 
 from bert_jax import config as config_lib
-from bert_jax.data import documents
+from bert_jax.data import documents, sources
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.training import input as pipelines
 from bert_jax.training import metrics, train
@@ -199,7 +199,7 @@ def test_array_record_shards_and_tfds_give_the_same_rows(text_config, kind, tmp_
     import tensorflow_datasets as tfds
 
     config = with_data(text_config, instances=kind)
-    documents.prepare(config, tmp_path / "shards", docs_per_shard=20)
+    sources.prepare(config, tmp_path / "shards", docs_per_shard=20)
     shards = with_data(config, name="array_record", train_files=str(tmp_path / "shards" / "train-*"),
                        eval_files=str(tmp_path / "shards" / "validation-*"))
     for split in ("train", "validation"):

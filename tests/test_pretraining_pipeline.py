@@ -10,7 +10,7 @@ import pytest
 
 from bert_jax import config as config_lib
 from bert_jax import models
-from bert_jax.data import documents, pretraining
+from bert_jax.data import documents, pretraining, sources
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.training import input as pipelines
 from bert_jax.training import metrics, objectives, train
@@ -253,7 +253,7 @@ def test_short_pretraining_on_real_text_lowers_mlm_loss(text_config, tmp_path):
 
 
 def test_prepare_writes_shards_the_pipeline_reads(text_config, tmp_path):
-    counts = documents.prepare(text_config, tmp_path / "shards", docs_per_shard=20)
+    counts = sources.prepare(text_config, tmp_path / "shards", docs_per_shard=20)
     train_docs, train_ids = pipelines.open_documents(text_config, "train", tokenizer_lib.load_tokenizer(
         text_config.data.tokenizer))
     assert counts["train"] == len(train_ids) and counts["validation"] > 0
@@ -268,7 +268,7 @@ def test_prepare_writes_shards_the_pipeline_reads(text_config, tmp_path):
     batch = next(pipelines.make(config, "train"))
     assert batch["input_ids"].shape == (8, 64)
     with pytest.raises(FileExistsError):
-        documents.prepare(text_config, tmp_path / "shards")
+        sources.prepare(text_config, tmp_path / "shards")
 
 
 def test_tfds_source_through_data_source(text_config, shared_data, monkeypatch):

@@ -26,7 +26,7 @@ from bert_jax import models, tasks
 from bert_jax.cloud import tpu
 from bert_jax.cloud.tpu import GiB
 from bert_jax.models import attention
-from bert_jax.training import evaluate, objectives, optim, sharding, state, train
+from bert_jax.training import evaluate, setup, sharding, train
 
 
 @dataclasses.dataclass
@@ -57,31 +57,26 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
     the train steps only, one compile fewer)."""
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu={mfu}: a fraction of the chip's peak, in (0, 1]")
+    config = config_lib.complete(config)
     sl = tpu.parse(topology, slices)
     devices = tpu.compile_only_devices(sl)
-    config_lib.validate(config, len(devices), sl.hosts)
-    try:
-        attention.check_platform(config.model.get("attention_kernel", "xla"), "tpu")
-    except ValueError as e:
-        raise config_lib.ConfigError(str(e)) from None
+    setup.check(config, platform="tpu", devices=len(devices), processes=sl.hosts, reads_data=False)
     # No data is read: a fine-tuning config's train.steps may come from its number of examples.
     is_task = config.data.name in tasks.TASKS
     steps_note = ""
-    if config.train.steps == 0 and config.train.get("epochs", 0) > 0:
+    if config.train.steps == 0 and config.train.epochs > 0:
         steps_note = (f"train.steps comes from train.epochs={config.train.epochs} and the size of "
                       f"the training data, not read here: run time = steps x step time")
         config = config.copy_and_resolve_references()
         config.train.steps, config.schedule.warmup_fraction = 1, 0.0
         config.schedule.warmup_steps = 0
-    elif config.schedule.get("warmup_fraction", 0.0):
+    elif config.schedule.warmup_fraction:
         config = tasks.resolve_steps(config, None)
-    mesh = sharding.make_mesh(config.mesh, devices)
-    objective = objectives.for_config(config)
-    tx, schedule = optim.make_optimizer(config)
-    graphdef, abstract, state_sh = state.abstract_state(config, mesh, tx)
+    engine = setup.build(config, sharding.make_mesh(config.mesh, devices))
+    mesh, objective, abstract, state_sh = engine.mesh, engine.objective, engine.abstract, engine.state_sh
     params_bytes = sharding.bytes_per_device(abstract["params"], state_sh["params"])
     opt_bytes = sharding.bytes_per_device(abstract["opt_state"], state_sh["opt_state"])
-    train_state = state.with_shardings(abstract, state_sh)
+    train_state = engine.train_state()
     peak = sl.chips * sl.gen.peak_per_chip * mfu
 
     def compiled(name, fn, args, cfg, steps, state_bytes, extra=None):
@@ -112,7 +107,8 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
     steps = []
     for index, start in enumerate(_phase_starts(config)):
         _, cfg, end = config_lib.phase_config(config, start)
-        step_fn = train.jit_train_step(cfg, graphdef, objective, tx, schedule, mesh, state_sh)
+        step_fn = train.jit_train_step(cfg, engine.graphdef, objective, engine.tx, engine.schedule,
+                                       mesh, state_sh)
         steps.append(compiled(f"train phase {index}", step_fn, (train_state,), cfg, end - start,
                               opt_bytes))
     # Evaluation: the params only, at the last phase's lengths; task eval batches also carry
@@ -120,15 +116,14 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
     eval_cfg = config_lib.phase_config(config, _phase_starts(config)[-1])[1]
     eval_cfg.train.batch_size = config.train.batch_size  # evaluation keeps the run's batch
     if evaluation:
-        eval_fn = evaluate.jit_eval_step(config, graphdef, objective, mesh, outputs=is_task)
+        eval_fn = evaluate.jit_eval_step(config, engine.graphdef, objective, mesh, outputs=is_task)
         weight = {"example_weight": jax.ShapeDtypeStruct((config.train.batch_size,), np.float32)}
-        steps.append(compiled("eval", eval_fn,
-                              (state.with_shardings(abstract["params"], state_sh["params"]),),
-                              eval_cfg, 0, 0, weight if is_task else None))
+        steps.append(compiled("eval", eval_fn, (engine.params(),), eval_cfg, 0, 0,
+                              weight if is_task else None))
     return {
         "host": _host_input(eval_cfg, objective, sl.hosts, is_task),
         "config": {"model": config.model.name, "dtype": config.dtype,
-                   "attention_kernel": config.model.get("attention_kernel", "xla"),
+                   "attention_kernel": setup.model_spec(config).attention_kernel,
                    "layers": config.model.get("num_layers"), "width": config.model.get("emb_dim"),
                    "train_steps": config.train.steps},
         "slice": {"name": sl.label, "chips": sl.chips, "devices": sl.devices, "hosts": sl.hosts,
@@ -177,8 +172,7 @@ def _host_input(cfg, objective, hosts: int, is_task: bool) -> dict[str, Any]:
 
 def _phase_starts(config) -> list[int]:
     """First step of each sequence-length phase the run reaches."""
-    phases = tuple(config.data.get("phases") or ())
-    starts = [int(p[0]) for p in phases] or [0]
+    starts = [p.start_step for p in config_lib.phases(config.data)] or [0]
     return [s for s in starts if s < config.train.steps] or [0]
 
 

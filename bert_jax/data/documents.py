@@ -20,7 +20,6 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from bert_jax import paths
 from bert_jax.data import pretraining
-from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import workdir_path
 
 Document = list[np.ndarray]
@@ -213,57 +212,3 @@ def write_array_record(docs, path: str | Path) -> int:
         n += 1
     writer.close()
     return n
-
-
-def _source_documents(config, tokenizer):
-    """Tokenized documents of config.data's text files or TFDS split, streamed in order."""
-    d = config.data
-    if d.name == "tfds":
-        source = TfdsDocuments(d.tfds_name, d.tfds_train_split, tokenizer, d.tfds_data_dir)
-        yield from (source[i] for i in range(len(source)))
-        return
-    for path in expand(d.train_files, "data.train_files"):
-        for sentences in pretraining.iter_documents(path, d.text_format):
-            doc = pretraining.tokenize_document(sentences, tokenizer)
-            if doc:
-                yield doc
-
-
-def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[str, int]:
-    """Tokenizes config.data's corpus once into array_record shards `train-NNNNN` and (every
-    data.heldout_every-th document) `validation-NNNNN` (local or gs://); returns documents per
-    split."""
-    d = config.data
-    if "masked_lm_prob" not in d:
-        raise ValueError(f"`bert-jax prepare` writes a pretraining corpus as shards, for a "
-                         f"pretraining config (configs/bert_pretrain.py); this one reads "
-                         f"data.name={d.get('name')!r} files as it trains: give it to "
-                         "`bert-jax train` as it is")
-    if d.name not in ("text", "tfds"):
-        raise ValueError(f"data.name={d.name!r}: `bert-jax prepare` reads text files "
-                         "(data.name=text, data.train_files) or a TFDS corpus (data.name=tfds)")
-    out = paths.path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
-    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(config.data.tokenizer))
-    out.mkdir(parents=True, exist_ok=True)
-    every = config.data.heldout_every
-    buffers: dict[str, list[Document]] = {"train": [], "validation": []}
-    counts = {"train": 0, "validation": 0}
-    shards = {"train": 0, "validation": 0}
-
-    def flush(split: str) -> None:
-        if buffers[split]:
-            write_array_record(buffers[split], out / f"{split}-{shards[split]:05d}.array_record")
-            shards[split] += 1
-            buffers[split] = []
-
-    for i, doc in enumerate(_source_documents(config, tokenizer)):
-        split = "validation" if every > 0 and i % every == every - 1 else "train"
-        buffers[split].append(doc)
-        counts[split] += 1
-        if len(buffers[split]) >= docs_per_shard:
-            flush(split)
-    flush("train")
-    flush("validation")
-    return counts

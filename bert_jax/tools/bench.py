@@ -80,7 +80,7 @@ from pathlib import Path
 
 from bert_jax import config as config_lib
 from bert_jax import paths
-from bert_jax.data import documents, packing, pretraining
+from bert_jax.data import documents, packing, pretraining, sources
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tools import modelbench
 from bert_jax.tools.demo import build_corpus
@@ -105,7 +105,7 @@ def bench_data(text: str | None, seconds: float, seq_len: int = 128) -> dict:
             f"data.max_seq_length={seq_len}", "data.max_predictions_per_seq=20",
             "train.batch_size=256", "data.heldout_every=0"])
         t0 = time.perf_counter()
-        counts = documents.prepare(config, tmp / "shards")
+        counts = sources.prepare(config, tmp / "shards")
         prepare_s = time.perf_counter() - t0
         config.data.name, config.data.train_files = "array_record", str(tmp / "shards" / "train-*")
         pipeline = pipelines.make(config, "train")

@@ -35,7 +35,7 @@ from bert_jax import config as config_lib
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import REPO
 from bert_jax.tasks import glue
-from bert_jax.training import objectives, optim, sharding, state, train
+from bert_jax.training import setup, sharding, state, train
 from bert_jax.training.metrics import mfu, peak_flops_per_device
 
 PEERS_SCRIPT = REPO / "benchmarks" / "peers.py"
@@ -79,13 +79,12 @@ def pretrain_step(shape: str | tuple, dtype: str, steps: int, warmup: int = 2, s
         f"data.max_seq_length={seq}", "data.max_predictions_per_seq=20",
         f"train.batch_size={batch}", f"model.vocab_size={vocab_size}", "mesh.data=-1",
         *PEERS_OPTIMIZER])
-    mesh = sharding.make_mesh(config.mesh)
-    objective = objectives.for_config(config)
-    tx, schedule = optim.make_optimizer(config)
-    graphdef, _, state_sh = state.abstract_state(config, mesh, tx)
+    engine = setup.build(config, sharding.make_mesh(config.mesh))
+    mesh = engine.mesh
     with jax.set_mesh(mesh):
-        train_state = state.init_state(config, tx, state_sh)
-        step_fn = train.jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh)
+        train_state = state.init_state(config, engine.tx, engine.state_sh)
+        step_fn = train.jit_train_step(config, engine.graphdef, engine.objective, engine.tx,
+                                       engine.schedule, mesh, engine.state_sh)
         batch = sharding.global_batch(full_length_batch(batch, seq, config.model.vocab_size), mesh, 1)
         t0 = time.perf_counter()
         step_fn = step_fn.lower(train_state, batch).compile()

@@ -1,7 +1,9 @@
-"""The training engine: the device mesh and logical-axis sharding (sharding), train state
-creation and restore (state), optimizers and schedules (optim), the objective of each model
-(objectives: loss, batch shapes, real tokens, FLOPs), the host input pipelines that turn a
-config into global batches (input), the loop (train), evaluation and its evaluator registry
+"""The training engine: one setup for every command (setup: `check` in one order, `build` the
+objective, optimizer and abstract sharded state), the device mesh and logical-axis sharding
+(sharding), train state creation and restore (state), optimizers and schedules (optim), the
+objectives, registered by name (objectives: loss, batch shapes, real tokens, FLOPs; a model's
+default or train.objective), the host input pipelines that turn a config into global batches
+(input, asking data.sources), the loop (train), evaluation and its evaluator registry
 (evaluate), Orbax checkpoints (checkpoint), checkpoint averaging (average) and metrics files
 (metrics). It may import models, data, tasks, config and the base modules (paths, trees, log);
 never translation, interop, cloud, viz or tools (evaluators of those live there and are

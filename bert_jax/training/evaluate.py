@@ -28,7 +28,7 @@ from bert_jax import config as config_lib
 from bert_jax import paths, tasks
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import workdir_path
-from bert_jax.training import checkpoint, objectives, sharding, state
+from bert_jax.training import checkpoint, setup, sharding, state
 from bert_jax.training import input as pipelines
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def predict_step(params: dict, batch: dict[str, Array], *, graphdef, objective) 
 
 def _sharded(config, mesh, fn):
     """`fn` with the activation layout of the train step (config.shard_activations)."""
-    if config.get("shard_activations", True):
+    if config.shard_activations:
         return sharding.activation_sharding(fn, mesh, config.logical_axis_rules)
     return fn
 
@@ -266,7 +266,7 @@ def run_config(config, workdir: str) -> ml_collections.ConfigDict:
             raise config_lib.ConfigError(
                 f"{workdir}: its checkpoint stores a model but no training config (a `bert-jax "
                 f"convert` output?); pass --config=<the task's config file> to evaluate it")
-        config = ml_collections.ConfigDict(stored)
+        config = config_lib.complete(ml_collections.ConfigDict(stored))
         try:
             config_lib.mesh_shape(config.mesh, jax.device_count())
         except config_lib.ConfigError:
@@ -311,13 +311,12 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
     stored with the checkpoints (see run_config). A result with a non-finite value is an
     error and never replaces a result already written."""
     config = run_config(config, workdir)
-    config_lib.validate(config, jax.device_count(), jax.process_count(), training=False)
+    setup.check(config, platform=setup.platform(), devices=jax.device_count(),
+                processes=jax.process_count(), training=False)
     task = tasks.from_config(config)
-    objective = objectives.for_config(config)
-    mesh = sharding.make_mesh(config.mesh)
-    graphdef, abstract, state_sh = state.abstract_state(config, mesh)
-    target = state.with_shardings(abstract["params"], state_sh["params"])
-    evaluator = make_evaluator(config, graphdef, objective, mesh, task)
+    engine = setup.build(config, sharding.make_mesh(config.mesh), training=False)
+    mesh, target = engine.mesh, engine.params()
+    evaluator = make_evaluator(config, engine.graphdef, engine.objective, mesh, task)
     best = f"eval/{task.main_metric}" if task else None
     if split is not None and task is None:
         raise ValueError("--split applies to fine-tuning tasks; pretraining evaluates held-out "

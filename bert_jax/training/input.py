@@ -36,16 +36,12 @@ from grain.experimental import (
 )
 
 from bert_jax import config as config_lib
-from bert_jax.data import documents, packing, pretraining, translation
+from bert_jax.data import packing, pretraining, sources, translation
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
-from bert_jax.data.synthetic import SyntheticPretraining, SyntheticTranslation
 from bert_jax.training import objectives, sharding
 
 log = logging.getLogger(__name__)
-
-SOURCES = ("synthetic", "synthetic_translation", "translation", "text", "array_record", "tfds")
-
 
 @dataclasses.dataclass
 class _Instances(FlatMapTransform):
@@ -225,27 +221,16 @@ def _split_doc_ids(num_docs: int, split: str, heldout_every: int, has_own_split:
 
 
 def check_tfds(config) -> None:
-    """The TFDS dataset config.data trains on (data.name=tfds, or translation without files) is
-    prepared: found before the model is built, not after."""
-    d = config.data
-    if d.get("tfds_name") and (d.name == "tfds" or (d.name == "translation" and not d.train_files)):
-        tokenizer_lib.required_dir(d.tokenizer)  # named first, as the pipeline would
-        documents.tfds_source(d.tfds_name, d.tfds_train_split, d.get("tfds_data_dir", ""))
+    """The data config.data trains on can be read (its source's check: a TFDS dataset is
+    prepared), found before the model is built, not after. Tasks check their files themselves."""
+    if config.data.name in sources.SOURCES:
+        sources.SOURCES[config.data.name].check(config.data)
 
 
 def open_documents(config, split: str, tokenizer):
     """(random-access documents, ids of the split's documents) for config.data."""
     d = config.data
-    if d.name == "tfds":
-        own = bool(d.tfds_eval_split)
-        name = d.tfds_eval_split if split == "validation" and own else d.tfds_train_split
-        docs = documents.TfdsDocuments(d.tfds_name, name, tokenizer, d.tfds_data_dir)
-    else:
-        own = bool(d.eval_files)
-        key = "data.eval_files" if split == "validation" and own else "data.train_files"
-        files = documents.expand(d[key.removeprefix("data.")], key)
-        docs = (documents.TextDocuments(files, d.text_format, tokenizer) if d.name == "text"
-                else documents.ArrayRecordDocuments(files))
+    docs, own = sources.get(d.name).documents(d, split, tokenizer)
     ids = _split_doc_ids(len(docs), split, d.heldout_every, own)
     pairs = d.get("instances", "pairs") == "pairs"  # NSP draws random next segments elsewhere
     if len(ids) < (2 if pairs else 1):
@@ -312,26 +297,14 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
     if task is not None:
         return task_pipeline(config, task.features("train" if split == "train" else task.eval_splits[0]),
                              train=split == "train", batch_size=global_batch, num_batches=num_batches)
-    if d.name == "translation":
+    from bert_jax import tasks  # the names data.name may also take
+
+    source = sources.get(d.name, tuple(tasks.TASKS))
+    if source.kind == "pairs":
         return translation_pipeline(config, split, batch_size=global_batch, num_batches=num_batches)
-    if d.name not in SOURCES:
-        raise ValueError(f"data.name={d.name!r}; choose one of {list(SOURCES)} (fine-tuning: "
-                         "glue, squad, ner, swag)")
-    if d.name == "synthetic_translation":
-        return SyntheticTranslation(
-            vocab_size=config.model.vocab_size, seq_len=d.max_seq_length, batch_size=global_batch,
-            seed=config.seed, split=split, process_index=jax.process_index(),
-            process_count=jax.process_count(), num_batches=num_batches)
-    if d.name == "synthetic":
-        if d.get("pack"):
-            raise config_lib.ConfigError("data.pack=True: data.name='synthetic' rows are full length "
-                                         "(nothing to pack); set --config.data.pack=false")
-        return SyntheticPretraining(
-            vocab_size=config.model.vocab_size, seq_len=d.max_seq_length,
-            max_predictions=d.max_predictions_per_seq, batch_size=global_batch,
-            seed=config.seed, split=split, process_index=jax.process_index(),
-            process_count=jax.process_count(), num_batches=num_batches,
-            nsp=config.model.get("nsp", True))
+    if source.kind == "batches":
+        return source.batches(config, split, batch_size=global_batch, num_batches=num_batches,
+                              process_index=jax.process_index(), process_count=jax.process_count())
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
     tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
     docs, ids = open_documents(config, split, tokenizer)

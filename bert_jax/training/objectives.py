@@ -1,7 +1,8 @@
-"""Training objectives, one per model: what a batch looks like, its loss terms and metrics,
-and the real tokens and model FLOPs it holds.
+"""Training objectives: what a batch looks like, its loss terms and metrics, and the real
+tokens and model FLOPs it holds. Registered by name (`register`); a run trains
+train.objective, empty meaning its model's default (DEFAULTS: one per model name).
 
-Every objective (`for_model(model_cfg)`) has:
+Every objective (`for_model(model_cfg, name=...)`) has:
   batch_spec(config)        {name: ShapeDtypeStruct} of a global training batch (the planner
                             and the train loop compile from it, before any data is read);
                             packed fine-tuning batches vary in rows: batch_spec(config, rows)
@@ -73,9 +74,12 @@ def _spec(shape: tuple[int, ...], dtype=jnp.int32) -> jax.ShapeDtypeStruct:
 
 class Objective:
     """What every objective shares: the model config it trains, its FLOPs per token, and how
-    its packed batches are read (`packing`: "cls", "tokens", "rows" or None; data/packing.py)."""
+    its packed batches are read (`packing`: "cls", "tokens", "rows" or None; data/packing.py).
+    `register` sets its name (train.objective) and the models it trains."""
 
     packing: str | None = None
+    objective_name: str = ""
+    models: tuple[str, ...] = ()
 
     def __init__(self, model_cfg: Mapping[str, Any]):
         self.model_cfg = dict(model_cfg)
@@ -433,33 +437,58 @@ class LanguageModel(_Sequence):
         return 3 * per_token * self.tokens(batch)
 
 
-# model.name -> the objective that trains it.
-OBJECTIVES = {
-    "bert_pretraining": Pretraining,
-    "bert_classification": Classification,
-    "bert_choice": MultipleChoice,
-    "bert_tagging": Tagging,
-    "bert_span": SpanQA,
-    "transformer": Translation,
-    "decoder_lm": LanguageModel,
-}
+# objective name -> class; model.name -> the name of the objective that trains it by default.
+OBJECTIVES: dict[str, type[Objective]] = {}
+DEFAULTS: dict[str, str] = {}
 
 
-def for_model(model_cfg: Mapping[str, Any], label_smoothing: float = 0.0) -> Objective:
-    """The objective that trains the model of `model_cfg` (a config's `model` section)."""
-    name = model_cfg["name"]
+def register(name: str, *, models: tuple[str, ...], default_for: tuple[str, ...] = ()):
+    """Class decorator: registers an objective under `name` (train.objective), for the models it
+    trains (`models`: model names) and as the default objective of `default_for` of them. A new
+    objective is one such class in any module imported before the run (a test file will do)."""
+    def add(cls: type[Objective]) -> type[Objective]:
+        cls.objective_name, cls.models = name, tuple(models)
+        OBJECTIVES[name] = cls
+        DEFAULTS.update({model: name for model in default_for})
+        return cls
+    return add
+
+
+for _name, _cls, _model in (("pretraining", Pretraining, "bert_pretraining"),
+                            ("classification", Classification, "bert_classification"),
+                            ("multiple_choice", MultipleChoice, "bert_choice"),
+                            ("tagging", Tagging, "bert_tagging"),
+                            ("span_qa", SpanQA, "bert_span"),
+                            ("translation", Translation, "transformer"),
+                            ("language_model", LanguageModel, "decoder_lm")):
+    register(_name, models=(_model,), default_for=(_model,))(_cls)
+
+
+def for_model(model_cfg: Mapping[str, Any], label_smoothing: float = 0.0, name: str = ""
+              ) -> Objective:
+    """The objective `name` (empty: the model's default) that trains the model of `model_cfg`
+    (a config's `model` section)."""
+    model = model_cfg["name"]
+    if not name and model not in DEFAULTS:
+        raise ConfigError(f"no training objective for model.name={model!r} (a bare encoder: "
+                          f"train one of its task models); trainable: {sorted(DEFAULTS)}")
+    name = name or DEFAULTS[model]
     if name not in OBJECTIVES:
-        raise ConfigError(f"no training objective for model.name={name!r} (a bare encoder: "
-                          f"train one of its task models); trainable: {sorted(OBJECTIVES)}")
+        raise ConfigError(f"train.objective={name!r}; choose one of {sorted(OBJECTIVES)} (empty: "
+                          f"the model's own, {DEFAULTS.get(model)!r} for model.name={model!r})")
     cls = OBJECTIVES[name]
+    if model not in cls.models:
+        raise ConfigError(f"train.objective={name!r} trains model.name in {list(cls.models)}, not "
+                          f"{model!r}; set --config.train.objective= (empty: the model's own)")
     if issubclass(cls, _Sequence):
         return cls(model_cfg, label_smoothing)
     if label_smoothing:
-        raise ConfigError(f"train.label_smoothing={label_smoothing}: model.name={name!r} has "
+        raise ConfigError(f"train.label_smoothing={label_smoothing}: model.name={model!r} has "
                           "no sequence targets to smooth; set it to 0")
     return cls(model_cfg)
 
 
 def for_config(config) -> Objective:
-    """The objective of a run config (its model, compute dtype and train.label_smoothing)."""
-    return for_model(model_config(config), config.train.get("label_smoothing", 0.0))
+    """The objective of a run config (train.objective for its model, compute dtype and
+    train.label_smoothing)."""
+    return for_model(model_config(config), config.train.label_smoothing, config.train.objective)

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax import specs
+
 OPTIMIZERS = ("adam_weight_decay", "adam", "adamw", "stable_adamw", "lamb", "sgd")
 SCHEDULES = ("rsqrt_paper", "warmup_rsqrt", "warmup_linear", "constant", "cosine", "wsd")
 # wsd's decay shapes: progress p in [0, 1] through the decay -> share of (peak - final) kept.
@@ -41,8 +43,10 @@ def _warmup(c: jax.Array, warmup: int) -> jax.Array:
 
 def make_schedule(schedule_cfg, learning_rate: float, total_steps: int,
                   d_model: int | None = None) -> optax.Schedule:
-    """Update count -> learning rate for `schedule_cfg.name` (formulas in each branch)."""
-    name, warmup = schedule_cfg["name"], schedule_cfg["warmup_steps"]
+    """Update count -> learning rate for `schedule_cfg.name` (formulas in each branch);
+    `schedule_cfg` the schedule section (or its ScheduleSpec)."""
+    schedule_cfg = specs.read(specs.ScheduleSpec, schedule_cfg, "schedule")
+    name, warmup = schedule_cfg.name, schedule_cfg.warmup_steps
     lr, total = float(learning_rate), int(total_steps)
     if name not in SCHEDULES:
         raise ValueError(f"schedule.name={name!r}; choose one of {list(SCHEDULES)}")
@@ -109,7 +113,7 @@ def make_schedule(schedule_cfg, learning_rate: float, total_steps: int,
 
 def _final_fraction(schedule_cfg) -> float:
     """schedule.final_fraction (cosine, wsd): the last lr as a fraction of the peak."""
-    final = float(schedule_cfg.get("final_fraction", 0.0) or 0.0)
+    final = float(schedule_cfg.final_fraction)
     if not 0.0 <= final <= 1.0:
         raise ValueError(f"schedule.final_fraction={final} must be in [0, 1] (the last learning "
                          f"rate as a fraction of the peak; ModernBERT decays to 0.0)")
@@ -119,11 +123,11 @@ def _final_fraction(schedule_cfg) -> float:
 def _wsd(schedule_cfg, lr: float, total: int, warmup: int) -> optax.Schedule:
     """Warmup-stable-decay (trapezoidal): BERT-style warmup to lr at c == warmup, lr until the
     last `decay` updates, then down to lr * final_fraction at c == total in the decay shape."""
-    shape = schedule_cfg.get("decay_shape", "1-sqrt")
+    shape = schedule_cfg.decay_shape
     if shape not in DECAY_SHAPES:
         raise ValueError(f"schedule.decay_shape={shape!r}; choose one of {list(DECAY_SHAPES)}")
     final = _final_fraction(schedule_cfg)
-    steps, fraction = schedule_cfg.get("decay_steps", 0), schedule_cfg.get("decay_fraction", 0.0)
+    steps, fraction = schedule_cfg.decay_steps, schedule_cfg.decay_fraction
     if not isinstance(steps, numbers.Integral) or steps < 0:
         raise ValueError(f"schedule.decay_steps={steps!r} must be an integer >= 0")
     if not 0.0 <= fraction <= 1.0:
@@ -216,7 +220,7 @@ def stable_adamw(schedule: optax.Schedule, peak_lr: float, b1: float, b2: float,
 
 def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformation:
     """The optimizer proper for `opt.name`, before gradient clipping."""
-    name, wd = opt["name"], float(opt["weight_decay"] or 0.0)
+    name, wd = opt.name, opt.weight_decay
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer.name={name!r}; choose one of {list(OPTIMIZERS)}")
     if wd < 0:
@@ -225,7 +229,13 @@ def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformati
         raise ValueError(f"optimizer.weight_decay={wd} with optimizer.name={name!r}, which has "
                          f"no weight decay: set it to 0, or use optimizer.name='adam_weight_decay' "
                          f"or 'adamw'")
-    b1, b2, eps = float(opt["b1"]), float(opt["b2"]), float(opt["eps"])
+    b1, b2, eps = opt.b1, opt.b2, opt.eps
+    for key, value in (("b1", b1), ("b2", b2)):
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"optimizer.{key}={value} must be in [0, 1) (a moving average's decay; "
+                             f"BERT: b1 0.9, b2 0.999; ModernBERT: 0.9, 0.98)")
+    if eps < 0:
+        raise ValueError(f"optimizer.eps={eps} must be >= 0 (BERT: 1e-6)")
     if name == "adam":
         return optax.adam(schedule, b1=b1, b2=b2, eps=eps)
     if name == "adam_weight_decay":
@@ -241,7 +251,7 @@ def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformati
             raise ValueError(f"optimizer.eps={eps} must be > 0 with optimizer.name='stable_adamw' "
                              f"(eps^2 floors the second moment its clipping divides by; "
                              f"ModernBERT: 1e-6)")
-        return stable_adamw(schedule, float(opt["learning_rate"]), b1, b2, eps, wd)
+        return stable_adamw(schedule, opt.learning_rate, b1, b2, eps, wd)
     if name == "lamb":
         return optax.lamb(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=decay_mask)
     return optax.sgd(schedule, momentum=b1 or None)
@@ -249,10 +259,11 @@ def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformati
 
 def make_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """(optax transformation, schedule) from config.optimizer, .schedule, .train.steps."""
-    opt = config.optimizer
-    d_model = config.model.get("emb_dim") if config.schedule["name"] == "rsqrt_paper" else None
-    schedule = make_schedule(config.schedule, opt["learning_rate"], config.train.steps, d_model)
-    clip = opt.get("grad_clip_norm") or 0.0
+    opt = specs.read(specs.OptimizerSpec, config.optimizer, "optimizer")
+    sched = specs.read(specs.ScheduleSpec, config.schedule, "schedule")
+    d_model = config.model.get("emb_dim") if sched.name == "rsqrt_paper" else None
+    schedule = make_schedule(sched, opt.learning_rate, config.train.steps, d_model)
+    clip = opt.grad_clip_norm
     if clip < 0:
         raise ValueError(f"optimizer.grad_clip_norm={clip} must be >= 0 (0 = no clipping)")
     # identity() keeps the state's tree structure independent of clipping, so a checkpoint

@@ -28,11 +28,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import config as config_lib
-from bert_jax import tasks
+from bert_jax import specs, tasks
 from bert_jax.data import tokenizer as tokenizer_lib
-from bert_jax.models import attention
 from bert_jax.paths import WorkdirLock, is_remote, workdir_path
-from bert_jax.training import checkpoint, evaluate, goodput, objectives, optim, sharding, state
+from bert_jax.training import checkpoint, evaluate, goodput, setup, sharding, state
 from bert_jax.training import input as pipelines
 from bert_jax.training.metrics import MetricsWriter, mfu, peak_flops_per_device
 
@@ -98,7 +97,7 @@ def jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh):
     step = functools.partial(train_step, graphdef=graphdef, objective=objective, tx=tx,
                              schedule=schedule, accum=config.train.grad_accum_steps, mesh=mesh,
                              dropout_key=jax.random.key(config.seed + 1))
-    if config.get("shard_activations", True):
+    if config.shard_activations:
         step = sharding.activation_sharding(step, mesh, config.logical_axis_rules)
     return jax.jit(step, out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
 
@@ -419,21 +418,19 @@ def _prepare_workdir(config, workdir: str) -> None:
         tokenizer_lib.copy_tokenizer(tokenizer, workdir)
 
 
-def restore_or_init(config, ckpt: checkpoint.TrainCheckpointer, tx, mesh, abstract, state_sh,
+def restore_or_init(config, ckpt: checkpoint.TrainCheckpointer, engine: setup.Engine,
                     config_json: dict) -> tuple[int, dict, dict]:
     """(start step, train state, saved data position): the latest good checkpoint's, or a
     fresh state (with the init_from weights) at step 0."""
-    restored = ckpt.restore_latest(state.with_shardings(abstract["params"], state_sh["params"]),
-                                   state.with_shardings(abstract["opt_state"], state_sh["opt_state"]),
-                                   config_json)
+    target = engine.train_state()
+    restored = ckpt.restore_latest(target["params"], target["opt_state"], config_json)
     if restored:
         start, params, opt_state, data_state = restored
-        step0 = jax.device_put(jnp.int32(start), state_sh["step"])
+        step0 = jax.device_put(jnp.int32(start), engine.state_sh["step"])
         log.info(f"resumed from {ckpt.path}/{start}")
         return start, {"params": params, "opt_state": opt_state, "step": step0}, data_state
-    target = state.with_shardings(abstract["params"], state_sh["params"])
-    pretrained = state.pretrained(config, target, mesh) if config.init_from else None
-    return 0, state.init_state(config, tx, state_sh, pretrained), {}
+    pretrained = state.pretrained(config, target["params"], engine.mesh) if config.init_from else None
+    return 0, state.init_state(config, engine.tx, engine.state_sh, pretrained), {}
 
 
 def log_setup(config, mesh, abstract, state_sh) -> tuple[float, int]:
@@ -465,18 +462,15 @@ def log_goodput(clock: goodput.Clock) -> dict[str, float]:
 
 
 def _train(config, workdir: str, task, started: float) -> dict[str, Any]:
-    objective = objectives.for_config(config)
-    tx, schedule = optim.make_optimizer(config)
-    mesh = sharding.make_mesh(config.mesh)
-    t = config.train
+    engine = setup.build(config, sharding.make_mesh(config.mesh))
+    mesh, objective, graphdef, state_sh = engine.mesh, engine.objective, engine.graphdef, engine.state_sh
+    t = specs.read(specs.TrainSpec, config.train, "train")
     _prepare_workdir(config, workdir)
     config_json = json.loads(config.to_json())
-    graphdef, abstract, state_sh = state.abstract_state(config, mesh, tx)
     best_metric = f"eval/{task.main_metric}" if task else None
     with jax.set_mesh(mesh), checkpoint.TrainCheckpointer(
             workdir, keep=t.keep_checkpoints, best_metric=best_metric) as ckpt:
-        start, train_state, data_state = restore_or_init(config, ckpt, tx, mesh, abstract, state_sh,
-                                                         config_json)
+        start, train_state, data_state = restore_or_init(config, ckpt, engine, config_json)
         if start >= t.steps:
             log.info(f"already trained: checkpoint step {start} >= train.steps={t.steps}")
             return {"step": start, "preempted": False}
@@ -490,12 +484,12 @@ def _train(config, workdir: str, task, started: float) -> dict[str, Any]:
         # A phase may change the model's static graph (its rope base): then its own graphdef.
         def make_step(phase_cfg):
             phase_graph = graphdef if phase_cfg.model == config.model else state.graphdef_of(phase_cfg)
-            return jit_train_step(phase_cfg, graphdef=phase_graph, objective=objective, tx=tx,
-                                  schedule=schedule, mesh=mesh, state_sh=state_sh)
+            return jit_train_step(phase_cfg, graphdef=phase_graph, objective=objective, tx=engine.tx,
+                                  schedule=engine.schedule, mesh=mesh, state_sh=state_sh)
         try:
             evaluator = evaluate.make_evaluator(config, graphdef, objective, mesh, task)
             evaluator.prepare()  # a missing or bad eval file stops the run now, not after training
-            peak = log_setup(config, mesh, abstract, state_sh)
+            peak = log_setup(config, mesh, engine.abstract, state_sh)
             phase = start_phase(config, start, data_state, make_step=make_step, state_now=train_state,
                                 objective=objective, mesh=mesh, task=task, clock=clock)
             with MetricsWriter(workdir, enabled=jax.process_index() == 0, total_steps=t.steps,
@@ -519,15 +513,11 @@ def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = (),
     wall time (goodput.py) begins. Returns a summary (final step, last metrics, last eval,
     whether preempted, goodput)."""
     started = time.time() if started is None else started
-    config = state.sizes_from_init(config, set_by_user)
-    config_lib.validate(config, jax.device_count(), jax.process_count())
-    try:
-        attention.check_platform(config.model.get("attention_kernel", "xla"), jax.devices()[0].platform)
-    except ValueError as e:
-        raise config_lib.ConfigError(str(e)) from None
+    config = state.sizes_from_init(config_lib.complete(config), set_by_user)
+    setup.check(config, platform=setup.platform(), devices=jax.device_count(),
+                processes=jax.process_count())
     task = tasks.from_config(config)  # None for pretraining data
     config = tasks.resolve_steps(config, task)
-    pipelines.check_tfds(config)
     checkpoint.check_writable(workdir)  # storage reachable and writable, before anything is built
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
         return _train(config, workdir, task, started)

@@ -168,7 +168,7 @@ def make_translate_fn(graphdef, mesh, config, *, eos_id: int, beam_size: int, al
         return beam_search(model, src_BS, eos_id=eos_id, beam_size=beam_size, alpha=alpha,
                            max_extra=max_extra, banned_ids=banned_ids)[0]
 
-    if config.get("shard_activations", True):
+    if config.shard_activations:
         translate = sharding.activation_sharding(translate, mesh, config.logical_axis_rules)
     rows = sharding.batch_sharding(mesh, 2)
     # Params keep the shardings they come with (the train state's); rows split like batches.

@@ -130,7 +130,7 @@ def _run_config(checkpoint_dir: str) -> ml_collections.ConfigDict:
     if not isinstance(objectives.for_model(stored["model"]), objectives.Translation):
         raise ValueError(f"--checkpoint={checkpoint_dir} holds a model.name="
                          f"{stored['model'].get('name')!r} model; translate needs an encoder-decoder")
-    config = ml_collections.ConfigDict(stored)
+    config = config_lib.complete(ml_collections.ConfigDict(stored))
     config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})  # this machine's devices
     return config
 

@@ -1,0 +1,208 @@
+"""Data sources: where a run's training and held-out data come from, chosen by `data.name`
+(a fine-tuning task's name names a task instead: bert_jax.tasks). Training
+(training/input.py) and `bert-jax prepare` (`prepare`, here) ask this registry.
+
+A source is a class that registers itself (`@register`), of one of three kinds:
+- "documents": tokenized documents for the pretraining recipe: `documents(data, split,
+  tokenizer)` -> (random-access documents, whether the split is its own rather than held out
+  of the training documents) and, if `bert-jax prepare` can shard it, `stream(data, tokenizer)`;
+- "pairs": sentence pairs for translation (data/translation.py reads them);
+- "batches": ready host-local batches, `batches(config, split, ...)` (generated data).
+A new source is one such class in any module imported before the run (a test file will do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from bert_jax import paths
+from bert_jax.data import documents, pretraining
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.data.synthetic import SyntheticPretraining, SyntheticTranslation
+from bert_jax.specs import ConfigError
+
+KINDS = ("documents", "pairs", "batches")
+SOURCES: dict[str, Source] = {}
+
+
+class Source:
+    """What every source declares: its `name` (data.name) and `kind` (KINDS)."""
+
+    name: ClassVar[str]
+    kind: ClassVar[str]
+    prepares: ClassVar[bool] = False  # `bert-jax prepare` can shard it (documents sources)
+
+    def check(self, data) -> None:
+        """Fails now, before the model is built, if the data cannot be read (default: the
+        reader says so when it opens it)."""
+
+    def documents(self, data, split: str, tokenizer) -> tuple[Any, bool]:
+        raise NotImplementedError(f"data.name={self.name!r} is a {self.kind} source")
+
+    def stream(self, data, tokenizer) -> Iterator[documents.Document]:
+        """Every training document in order (`bert-jax prepare`)."""
+        docs, _ = self.documents(data, "train", tokenizer)
+        yield from (docs[i] for i in range(len(docs)))
+
+    def batches(self, config, split: str, *, batch_size: int, num_batches: int | None,
+                process_index: int, process_count: int):
+        raise NotImplementedError(f"data.name={self.name!r} is a {self.kind} source")
+
+
+def register(cls: type[Source]) -> type[Source]:
+    """Class decorator: adds a source to SOURCES under its name."""
+    if cls.kind not in KINDS:
+        raise ValueError(f"source {cls.name!r}: kind {cls.kind!r} is not one of {KINDS}")
+    SOURCES[cls.name] = cls()
+    return cls
+
+
+def get(name: str, tasks: tuple[str, ...] = ()) -> Source:
+    """The source named `name`; an unknown name is an error listing the sources (and the
+    fine-tuning `tasks`, the other things data.name may name)."""
+    if name not in SOURCES:
+        also = f" (fine-tuning: {', '.join(tasks)})" if tasks else ""
+        raise ValueError(f"data.name={name!r}; choose one of {list(SOURCES)}{also}")
+    return SOURCES[name]
+
+
+def _own_split(data, split: str, key: str) -> bool:
+    return split == "validation" and bool(data[key])
+
+
+@register
+class Text(Source):
+    """Plain text files (data.train_files, data.eval_files; data.text_format), tokenized into
+    memory when opened."""
+
+    name, kind, prepares = "text", "documents", True
+
+    def documents(self, data, split, tokenizer):
+        own = _own_split(data, split, "eval_files")
+        key = "eval_files" if own else "train_files"
+        files = documents.expand(data[key], f"data.{key}")
+        return documents.TextDocuments(files, data.text_format, tokenizer), own
+
+    def stream(self, data, tokenizer):  # streamed, so prepare never holds the corpus
+        for path in documents.expand(data.train_files, "data.train_files"):
+            for sentences in pretraining.iter_documents(path, data.text_format):
+                doc = pretraining.tokenize_document(sentences, tokenizer)
+                if doc:
+                    yield doc
+
+
+@register
+class ArrayRecord(Source):
+    """Shards written by `bert-jax prepare`, read record by record (local or gs://)."""
+
+    name, kind = "array_record", "documents"
+
+    def documents(self, data, split, tokenizer):
+        own = _own_split(data, split, "eval_files")
+        key = "eval_files" if own else "train_files"
+        return documents.ArrayRecordDocuments(documents.expand(data[key], f"data.{key}")), own
+
+
+@register
+class Tfds(Source):
+    """A TFDS text corpus prepared as array_record (data.tfds_name), via tfds.data_source."""
+
+    name, kind, prepares = "tfds", "documents", True
+
+    def check(self, data):
+        from bert_jax.data import tokenizer as tokenizer_lib
+
+        if data.tfds_name:
+            tokenizer_lib.required_dir(data.tokenizer)  # named first, as the pipeline would
+            documents.tfds_source(data.tfds_name, data.tfds_train_split, data.tfds_data_dir)
+
+    def documents(self, data, split, tokenizer):
+        own = _own_split(data, split, "tfds_eval_split")
+        name = data.tfds_eval_split if own else data.tfds_train_split
+        return documents.TfdsDocuments(data.tfds_name, name, tokenizer, data.tfds_data_dir), own
+
+
+@register
+class Translation(Source):
+    """Parallel text: line-aligned files or TSVs (data.train_files), else a TFDS dataset."""
+
+    name, kind = "translation", "pairs"
+
+    def check(self, data):
+        if data.tfds_name and not data.train_files:
+            Tfds().check(data)
+
+
+@register
+class Synthetic(Source):
+    """Generated BERT pretraining batches (data/synthetic.py): engine tests, dry runs."""
+
+    name, kind = "synthetic", "batches"
+
+    def batches(self, config, split, *, batch_size, num_batches, process_index, process_count):
+        d = config.data
+        if d.get("pack"):
+            raise ConfigError("data.pack=True: data.name='synthetic' rows are full length "
+                             "(nothing to pack); set --config.data.pack=false")
+        return SyntheticPretraining(
+            vocab_size=config.model.vocab_size, seq_len=d.max_seq_length,
+            max_predictions=d.max_predictions_per_seq, batch_size=batch_size, seed=config.seed,
+            split=split, process_index=process_index, process_count=process_count,
+            num_batches=num_batches, nsp=config.model.get("nsp", True))
+
+
+@register
+class SyntheticCopy(Source):
+    """Generated translation batches (a reversal task, no files)."""
+
+    name, kind = "synthetic_translation", "batches"
+
+    def batches(self, config, split, *, batch_size, num_batches, process_index, process_count):
+        return SyntheticTranslation(
+            vocab_size=config.model.vocab_size, seq_len=config.data.max_seq_length,
+            batch_size=batch_size, seed=config.seed, split=split, process_index=process_index,
+            process_count=process_count, num_batches=num_batches)
+
+
+def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[str, int]:
+    """Tokenizes config.data's corpus once into array_record shards `train-NNNNN` and (every
+    data.heldout_every-th document) `validation-NNNNN` (local or gs://); returns documents per
+    split."""
+    d = config.data
+    if "masked_lm_prob" not in d:
+        raise ValueError(f"`bert-jax prepare` writes a pretraining corpus as shards, for a "
+                         f"pretraining config (configs/bert_pretrain.py); this one reads "
+                         f"data.name={d.get('name')!r} files as it trains: give it to "
+                         "`bert-jax train` as it is")
+    source = SOURCES.get(d.name)
+    if source is None or not source.prepares:
+        can = [name for name, s in SOURCES.items() if s.prepares]
+        raise ValueError(f"data.name={d.name!r}: `bert-jax prepare` reads a corpus of one of the "
+                         f"sources {can} (text: data.train_files; tfds: data.tfds_name)")
+    out = paths.path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(config.data.tokenizer))
+    out.mkdir(parents=True, exist_ok=True)
+    every = config.data.heldout_every
+    buffers: dict[str, list[documents.Document]] = {"train": [], "validation": []}
+    counts = {"train": 0, "validation": 0}
+    shards = {"train": 0, "validation": 0}
+
+    def flush(split: str) -> None:
+        if buffers[split]:
+            documents.write_array_record(buffers[split], out / f"{split}-{shards[split]:05d}.array_record")
+            shards[split] += 1
+            buffers[split] = []
+
+    for i, doc in enumerate(source.stream(d, tokenizer)):
+        split = "validation" if every > 0 and i % every == every - 1 else "train"
+        buffers[split].append(doc)
+        counts[split] += 1
+        if len(buffers[split]) >= docs_per_shard:
+            flush(split)
+    flush("train")
+    flush("validation")
+    return counts

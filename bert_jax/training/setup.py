@@ -1,0 +1,81 @@
+"""One engine setup for train, eval, plan and the bench tools: `check` runs every check that
+needs no compile, in one order, and `build` makes what a run's steps are made of (mesh axes
+given: the objective, the optimizer and its schedule, the abstract state and its shardings).
+
+Nothing here reads data or allocates parameters: train restores or initialises the state from
+`Engine.train_state()`, eval restores `Engine.params()`, plan compiles against both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import optax
+from jax.sharding import Mesh
+
+from bert_jax import config as config_lib
+from bert_jax import models
+from bert_jax.models import attention
+from bert_jax.training import input as pipelines
+from bert_jax.training import objectives, optim, state
+
+
+def model_spec(config) -> models.ModelConfig:
+    """The typed model config of a run (every field resolved by its family's defaults)."""
+    try:
+        return models.split_model_config(config_lib.model_config(config))[1]
+    except ValueError as e:
+        raise config_lib.ConfigError(str(e)) from None
+
+
+def check(config, *, platform: str, devices: int, processes: int, training: bool = True,
+          reads_data: bool = True) -> None:
+    """Every check of `config` that needs no compile, in one order: the config's values, mesh
+    and batch divisibility (config.validate, attention's refusals included), whether the
+    attention kernel runs on `platform` ('cpu', 'gpu', 'tpu'), then (a training run that
+    `reads_data`; plan reads none) whether its TFDS data is prepared."""
+    config_lib.validate(config, devices, processes, training=training)
+    try:
+        attention.check_platform(model_spec(config).attention_kernel, platform)
+    except ValueError as e:
+        raise config_lib.ConfigError(str(e)) from None
+    if training and reads_data:
+        pipelines.check_tfds(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """What a run's compiled steps are made of, for one mesh."""
+
+    mesh: Mesh
+    objective: objectives.Objective
+    tx: optax.GradientTransformation | None  # None: evaluation (the state is the params only)
+    schedule: Callable[[Any], Any] | None
+    graphdef: Any  # the model's static structure (nnx.GraphDef)
+    abstract: dict  # the state's shapes: {params[, opt_state, step]}
+    state_sh: dict  # and their shardings
+
+    def train_state(self) -> dict:
+        """The abstract train state carrying its shardings (a compile's or a restore's target)."""
+        return state.with_shardings(self.abstract, self.state_sh)
+
+    def params(self) -> dict:
+        """The abstract params carrying their shardings."""
+        return state.with_shardings(self.abstract["params"], self.state_sh["params"])
+
+
+def build(config, mesh: Mesh, *, training: bool = True) -> Engine:
+    """The engine of `config` on `mesh`; `training=False` (evaluation, features) leaves out the
+    optimizer, so the state is the params only."""
+    objective = objectives.for_config(config)
+    tx, schedule = optim.make_optimizer(config) if training else (None, None)
+    graphdef, abstract, state_sh = state.abstract_state(config, mesh, tx)
+    return Engine(mesh, objective, tx, schedule, graphdef, abstract, state_sh)
+
+
+def platform() -> str:
+    """The platform this process computes on."""
+    return jax.devices()[0].platform
