@@ -391,6 +391,24 @@ def test_unknown_commit_or_old_python_is_refused(cli, gcloud):
     assert calls() == []
 
 
+def test_without_git_a_dry_run_shows_placeholders_and_a_launch_needs_repo_and_commit(
+        tmp_path, cli, monkeypatch):
+    """Launched from a folder that is no git checkout: --repo and --commit are a usage error
+    (exit 2) before anything is checked; a dry run shows REPO_URL/COMMIT and says so."""
+    (tmp_path / "configs").mkdir()
+    shutil.copy(REPO / "configs/bert_pretrain.py", tmp_path / "configs")
+    monkeypatch.setattr(cloud_commands, "ROOT", tmp_path)
+    argv = ["launch", "--config", str(tmp_path / "configs/bert_pretrain.py:tiny"), "--topology",
+            "v4-8", "--workdir", "gs://bucket/run", "--name", "bert-tiny", "--zone", "us-central2-b"]
+    code, out, err = cli(argv)
+    assert code == 2 and "launch needs --repo and --commit (no git checkout here" in err and not out
+    src = launch.source(tmp_path, f"{tmp_path}/configs/bert_pretrain.py:tiny", None, None, True)
+    assert src == launch.Source("configs/bert_pretrain.py:tiny", "REPO_URL", "COMMIT", True)
+    assert launch.check_source(tmp_path, src, True) is src  # placeholders: nothing to ask git
+    with pytest.raises(ValueError, match="the workers have only the repository"):
+        launch.source(tmp_path, str(REPO / "configs/bert_pretrain.py"), "u", "c", True)
+
+
 def test_the_workdir_probe_writes_and_deletes(tmp_path):
     bringup.check_workdir(str(tmp_path / "run"), dry_run=False)
     assert list((tmp_path / "run").iterdir()) == []
