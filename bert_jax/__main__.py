@@ -1,5 +1,5 @@
 """`python -m bert_jax`."""
 
-from bert_jax.main import run
+from bert_jax.commands import run
 
 run()

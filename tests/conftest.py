@@ -21,7 +21,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from bert_jax.main import setup_process  # noqa: E402
+from bert_jax.commands import setup_process  # noqa: E402
 
 setup_process()  # as the CLI does: log lines on the console; libtpu told there is no TPU
 
@@ -93,7 +93,7 @@ def cli(monkeypatch, capsys):
 
     from absl import app, flags
 
-    from bert_jax import main
+    from bert_jax import commands
     monkeypatch.chdir(REPO)
     # absl's one-time setup (its root log handler, faulthandler) would outlive the test.
     monkeypatch.setattr(app._run_init, "done", True)
@@ -101,13 +101,13 @@ def cli(monkeypatch, capsys):
     def run(argv: list[str]) -> tuple[int, str, str]:
         monkeypatch.setattr(sys, "argv", ["bert-jax", *argv])
         try:
-            main.run()
+            commands.run()
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         finally:
             flags.FLAGS.unparse_flags()
-            main._LoadedConfig.value, main._LoadedConfig.overrides = None, ()
+            commands.options.LoadedConfig.reset()
         captured = capsys.readouterr()
         return code, captured.out, captured.err
     return run

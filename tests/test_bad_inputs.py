@@ -157,8 +157,8 @@ def corrupt_params_of(step: int) -> Callable[[Path], None]:
 
 def sweep_file(base: str, grid: dict):
     """A setup writing tmp/sw.py, a sweep config of `base` over `grid`."""
-    return files(sw_DOT_py=f"from bert_jax.sweep import sweep_config\n\n\ndef get_config(arg=None):\n"
-                           f"    return sweep_config({base!r}, {grid!r})\n")
+    return files(sw_DOT_py="from bert_jax.commands.sweep import sweep_config\n\n\n"
+                           f"def get_config(arg=None):\n    return sweep_config({base!r}, {grid!r})\n")
 
 
 def truncate_arrays(folder: Path) -> None:
@@ -1115,7 +1115,7 @@ def test_translate_checks_flags_and_output_before_the_model_and_keeps_an_output(
 
 
 def test_a_failing_sweep_trial_is_reported_failed_and_tried_again(tmp_path, monkeypatch):
-    from bert_jax import sweep
+    from bert_jax.commands import sweep
 
     def trial(code: str):  # a stand-in for the trial's `bert-jax train` process
         return lambda s, setting, workdir: [sys.executable, "-c", code.format(

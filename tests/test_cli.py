@@ -80,3 +80,39 @@ def test_convert_missing_folder_is_a_clear_error(tmp_path):
     proc = bert_jax("convert", f"hf:{tmp_path / 'nope'}", str(tmp_path / "out"), check=False)
     assert proc.returncode == 1
     assert "config.json: not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_each_command_is_one_record_of_the_table():
+    """A record names flags that exist and usage that starts with its name; every flag of the
+    command line is read by some command; the entry points of earlier installs lead here."""
+    from absl import flags
+
+    from bert_jax import commands, main, sweep
+    from bert_jax.commands import options
+    from bert_jax.commands import sweep as sweep_command
+
+    defined = {f.name for f in flags.FLAGS.get_key_flags_for_module(options)}
+    used = set()
+    for name, command in commands.COMMANDS.items():
+        assert command.name == name and command.usage[0].startswith(f"bert-jax {name} "), name
+        assert command.run.__doc__ and set(command.flags) <= defined, name
+        used |= set(command.flags)
+    assert used == defined
+    assert main.run is commands.run and sweep.sweep_config is sweep_command.sweep_config
+
+
+def test_help_lists_every_command_and_a_command_its_flags(cli):
+    from bert_jax import commands
+
+    code, out, err = cli(["--help"])
+    assert code == 0 and not err
+    for name, command in commands.COMMANDS.items():
+        assert re.search(rf"^  {name} +\S", out, re.MULTILINE), name
+        assert all(f"  {line}\n" in out for line in command.usage), name
+    code, out, _ = cli(["eval", "--help"])
+    assert code == 0 and out.startswith("usage:\n  bert-jax eval --workdir <dir>")
+    assert "Evaluates saved checkpoints" in out
+    assert [line.split(":")[0] for line in out.split("flags:\n")[1].splitlines()] == [
+        "  --workdir", "  --config", "  --step", "  --split", "  --compilation_cache"]
+    code, _, err = cli(["nonsense"])
+    assert code == 2 and "unknown command 'nonsense'" in err and "train, eval, sweep" in err

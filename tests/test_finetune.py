@@ -296,7 +296,7 @@ def test_ner_configs_match_the_files(shared_data, dataset):
 
 @pytest.mark.parametrize("spec", ["glue.py:mrpc", "glue.py:cola,a3", "squad.py:v1", "squad.py:v2,a3"])
 def test_paper_sweep_grids(spec):
-    from bert_jax import sweep
+    from bert_jax.commands import sweep
 
     s = load(f"sweeps/{spec}")
     trials = sweep.trials(s)

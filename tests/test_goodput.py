@@ -7,8 +7,7 @@ import shutil
 import jax
 import pytest
 
-from bert_jax import main
-from bert_jax.training import goodput
+from bert_jax.training import compilation_cache, goodput
 
 CATEGORIES = [f"{c}_s" for c in goodput.CATEGORIES]
 
@@ -114,7 +113,7 @@ def test_an_unreadable_goodput_file_starts_over(monkeypatch, tmp_path):
 
 def test_compilation_cache_location(monkeypatch):
     env = {"XDG_CACHE_HOME": "/home/u/.cache"}
-    where = main.compilation_cache_dir
+    where = compilation_cache.compilation_cache_dir
     assert where("auto", "train", "/runs/a", env) == "/home/u/.cache/bert_jax/jit"
     assert where("auto", "train", "gs://b/run/", env) == "gs://b/run/compilation_cache"
     assert where("auto", "eval", "gs://b/run", env) == "gs://b/run/compilation_cache"
@@ -130,15 +129,15 @@ def test_compilation_cache_flag_sets_jax_config():
     keys = ("jax_enable_compilation_cache", "jax_compilation_cache_dir", "jax_compilation_cache_max_size")
     before = {k: getattr(jax.config, k) for k in keys}
     try:
-        main.setup_compilation_cache("/tmp/some_cache", "train", None)
+        compilation_cache.setup_compilation_cache("/tmp/some_cache", "train", None)
         assert jax.config.jax_compilation_cache_dir == "/tmp/some_cache"
         assert jax.config.jax_enable_compilation_cache
-        main.setup_compilation_cache("off", "train", None)
+        compilation_cache.setup_compilation_cache("off", "train", None)
         assert not jax.config.jax_enable_compilation_cache
         # auto leaves what the user (here: the test session's JAX_COMPILATION_CACHE_DIR) set.
         jax.config.update("jax_enable_compilation_cache", True)
         jax.config.update("jax_compilation_cache_dir", "/tmp/session")
-        main.setup_compilation_cache("auto", "train", "gs://b/run")
+        compilation_cache.setup_compilation_cache("auto", "train", "gs://b/run")
         assert jax.config.jax_compilation_cache_dir == "/tmp/session"
     finally:
         for k, v in before.items():

@@ -14,8 +14,8 @@ import subprocess
 import pytest
 from conftest import REPO
 
-from bert_jax import main
 from bert_jax.cloud import bringup, launch, tpu
+from bert_jax.commands import cloud as cloud_commands
 
 URL = "https://example.org/bert_jax.git"
 SMALL = ["--config.model.vocab_size=128", "--config.model.num_layers=1",
@@ -89,7 +89,7 @@ def git(cwd, *args) -> str:
 
 @pytest.fixture
 def checkout(tmp_path, monkeypatch):
-    """The repository launch runs from (main.REPO): pyproject.toml and the config, committed
+    """The repository launch runs from (cloud_commands.ROOT): pyproject.toml and the config, committed
     and pushed to URL (git rewrites URL to a bare repository here); returns its path."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
@@ -107,7 +107,7 @@ def checkout(tmp_path, monkeypatch):
     git(root, "add", ".")
     git(root, "commit", "--quiet", "-m", "config")
     git(tmp_path, "clone", "--quiet", "--bare", str(root), str(tmp_path / "remote.git"))
-    monkeypatch.setattr(main, "REPO", root)
+    monkeypatch.setattr(cloud_commands, "ROOT", root)
     return root
 
 
@@ -163,7 +163,7 @@ def gcloud(tmp_path, monkeypatch, checkout, workdirs):
 
 
 def launch_argv(*extra, commit=None):
-    root = main.REPO  # the checkout fixture's
+    root = cloud_commands.ROOT  # the checkout fixture's
     return ["launch", "--config", str(root / "configs/bert_pretrain.py:tiny"), *SMALL, "--topology",
             "v4-8", "--workdir", "gs://bucket/run", "--name", "bert-tiny", "--zone", "us-central2-b",
             "--repo", URL, "--commit", commit or git(root, "rev-parse", "HEAD"), "--poll_seconds", "0.001",
@@ -190,7 +190,7 @@ def test_waits_for_capacity_sets_up_trains_and_deletes(cli, gcloud):
         assert out.count(f"queued resource bert-tiny: {state}") == 1
     assert "--accelerator-type=v4-8" in out and "--spot" in out
     assert "--runtime-version=tpu-ubuntu2204-base" in out
-    commit = git(main.REPO, "rev-parse", "HEAD")
+    commit = git(cloud_commands.ROOT, "rev-parse", "HEAD")
     assert f"git checkout --quiet --force {commit}" in out and "rm -f /tmp/libtpu_lockfile" in out
     assert "bert-jax train --workdir gs://bucket/run --config configs/bert_pretrain.py:tiny" in out
     assert "gs://bucket/run/logs/worker_$W.log" in out
@@ -389,6 +389,24 @@ def test_unknown_commit_or_old_python_is_refused(cli, gcloud):
     code, _, err = cli(launch_argv("--python", "3.10"))
     assert code == 1 and "--python=3.10: bert_jax needs Python >= 3.11" in err
     assert calls() == []
+
+
+def test_without_git_a_dry_run_shows_placeholders_and_a_launch_needs_repo_and_commit(
+        tmp_path, cli, monkeypatch):
+    """Launched from a folder that is no git checkout: --repo and --commit are a usage error
+    (exit 2) before anything is checked; a dry run shows REPO_URL/COMMIT and says so."""
+    (tmp_path / "configs").mkdir()
+    shutil.copy(REPO / "configs/bert_pretrain.py", tmp_path / "configs")
+    monkeypatch.setattr(cloud_commands, "ROOT", tmp_path)
+    argv = ["launch", "--config", str(tmp_path / "configs/bert_pretrain.py:tiny"), "--topology",
+            "v4-8", "--workdir", "gs://bucket/run", "--name", "bert-tiny", "--zone", "us-central2-b"]
+    code, out, err = cli(argv)
+    assert code == 2 and "launch needs --repo and --commit (no git checkout here" in err and not out
+    src = launch.source(tmp_path, f"{tmp_path}/configs/bert_pretrain.py:tiny", None, None, True)
+    assert src == launch.Source("configs/bert_pretrain.py:tiny", "REPO_URL", "COMMIT", True)
+    assert launch.check_source(tmp_path, src, True) is src  # placeholders: nothing to ask git
+    with pytest.raises(ValueError, match="the workers have only the repository"):
+        launch.source(tmp_path, str(REPO / "configs/bert_pretrain.py"), "u", "c", True)
 
 
 def test_the_workdir_probe_writes_and_deletes(tmp_path):

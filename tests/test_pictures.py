@@ -12,7 +12,8 @@ import pytest
 from flax import nnx
 
 from bert_jax import config as config_lib
-from bert_jax import models, sweep
+from bert_jax import models
+from bert_jax.commands import sweep
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.training import checkpoint, train
 from bert_jax.viz import plots
@@ -242,7 +243,8 @@ def test_sweep_figure_shows_each_seed_and_the_median():
             for lr, accs in ((1e-4, (0.5, 0.7, 0.6)), (3e-4, (0.8, 0.9))) for s, acc in enumerate(accs)]
     rows.append({"optimizer.learning_rate": 1e-3, "seed": 0, "eval/accuracy": None})  # unfinished
     sw = sweep.sweep_config("glue.py:mrpc", {"optimizer.learning_rate": (1e-4, 3e-4, 1e-3)})
-    fig = sweep.figure(sw, sweep._groups(sw, rows, "eval/accuracy"), "eval/accuracy")
+    labels = sweep.setting_labels(sw, sweep._groups(sw, rows, "eval/accuracy"))
+    fig = plots.sweep_figure(labels, "eval/accuracy", "mrpc: eval/accuracy per setting")
     drawn = {c.get_gid(): c for c in fig.axes[0].collections}
     assert drawn["seeds|0"].get_offsets()[:, 1].tolist() == [0.5, 0.7, 0.6]
     assert drawn["seeds|1"].get_offsets()[:, 1].tolist() == [0.8, 0.9]

@@ -1,5 +1,5 @@
 """The commands of the README and of every docs/*.md page, run as written, in order, each
-page in one folder as a user's home (in-process, through bert_jax.main.run as the
+page in one folder as a user's home (in-process, through bert_jax.commands.run as the
 installed `bert-jax` script calls it; tests/test_cli.py runs the real script).
 
 What a page leaves to the user is substituted, and only that: `/path/to/...` (the user's

@@ -57,7 +57,7 @@ def run(tmp_path_factory, spm_dir):
     """A 12-step run with checkpoints every 4 steps and dev BLEU at the end, in-process."""
     from absl import flags
 
-    from bert_jax import main
+    from bert_jax import commands
     workdir = tmp_path_factory.mktemp("mt_run")
     argv = _args(workdir, spm_dir, "--config.train.steps=12", "--config.train.checkpoint_every=4",
                  "--config.train.eval_every=12")
@@ -65,14 +65,14 @@ def run(tmp_path_factory, spm_dir):
     sys.argv = ["bert-jax", *argv]
     os.chdir(REPO)
     try:
-        main.run()
+        commands.run()
     except SystemExit as e:
         assert not e.code, e.code
     finally:
         sys.argv = old
         os.chdir(cwd)
         flags.FLAGS.unparse_flags()
-        main._LoadedConfig.value, main._LoadedConfig.overrides = None, ()
+        commands.options.LoadedConfig.reset()
     return workdir
 
 

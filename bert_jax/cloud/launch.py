@@ -25,7 +25,9 @@ import math
 import re
 import shlex
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 from bert_jax.cloud import bringup, tpu
 
@@ -242,6 +244,54 @@ def git_head(path: str = ".") -> tuple[str, str, bool]:
                               check=False).stdout.strip()
     return git("remote", "get-url", "origin"), git("rev-parse", "HEAD"), bool(git("status", "--porcelain"))
 
+
+class NoSource(ValueError):
+    """No --repo/--commit, and no git checkout to take them from (a usage error)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """What the workers run: the repository's config file at a commit."""
+
+    config: str  # their --config: the file's path inside the repository, with its :arg
+    repo: str  # git URL they clone
+    commit: str
+    placeholders: bool  # a dry run without git: REPO_URL/COMMIT shown, neither checked
+
+
+def source(root: Path, config: str, repo: str | None, commit: str | None, dry_run: bool) -> Source:
+    """The workers' source from --config, --repo and --commit (default: the checkout's origin and
+    HEAD); warns on stderr where the workers will run something else than the files here."""
+    origin, head, dirty = git_head(str(root))
+    path, colon, arg = config.partition(":")
+    try:  # the workers run the repository's copy of the config file
+        worker_config = str(Path(path).resolve().relative_to(root)) + colon + arg
+    except ValueError:
+        raise ValueError(f"--config={config}: the workers have only the repository ({root} at the "
+                         f"commit they run); put the config file in it and commit it") from None
+    given_commit = commit
+    repo, commit = repo or origin, commit or head
+    placeholders = (not repo or not commit) and dry_run
+    if placeholders:
+        print("warning: no --repo/--commit, and no git origin/HEAD here to take them from: the dry "
+              "run shows REPO_URL/COMMIT and checks neither them nor the config file", file=sys.stderr)
+        repo, commit = repo or "REPO_URL", commit or "COMMIT"
+    if not repo or not commit:
+        raise NoSource("launch needs --repo and --commit (no git checkout here to take them from)")
+    if dirty and not given_commit:
+        print(f"warning: uncommitted changes here are not on the workers, which run {commit}",
+              file=sys.stderr)
+    return Source(worker_config, repo, commit, placeholders)
+
+
+def check_source(root: Path, src: Source, dry_run: bool) -> Source:
+    """The source with its commit's full hash, after checking the workers can clone it and that
+    it holds the config file as it is here (nothing to check for placeholders)."""
+    if src.placeholders:
+        return src
+    commit = bringup.check_remote(root, src.repo, src.commit, dry_run)
+    bringup.check_config(root, src.config.partition(":")[0], commit)
+    return dataclasses.replace(src, commit=commit)
 
 
 def goodput_summary(gcloud: Gcloud, launch: Launch) -> dict | None:

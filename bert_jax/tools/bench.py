@@ -575,7 +575,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bert_jax.main import setup_process
+    from bert_jax.commands import setup_process
 
     setup_process()
     main()

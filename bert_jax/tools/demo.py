@@ -128,7 +128,7 @@ def main(out: str = "demo_out", steps: int = 1000) -> None:
 
 
 if __name__ == "__main__":
-    from bert_jax.main import setup_process
+    from bert_jax.commands import setup_process
 
     setup_process()
     main(*sys.argv[1:2], *[int(a) for a in sys.argv[2:3]])

@@ -4,8 +4,9 @@ objective, optimizer and abstract sharded state), the device mesh and logical-ax
 objectives, registered by name (objectives: loss, batch shapes, real tokens, FLOPs; a model's
 default or train.objective), the host input pipelines that turn a config into global batches
 (input, asking data.sources), the loop (train), evaluation and its evaluator registry
-(evaluate), Orbax checkpoints (checkpoint), checkpoint averaging (average) and metrics files
-(metrics). It may import models, data, tasks, config and the base modules (paths, trees, log);
-never translation, interop, cloud, viz or tools (evaluators of those live there and are
-named in evaluate.EVALUATORS).
+(evaluate), Orbax checkpoints (checkpoint), checkpoint averaging (average), metrics files
+(metrics) and where JAX keeps compiled programs (compilation_cache). It may import models,
+data, tasks, config and the base modules (paths, trees, log, specs); never translation,
+interop, cloud, viz or tools (evaluators of those live there and are named in
+evaluate.EVALUATORS).
 """

@@ -333,3 +333,15 @@ def sweep_figure(groups: dict[str, list[float]], metric: str, title: str):
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def sweep_results(groups: dict[str, list[float]], metric: str, title: str, out: str) -> str:
+    """Saves the sweep figure (its data: the sweep's results.csv) at `out`; returns the markdown
+    line that shows it, or says why there is none."""
+    try:
+        save_figure(sweep_figure(groups, metric, title), out)
+    except Exception as e:  # noqa: BLE001 (a figure is never worth losing results.md over)
+        log.warning(f"no {os.path.basename(out)}: {e}")
+        return f"(No figure: {e}.)"
+    return (f"![{metric} per setting]({os.path.basename(out)})\n\nEach point is one seed's best "
+            f"{metric}, the bar the median over seeds; the points are the rows of results.csv.")

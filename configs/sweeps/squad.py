@@ -12,7 +12,7 @@ from pathlib import Path
 
 import ml_collections
 
-from bert_jax.sweep import PAPER_A3_GRID, sweep_config
+from bert_jax.commands.sweep import PAPER_A3_GRID, sweep_config
 
 
 def get_config(arg: str = "v1") -> ml_collections.ConfigDict:

@@ -1,0 +1,207 @@
+"""The `bert-jax` command line: one table of commands (COMMANDS, a Command record each: its
+name, its function, the flags it reads, its usage lines, whether it compiles a model) and the
+entry point (run) that parses the flags, loads --config with its overrides and dispatches
+through the table. The functions live by area: training (train, eval, average), sweep (its
+trials as processes), data (vocab, prepare), cloud (info, plan, launch), interop (convert,
+export, features), translate, viz (plot, attention); the flags they share in options. Adding
+a command is its function in one of those modules and one record here. It may import every
+part of the library (each command imports its modules when it runs, so a command does not
+pay for the others' imports); only the tools and the entry points (main, sweep, __main__)
+import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable
+
+from absl import app, flags, logging
+
+from bert_jax import config as config_lib
+from bert_jax.commands import cloud, data, interop, options, sweep, training, translate, viz
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """`bert-jax <name>`: `run(args after the name)`, whose docstring is its help."""
+
+    name: str
+    run: Callable[[list[str]], None]
+    flags: tuple[str, ...]  # the flags it reads, for `bert-jax <name> --help`
+    usage: tuple[str, ...]  # its usage lines, for --help
+    compiles: bool = False  # compiles a model: uses the persistent compilation cache
+
+
+COMMANDS: dict[str, Command] = {c.name: c for c in (
+    Command("train", training.cmd_train, ("config", "workdir", "compilation_cache"), (
+        "bert-jax train --config configs/bert_pretrain.py:tiny --workdir <dir> "
+        "[--config.train.steps=100]",), compiles=True),
+    Command("eval", training.cmd_eval, ("workdir", "config", "step", "split", "compilation_cache"), (
+        "bert-jax eval --workdir <dir> [--config <file>] [--step latest|best|all|N]",
+        "             [--split dev|test|<file>]   (fine-tuning: <dir>/eval/step_N/, other splits "
+        "<dir>/eval/<split>/)"), compiles=True),
+    Command("sweep", sweep.cmd_sweep, ("config", "workdir", "print_commands"), (
+        "bert-jax sweep --config configs/sweeps/glue.py:mrpc --workdir <dir> [--print_commands]",)),
+    Command("vocab", data.cmd_vocab, ("input", "size", "type", "sp_model_type", "lowercase", "out"), (
+        "bert-jax vocab --input 'books/*.txt' --size 8192 --type wordpiece --out <dir>",)),
+    Command("prepare", data.cmd_prepare, ("config", "out"), (
+        "bert-jax prepare --config configs/bert_pretrain.py:base --out <dir>   (array_record shards)",)),
+    Command("info", cloud.cmd_info, ("config", "seq_len"), (
+        "bert-jax info --config configs/bert_pretrain.py:base [--config.dtype=bfloat16]",)),
+    Command("plan", cloud.cmd_plan, ("config", "topology", "slices", "mfu", "json"), (
+        "bert-jax plan --config configs/bert_pretrain.py:base --topology v3-32 [--slices 2] [--json]",)),
+    Command("launch", cloud.cmd_launch, (
+        "config", "workdir", "topology", "name", "zone", "any_zone", "project", "runtime_version",
+        "spot", "keep", "dry_run", "max_restarts", "repo", "commit", "skip_plan", "poll_seconds",
+        "python"), (
+        "bert-jax launch --config configs/bert_pretrain.py:base --topology v3-32 --workdir gs://B/run",
+        "             --name bert-base --zone europe-west4-a [--spot] [--keep] [--dry_run]")),
+    Command("convert", interop.cmd_convert, ("head",), (
+        "bert-jax convert hf:<hf_dir>|tf:<tf_checkpoint> <out_dir> [--head bert_classification]",)),
+    Command("export", interop.cmd_export, ("step",), (
+        "bert-jax export <checkpoint_dir> hf:<out_dir> [--step N]   (a Hugging Face folder for "
+        "transformers)",)),
+    Command("features", interop.cmd_features, (
+        "checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
+        "compilation_cache"), (
+        "bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]",),
+        compiles=True),
+    Command("translate", translate.cmd_translate, (
+        "checkpoint", "input", "output", "beam", "alpha", "reference", "batch_size",
+        "compilation_cache"), (
+        "bert-jax translate --checkpoint <dir> --input <txt> --output <txt> [--beam 4 --alpha 0.6]",
+        "             [--reference <txt>]   (prints sacreBLEU against the reference)"), compiles=True),
+    Command("average", training.cmd_average, ("workdir", "last", "out"), (
+        "bert-jax average --workdir <dir> --last 5 --out <dir>   (a checkpoint of the mean weights)",)),
+    Command("plot", viz.cmd_plot, ("workdir", "out", "x", "smoothing"), (
+        "bert-jax plot --workdir <dir> [<dir> ...] [--out curves.png|.svg] [--x step|time|tokens]",
+        "             [--smoothing 0.6]   (default out: <first dir>/plots/metrics.png, data in .csv "
+        "beside)")),
+    Command("attention", viz.cmd_attention, (
+        "checkpoint", "text", "pair", "out", "layer", "head_index", "step", "max_seq_length",
+        "compilation_cache"), (
+        "bert-jax attention --checkpoint <dir> --text \"...\" [--pair \"...\"] [--out a.png|a.html]",
+        "             [--layer -1 --head_index 0]   (default: <dir>/plots/attention.png and .html;",
+        "             data in .json)"), compiles=True),
+)}
+HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
+
+
+def main(argv: list[str]) -> None:
+    """Runs the command `argv[1]` (flags already parsed): a bad flag or argument is one line and
+    exit 2, bad input or storage one line and exit 1."""
+    if not flags.FLAGS["verbosity"].present:  # libraries' INFO lines (Orbax: dozens a save) off
+        logging.set_verbosity(logging.WARNING)
+    from bert_jax import log
+
+    log.configure()  # our progress lines (INFO) on stdout, warnings on stderr
+    log.divert_library_errors()  # a failed save's hundreds of Orbax lines: to a file
+    try:
+        command = COMMANDS.get(argv[1]) if len(argv) > 1 else None
+        if command is None:
+            got = f"unknown command {argv[1]!r}; " if len(argv) > 1 else ""
+            raise app.UsageError(f"{got}usage: bert-jax <command> [flags]; commands: "
+                                 f"{', '.join(COMMANDS)}")
+        if command.compiles:
+            from bert_jax.training.compilation_cache import setup_compilation_cache
+
+            setup_compilation_cache(options.COMPILATION_CACHE.value, command.name,
+                                    options.WORKDIR.value)
+        command.run(argv[2:])
+    except app.UsageError as e:  # a missing or malformed flag or argument
+        _bad_flag(str(e))
+    except (ValueError, OSError, config_lib.MissingExtra) as e:  # bad input, storage, an uninstalled
+        # extra: one line, not a traceback
+        print(f"bert-jax {argv[1]}: error: {_one_line(e)}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line (a library's message may span several)."""
+    return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(argv without them, the --config.<key>=<value> overrides); `--config.key value` too."""
+    rest, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--config."):
+            key_value = arg[len("--config."):]
+            if "=" not in key_value and i + 1 < len(argv):
+                key_value, i = f"{key_value}={argv[i + 1]}", i + 1
+            overrides.append(key_value)
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, overrides
+
+
+def _bad_flag(message) -> None:
+    print(f"bert-jax: bad flag: {_one_line(message)} (`bert-jax --help` lists the commands and "
+          "flags)", file=sys.stderr)
+    sys.exit(2)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl flags, then --config loaded with its overrides by our loader (whose errors name the
+    file, the key and the valid choices): one clear line and exit 2 for anything bad."""
+    rest, overrides = _split_overrides(argv)
+    try:
+        remaining = flags.FLAGS(rest)
+    except flags.Error as e:
+        _bad_flag(str(e))
+    if options.CONFIG.value is not None:
+        try:
+            options.LoadedConfig.value = config_lib.load(options.CONFIG.value, overrides)
+        except Exception as e:  # noqa: BLE001 (a config file can raise anything; say which file)
+            _bad_flag(e if isinstance(e, config_lib.ConfigError) else f"--config="
+                      f"{options.CONFIG.value}: {type(e).__name__}: {e}")
+        options.LoadedConfig.overrides = tuple(overrides)
+    elif overrides:
+        _bad_flag(f"--config.{overrides[0]} needs --config=<file.py[:arg]> to apply to")
+    return remaining
+
+
+def print_help(command: str | None) -> None:
+    """`bert-jax --help` (every command) or `bert-jax <command> --help` (its usage and flags)."""
+    if command not in COMMANDS:
+        print("usage: bert-jax <command> [flags]   (`bert-jax <command> --help` for its flags)\n")
+        for c in COMMANDS.values():
+            print(f"  {c.name:<9} {' '.join((c.run.__doc__ or '').split()).split(';')[0]}")
+        print("\n" + "\n".join(f"  {line}" for c in COMMANDS.values() for line in c.usage))
+        return
+    c = COMMANDS[command]
+    print("usage:\n" + "\n".join(f"  {line}" for line in c.usage))
+    print((c.run.__doc__ or "").strip() + "\n\nflags:")
+    for name in c.flags:
+        flag = flags.FLAGS[name]
+        default = "" if flag.default is None else f" (default: {flag.default})"
+        print(f"  --{name}: {flag.help}{default}")
+
+
+def setup_process() -> None:
+    """What a bert_jax process sets up once, before JAX starts: the console log handler, and
+    libtpu told that there is no TPU when it is installed on a machine without one."""
+    from bert_jax import log
+    from bert_jax.cloud import tpu
+
+    log.install()
+    tpu.quiet_libtpu_off_tpu()
+
+
+def run() -> None:
+    """Console-script entry point."""
+    options.Started.at = time.time()
+    setup_process()
+    try:
+        if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
+            print_help(sys.argv[1] if len(sys.argv) > 1 else None)
+            sys.exit(0)
+        app.run(main, flags_parser=_parse_flags)
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

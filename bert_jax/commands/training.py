@@ -1,0 +1,58 @@
+"""`bert-jax train`, `eval` and `average`: a run in a workdir, its checkpoints evaluated or averaged."""
+
+from __future__ import annotations
+
+import json
+
+from absl import app
+
+from bert_jax.commands.options import (
+    CONFIG,
+    LAST,
+    OUT,
+    SPLIT,
+    STEP,
+    WORKDIR,
+    LoadedConfig,
+    Started,
+    maybe_initialize_distributed,
+    require,
+)
+
+
+def cmd_train(args: list[str]) -> None:
+    """Trains (or resumes) the config in --workdir; metrics go to <workdir>/metrics.jsonl."""
+    maybe_initialize_distributed()
+    import jax
+
+    from bert_jax.training import train
+
+    workdir = require(WORKDIR, "train")
+    if not workdir.strip():  # else the run would write into the current directory
+        raise app.UsageError("--workdir is empty: give the run's directory, e.g. --workdir "
+                             "/tmp/run (a new folder, or a run to resume)")
+    summary = train.train_and_evaluate(require(CONFIG, "train"), workdir,
+                                       set_by_user=LoadedConfig.set_by_user(), started=Started.at)
+    if jax.process_index() == 0:
+        print(json.dumps({k: summary[k] for k in ("step", "preempted")}
+                         | {"metrics": summary.get("metrics"), "eval": summary.get("eval")}))
+
+
+def cmd_eval(args: list[str]) -> None:
+    """Evaluates saved checkpoints on the validation split (with the config stored in the
+    checkpoint unless --config is given); prints one JSON line each."""
+    maybe_initialize_distributed()
+    from bert_jax.training import evaluate
+
+    for result in evaluate.evaluate_checkpoints(
+            LoadedConfig.value, require(WORKDIR, "eval"), STEP.value, SPLIT.value):
+        print(json.dumps(result))
+
+
+def cmd_average(args: list[str]) -> None:
+    """Averages the newest --last checkpoints of a workdir into a new checkpoint --out."""
+    from bert_jax.training import average
+
+    report = average.average_checkpoints(require(WORKDIR, "average"), LAST.value,
+                                         require(OUT, "average"))
+    print(json.dumps(report))
