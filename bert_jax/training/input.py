@@ -36,6 +36,7 @@ from grain.experimental import (
 )
 
 from bert_jax import config as config_lib
+from bert_jax import tasks
 from bert_jax.data import documents, packing, pretraining, translation
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
@@ -316,7 +317,7 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
         return translation_pipeline(config, split, batch_size=global_batch, num_batches=num_batches)
     if d.name not in SOURCES:
         raise ValueError(f"data.name={d.name!r}; choose one of {list(SOURCES)} (fine-tuning: "
-                         "glue, squad, ner, swag)")
+                         f"{', '.join(tasks.TASKS)})")
     if d.name == "synthetic_translation":
         return SyntheticTranslation(
             vocab_size=config.model.vocab_size, seq_len=d.max_seq_length, batch_size=global_batch,
