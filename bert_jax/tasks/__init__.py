@@ -4,19 +4,19 @@ registers itself (glue, ner, squad, swag: reader, features, official metric, wri
 `Task` subclass decorated with `register`); `base` holds the `Task` interface and the
 registry, `scoring` the metrics tasks share, this module the fine-tuning recipe
 (`finetune_defaults`) and the helpers that ask the registry. It may import models, data,
-config and the base modules; never training or anything above.
+config, paths, trees and log; never training or anything above.
 
-A new task lands here as one file, or in your own module imported before the config loads:
-subclass `Task`, set `name` (the data.name that chooses it), implement `read`, `encode`,
-`score` and `write_predictions`, add its `data` keys in `defaults`, and decorate it with
-`register`; then `finetune_defaults(name, size)` gives its config and train/eval run it.
-A Task has `main_metric` (ranks checkpoints; higher is better), `eval_splits` (evaluated
-every `train.eval_every` steps; metrics of the first are `eval/<metric>`, of the others
-`eval/<split>/<metric>`), `features(split)` (numpy arrays, cached), `score(split, outputs)`
-and `write_predictions(split, outputs, out_dir)`. `split` is one of `splits` ('train',
-'dev', 'test') or a file path. Outputs are the model's outputs per example in file order
-(padding dropped). How its files and runs are recognised: `file_kind`, `looks_like`,
-`run_name`, `evaluates`.
+A new task lands here as one file (imported below), or in your own module that your config
+file imports: subclass `Task`, set `name` (the data.name that chooses it), implement `read`,
+`encode`, `score` and `write_predictions`, add its `data` keys in `defaults`, and decorate it
+with `register`; `finetune_defaults(name, size)` then gives its config, and train and eval
+run it (docs/finetuning.md, "A new task"). A Task has `main_metric` (ranks checkpoints;
+higher is better), `eval_splits` (evaluated every `train.eval_every` steps; metrics of the
+first are `eval/<metric>`, of the others `eval/<split>/<metric>`), `features(split)` (numpy
+arrays, cached), `score(split, outputs)` and `write_predictions(split, outputs, out_dir)`.
+`split` is one of `splits` ('train', 'dev', 'test') or a file path. Outputs are the model's
+outputs per example in file order (padding dropped). How its files and runs are recognised:
+`file_kind`, `looks_like`, `run_name`, `evaluates`.
 """
 
 from __future__ import annotations
