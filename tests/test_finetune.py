@@ -331,6 +331,25 @@ def test_unknown_task_names_the_registered_ones():
         tasks.finetune_defaults("glu")
 
 
+def test_runs_and_files_are_recognised_by_their_task():
+    """What evaluate asks the registry: a run's task name, whether a config may evaluate a run,
+    and which other task's file a --split is."""
+    mnli, ax, cola = ({"name": "glue", "task": t} for t in ("mnli", "ax", "cola"))
+    assert tasks.run_name(mnli) == "glue mnli" and tasks.run_name({"name": "ner"}) == "ner"
+    assert tasks.run_name({"name": "squad", "version_2": True}) == "squad v2.0"
+    assert tasks.run_name({"name": "text"}) is None
+    assert tasks.evaluates(mnli, ax) and tasks.evaluates(cola, cola)
+    assert tasks.evaluates({"name": "text"}, cola)  # not fine-tuned: nothing to keep apart
+    assert not tasks.evaluates(ax, mnli) and not tasks.evaluates(cola, mnli)
+    assert not tasks.evaluates(cola, {"name": "text"})
+    squad_head = b'{"version": "v2.0", "data": [{"title": "x", "paragraphs": []}]}'
+    assert tasks.task_of_file(squad_head, "glue").name == "squad"
+    assert tasks.task_of_file(squad_head, "squad") is None
+    assert tasks.task_of_file(b"-DOCSTART- -X- O O\n\nEU B-ORG\n", "glue").name == "ner"
+    assert tasks.task_of_file(b"video-id,sent1,sent2,ending0,ending1\nx,a,b,c,d\n", "ner").name == "swag"
+    assert tasks.task_of_file(b"index\tsentence\tlabel\n0\tgood\t1\n", "ner") is None
+
+
 @dataclass
 class ToyExample:
     text: str
