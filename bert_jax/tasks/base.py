@@ -67,8 +67,9 @@ class Task(abc.ABC):
         return cls.name
 
     @classmethod
-    def evaluates(cls, ran: str, asked: str) -> bool:
-        """Whether a run fine-tuned on `ran` (a run_name) is evaluated with an `asked` config."""
+    def evaluates(cls, ran: str, asked: str | None) -> bool:
+        """Whether a run fine-tuned on `ran` (a run_name) is evaluated with a config of `asked`
+        (a run_name; None: not a fine-tuning config)."""
         return ran == asked
 
     # What every task implements.

@@ -235,7 +235,7 @@ class GlueTask(Task):
         return f"glue {data.get('task')}"
 
     @classmethod
-    def evaluates(cls, ran: str, asked: str) -> bool:
+    def evaluates(cls, ran: str, asked: str | None) -> bool:
         # GLUE's diagnostic set ax is scored by an MNLI model, its own run.
         return ran == asked or (ran, asked) == ("glue mnli", "glue ax")
 
