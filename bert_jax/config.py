@@ -1,8 +1,9 @@
-"""Run configs: every run default (each once, with a one-line comment), loading `file.py:arg`
-with `--config.x.y=v` overrides, and validation that fails before anything compiles.
+"""Run configs: every run default (each once, with a one-line comment; a fine-tuning task's own
+are the task's, in bert_jax.tasks), loading `file.py:arg` with `--config.x.y=v` overrides,
+and validation that fails before anything compiles.
 
 Config files (configs/*.py) define `get_config(arg)`: they start from the defaults of their
-kind of run (`pretraining_defaults()`, `finetune_defaults(task, size)`,
+kind of run (`pretraining_defaults()`, `bert_jax.tasks.finetune_defaults(task, size)`,
 `translation_defaults()`, or `training_defaults()`, the keys every run has), set `model` (the
 model's own fields come from bert_jax.models) and only the values that differ for their setup.
 """
@@ -145,63 +146,11 @@ def pretraining_defaults() -> ml_collections.ConfigDict:
 
 
 def finetune_defaults(task: str, size: str = "base") -> ml_collections.ConfigDict:
-    """training_defaults with the BERT paper's fine-tuning recipe (A.3: batch 32, 3 epochs, Adam
-    (Google's, adam_weight_decay) lr 2e-5 of 5e-5, 3e-5, 2e-5, 10% warmup then linear decay,
-    evaluation on dev) and the
-    `data` section of `task` (glue, ner, squad, swag); `size` tiny or mini: a CPU-sized run."""
-    config = training_defaults()
-    config.optimizer.learning_rate = 2e-5
-    config.optimizer.weight_decay = 0.01
-    config.schedule.name = "warmup_linear"
-    config.schedule.warmup_fraction = 0.1
-    config.train.batch_size = 32
-    config.train.steps = 0  # from train.epochs
-    config.train.epochs = 3.0
-    config.train.eval_every = 0
-    config.train.eval_steps = 0  # the whole dev set
-    config.train.log_every = 50
-    config.train.checkpoint_every = 1000
-    config.train.keep_checkpoints = 1  # plus the best by the task's main metric
-    d = config.data = ml_collections.ConfigDict()
-    d.name = task  # glue | ner | squad | swag
-    d.data_dir = ""  # folder holding the files below (GLUE: the folder with MRPC/, SST-2/, ...)
-    d.train_file, d.dev_file, d.test_file = "", "", ""
-    d.tokenizer = ""  # vocab directory; empty: config.init_from
-    d.max_seq_length = 128
-    # Pack several examples into each max_seq_length row (exact: attention, positions and
-    # heads stay per example), rows in a few bucket sizes; false: one padded row each.
-    d.pack = True
-    d.skip_bad_rows = False  # True: skip malformed rows with a warning instead of stopping
-    d.max_train_examples = 0  # > 0: only the first N training examples
-    if task == "glue":
-        d.task = ""  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli
-        d.source = "files"  # files (GLUE TSV layout under data_dir) | tfds (glue/<task>)
-    elif task == "ner":
-        config.optimizer.learning_rate = 5e-5
-        d.labels = ()  # the tag set, 'O' first (model.num_labels = its length)
-    elif task == "squad":
-        config.optimizer.learning_rate = 5e-5
-        d.version_2 = False  # SQuAD 2.0: questions may have no answer
-        # Not packed: a window already fills its max_seq_length row (doc_stride), and the span
-        # softmax runs over the whole row.
-        d.pack = False
-        d.doc_stride = 128  # tokens between the starts of consecutive windows of a long paragraph
-        d.max_query_length = 64
-        d.n_best_size = 20
-        d.max_answer_length = 30
-        d.null_score_diff_threshold = 0.0  # v2: predict "" when null score - best span > this
-    elif task == "swag":
-        d.num_choices = 4  # endings per example (the reader checks each row)
-    else:
-        raise ConfigError(f"fine-tuning task {task!r}: choose glue, ner, squad or swag")
-    # CPU-sized runs (also modernbert-tiny), often from scratch: a larger step size
-    if size.rpartition("-")[2] in ("tiny", "mini"):
-        config.optimizer.learning_rate = 1e-3
-        # with bias correction: adam_weight_decay's early steps (up to 6.6x) at this lr leave
-        # SST-2, MRPC and NER from scratch at the majority class (docs/training.md#optimizers)
-        config.optimizer.name = "adamw"
-        config.train.log_every = 10
-    return config
+    """bert_jax.tasks.finetune_defaults (each task owns its defaults), kept here for config
+    files that call it from this module. Imported when called: the tasks import this module."""
+    from bert_jax import tasks  # the one import upwards (tests/test_layout.py: LATE_IMPORTS)
+
+    return tasks.finetune_defaults(task, size)
 
 
 def translation_defaults() -> ml_collections.ConfigDict:

@@ -20,8 +20,7 @@ hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/glue.
 
 import ml_collections
 
-from bert_jax import config as config_lib
-from bert_jax import models
+from bert_jax import models, tasks
 from bert_jax.tasks import glue
 
 
@@ -30,7 +29,7 @@ def get_config(arg: str = "mrpc") -> ml_collections.ConfigDict:
     spec = glue.task_spec(task)
     long = size == "long"
     size = "tiny" if long else size or "base"
-    config = config_lib.finetune_defaults("glue", size)
+    config = tasks.finetune_defaults("glue", size)
     config.model = ml_collections.ConfigDict(models.model_section(
         "bert_classification", models.encoder_model_fields(size),
         num_labels=1 if spec.labels is None else len(spec.labels)))  # 1: regression (STS-B)

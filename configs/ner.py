@@ -14,8 +14,7 @@ hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/ner.p
 
 import ml_collections
 
-from bert_jax import config as config_lib
-from bert_jax import models
+from bert_jax import models, tasks
 
 _TYPES = {"conll2003": ("LOC", "MISC", "ORG", "PER"),
           "wnut17": ("corporation", "creative-work", "group", "location", "person", "product")}
@@ -28,7 +27,7 @@ def get_config(arg: str = "conll2003") -> ml_collections.ConfigDict:
     if dataset not in _TYPES:
         raise ValueError(f"configs/ner.py:{arg}: choose one of {sorted(_TYPES)}")
     labels = ("O", *(f"{p}-{t}" for p in "BI" for t in _TYPES[dataset]))
-    config = config_lib.finetune_defaults("ner", size or "base")
+    config = tasks.finetune_defaults("ner", size or "base")
     config.model = ml_collections.ConfigDict(models.model_section(
         "bert_tagging", models.encoder_model_fields(size or "base"), num_labels=len(labels)))
     config.data.labels = labels

@@ -14,15 +14,14 @@ hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/squad
 
 import ml_collections
 
-from bert_jax import config as config_lib
-from bert_jax import models
+from bert_jax import models, tasks
 
 
 def get_config(arg: str = "v1") -> ml_collections.ConfigDict:
     version, _, size = arg.partition(",")
     if version not in ("v1", "v2"):
         raise ValueError(f"configs/squad.py:{arg}: choose v1 or v2")
-    config = config_lib.finetune_defaults("squad", size or "base")
+    config = tasks.finetune_defaults("squad", size or "base")
     config.model = ml_collections.ConfigDict(models.model_section(
         "bert_span", models.encoder_model_fields(size or "base")))
     config.train.epochs = 3.0 if version == "v1" else 2.0

@@ -11,12 +11,11 @@ hour on a single Cloud TPU"); checked with: bert-jax plan --config configs/swag.
 
 import ml_collections
 
-from bert_jax import config as config_lib
-from bert_jax import models
+from bert_jax import models, tasks
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
-    config = config_lib.finetune_defaults("swag", arg)
+    config = tasks.finetune_defaults("swag", arg)
     config.model = ml_collections.ConfigDict(models.model_section(
         "bert_choice", models.encoder_model_fields(arg)))  # one score per ending
     config.train.batch_size = 16

@@ -1,6 +1,7 @@
 """Fine-tuning end to end on the real files in ../shared/data: tiny BERTs trained from scratch
 (no public checkpoint offline) on GLUE subsets beat the majority class on dev; NER, SWAG and
-SQuAD train, evaluate and write predictions; init_from; eval --step best; a resumable sweep."""
+SQuAD train, evaluate and write predictions; init_from; eval --step best; a resumable sweep;
+the task configs as they were; a task registered from this file alone trains and is scored."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import jax
@@ -303,3 +305,162 @@ def test_paper_sweep_grids(spec):
     assert len(trials) == (18 if spec.endswith("a3") else 4)
     base = config_lib.load(s.base)  # the base run config loads from any directory
     assert base.train.epochs > 0 and base.init_from == ""
+
+
+SNAPSHOT = json.loads((Path(__file__).parent / "fixtures" / "finetune_configs.json").read_text())
+ADDED_SINCE = (("train", "objective", ""),)  # (section, key, default): train.objective, the model's own
+
+
+@pytest.mark.parametrize("spec", sorted(SNAPSHOT))
+def test_task_configs_are_as_they_were(spec):
+    """The fine-tuning configs (and finetune_defaults, from bert_jax.tasks and from bert_jax.config,
+    for users' config files) give every key and value, in order, of the code before the tasks
+    owned their defaults (tests/fixtures/finetune_configs.py took them at a208b4f)."""
+    if spec.startswith("finetune_defaults("):
+        task, size = spec[len("finetune_defaults("):-1].split(",")
+        got = [tasks.finetune_defaults(task, size), config_lib.finetune_defaults(task, size)]
+    else:
+        got = [config_lib.load(str(REPO / "configs" / spec))]
+    for config in got:
+        config = json.loads(json.dumps(config.to_dict()))
+        # Keys added since, at their defaults (nothing the snapshot had may change or go).
+        for section, key, default in ADDED_SINCE:
+            assert config[section].pop(key) == default
+        assert config == SNAPSHOT[spec]
+        assert json.dumps(config) == json.dumps(SNAPSHOT[spec])  # the same order of keys
+
+
+def test_unknown_task_names_the_registered_ones():
+    with pytest.raises(config_lib.ConfigError, match="'glu'.*choose glue, ner, squad or swag"):
+        tasks.finetune_defaults("glu")
+
+
+def test_runs_and_files_are_recognised_by_their_task():
+    """What evaluate asks the registry: a run's task name, whether a config may evaluate a run,
+    and which other task's file a --split is."""
+    mnli, ax, cola = ({"name": "glue", "task": t} for t in ("mnli", "ax", "cola"))
+    assert tasks.run_name(mnli) == "glue mnli" and tasks.run_name({"name": "ner"}) == "ner"
+    assert tasks.run_name({"name": "squad", "version_2": True}) == "squad v2.0"
+    assert tasks.run_name({"name": "text"}) is None
+    assert tasks.evaluates(mnli, ax) and tasks.evaluates(cola, cola)
+    assert tasks.evaluates({"name": "text"}, cola)  # not fine-tuned: nothing to keep apart
+    assert not tasks.evaluates(ax, mnli) and not tasks.evaluates(cola, mnli)
+    assert not tasks.evaluates(cola, {"name": "text"})
+    squad_head = b'{"version": "v2.0", "data": [{"title": "x", "paragraphs": []}]}'
+    assert tasks.task_of_file(squad_head, "glue").name == "squad"
+    assert tasks.task_of_file(squad_head, "squad") is None
+    assert tasks.task_of_file(b"-DOCSTART- -X- O O\n\nEU B-ORG\n", "glue").name == "ner"
+    assert tasks.task_of_file(b"video-id,sent1,sent2,ending0,ending1\nx,a,b,c,d\n", "ner").name == "swag"
+    assert tasks.task_of_file(b"index\tsentence\tlabel\n0\tgood\t1\n", "ner") is None
+
+
+@dataclass
+class ToyExample:
+    text: str
+    label: str | None
+
+
+class ToyTask(tasks.Task):
+    """A toy sentence task, all of it in this file: `label<TAB>sentence` rows after a `toy` header
+    line, a positive sentence names a fruit; scored by its own metric."""
+
+    name = "toy_fruit"
+    main_metric = "toy_accuracy"
+    file_kind = "a toy TSV file"
+
+    @classmethod
+    def defaults(cls, config):
+        super().defaults(config)
+        config.data.labels = ("no", "fruit")  # the toy's own key
+
+    @classmethod
+    def looks_like(cls, head: bytes) -> bool:
+        return head.startswith(b"toy\t")
+
+    def read(self, path, training=False):
+        rows = [line.split("\t") for line in Path(path).read_text().splitlines()[1:]]
+        return [ToyExample(text, label or None) for label, text in rows]
+
+    def encode(self, examples, training):
+        features = self.tokenizer.encode_pairs([e.text for e in examples], [None] * len(examples),
+                                               self.data.max_seq_length)
+        labels = list(self.data.labels)
+        features["label_ids"] = np.array([labels.index(e.label) if e.label else 0 for e in examples],
+                                         np.int32)
+        return features, None
+
+    def score(self, split, outputs):
+        gold = self.features(split)["label_ids"]
+        return {"toy_accuracy": float(np.mean(np.argmax(outputs["logits"], -1) == gold))}
+
+    def write_predictions(self, split, outputs, out_dir):
+        out = Path(out_dir) / "toy_predictions.txt"
+        out.write_text("".join(f"{self.data.labels[i]}\n" for i in np.argmax(outputs["logits"], -1)))
+        return [out]
+
+
+@pytest.fixture
+def toy_task():
+    """ToyTask registered for one test (as a user's module would register it on import)."""
+    tasks.register(ToyTask)
+    yield ToyTask
+    del tasks.TASKS[ToyTask.name]
+
+
+TOY_CONFIG = """
+import ml_collections
+from bert_jax import models, tasks
+
+def get_config(arg="tiny"):
+    config = tasks.finetune_defaults("toy_fruit", arg)
+    config.model = ml_collections.ConfigDict(models.model_section(
+        "bert_classification", models.encoder_model_fields(arg), num_labels=2))
+    config.data.train_file, config.data.dev_file = "train.tsv", "dev.tsv"
+    return config
+"""
+
+
+def test_a_task_registered_from_a_test_file_trains_and_is_scored(toy_task, tmp_path, cli):
+    """The task seam: a task defined and registered here (no library edit) gets its config from
+    finetune_defaults, trains through `bert-jax train`, and its own metric is in the run's
+    metrics and in `bert-jax eval`'s results, with its prediction file; --split files of
+    another task are recognised by the toy's own file test."""
+    fruit, other = ["apple", "pear", "plum", "fig"], ["stone", "car", "road", "cloud"]
+    words = fruit + other + ["a", "red", "big", "small"]
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "vocab.txt").write_text("\n".join(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    rng = np.random.default_rng(0)
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            label = rng.integers(2)
+            noun = rng.choice(fruit if label else other)
+            out.append(f"{('no', 'fruit')[label]}\t{rng.choice(['a', 'big', 'small'])} {noun}")
+        return "toy\ttext\n" + "\n".join(out) + "\n"
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text(rows(64))
+    (data / "dev.tsv").write_text(rows(16))
+    (tmp_path / "toy.py").write_text(TOY_CONFIG)
+    workdir = tmp_path / "run"
+    code, out, err = cli(["train", f"--config={tmp_path / 'toy.py'}:tiny", f"--workdir={workdir}",
+                          f"--config.data.data_dir={data}", f"--config.data.tokenizer={tmp_path / 'vocab'}",
+                          "--config.model.vocab_size=32", "--config.data.max_seq_length=8",
+                          "--config.train.steps=6", "--config.train.batch_size=8"])
+    assert code == 0, err
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    [final] = [x for x in lines if "eval/toy_accuracy" in x]
+    assert final["step"] == 6 and 0.0 <= final["eval/toy_accuracy"] <= 1.0
+    code, out, err = cli(["eval", f"--workdir={workdir}", "--step=latest"])
+    assert code == 0, err
+    result = json.loads((workdir / "eval" / "step_6.json").read_text())
+    assert result["eval/toy_accuracy"] == pytest.approx(final["eval/toy_accuracy"])
+    assert len((workdir / "eval" / "step_6" / "toy_predictions.txt").read_text().split()) == 16
+    squad_file = tmp_path / "dev-v1.1.json"
+    squad_file.write_text('{"data": [{"paragraphs": []}]}')
+    code, out, err = cli(["eval", f"--workdir={workdir}", f"--split={squad_file}"])
+    assert code == 1 and "a SQuAD JSON file" in err and "toy_fruit run" in err, err
+

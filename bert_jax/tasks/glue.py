@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils import epath
 
+from bert_jax import config as config_lib
 from bert_jax import paths
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.tasks import scoring
+from bert_jax.tasks.base import Task, register
 
 
 @dataclass(frozen=True)
@@ -211,3 +215,90 @@ def encode(examples: Sequence[Example], tokenizer: Tokenizer, max_seq_length: in
         raise ValueError(f"encode: labels {sorted(map(str, unknown))} not in the task's labels {labels}")
     features["label_ids"] = np.array([0 if e.label is None else index[e.label] for e in examples], np.int32)
     return features
+
+
+@register
+class GlueTask(Task):
+    """The nine GLUE tasks (TSV files in the GLUE layout, or TFDS `glue/<task>`)."""
+
+    name = "glue"
+    splits = ("train", "dev", "test", "dev_mismatched")  # dev_mismatched: MNLI's second dev set
+
+    @classmethod
+    def defaults(cls, config):
+        super().defaults(config)
+        config.data.task = ""  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli
+        config.data.source = "files"  # files (GLUE TSV layout under data_dir) | tfds (glue/<task>)
+
+    @classmethod
+    def run_name(cls, data) -> str:
+        return f"glue {data.get('task')}"
+
+    @classmethod
+    def evaluates(cls, ran: str, asked: str | None) -> bool:
+        # GLUE's diagnostic set ax is scored by an MNLI model, its own run.
+        return ran == asked or (ran, asked) == ("glue mnli", "glue ax")
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.task = config.data.task
+        self.spec = task_spec(self.task)
+        if config.data.source not in ("files", "tfds"):
+            raise config_lib.ConfigError(f"data.source={config.data.source!r}; choose files (the GLUE "
+                                         "TSVs under data.data_dir) or tfds")
+        want = 1 if self.spec.labels is None else len(self.spec.labels)
+        if config.model.get("num_labels", want) != want:
+            kind = ("a regression (one score)" if self.spec.labels is None
+                    else f"{want} labels {list(self.spec.labels)}")
+            raise config_lib.ConfigError(f"model.num_labels={config.model.num_labels} but GLUE "
+                                         f"{self.task} has {kind}; set --config.model.num_labels="
+                                         f"{want} (or leave it out)")
+        self.main_metric = scoring.MAIN_METRIC[self.task]
+        # MNLI is reported on both dev sets.
+        self.eval_splits = ("dev", "dev_mismatched") if self.task == "mnli" else ("dev",)
+
+    def _task_split(self, split: str) -> tuple[str, str]:
+        return ("mnli_mismatched", "dev") if split == "dev_mismatched" else (self.task, split)
+
+    def path(self, split: str) -> Path | epath.Path:
+        if split not in self.splits:
+            return paths.path(split)
+        if not self.data.data_dir:
+            raise config_lib.ConfigError("data.data_dir is empty: set --config.data.data_dir=<the GLUE "
+                                         f"folder holding {self.spec.directory}/>")
+        return task_path(self.data.data_dir, *self._task_split(split))
+
+    def examples(self, split: str):
+        if self.data.source == "tfds" and split in self.splits:
+            if split not in self._examples:
+                self._examples[split] = read_glue_tfds(*self._task_split(split),
+                                                       data_dir=self.data.data_dir or None)
+            return self._examples[split]
+        return super().examples(split)
+
+    def read(self, path: Path, training: bool = False):
+        return read_glue(self.task, path, skip_bad_rows=self.data.skip_bad_rows)
+
+    def encode(self, examples, training: bool):
+        return encode(examples, self.tokenizer, self.data.max_seq_length, self.spec.labels), None
+
+    def _predictions(self, outputs) -> np.ndarray:
+        logits = outputs["logits"]
+        return logits[:, 0] if self.spec.labels is None else np.argmax(logits, -1)
+
+    def score(self, split: str, outputs) -> dict[str, float]:
+        task = self._task_split(split)[0]
+        return scoring.glue_metrics(task, self.features(split)["label_ids"], self._predictions(outputs))
+
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list:
+        """The GLUE leaderboard layout: <Task>.tsv with `index<TAB>prediction` rows."""
+        names = {"mnli": "MNLI-m", "mnli_mismatched": "MNLI-mm", "ax": "AX"}
+        task = self._task_split(split)[0]
+        out = paths.path(out_dir) / f"{names.get(task, self.spec.directory)}.tsv"
+        preds = self._predictions(outputs)
+        with paths.open(out, "w", encoding="utf-8") as f:
+            f.write("index\tprediction\n")
+            for e, p in zip(self.examples(split), preds):
+                value = f"{float(p):.3f}" if self.spec.labels is None else self.spec.labels[int(p)]
+                f.write(f"{e.guid.rsplit('-', 1)[-1]}\t{value}\n")  # the row index in the file
+        return [out]

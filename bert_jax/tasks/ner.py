@@ -11,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_jax import config as config_lib
 from bert_jax import paths
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.tasks.base import Task, register
 
 DOCSTART = "-DOCSTART-"
 
@@ -283,3 +285,58 @@ def write_tags(path: str | os.PathLike, sentences: Sequence[Sentence],
                 f.write(f"{word} {g} {p}\n")
             f.write("\n")
     return path
+
+
+@register
+class NerTask(Task):
+    """Token tagging (CoNLL-2003, WNUT-17, any `token ... tag` column file), entity-level F1."""
+
+    name = "ner"
+    main_metric = "f1"
+    file_kind = "a CoNLL column file (NER)"
+
+    @classmethod
+    def defaults(cls, config):
+        super().defaults(config)
+        config.optimizer.learning_rate = 5e-5
+        config.data.labels = ()  # the tag set, 'O' first (model.num_labels = its length)
+
+    @classmethod
+    def looks_like(cls, head: bytes) -> bool:
+        return head.startswith(DOCSTART.encode())
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.labels = tuple(config.data.labels)
+        if len(self.labels) != config.model.num_labels:
+            raise config_lib.ConfigError(f"data.labels has {len(self.labels)} tags but model.num_labels="
+                                         f"{config.model.num_labels}; set --config.model.num_labels="
+                                         f"{len(self.labels)}")
+
+    def labeled(self, split: str) -> bool:
+        return all(s.tags is not None for s in self.examples(split))
+
+    def read(self, path: Path, training: bool = False):
+        sentences = read_columns(path, skip_bad_rows=self.data.skip_bad_rows)
+        if sentences and sentences[0].tags is not None:
+            check_tags(sentences, self.labels, path)
+        return sentences
+
+    def encode(self, sentences, training: bool):
+        f = encode(sentences, self.tokenizer, self.labels, self.data.max_seq_length)
+        keys = ("input_ids", "token_type_ids", "attention_mask", "label_ids", "label_weights")
+        return {k: getattr(f, k) for k in keys}, f
+
+    def _tags(self, split: str, outputs) -> list[list[str]]:
+        sentences = self.examples(split)
+        return decode_predictions(self.meta(split), np.argmax(outputs["logits"], -1),
+                                  self.labels, [len(s.words) for s in sentences])
+
+    def score(self, split: str, outputs) -> dict[str, float]:
+        sentences = self.examples(split)
+        s = entity_scores([x.tags for x in sentences], self._tags(split, outputs))
+        return {"precision": s["precision"], "recall": s["recall"], "f1": s["f1"]}
+
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list:
+        out = paths.path(out_dir) / f"{self.path(split).stem}_predictions.txt"
+        return [write_tags(out, self.examples(split), self._tags(split, outputs))]

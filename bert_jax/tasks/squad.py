@@ -25,6 +25,7 @@ from bert_jax import paths
 from bert_jax.data.rows import BadRows, not_utf8
 from bert_jax.data.tokenizer import SP_SPACE, Tokenizer
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, reference_basic_tokenize
+from bert_jax.tasks.base import Task, register
 
 # run_squad.py splits paragraphs on these only (U+202F too), not on every Unicode space.
 _WORD = re.compile(r"[^ \t\r\n\u202f]+")
@@ -478,3 +479,72 @@ def _percent(scores: list[tuple[float, float]]) -> dict[str, float]:
     total = max(len(scores), 1)
     return {"exact_match": 100.0 * sum(s[0] for s in scores) / total,
             "f1": 100.0 * sum(s[1] for s in scores) / total, "total": len(scores)}
+
+
+@register
+class SquadTask(Task):
+    """SQuAD v1.1 / v2.0 span extraction; official EM / F1 (percent, as the official script)."""
+
+    name = "squad"
+    main_metric = "f1"
+    file_kind = "a SQuAD JSON file"
+
+    @classmethod
+    def defaults(cls, config):
+        super().defaults(config)
+        config.optimizer.learning_rate = 5e-5
+        d = config.data
+        d.version_2 = False  # SQuAD 2.0: questions may have no answer
+        # Not packed: a window already fills its max_seq_length row (doc_stride), and the span
+        # softmax runs over the whole row.
+        d.pack = False
+        d.doc_stride = 128  # tokens between the starts of consecutive windows of a long paragraph
+        d.max_query_length = 64
+        d.n_best_size = 20
+        d.max_answer_length = 30
+        d.null_score_diff_threshold = 0.0  # v2: predict "" when null score - best span > this
+
+    @classmethod
+    def looks_like(cls, head: bytes) -> bool:
+        return head.lstrip().startswith(b"{") and b'"paragraphs"' in head
+
+    @classmethod
+    def run_name(cls, data) -> str:
+        return f"squad {'v2.0' if data.get('version_2') else 'v1.1'}"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.version_2 = bool(config.data.version_2)
+
+    def labeled(self, split: str) -> bool:
+        return all(e.answers or e.is_impossible for e in self.examples(split))
+
+    def read(self, path: Path, training: bool = False):
+        # Training needs the answer spans (and checks them).
+        return read_squad(path, is_training=training, version_2=self.version_2,
+                          skip_bad_rows=self.data.skip_bad_rows)
+
+    def encode(self, examples, training: bool):
+        d = self.data
+        f = encode(examples, self.tokenizer, max_seq_length=d.max_seq_length,
+                   doc_stride=d.doc_stride, max_query_length=d.max_query_length,
+                   is_training=training)
+        keys = ["input_ids", "token_type_ids", "attention_mask"]
+        keys += ["start_positions", "end_positions"] if training else []
+        return {k: getattr(f, k) for k in keys}, f
+
+    def _postprocess(self, split: str, outputs):
+        examples, d = self.examples(split), self.data
+        return postprocess(
+            examples, self.meta(split), outputs["start_logits"], outputs["end_logits"],
+            n_best_size=d.n_best_size, max_answer_length=d.max_answer_length,
+            version_2=self.version_2, null_score_diff_threshold=d.null_score_diff_threshold,
+            lowercase=self.tokenizer.lowercase)
+
+    def score(self, split: str, outputs) -> dict[str, float]:
+        predictions, _, _ = self._postprocess(split, outputs)
+        return evaluate(self.examples(split), predictions, version_2=self.version_2)
+
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list:
+        predictions, nbest, null_odds = self._postprocess(split, outputs)
+        return [write_predictions(out_dir, predictions, nbest, null_odds if self.version_2 else {})]

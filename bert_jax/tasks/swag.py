@@ -14,6 +14,8 @@ import numpy as np
 from bert_jax import paths
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.tasks import scoring
+from bert_jax.tasks.base import Task, register
 
 NUM_CHOICES = 4
 _ENDINGS = tuple(f"ending{i}" for i in range(NUM_CHOICES))
@@ -111,3 +113,40 @@ def encode(examples: Sequence[Example], tokenizer: Tokenizer, max_seq_length: in
     features = {k: v.reshape(len(examples), NUM_CHOICES, max_seq_length) for k, v in flat.items()}
     features["label_ids"] = np.array([0 if e.label is None else e.label for e in examples], np.int32)
     return features
+
+
+@register
+class SwagTask(Task):
+    """SWAG four-way multiple choice (CSV or JSON lines)."""
+
+    name = "swag"
+    file_kind = "a SWAG file"
+
+    @classmethod
+    def defaults(cls, config):
+        super().defaults(config)
+        config.data.num_choices = 4  # endings per example (the reader checks each row)
+
+    @classmethod
+    def looks_like(cls, head: bytes) -> bool:
+        return b"ending0" in head.split(b"\n")[0] and b"sent1" in head
+
+    def read(self, path: Path, training: bool = False):
+        return read_swag(path, skip_bad_rows=self.data.skip_bad_rows)
+
+    def encode(self, examples, training: bool):
+        return encode(examples, self.tokenizer, self.data.max_seq_length), None
+
+    def score(self, split: str, outputs) -> dict[str, float]:
+        examples = self.examples(split)
+        return {"accuracy": scoring.accuracy([e.label for e in examples],
+                                             np.argmax(outputs["logits"], -1))}
+
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list:
+        out = paths.path(out_dir) / f"{self.path(split).stem}_predictions.csv"
+        with paths.open(out, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["guid", "label", *[f"logit{i}" for i in range(NUM_CHOICES)]])
+            for e, row in zip(self.examples(split), outputs["logits"]):
+                w.writerow([e.guid, int(np.argmax(row)), *[f"{x:.4f}" for x in row]])
+        return [out]

@@ -219,27 +219,6 @@ def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> lis
     return [int(spec)]
 
 
-def task_name(data) -> str | None:
-    """A fine-tuning run's task as its config file names it (glue sst2, squad v2.0, ner...), from
-    its data section; None for pretraining and translation data."""
-    name = data.get("name")
-    if name not in tasks.TASKS:
-        return None
-    if name == "glue":
-        return f"glue {data.get('task')}"
-    if name == "squad":
-        return f"squad {'v2.0' if data.get('version_2') else 'v1.1'}"
-    return name
-
-
-# Unmistakable starts of each task's files: (task data.name, what the file is, test on its first bytes).
-_FILE_KINDS = (
-    ("squad", "a SQuAD JSON file", lambda head: head.lstrip().startswith(b"{") and b'"paragraphs"' in head),
-    ("ner", "a CoNLL column file (NER)", lambda head: head.startswith(b"-DOCSTART-")),
-    ("swag", "a SWAG file", lambda head: b"ending0" in head.split(b"\n")[0] and b"sent1" in head),
-)
-
-
 def _check_split_file(split: str, config, workdir: str) -> None:
     """A --split file in another task's format (a SQuAD JSON on a GLUE run...) is named as
     such, rather than as a malformed row of this task's format."""
@@ -249,11 +228,10 @@ def _check_split_file(split: str, config, workdir: str) -> None:
             head = f.read(1 << 16)
     except OSError:
         return  # missing or unreadable: the task's reader says so
-    for name, what, looks_like in _FILE_KINDS:
-        if name != config.data.name and looks_like(head):
-            ran = task_name(config.data)
-            raise ValueError(f"--split={split} is {what}, but {workdir} is a {ran} run; give a {ran} "
-                             f"file, or evaluate a {name} run with it")
+    if other := tasks.task_of_file(head, config.data.name):
+        ran = tasks.run_name(config.data)
+        raise ValueError(f"--split={split} is {other.file_kind}, but {workdir} is a {ran} run; give a "
+                         f"{ran} file, or evaluate a {other.name} run with it")
 
 
 def run_config(config, workdir: str) -> ml_collections.ConfigDict:
@@ -282,10 +260,9 @@ def run_config(config, workdir: str) -> ml_collections.ConfigDict:
                 f"model.name={config.model.get('name')!r} (data.name={config.data.get('name')!r}); "
                 f"leave out --config to evaluate it with its own config, or fine-tune it with "
                 f"--config.init_from={workdir}")
-        ran, asked = task_name(stored.get("data", {})), task_name(config.data)
-        # The run's eval/ holds its task's results; another task's numbers would replace them
-        # (GLUE's diagnostic set ax is scored by an MNLI model, its own run).
-        if ran and asked != ran and (ran, asked) != ("glue mnli", "glue ax"):
+        ran, asked = tasks.run_name(stored.get("data", {})), tasks.run_name(config.data)
+        # The run's eval/ holds its task's results; another task's numbers would replace them.
+        if not tasks.evaluates(stored.get("data", {}), config.data):
             raise config_lib.ConfigError(
                 f"{workdir} was fine-tuned on {ran} but --config is for {asked}; its eval/ holds {ran} "
                 f"results, never replaced by another task's: leave out --config (or give a {ran} "
@@ -322,7 +299,7 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
         raise ValueError("--split applies to fine-tuning tasks; pretraining evaluates held-out "
                          "documents and translation its dev set (data.eval_files): leave out "
                          "--split (a translation test set: bert-jax translate --reference)")
-    if split not in (None, "train", "dev", "test", "dev_mismatched"):
+    if split is not None and split not in task.splits:
         _check_split_file(split, config, workdir)
     eval_dir = workdir_path(workdir) / "eval"
     if split is not None and split != task.eval_splits[0]:

@@ -36,6 +36,7 @@ from grain.experimental import (
 )
 
 from bert_jax import config as config_lib
+from bert_jax import tasks
 from bert_jax.data import packing, pretraining, sources, translation
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
@@ -297,9 +298,7 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
     if task is not None:
         return task_pipeline(config, task.features("train" if split == "train" else task.eval_splits[0]),
                              train=split == "train", batch_size=global_batch, num_batches=num_batches)
-    from bert_jax import tasks  # the names data.name may also take
-
-    source = sources.get(d.name, tuple(tasks.TASKS))
+    source = sources.get(d.name, tuple(tasks.TASKS))  # (data.name may also name a task)
     if source.kind == "pairs":
         return translation_pipeline(config, split, batch_size=global_batch, num_batches=num_batches)
     if source.kind == "batches":
