@@ -99,7 +99,7 @@ def resolve_steps(config, task: Task | None) -> ml_collections.ConfigDict:
     """A copy of `config` with train.steps from train.epochs (when train.steps is 0) and
     schedule.warmup_steps from schedule.warmup_fraction (when > 0), logged so the run shows
     what it did. A train.steps set by the user is kept as it is."""
-    epochs, fraction = config.train.get("epochs", 0.0), config.schedule.get("warmup_fraction", 0.0)
+    epochs, fraction = config.train.epochs, config.schedule.warmup_fraction
     from_epochs = epochs > 0 and config.train.steps == 0
     if not from_epochs and not fraction:
         return config
