@@ -1,7 +1,9 @@
-"""The attention seam (bert_jax/models/attention.py): what a Masking allows, checked against
-a plain loop; the registry and its error; the models hand kernels segment ids and positions,
-never a dense mask."""
+"""The attention seam (bert_jax/models/attention.py, masking.py, kernels/): what a Masking
+allows, checked against a plain loop; the kernel registry, its error, and a kernel registered
+from this file alone; the models hand kernels segment ids and positions, never a dense mask."""
 
+import dataclasses
+import re
 from pathlib import Path
 
 import jax
@@ -11,8 +13,9 @@ import pytest
 from flax import nnx
 
 from bert_jax import models
-from bert_jax.models import attention
-from bert_jax.models.attention import Masking
+from bert_jax.models import attention, kernels
+from bert_jax.models.kernels.xla import dense_mask, xla_attention
+from bert_jax.models.masking import Masking, Pattern, bigbird_blocks
 
 SMALL = dict(vocab_size=128, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64)
 PACKAGE = Path(__file__).resolve().parents[1] / "bert_jax"
@@ -44,7 +47,7 @@ def test_dense_mask_is_what_the_masking_says(causal, window, q_offset):
     pos_q, pos_k = np.zeros_like(q_seg), np.zeros_like(kv_seg)  # positions do not decide
     m = Masking(jnp.asarray(q_seg), jnp.asarray(kv_seg), jnp.asarray(pos_q), jnp.asarray(pos_k),
                 q_offset=q_offset, causal=causal, window=window)
-    np.testing.assert_array_equal(np.asarray(attention.dense_mask(m)),
+    np.testing.assert_array_equal(np.asarray(dense_mask(m)),
                                   _loop_mask(q_seg, kv_seg, causal=causal, window=window,
                                              q_offset=q_offset))
 
@@ -54,12 +57,12 @@ def test_explicit_softmax_path_equals_the_fused_one():
     seg = jnp.asarray([[1, 1, 2, 2, 0], [1, 1, 1, 1, 1]])
     pos = jnp.asarray([[0, 1, 0, 1, 0], [0, 1, 2, 3, 4]])
     m = Masking(seg, seg, pos, pos, causal=True)
-    fast, none = attention.xla_attention(q, k, v, m)
+    fast, none = xla_attention(q, k, v, m)
     assert none is None
     # Probabilities asked for force the explicit path; so does any dropout rate.
-    explicit, probs = attention.xla_attention(q, k, v, m, return_probs=True)
+    explicit, probs = xla_attention(q, k, v, m, return_probs=True)
     np.testing.assert_allclose(explicit, fast, atol=1e-5)
-    tiny_drop, _ = attention.xla_attention(q, k, v, m, dropout_rate=1e-12, rng=jax.random.key(0))
+    tiny_drop, _ = xla_attention(q, k, v, m, dropout_rate=1e-12, rng=jax.random.key(0))
     np.testing.assert_allclose(tiny_drop, fast, atol=1e-5)
     assert probs.shape == (2, 3, 5, 5)
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-6)
@@ -75,11 +78,90 @@ def test_unknown_kernel_is_an_error_naming_the_field():
                                                  attention_kernel="flash"))
 
 
+class CountingKernel(kernels.Kernel):
+    """A toy kernel registered from this file alone: the xla kernel, counting its calls."""
+
+    name = "counting"
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, q_BTNK, k_BSNK, v_BSNK, masking, **options):
+        self.calls += 1
+        return kernels.get("xla")(q_BTNK, k_BSNK, v_BSNK, masking, **options)
+
+
+@pytest.fixture
+def counting():
+    kernel = kernels.register(CountingKernel())
+    yield kernel
+    kernels.KERNELS.pop(kernel.name)
+
+
+TINY_TRAIN = ["train", "--config", "configs/bert_pretrain.py:tiny", "--config.data.name=synthetic",
+              "--config.train.batch_size=8", "--config.model.num_layers=2",
+              "--config.model.emb_dim=16", "--config.model.num_heads=2", "--config.model.head_dim=8",
+              "--config.model.mlp_dim=32", "--config.model.vocab_size=100",
+              "--config.data.max_seq_length=16", "--config.data.max_predictions_per_seq=2",
+              "--config.train.steps=1", "--config.train.eval_steps=1",
+              "--config.schedule.warmup_steps=1", "--config.model.attention_kernel=counting"]
+
+
+def test_a_kernel_registered_by_a_test_runs_a_model_and_trains_a_step(counting, cli, tmp_path):
+    """No library edit: the model config accepts the new name, the layer calls it (once per
+    layer), its outputs are the xla kernel's; `bert-jax train` runs a step through it."""
+    ids = jnp.asarray(np.random.RandomState(0).randint(5, 100, (2, 16)))
+    outs = {}
+    for name in ("xla", "counting"):
+        model = models.create_model(models.model_section(
+            "bert", models.bert_model_fields("tiny"), **SMALL, attention_kernel=name), seed=0)
+        outs[name] = model(ids)["sequence_output"]
+    assert counting.calls == 2  # the tiny BERT's two layers
+    np.testing.assert_array_equal(outs["counting"], outs["xla"])
+    counting.calls = 0
+    code, _, err = cli(TINY_TRAIN + ["--workdir", str(tmp_path / "w")])
+    assert code == 0, err
+    assert counting.calls > 0  # traced into the train step
+    assert (tmp_path / "w" / "metrics.jsonl").exists()
+
+
+def test_an_unregistered_kernel_is_refused_as_before(cli, tmp_path):
+    """Once a kernel is gone from the registry, naming it is the error any unknown name gets."""
+    kernel = kernels.register(CountingKernel())
+    kernels.KERNELS.pop(kernel.name)
+    says = "model.attention_kernel='counting'; choose one of ['cudnn', 'splash', 'xla']"
+    with pytest.raises(attention.UnsupportedAttention, match=re.escape(says)):
+        models.create_model(models.model_section("bert", models.bert_model_fields("tiny"),
+                                                 attention_kernel="counting"))
+    code, _, err = cli(TINY_TRAIN + ["--workdir", str(tmp_path / "w")])
+    assert code == 1 and says in err, err
+    assert not (tmp_path / "w" / "checkpoints").exists()  # refused before anything ran
+
+
+def test_kernel_facts_and_flops():
+    """What each built-in kernel declares; the default FLOPs are the pattern's keys (as the
+    model's FLOPs count them), splash's its visited tiles; `plan` adds only the opaque ones."""
+    xla, splash, cudnn = (kernels.get(n) for n in ("xla", "splash", "cudnn"))
+    assert (xla.platforms, splash.platforms, cudnn.platforms) == (None, ("tpu", "cpu"), ("gpu",))
+    assert [k.reads_block_size for k in (xla, splash, cudnn)] == [False, True, False]
+    assert not xla.opaque and splash.opaque
+    cfg = models.split_model_config(models.model_section(
+        "bert", models.bert_model_fields("tiny"), **SMALL, num_layers=3))[1]
+    dense = 2 * 2 * 256 * 2 * 16 * 256 * 4 * 3  # QK^T and PV, 256 keys, 2 heads of 16, 4 rows
+    assert xla.flops(cfg, 4, 256, training=False) == dense
+    assert xla.flops(cfg, 4, 256, training=True) == 3 * dense
+    assert splash.flops(cfg, 4, 256, training=False) == dense  # full: every tile, 2 matmuls
+    windowed = dataclasses.replace(cfg, attention_window=8, attention_global_every=2)
+    local = 2 * 2 * 17 * 2 * 16 * 256 * 4  # 2W+1 keys in layer 1; layers 0 and 2 global
+    assert xla.flops(windowed, 4, 256, training=False) == 2 * dense / 3 + local
+    assert xla.options(windowed) == {} and splash.options(windowed) == {"block_size": 128}
+
+
 def test_every_kernel_has_the_reference_signature():
     q = k = v = jnp.ones((1, 128, 2, 8))  # splash tiles in multiples of 128
     seg, pos = jnp.ones((1, 128), jnp.int32), jnp.arange(128)[None]
-    for name, fn in attention.KERNELS.items():
-        if jax.default_backend() not in attention.PLATFORMS.get(name, (jax.default_backend(),)):
+    for name, fn in kernels.KERNELS.items():
+        if jax.default_backend() not in (fn.platforms or (jax.default_backend(),)):
             with pytest.raises(attention.UnsupportedAttention, match=f"{name} needs a GPU"):
                 fn(q, k, v, Masking(seg, seg, pos, pos))
             continue
@@ -88,12 +170,13 @@ def test_every_kernel_has_the_reference_signature():
         assert out.shape == (1, 128, 2, 8) and probs is None, name
 
 
-def test_dense_masks_live_only_in_the_attention_module():
-    """The models pass segment ids and positions; only kernels build a [B, 1, T, S] mask."""
+def test_dense_masks_live_only_in_the_kernels():
+    """The models pass segment ids and positions; only kernels (models/kernels/) build a
+    [B, 1, T, S] mask."""
+    assert "def dense_mask" in (PACKAGE / "models" / "kernels" / "xla.py").read_text()
     for path in (PACKAGE / "models").glob("*.py"):
-        if path.name != "attention.py":
-            assert "dense_mask" not in path.read_text(), path.name
-            assert "attention_mask(" not in path.read_text().replace("attention_mask: ", ""), path.name
+        assert "dense_mask" not in path.read_text(), path.name
+        assert "attention_mask(" not in path.read_text().replace("attention_mask: ", ""), path.name
 
 
 def test_a_local_window_keeps_each_token_to_its_neighbours():
@@ -125,7 +208,7 @@ def _pattern_loop(q_pos, kv_pos, seg, *, window=None, layer=0, pattern=None):
                     ok = ok and abs(t - s) <= window
                 if pattern is not None and pattern.block:
                     size = pattern.block
-                    table = attention.bigbird_blocks(pattern, layer, -(-T // size))
+                    table = bigbird_blocks(pattern, layer, -(-T // size))
                     first = size * pattern.global_blocks
                     ok = ok and (abs(t // size - s // size) <= pattern.window_blocks
                                  or table[t // size, s // size]
@@ -135,10 +218,10 @@ def _pattern_loop(q_pos, kv_pos, seg, *, window=None, layer=0, pattern=None):
 
 
 @pytest.mark.parametrize("window,pattern,layer", [
-    (2, attention.Pattern(num_layers=4, global_every=3), 0),
-    (2, attention.Pattern(num_layers=4, global_every=3), 1),
-    (None, attention.Pattern(num_layers=2, block=2, window_blocks=1, global_blocks=1, random_blocks=1), 0),
-    (None, attention.Pattern(num_layers=2, block=2, window_blocks=0, global_blocks=1, random_blocks=2), 1),
+    (2, Pattern(num_layers=4, global_every=3), 0),
+    (2, Pattern(num_layers=4, global_every=3), 1),
+    (None, Pattern(num_layers=2, block=2, window_blocks=1, global_blocks=1, random_blocks=1), 0),
+    (None, Pattern(num_layers=2, block=2, window_blocks=0, global_blocks=1, random_blocks=2), 1),
 ], ids=["global-layer", "local-layer", "bigbird-layer0", "bigbird-layer1"])
 def test_pattern_dense_masks_are_what_the_patterns_say(window, pattern, layer):
     """Packed rows: each sequence's first block (by position) is global within it."""
@@ -146,15 +229,15 @@ def test_pattern_dense_masks_are_what_the_patterns_say(window, pattern, layer):
     pos = np.array([[*range(5), *range(5), 0, 0], list(range(12))])
     m = Masking(jnp.asarray(seg), jnp.asarray(seg), jnp.asarray(pos), jnp.asarray(pos),
                 window=window, pattern=pattern, layer=layer)
-    np.testing.assert_array_equal(np.asarray(attention.dense_mask(m)),
+    np.testing.assert_array_equal(np.asarray(dense_mask(m)),
                                   _pattern_loop(pos, pos, seg, window=window, layer=layer,
                                                 pattern=pattern))
 
 
 def test_bigbird_random_blocks_are_fixed_per_layer_and_outside_the_window():
-    p = attention.Pattern(num_layers=3, block=64, window_blocks=1, global_blocks=1, random_blocks=3)
-    tables = [attention.bigbird_blocks(p, layer, 16) for layer in range(3)]
-    np.testing.assert_array_equal(tables[1], attention.bigbird_blocks(p, 1, 16))  # fixed
+    p = Pattern(num_layers=3, block=64, window_blocks=1, global_blocks=1, random_blocks=3)
+    tables = [bigbird_blocks(p, layer, 16) for layer in range(3)]
+    np.testing.assert_array_equal(tables[1], bigbird_blocks(p, 1, 16))  # fixed
     assert not np.array_equal(tables[0], tables[1])  # per layer
     idx = np.arange(16)
     near = np.abs(idx[:, None] - idx[None, :]) <= 1

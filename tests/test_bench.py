@@ -85,7 +85,7 @@ needs_libtpu = pytest.mark.skipif(not __import__("bert_jax.cloud.tpu").cloud.tpu
 def test_the_attention_benchmark_plans_a_row_per_kernel_through_plan(capsys, monkeypatch):
     """`bench attention` at a tiny size (a 1-layer model, 256 tokens on a v5e-8: one compile):
     the splash row shows the step's memory, that it fits, and splash's FLOPs beside XLA's."""
-    from bert_jax.models import attention
+    from bert_jax.models.kernels.splash import splash_flops
     from bert_jax.tools import bench
 
     monkeypatch.setattr(sys, "argv", [
@@ -104,7 +104,7 @@ def test_the_attention_benchmark_plans_a_row_per_kernel_through_plan(capsys, mon
     cfg = bench.attention_config("configs/bert_pretrain.py:tiny", "v5litepod-8", 256, "splash",
                                  "local", ["model.num_layers=1"])
     assert cfg.train.batch_size == 8 and cfg.data.max_predictions_per_seq == 38
-    splash = attention.splash_flops(models_cfg(cfg), 8, 256) / 8 / 1e9
+    splash = splash_flops(models_cfg(cfg), 8, 256) / 8 / 1e9
     assert cells[6].endswith(f" + {round(splash, 1):,}") and splash == 4 * 9 * 2 * 128 ** 2 * 64 * 2 / 1e9
     assert "no GPU here (cpu): kernels not timed" in out
 

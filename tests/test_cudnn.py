@@ -1,4 +1,4 @@
-"""The cudnn kernel (models/attention.py) on a machine without a GPU: the mapping of a Masking
+"""The cudnn kernel (models/kernels/cudnn.py) on a machine without a GPU: the mapping of a Masking
 onto jax.nn.dot_product_attention's masks (key counts, is_causal, a causal window, global
 layers) run with implementation="xla" equals the reference kernel, forward and gradients; and
 everything it refuses, before anything compiles. (cuDNN itself runs only on a GPU: not here.)"""
@@ -12,10 +12,20 @@ import numpy as np
 import pytest
 
 from bert_jax import models
-from bert_jax.models import attention
-from bert_jax.models.attention import Masking, Pattern, UnsupportedAttention
+from bert_jax.models import attention, kernels
+from bert_jax.models.attention import Masking, UnsupportedAttention
+from bert_jax.models.kernels.cudnn import CuDNN, cudnn_attention, dpa_attention
+from bert_jax.models.kernels.xla import xla_attention
+from bert_jax.models.masking import Pattern
 
-mapped = functools.partial(attention.dpa_attention, implementation="xla")
+mapped = functools.partial(dpa_attention, implementation="xla")
+
+
+class Mapped(CuDNN):
+    """The cudnn kernel's facts with the mapping run by XLA."""
+
+    def __call__(self, q_BTNK, k_BSNK, v_BSNK, masking, **options):
+        return mapped(q_BTNK, k_BSNK, v_BSNK, masking, **options)
 
 
 def qkv(B=3, T=16, N=2, K=8):
@@ -43,7 +53,7 @@ def test_the_mapping_equals_xla_on_padded_rows_forward_and_gradients(flags):
     """Every output, the padding queries' included (they see the real keys, as in xla)."""
     q, k, v = qkv()
     m = padded(**flags)
-    (ref_loss, ref_grads), ref = _value_and_grads(attention.xla_attention, m, q, k, v)
+    (ref_loss, ref_grads), ref = _value_and_grads(xla_attention, m, q, k, v)
     (loss, grads), out = _value_and_grads(mapped, m, q, k, v)
     np.testing.assert_allclose(out, ref, atol=2e-6)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
@@ -68,18 +78,18 @@ def test_global_layers_among_causal_windows_follow_a_traced_layer_index():
             return out, out
         return jax.lax.scan(layer, q, jnp.arange(3))[1]
 
-    np.testing.assert_allclose(jax.jit(lambda: stack(mapped))(), stack(attention.xla_attention),
+    np.testing.assert_allclose(jax.jit(lambda: stack(mapped))(), stack(xla_attention),
                                atol=2e-6)
     # a static layer index picks its mask without lax.cond
     for i in range(3):
         np.testing.assert_allclose(mapped(q, k, v, m.in_layer(i, 3))[0],
-                                   attention.xla_attention(q, k, v, m.in_layer(i, 3))[0], atol=2e-6)
+                                   xla_attention(q, k, v, m.in_layer(i, 3))[0], atol=2e-6)
 
 
 def test_a_bert_model_runs_through_the_mapping(monkeypatch):
     """The model hands the kernel its padding as segment ids: a one-layer BERT's outputs with
     the mapping (registered as cudnn, run by XLA) equal the xla kernel's."""
-    monkeypatch.setitem(attention.KERNELS, "cudnn", mapped)
+    monkeypatch.setitem(kernels.KERNELS, "cudnn", Mapped())
     ids = jnp.asarray(np.random.RandomState(0).randint(5, 100, (2, 16)))
     mask = jnp.asarray([[1] * 16, [1] * 9 + [0] * 7])
     outs = {}
@@ -94,14 +104,14 @@ def test_a_bert_model_runs_through_the_mapping(monkeypatch):
 def test_probabilities_and_incremental_decoding_go_to_xla_with_a_line(caplog):
     q, k, v = qkv()
     m = padded()
-    attention._SAID.clear()
-    with caplog.at_level(logging.INFO, logger="bert_jax.models.attention"):
-        out, probs = attention.cudnn_attention(q, k, v, m, return_probs=True)
+    kernels._SAID.clear()
+    with caplog.at_level(logging.INFO, logger="bert_jax.models.kernels"):
+        out, probs = cudnn_attention(q, k, v, m, return_probs=True)
         step = Masking(m.q_segment_ids[:, :1], m.kv_segment_ids, m.q_positions[:, :1],
                        m.kv_positions, q_offset=jnp.int32(3), causal=True)
-        attention.cudnn_attention(q[:, :1], k, v, step)
+        cudnn_attention(q[:, :1], k, v, step)
     assert probs.shape == (3, 2, 16, 16)
-    np.testing.assert_allclose(out, attention.xla_attention(q, k, v, m)[0], atol=1e-6)
+    np.testing.assert_allclose(out, xla_attention(q, k, v, m)[0], atol=1e-6)
     said = [r.getMessage() for r in caplog.records]
     assert said == ["model.attention_kernel=cudnn: returning attention probabilities runs with "
                     "the xla kernel", "model.attention_kernel=cudnn: incremental decoding runs "
@@ -111,10 +121,10 @@ def test_probabilities_and_incremental_decoding_go_to_xla_with_a_line(caplog):
 def test_what_the_kernel_refuses_when_called():
     q, k, v = qkv()
     with pytest.raises(UnsupportedAttention, match="model.attention_kernel=cudnn needs a GPU"):
-        attention.cudnn_attention(q, k, v, padded())
+        cudnn_attention(q, k, v, padded())
     with pytest.raises(UnsupportedAttention, match="model.attention_dropout_rate=0.1 with "
                                                    "model.attention_kernel=cudnn"):
-        attention.cudnn_attention(q, k, v, padded(), dropout_rate=0.1, rng=jax.random.key(0))
+        cudnn_attention(q, k, v, padded(), dropout_rate=0.1, rng=jax.random.key(0))
     with pytest.raises(UnsupportedAttention, match="cuDNN's sliding window .* is causal only"):
         mapped(q, k, v, padded(window=2))
     with pytest.raises(UnsupportedAttention, match="model.attention_pattern=bigbird with "

@@ -1,4 +1,4 @@
-"""The splash attention kernel (models/attention.py) against the xla reference on CPU, where it
+"""The splash attention kernel (models/kernels/splash.py) against the xla reference on CPU, where it
 runs in Pallas interpret mode: forward and gradients on packed encoder rows with padding,
 causal decoder rows and local windows, bfloat16 within a stated tolerance; a BERT train step
 through the sharded train step (shard_map over data, fsdp and tensor); the encoder-decoder
@@ -14,8 +14,11 @@ from conftest import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models
-from bert_jax.models import attention
+from bert_jax.models import attention, kernels
 from bert_jax.models.attention import Masking, UnsupportedAttention
+from bert_jax.models.kernels.splash import splash_attention, splash_blocks, splash_flops
+from bert_jax.models.kernels.xla import xla_attention
+from bert_jax.models.masking import Pattern
 from bert_jax.training import input as pipelines
 from bert_jax.training import objectives, optim, sharding, state, train
 
@@ -53,8 +56,8 @@ def test_splash_equals_xla_forward_and_gradients(causal, window):
             return jnp.sum(out * w), out
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
 
-    (loss_x, out_x), grads_x = run(attention.xla_attention)
-    (loss_s, out_s), grads_s = run(attention.splash_attention)
+    (loss_x, out_x), grads_x = run(xla_attention)
+    (loss_s, out_s), grads_s = run(splash_attention)
     np.testing.assert_allclose(np.asarray(out_s)[REAL], np.asarray(out_x)[REAL], atol=2e-6)
     if not causal and window is None:  # an unpacked row: padding outputs equal xla's too
         np.testing.assert_allclose(out_s[1], out_x[1], atol=2e-6)
@@ -65,8 +68,8 @@ def test_splash_equals_xla_forward_and_gradients(causal, window):
 
 # One unpacked sequence per row (splash's bigbird globals are each row's first blocks).
 UNPACKED = (np.arange(T)[None, :] < np.array([[200], [T]])).astype(np.int32)
-GLOBAL_EVERY = attention.Pattern(num_layers=3, global_every=3)
-BIGBIRD = attention.Pattern(num_layers=3, block=64, window_blocks=0, global_blocks=1,
+GLOBAL_EVERY = Pattern(num_layers=3, global_every=3)
+BIGBIRD = Pattern(num_layers=3, block=64, window_blocks=0, global_blocks=1,
                             random_blocks=1)
 
 
@@ -90,8 +93,8 @@ def test_splash_equals_xla_on_patterns_forward_and_gradients(seg, window, patter
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v, layer)
 
     for layer in layers:
-        (loss_x, out_x), grads_x = run(attention.xla_attention, layer)
-        (loss_s, out_s), grads_s = run(attention.splash_attention, layer)
+        (loss_x, out_x), grads_x = run(xla_attention, layer)
+        (loss_s, out_s), grads_s = run(splash_attention, layer)
         np.testing.assert_allclose(np.asarray(out_s)[real], np.asarray(out_x)[real], atol=2e-6)
         np.testing.assert_allclose(loss_s, loss_x, rtol=1e-5)
         for name, gs, gx in zip("qkv", grads_s, grads_x, strict=True):
@@ -103,9 +106,9 @@ def test_splash_in_bfloat16_is_as_close_to_float32_as_xla_is():
     2e-2 (measured 5.3e-3 for splash, 6.6e-3 for xla: inputs and outputs rounded to bfloat16's
     8 bits, float32 accumulation inside)."""
     m = masking()
-    ref, _ = attention.xla_attention(*qkv(), m)
-    out_x, _ = jax.jit(lambda *a: attention.xla_attention(*a, m))(*qkv(jnp.bfloat16))
-    out_s, _ = jax.jit(lambda *a: attention.splash_attention(*a, m))(*qkv(jnp.bfloat16))
+    ref, _ = xla_attention(*qkv(), m)
+    out_x, _ = jax.jit(lambda *a: xla_attention(*a, m))(*qkv(jnp.bfloat16))
+    out_s, _ = jax.jit(lambda *a: splash_attention(*a, m))(*qkv(jnp.bfloat16))
     assert out_s.dtype == jnp.bfloat16
     err_s = np.abs(np.asarray(out_s, np.float32) - np.asarray(ref))[REAL].max()
     err_x = np.abs(np.asarray(out_x, np.float32) - np.asarray(ref))[REAL].max()
@@ -168,22 +171,22 @@ def test_what_splash_hands_to_xla(caplog):
     q, k, v = (jax.random.normal(jax.random.key(i), (B, 4, N, K)) for i in range(3))
     seg, pos = jnp.ones((B, 4), jnp.int32), jnp.broadcast_to(jnp.arange(4), (B, 4))
     self_m = Masking(seg, seg, pos, pos)
-    with caplog.at_level(logging.INFO, logger="bert_jax.models.attention"):
-        attention._SAID.clear()
-        out, probs = attention.splash_attention(q, k, v, self_m, return_probs=True)
-        ref, ref_probs = attention.xla_attention(q, k, v, self_m, return_probs=True)
+    with caplog.at_level(logging.INFO, logger="bert_jax.models.kernels"):
+        kernels._SAID.clear()
+        out, probs = splash_attention(q, k, v, self_m, return_probs=True)
+        ref, ref_probs = xla_attention(q, k, v, self_m, return_probs=True)
         np.testing.assert_array_equal(out, ref)
         np.testing.assert_array_equal(probs, ref_probs)
-        attention.splash_attention(q, k, v, self_m, return_probs=True)
+        splash_attention(q, k, v, self_m, return_probs=True)
         cross = Masking(seg, seg, pos, pos, cross=True)
-        np.testing.assert_array_equal(attention.splash_attention(q, k, v, cross)[0],
-                                      attention.xla_attention(q, k, v, cross)[0])
+        np.testing.assert_array_equal(splash_attention(q, k, v, cross)[0],
+                                      xla_attention(q, k, v, cross)[0])
         step = Masking(seg[:, :1], seg, pos[:, :1], pos, q_offset=jnp.int32(2), causal=True)
-        np.testing.assert_array_equal(attention.splash_attention(q[:, :1], k, v, step)[0],
-                                      attention.xla_attention(q[:, :1], k, v, step)[0])
+        np.testing.assert_array_equal(splash_attention(q[:, :1], k, v, step)[0],
+                                      xla_attention(q[:, :1], k, v, step)[0])
         # 4 tokens: no 128-multiple tile (`features` and `translate` bring any length)
-        np.testing.assert_array_equal(attention.splash_attention(q, k, v, self_m)[0],
-                                      attention.xla_attention(q, k, v, self_m)[0])
+        np.testing.assert_array_equal(splash_attention(q, k, v, self_m)[0],
+                                      xla_attention(q, k, v, self_m)[0])
     said = [r.getMessage() for r in caplog.records]
     assert said == ["model.attention_kernel=splash: returning attention probabilities runs with "
                     "the xla kernel", "model.attention_kernel=splash: cross-attention runs with "
@@ -223,7 +226,7 @@ def test_splash_passes_the_checks_it_can_run_and_refuses_gpu():
     with pytest.raises(UnsupportedAttention, match="not on gpu; choose model.attention_kernel=xla"):
         attention.check_platform("splash", "gpu")
     with pytest.raises(UnsupportedAttention, match="model.attention_dropout_rate=0.1"):
-        attention.splash_attention(*qkv(), masking(), dropout_rate=0.1, rng=jax.random.key(0))
+        splash_attention(*qkv(), masking(), dropout_rate=0.1, rng=jax.random.key(0))
 
 
 # Tiles splash visits at T = S = 512 in 128-token tiles (4 x 4), counted by hand.
@@ -235,14 +238,14 @@ def test_splash_passes_the_checks_it_can_run_and_refuses_gpu():
     ({"window": 64, "causal": True}, 7),  # the diagonal and the one below it
     # BigBird in 64-token blocks, one block each side: tiles |i - j| <= 1, plus tile row and
     # column 0 (the first 64 tokens are global)
-    ({"pattern": attention.Pattern(block=64, window_blocks=1, global_blocks=1)}, 14),
+    ({"pattern": Pattern(block=64, window_blocks=1, global_blocks=1)}, 14),
     # 128-token blocks and one random block: block 1 draws block 3, block 3 block 1 (the only
     # ones outside its window and the global block), block 2 has none left: every tile
-    ({"pattern": attention.Pattern(block=128, window_blocks=1, global_blocks=1,
+    ({"pattern": Pattern(block=128, window_blocks=1, global_blocks=1,
                                    random_blocks=1)}, 16),
 ], ids=["full", "causal", "window-128", "window-129", "causal-window", "bigbird", "bigbird-random"])
 def test_splash_visits_the_tiles_its_pattern_leaves_non_empty(flags, tiles):
-    assert attention.splash_blocks(512, 512, 128, **flags) == tiles
+    assert splash_blocks(512, 512, 128, **flags) == tiles
 
 
 def test_splash_flops_count_each_layers_visited_tiles():
@@ -252,8 +255,8 @@ def test_splash_flops_count_each_layers_visited_tiles():
     cfg = _cfg(num_layers=3, num_heads=2, head_dim=16, attention_window=128,
                attention_global_every=2)
     per_tile = 2 * 128 * 128 * 16 * 2 * 4
-    assert attention.splash_flops(cfg, 4, 512) == 42 * 9 * per_tile
-    assert attention.splash_flops(cfg, 4, 512, training=False) == 42 * 2 * per_tile
+    assert splash_flops(cfg, 4, 512) == 42 * 9 * per_tile
+    assert splash_flops(cfg, 4, 512, training=False) == 42 * 2 * per_tile
     # full attention: every tile of every layer, 18 B N T^2 K, not dense attention's 12
     full = _cfg(num_layers=3, num_heads=2, head_dim=16)
-    assert attention.splash_flops(full, 4, 512) == 3 * 18 * 4 * 2 * 512 ** 2 * 16
+    assert splash_flops(full, 4, 512) == 3 * 18 * 4 * 2 * 512 ** 2 * 16

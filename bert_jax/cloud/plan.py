@@ -140,19 +140,18 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
 
 
 def kernel_flops(config, *, training: bool) -> float | None:
-    """The FLOPs of a step's custom attention kernels (splash), which XLA's cost analysis does
-    not count: each self-attention stack's visited tiles for the global batch (cross-attention
-    runs with xla, so the compiler counts it). None for the xla kernel."""
-    model = config_lib.model_config(config)
-    if model.get("attention_kernel", "xla") != "splash":
+    """The FLOPs of a step's custom attention kernels, which XLA's cost analysis does not count
+    (the kernel says: `opaque`, `flops`): each self-attention stack for the global batch
+    (cross-attention runs with xla, so the compiler counts it). None for a kernel XLA counts."""
+    _, cfg = models.split_model_config(config_lib.model_config(config))
+    kernel = attention.kernel(cfg.attention_kernel)
+    if not kernel.opaque:
         return None
-    _, cfg = models.split_model_config(model)
     batch, length = config.train.batch_size, config.data.max_seq_length
-    splash = attention.splash_flops
-    flops = splash(cfg, batch, length, causal=cfg.family == "decoder-only", training=training)
+    flops = kernel.flops(cfg, batch, length, causal=cfg.family == "decoder-only", training=training)
     if cfg.family == "encoder-decoder":  # the decoder's causal self-attention too
-        flops += splash(cfg, batch, length, causal=True, training=training,
-                        layers=cfg.num_decoder_layers or cfg.num_layers)
+        flops += kernel.flops(cfg, batch, length, causal=True, training=training,
+                              layers=cfg.num_decoder_layers or cfg.num_layers)
     return flops
 
 

@@ -1,7 +1,9 @@
 """The models, in JAX/Flax NNX only: their configs, one per family (config), shared layers
-(layers), BERT and its task heads (bert), the Transformer encoder-decoder and decoder-only LM
-(transformer), and this registry (config -> model, named sizes, parameter counts, FLOPs per
-token). A new model variant lands here. Parameters carry logical axis names; no physical mesh
+(layers), who attends to whom (masking), the attention kernels (kernels/: one file per
+kernel, each registering itself), the attention layer and its checks (attention), BERT and its
+task heads (bert), the Transformer encoder-decoder and decoder-only LM (transformer), and this
+registry (config -> model, named sizes, parameter counts, FLOPs per token). A new model
+variant or attention kernel lands here. Parameters carry logical axis names; no physical mesh
 axis appears. It may import only jax, flax and the base module trees: never config, data,
 training or anything above.
 """
@@ -177,7 +179,6 @@ def split_model_config(model_cfg: Mapping[str, Any]) -> tuple[str, ModelConfig]:
     if unread:
         raise ValueError(not_read(name, unread[0], fields[unread[0]]))
     cfg = CONFIGS[name](**fields)
-    attention.kernel(cfg.attention_kernel)  # an unknown kernel: an error naming the field
     attention.check_pattern(cfg)  # pattern fields that do not go together
     return name, cfg
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax.models.attention import Masking, pattern_of
 from bert_jax.models.config import BertConfig
 from bert_jax.models.layers import (
     ACTIVATIONS,
@@ -24,6 +23,7 @@ from bert_jax.models.layers import (
     logits_flops_per_token,
     split_rng,
 )
+from bert_jax.models.masking import Masking, pattern_of
 from bert_jax.models.transformer import Encoder
 
 

@@ -85,7 +85,7 @@ class ModelConfig:
     initializer_range: float = _field(0.02, "run")  # truncated_normal's stddev
     scan_layers: bool = _field(False, "run")  # lax.scan over layers (compile time independent of depth)
     remat_policy: str = _field("none", "run", choices=tuple(REMAT_POLICIES))
-    attention_kernel: str = _field("xla", "run")  # attention implementation (models/attention.py)
+    attention_kernel: str = _field("xla", "run")  # a registered kernel's name (models/kernels/)
     attention_block_size: int = _field(128, "run", least=1)  # splash's tiles: min(this, length)
     attention_window: int = _field(0, "state", flops=True, least=0)  # local: |t - s| <= W; 0 = all
     # Sparse patterns (models/attention.py, docs/attention.md): with a window, layer i is global
@@ -105,6 +105,10 @@ class ModelConfig:
                 raise ValueError(f"model.{f.name}={value!r}; choose one of {meta['choices']}")
             if meta["least"] is not None and value < meta["least"]:
                 raise ValueError(f"model.{f.name}={value!r} must be >= {meta['least']}")
+        # The choices are the registered kernels (one registered after import counts); the
+        # registry imports this module, so it is imported here, at creation.
+        from bert_jax.models import kernels
+        kernels.get(self.attention_kernel)
         for name in ("dropout_rate", "attention_dropout_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be in [0, 1)")

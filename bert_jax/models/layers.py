@@ -1,5 +1,6 @@
 """Building blocks: dense/embedding/LayerNorm layers, dropout, positions, bfloat16 matmuls on
-CPU, activation sharding constraints. The model configs are in config.py, attention in
+CPU, activation sharding constraints, FLOPs per token. The model configs are in config.py,
+who attends to whom in masking.py, the attention kernels in kernels/, the attention layer in
 attention.py, the layer stack in transformer.py.
 
 Shape suffixes used in all model code: B batch, T query length, S key length,
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bert_jax.models.config import ModelConfig
+from bert_jax.models.masking import attention_keys
 
 Array = jax.Array
 Cache = dict[str, Array]
@@ -32,7 +34,7 @@ Cache = dict[str, Array]
 # Activation sharding: while a `sharding.activation_sharding` context is active (set around
 # the train and eval steps), `constrain(x, axes)` pins an activation's layout by logical axis
 # names (batch, length, embed, heads, kv, mlp, vocab), and a kernel that runs per shard
-# (attention.py's splash) asks `sharding_context()` for the mesh and the PartitionSpec of its
+# (kernels/splash.py) asks `sharding_context()` for the mesh and the PartitionSpec of its
 # operands; elsewhere constrain does nothing and such kernels run unsharded.
 
 
@@ -223,30 +225,10 @@ def split_rng(rng: Array | None, n: int) -> list[Array | None]:
     return [None] * n if rng is None else list(jax.random.split(rng, n))
 
 
-def attention_keys(cfg: ModelConfig, seq_len: int) -> float:
-    """The keys a query visits, averaged over the layers and queries: seq_len; the 2W+1 of a
-    local window W (seq_len in its global layers); BigBird's window, global and random blocks
-    (its global queries see every key); linformer's k."""
-    if cfg.attention_pattern == "linformer":
-        return min(seq_len, cfg.linformer_k)
-    if cfg.attention_pattern == "bigbird":
-        b = cfg.bigbird_block
-        n = -(-seq_len // b)
-        g = min(n, cfg.bigbird_global_blocks)
-        rest = min(n, 2 * cfg.bigbird_window_blocks + 1 + g + cfg.bigbird_random_blocks)
-        return min(seq_len, b * (g * n + (n - g) * rest) / n)
-    if not cfg.attention_window:
-        return seq_len
-    local = min(seq_len, 2 * cfg.attention_window + 1)
-    every = cfg.attention_global_every
-    globals_ = -(-cfg.num_layers // every) if every else 0  # layers i % every == 0
-    return (globals_ * seq_len + (cfg.num_layers - globals_) * local) / cfg.num_layers
-
-
 def layer_flops_per_token(cfg: ModelConfig, seq_len: int, *, cross_attention: bool = False) -> float:
     """Forward matmul FLOPs per token of one Block at key length seq_len (2 per multiply-add):
     Q/K/V/output projections, QK^T and AV (2 * 2 * keys * heads * head_dim, keys from
-    `attention_keys`; linformer adds its projection of keys and values, 2 * 2 * k * heads *
+    `masking.attention_keys`; linformer adds its projection of keys and values, 2 * 2 * k * heads *
     head_dim), the FFN. (Cross-attention sees every key.)"""
     nk = cfg.num_heads * cfg.head_dim
     keys = attention_keys(cfg, seq_len)

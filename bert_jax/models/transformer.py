@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax.models.attention import Attention, Masking, Pattern, pattern_of
+from bert_jax.models.attention import Attention
 from bert_jax.models.config import REMAT_POLICIES, DecoderLMConfig, EncoderDecoderConfig
 from bert_jax.models.layers import (
     ACTIVATIONS,
@@ -29,6 +29,7 @@ from bert_jax.models.layers import (
     logits_flops_per_token,
     split_rng,
 )
+from bert_jax.models.masking import Masking, Pattern, pattern_of
 
 
 class FeedForward(nnx.Module):

@@ -375,7 +375,8 @@ def time_kernels(kernels: list[str], lengths: list[int], *, heads: int = 12, hea
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.models import attention
+    from bert_jax.models import kernels as registry
+    from bert_jax.models.masking import Masking
 
     out = []
     for length in lengths:
@@ -384,9 +385,11 @@ def time_kernels(kernels: list[str], lengths: list[int], *, heads: int = 12, hea
                    for i in range(3))
         seg = jnp.ones((B, length), jnp.int32).at[-1, length * 3 // 4:].set(0)
         pos = jnp.broadcast_to(jnp.arange(length), seg.shape)
-        m = attention.Masking(seg, seg, pos, pos)
+        m = Masking(seg, seg, pos, pos)
         for name in kernels:
-            def loss(q, k, v, fn=attention.KERNELS[name], m=m):
+            kernel = registry.get(name)
+
+            def loss(q, k, v, fn=kernel, m=m):
                 return jnp.sum(fn(q, k, v, m)[0].astype(jnp.float32))
             grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
             jax.block_until_ready(grad(q, k, v))  # compile
