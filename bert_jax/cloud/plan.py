@@ -8,7 +8,7 @@ parameters and optimizer state come from the shardings. Model FLOPs per step com
 model's objective on a full batch (every slot a real token), the projected time from the
 chip's peak at a stated MFU; the compiler's own count (XLA's cost analysis) is shown beside
 it, which leaves out custom kernels: splash attention's FLOPs are counted beside it from the
-tiles its pattern visits (attention.splash_flops; docs/attention.md).
+tiles its pattern visits (the kernel object's `flops`: models/kernels/splash.py; docs/attention.md).
 """
 
 from __future__ import annotations
