@@ -111,6 +111,11 @@ def test_bad_schedule_names_the_key(cfg, total, d_model, key):
     (dict(name="adam", weight_decay=0.01), "adamw"),
     (dict(name="adamw", weight_decay=-1.0), "optimizer.weight_decay"),
     (dict(grad_clip_norm=-1.0), "optimizer.grad_clip_norm"),
+    (dict(b2=1.5), "optimizer.b2=1.5 must be in \\[0, 1\\)"),
+    (dict(b1=-0.1), "optimizer.b1"),
+    (dict(eps=-1e-8), "optimizer.eps"),
+    (dict(learning_rate="fast"), "optimizer.learning_rate='fast': expected a float"),
+    (dict(momentum=0.9), "unknown config key optimizer.momentum"),
 ])
 def test_bad_optimizer_names_the_key(opt, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
