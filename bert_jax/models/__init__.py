@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from bert_jax import trees
-from bert_jax.models import attention
+from bert_jax.models import attention, kernels
 from bert_jax.models.bert import (
     BertForMultipleChoice,
     BertForPreTraining,
@@ -179,6 +179,7 @@ def split_model_config(model_cfg: Mapping[str, Any]) -> tuple[str, ModelConfig]:
     if unread:
         raise ValueError(not_read(name, unread[0], fields[unread[0]]))
     cfg = CONFIGS[name](**fields)
+    kernels.get(cfg.attention_kernel)  # a registered kernel (one registered later counts too)
     attention.check_pattern(cfg)  # pattern fields that do not go together
     return name, cfg
 

@@ -105,10 +105,6 @@ class ModelConfig:
                 raise ValueError(f"model.{f.name}={value!r}; choose one of {meta['choices']}")
             if meta["least"] is not None and value < meta["least"]:
                 raise ValueError(f"model.{f.name}={value!r} must be >= {meta['least']}")
-        # The choices are the registered kernels (one registered after import counts); the
-        # registry imports this module, so it is imported here, at creation.
-        from bert_jax.models import kernels
-        kernels.get(self.attention_kernel)
         for name in ("dropout_rate", "attention_dropout_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be in [0, 1)")
