@@ -108,6 +108,18 @@ def copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         path(dst).write_bytes(path(src).read_bytes())
 
 
+def read_json(p: str | os.PathLike, what: str) -> dict:
+    """The JSON object in file `p`; anything else is a ValueError naming the file and ending
+    with `what` (what the file should be, or what to do)."""
+    try:
+        value = json.loads(path(p).read_text("utf-8"))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{p}: not valid JSON ({e}); {what}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{p}: found a JSON {type(value).__name__}, expected an object; {what}")
+    return value
+
+
 @contextlib.contextmanager
 def local_copy(src: str | os.PathLike, *, keep=None) -> Iterator[Path]:
     """A local path to read `src` from: `src` itself when local; for a URL, a temporary copy of

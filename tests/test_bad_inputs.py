@@ -868,11 +868,22 @@ OPTIM25_CASES = [
 ]
 
 
+def as_roberta_weights(folder: Path) -> None:
+    """The folder's tensors under RoBERTa's encoder prefix (a BERT's under `roberta.` do not
+    convert as a RoBERTa otherwise: convert refuses another family's tensor names)."""
+    import safetensors.numpy
+
+    tensors = safetensors.numpy.load_file(folder / "model.safetensors")
+    safetensors.numpy.save_file({"roberta." + k.removeprefix("bert.") if k.startswith("bert.") else k: v
+                                 for k, v in tensors.items()}, folder / "model.safetensors",
+                                metadata={"format": "pt"})
+
+
 def converted_roberta(**changes):
     """A setup converting a copy of the shared HF folder, as a RoBERTa with `changes` to its
     config.json, into tmp/rob."""
     def setup(tmp: Path, ctx: dict) -> None:
-        copy_of("hf", hf_config(model_type="roberta", **changes))(tmp, ctx)
+        copy_of("hf", hf_config(model_type="roberta", **changes), as_roberta_weights)(tmp, ctx)
         convert.convert_hf(tmp / "hf", tmp / "rob")
     return setup
 

@@ -14,7 +14,7 @@ from flax import nnx
 
 from bert_jax import config as config_lib
 from bert_jax import models
-from bert_jax.models.config import FAMILIES
+from bert_jax.models.config import FAMILIES, HF_FAMILIES
 from bert_jax.training import checkpoint, sharding, state
 from bert_jax.translation import translate
 
@@ -118,7 +118,8 @@ def test_checkpoint_field_lists_come_from_the_field_metadata():
         "type_vocab_size", "activation", "norm", "positions",
         "position_offset",  # (and since: RoBERTa's first position row, the modern encoder's switches)
         "normalization", "norm_bias", "use_bias", "mlp_layer", "rope_theta", "rope_local_theta",
-        "embedding_norm", "vocab_multiple", "task_head"}
+        "embedding_norm", "vocab_multiple", "task_head",
+        "hf_family"}  # (and the Hugging Face family its checkpoints are, declared)
     assert set(checkpoint.STATE_FIELDS) - set(checkpoint.ARCHITECTURE_FIELDS) == {
         "name", "num_decoder_layers", "use_pooler", "num_labels", "share_embeddings", "tie_output",
         "scale_embeddings", "attention_window", "attention_global_every", "attention_pattern",
@@ -173,7 +174,10 @@ def test_old_stored_configs_load(tmp_path, name):
     checkpoint.save_params(tmp_path, 0, params, {"model": old})
     stored = checkpoint.read_config(tmp_path)["model"]
     assert set(stored) <= {"name", *models.model_fields(name)}
-    assert {k: old[k] for k in stored} == stored  # nothing else changed
+    # nothing else changed (a BERT model's family, which it did not say then, is added)
+    assert {k: old[k] for k in stored if k != "hf_family"} == {k: v for k, v in stored.items()
+                                                               if k != "hf_family"}
+    assert stored.get("hf_family", "bert") == "bert"
     model_cfg, loaded = state.load_model(tmp_path)
     assert jax.tree.map(lambda x: x.shape, nnx.to_pure_dict(nnx.state(loaded, nnx.Param))) \
         == jax.tree.map(lambda x: x.shape, params)
@@ -189,6 +193,63 @@ def test_old_stored_configs_load(tmp_path, name):
         found = state.pretrained(config, state.with_shardings(abstract["params"],
                                                               state_sh["params"]), mesh)
         assert "embeddings" in found["bert"]
+
+
+# BERT model sections as the code before model.hf_family (the start of issue 31) stored them, at
+# SMALL sizes: a configs/bert_pretrain.py run, a `bert-jax convert` of a RoBERTa (pad id 1), a
+# configs/modernbert.py run. Nothing in them says the family: export guessed it from the fields.
+_BEFORE_HF_FAMILY = {
+    "name": "bert_pretraining", **SMALL, "max_len": 512, "activation": "gelu", "norm": "post",
+    "normalization": "layernorm", "norm_bias": True, "use_bias": True, "mlp_layer": "mlp",
+    "positions": "learned", "rope_theta": 10000.0, "rope_local_theta": 0.0, "dropout_rate": 0.1,
+    "attention_dropout_rate": 0.1, "layer_norm_eps": 1e-12, "initializer": "truncated_normal",
+    "initializer_range": 0.02, "scan_layers": False, "remat_policy": "none",
+    "attention_kernel": "xla", "attention_block_size": 128, "attention_window": 0,
+    "attention_global_every": 0, "attention_pattern": "full", "bigbird_block": 64,
+    "bigbird_window_blocks": 1, "bigbird_global_blocks": 1, "bigbird_random_blocks": 3,
+    "type_vocab_size": 2, "embedding_norm": True, "vocab_multiple": 1, "task_head": "bert",
+    "linformer_k": 256, "position_offset": 0, "nsp": True}
+SAVED_BEFORE_HF_FAMILY = {
+    "bert": _BEFORE_HF_FAMILY,
+    "roberta": {**_BEFORE_HF_FAMILY, "max_len": 66, "layer_norm_eps": 1e-05, "type_vocab_size": 1,
+                "position_offset": 2, "nsp": False},
+    "modernbert": {**_BEFORE_HF_FAMILY, "max_len": 8192, "norm": "pre", "norm_bias": False,
+                   "use_bias": False, "mlp_layer": "glu", "positions": "rope", "rope_theta": 160000.0,
+                   "rope_local_theta": 10000.0, "dropout_rate": 0.0, "attention_dropout_rate": 0.0,
+                   "layer_norm_eps": 1e-05, "attention_window": 64, "attention_global_every": 3,
+                   "type_vocab_size": 0, "vocab_multiple": 64, "task_head": "modernbert", "nsp": False},
+}
+
+
+@pytest.mark.parametrize("family", sorted(SAVED_BEFORE_HF_FAMILY))
+def test_configs_saved_before_hf_family_load_as_their_family(tmp_path, family):
+    """A checkpoint whose model section does not declare its family reads as the family export
+    took it for (inferred once, where stored configs are read), and exports as that family."""
+    from bert_jax.interop import convert
+
+    old = SAVED_BEFORE_HF_FAMILY[family]
+    assert "hf_family" not in old
+    model = models.create_model(old)
+    checkpoint.save_params(tmp_path, 0, nnx.to_pure_dict(nnx.state(model, nnx.Param)), {"model": old})
+    stored = checkpoint.read_config(tmp_path)["model"]
+    assert stored == {**old, "hf_family": family}  # only the family added
+    model_cfg, _ = state.load_model(tmp_path)
+    assert model_cfg["hf_family"] == family
+    ids = {"pad": 1, "cls": 0, "sep": 2}
+    assert convert.hf_config(model_cfg, ids)["model_type"] == family
+    # A section that declares a family keeps it, whatever the other fields are.
+    assert models.stored_model_config({**old, "hf_family": "bert"})["hf_family"] == "bert"
+
+
+def test_the_hf_family_choices_are_the_registered_families():
+    """model.hf_family takes the names of the families interop/families registers, no other."""
+    from bert_jax.interop import families
+
+    assert set(HF_FAMILIES) == set(families.Family.known)
+    assert {f.name: f.model_type for f in families.Family.known.values()} == {
+        "bert": "bert", "roberta": "roberta", "modernbert": "modernbert"}
+    assert models.modernbert_model_fields("tiny")["hf_family"] == "modernbert"
+    assert models.bert_model_fields("tiny")["hf_family"] == "bert"
 
 
 @pytest.mark.slow  # trains, evaluates, exports and averages a run

@@ -218,6 +218,7 @@ def test_older_config_keys_and_real_defaults():
      "rope_parameters.full_attention.rope_type='linear'"),
     (dict(global_rope_theta=0), "global_rope_theta=0"),
     (dict(classifier_pooling="max"), "classifier_pooling='max'"),
+    (dict(type_vocab_size=2), "type_vocab_size=2, but HF's ModernBERT has no token type embeddings"),
 ])
 def test_configs_we_cannot_express_are_refused(changes, says):
     hf = {"model_type": "modernbert", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
@@ -279,3 +280,16 @@ def test_a_trained_modern_encoder_exports_with_its_wordpiece_vocab(tmp_path):
     loaded.config._attn_implementation = "eager"
     ours = model(**{k: jnp.asarray(v) for k, v in inputs.items()})
     compare(run_hf(loaded, inputs), ours, {"logits": "logits"})
+
+
+def test_weights_named_as_another_familys_are_refused():
+    """A ModernBERT config.json over a BERT's tensors, and the reverse, name the config file."""
+    from bert_jax.interop import families
+
+    with pytest.raises(ValueError, match=r"^hf/config.json: model_type='modernbert' but the weights "
+                                         r"are a BERT's \(tensor 'bert.embeddings"):
+        families.get("modernbert").check_weights(["bert.embeddings.word_embeddings.weight"],
+                                                 "hf/config.json")
+    with pytest.raises(ValueError, match=r"model_type='bert' but the weights are a ModernBERT's"):
+        families.get("bert").check_weights(["model.layers.0.attn.Wqkv.weight"], "hf/config.json")
+    families.get("modernbert").check_weights(["model.layers.0.attn.Wqkv.weight"], "hf/config.json")

@@ -151,7 +151,8 @@ def test_roberta_without_a_pad_row_is_refused_on_export(tmp_path):
     with pytest.raises(ValueError, match=r"model.position_offset=3 \(HF RoBERTa: the tokenizer's "
                                          r"pad id \+ 1 = 2\)"):
         convert.hf_config({"name": "bert", "vocab_size": 10, "emb_dim": 8, "num_layers": 1,
-                           "num_heads": 2, "head_dim": 4, "mlp_dim": 8, "position_offset": 3},
+                           "num_heads": 2, "head_dim": 4, "mlp_dim": 8, "position_offset": 3,
+                           "hf_family": "roberta"},
                           {"pad": 1})
 
 
@@ -164,3 +165,41 @@ def test_a_missing_special_token_names_its_role(bpe_dir, tmp_path):
     with pytest.raises(ValueError, match=r"vocab.json: the vocab has no mask_token token '<msk>'.*"
                                          r"set mask_token in tokenizer_config.json"):
         _ = tok.mask_id
+
+
+@pytest.mark.parametrize("saved,says", [("bert", "roberta"), ("roberta", "bert")])
+def test_weights_of_the_other_family_are_refused(saved, says, bpe_dir, tmp_path):
+    """A folder whose config.json says one family and whose tensors are the other's (a BERT
+    relabelled RoBERTa would convert with its positions shifted by the pad id + 1) is refused,
+    naming config.json, its model_type and what to do."""
+    torch.manual_seed(0)
+    src = tmp_path / "hf"
+    if saved == "bert":
+        transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+            intermediate_size=48, max_position_embeddings=66)).save_pretrained(src)
+    else:
+        transformers.RobertaForMaskedLM(roberta_config(1000)).save_pretrained(src)
+    for f in ("vocab.json", "merges.txt"):
+        shutil.copy(bpe_dir / f, src / f)
+    (src / "vocab.txt").write_text("".join(f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                                              "[MASK]", "a"]))
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "model_type": says}))
+    theirs = {"bert": "BERT", "roberta": "RoBERTa"}[saved]
+    with pytest.raises(ValueError, match=rf"^{src / 'config.json'}: model_type='{says}' but the "
+                                         rf"weights are a {theirs}'s \(tensor '{saved}\..*use the "
+                                         rf"one that came with them \(model_type='{saved}'\)$"):
+        convert.convert_hf(src, tmp_path / "ours")
+    assert not (tmp_path / "ours").exists()
+    (src / "config.json").write_text(json.dumps(config))  # with its own config.json: converts
+    assert convert.convert_hf(src, tmp_path / "ours")["model"] == "bert_pretraining"
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_a_type_vocab_size_the_family_cannot_have_is_refused(model_type):
+    hf = {"model_type": model_type, "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
+          "num_attention_heads": 4, "intermediate_size": 48, "type_vocab_size": 0}
+    with pytest.raises(ValueError, match=r"^config.json: type_vocab_size=0, but HF's .* always has "
+                                         r"token type embeddings"):
+        convert.model_config_from_hf(hf, "bert")

@@ -391,7 +391,7 @@ class _WordPiece(Tokenizer):
                  keep_special_tokens: bool | None = None) -> None:
         meta = _metadata(directory)
         if lowercase is None:
-            hf = _read_json(directory / CONFIG_NAME)  # HF tokenizer_config.json, if any
+            hf = _json_or_empty(directory / CONFIG_NAME)  # HF tokenizer_config.json, if any
             lowercase = meta.get("lowercase", hf.get("do_lower_case"))
         if lowercase is None:  # no stated casing: uncased unless the vocab has an uppercase token
             vocab = load_wordpiece_vocab(vocab_file(directory))
@@ -545,7 +545,7 @@ class _ByteLevelBPE(Tokenizer):
     pair_seps, segment_b = 2, 0
 
     def __init__(self, directory: Path) -> None:
-        hf = _read_json(directory / CONFIG_NAME)
+        hf = _json_or_empty(directory / CONFIG_NAME)
         self._prefix_space = hf.get("add_prefix_space", False)
         if (directory / BPE_JSON).is_file():
             source = directory / BPE_JSON
@@ -564,7 +564,7 @@ class _ByteLevelBPE(Tokenizer):
             if not source.is_file():
                 raise FileNotFoundError(f"{source}: not found; a byte-level BPE tokenizer is "
                                         f"{BPE_VOCAB} + {BPE_MERGES} (or {BPE_JSON})")
-            vocab = _read_json(source)
+            vocab = _json_or_empty(source)
             specials = self._specials(hf, vocab)
             merges = [tuple(line.split(" ")) for line in
                       (directory / BPE_MERGES).read_text("utf-8").splitlines()
@@ -641,23 +641,14 @@ def _same_dir(a, b) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
-def _read_json(path: Path) -> dict:
+def _json_or_empty(path: Path) -> dict:
     """The JSON object in `path`, {} if there is no such file."""
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text("utf-8"))
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise ValueError(f"{path}: not valid JSON ({e}); fix the file or remove it") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: found a JSON {type(value).__name__}, expected an object; fix the "
-                         "file or remove it")
-    return value
+    return paths.read_json(path, "fix the file or remove it") if path.is_file() else {}
 
 
 def _metadata(directory: Path) -> dict:
     """Our bert_jax_tokenizer.json, or {}."""
-    meta = _read_json(directory / META_NAME)
+    meta = _json_or_empty(directory / META_NAME)
     return meta if "kind" in meta else {}
 
 
@@ -763,21 +754,17 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
     return _WordPiece(directory, lowercase, final_sigma, keep_special_tokens)
 
 
-# Hugging Face model types whose tokenizer is byte-level BPE (convert.py reads them).
-BYTE_LEVEL_MODELS = ("roberta", "modernbert")
-
-
-def load_hf_tokenizer(directory: str | Path, model_type: str | None = None) -> Tokenizer:
+def load_hf_tokenizer(directory: str | Path, prefer: Kind = "wordpiece") -> Tokenizer:
     """A Hugging Face BERT folder's vocab.txt read as its BertTokenizer reads it: lowercase unless
     tokenizer_config.json says do_lower_case=false (HF's default, unlike load_tokenizer's guess),
     and 'Σ' lowercased to 'σ' as the Rust tokenizer every HF user of the checkpoint loads does
     (a folder transformers 5 saved has tokenizer.json's WordPiece and no vocab.txt: its vocab is
     read from there, the casing from tokenizer_config.json as transformers does);
-    a RoBERTa folder's byte-level BPE as its RobertaTokenizer reads it (`model_type`, config.json's:
-    a RoBERTa's or ModernBERT's byte-level BPE files are read first where a vocab.txt is beside them)."""
+    a RoBERTa folder's byte-level BPE as its RobertaTokenizer reads it (`prefer`: the kind the
+    folder's model family reads, its files read first where others are beside them)."""
     directory = paths.path(directory)
     kinds = _kinds_found(directory)
-    if "bpe" in kinds and (kinds == ["bpe"] or model_type in BYTE_LEVEL_MODELS):
+    if "bpe" in kinds and (kinds == ["bpe"] or prefer == "bpe"):
         return _ByteLevelBPE(directory)
-    return _WordPiece(directory, _read_json(directory / CONFIG_NAME).get("do_lower_case", True),
+    return _WordPiece(directory, _json_or_empty(directory / CONFIG_NAME).get("do_lower_case", True),
                       final_sigma=False)

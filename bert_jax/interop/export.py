@@ -2,11 +2,11 @@
 model.safetensors and the WordPiece tokenizer (vocab.txt, tokenizer_config.json,
 special_tokens_map.json, tokenizer.json) as a published BERT checkpoint has them, so that
 transformers' `from_pretrained` loads the model and its fast and slow tokenizers the same as
-the original's. A RoBERTa (position_offset > 0) is written as transformers' RoBERTa classes
-with its byte-level BPE tokenizer (tokenizer.json, vocab.json, merges.txt). A model with
-ModernBERT's heads or rotary positions (convert.is_modernbert) is written as transformers'
-ModernBERT classes (any switch they cannot express is an error naming the field), with its
-tokenizer.json (BPE, or WordPiece with vocab.txt).
+the original's. The model's family (model.hf_family; interop/families) picks the classes: a
+RoBERTa is written as transformers' RoBERTa classes with its byte-level BPE tokenizer
+(tokenizer.json, vocab.json, merges.txt), a ModernBERT as transformers' ModernBERT classes with
+its tokenizer.json (BPE, or WordPiece with vocab.txt); any switch the family's classes cannot
+express is an error naming the field.
 
 The source is a `bert-jax convert` output or a training workdir (same layout); names go
 through convert.py's table, the one both directions share.
@@ -27,37 +27,20 @@ from tokenizers import models as tokenizer_models
 
 from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
-from bert_jax.interop.convert import (
-    bert_to_modernbert,
-    hf_config,
-    hf_names,
-    is_modernbert,
-    is_roberta,
-    roberta_name,
-)
+from bert_jax.interop import families
+from bert_jax.interop.convert import hf_config, hf_names
 from bert_jax.training import checkpoint, state
 
 log = logging.getLogger(__name__)
 
 
 def hf_state_dict(model_cfg: dict[str, Any], params: dict) -> dict[str, np.ndarray]:
-    """{HF tensor name: float32 array} of our params (torch layout: Linear weights [out, in])."""
-    name, roberta, modern = model_cfg["name"], is_roberta(model_cfg), is_modernbert(model_cfg)
+    """{HF tensor name: float32 array} of our params (torch layout: Linear weights [out, in]),
+    named as the class of its family (model.hf_family) names them."""
+    name = model_cfg["name"]
     flat = traverse_util.flatten_dict(params, sep="/")
-    # HF task models hold the encoder under bert. (roberta.); the bare encoder at the root.
-    # (ModernBERT's names are BERT's until bert_to_modernbert renames them at the end.)
-    prefix = ("roberta." if roberta else "bert.") if models.encoder_path(name) and not modern else ""
-    out = {}
+    out = {}  # under BERT's names relative to the encoder, until the family renames them
     for path, names in hf_names(name, flat, model_cfg["num_layers"]).items():
-        if modern and path.startswith("nsp/"):  # ModernBertForMaskedLM has no NSP head
-            continue
-        if roberta:
-            names = [roberta_name(n, name) for n in names]
-            if names[0] is None:  # e.g. the NSP head: RobertaForMaskedLM has none
-                continue
-        encoder = path.startswith("".join(f"{k}/" for k in models.encoder_path(name)))
-        # (RoBERTa's classifier.dense, at the root, is our classification model's pooler.)
-        names = [prefix + n if encoder and not n.startswith("classifier.") else n for n in names]
         value = np.asarray(flat[path], np.float32)
         stacked = "encoder/layers/" in path  # [L, ...]: one HF tensor per layer
         for i, hf_name in enumerate(names):
@@ -70,7 +53,7 @@ def hf_state_dict(model_cfg: dict[str, Any], params: dict) -> dict[str, np.ndarr
             out[hf_name] = np.ascontiguousarray(v)
     # As transformers saves it: the MLM decoder (tied to the word embeddings and to
     # cls.predictions.bias) is left out.
-    return bert_to_modernbert(out, name, model_cfg["num_layers"]) if modern else out
+    return families.get(model_cfg["hf_family"]).to_hf(out, name, model_cfg["num_layers"])
 
 
 # tokenizer_config.json's names of the special tokens, as HF's BertTokenizer takes them.
@@ -149,23 +132,21 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
         tokenizer = tokenizer_lib.load_tokenizer(source)
     except FileNotFoundError:
         tokenizer = None
-    modern = is_modernbert(model_cfg)
+    family = families.get(model_cfg.get("hf_family", "bert"))  # (a transformer: hf_config says)
+    # The tokenizer HF's class of this model reads: WordPiece for BERT, byte-level BPE for RoBERTa,
+    # the tokenizer.json of either for ModernBERT.
+    written = tokenizer is not None and tokenizer.kind in family.tokenizers
+    kind = tokenizer.kind if written else family.tokenizers[0]
     ids = {"pad": tokenizer.pad_id} if tokenizer else {}
-    if tokenizer and (tokenizer.kind == "bpe" or modern):
+    if written:  # (RoBERTa's and ModernBERT's config.json name these too)
         ids.update(cls=tokenizer.cls_id, sep=tokenizer.sep_id)
     config = hf_config(model_cfg, ids)
     architecture = config["architectures"][0]
-    if name == "bert" and not model_cfg["use_pooler"] and not modern:  # (ModernBertModel has none)
+    if name == "bert" and not model_cfg["use_pooler"] and family.pooler:
         log.warning(f"warning: this encoder has no pooler; transformers' {architecture} will "
                     "initialise one (pooler_output is meaningless, last_hidden_state is exact)")
-    if name == "bert_pretraining" and (is_roberta(model_cfg) or modern):
+    if name == "bert_pretraining" and not family.nsp:
         log.warning(f"warning: {architecture} has no NSP head and no pooler; they are left out")
-    # The tokenizer HF's class of this model reads: WordPiece for BERT, byte-level BPE for RoBERTa,
-    # the tokenizer.json of either for ModernBERT.
-    kind = "bpe" if is_roberta(model_cfg) else "wordpiece"
-    if modern and tokenizer is not None and tokenizer.kind in ("bpe", "wordpiece"):
-        kind = tokenizer.kind
-    written = tokenizer is not None and tokenizer.kind == kind
     _, model = state.load_model(source, step, model_cfg)
     tensors = hf_state_dict(model_cfg, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     with paths.staged_output(out) as local:
@@ -177,16 +158,14 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
             write_hf_tokenizer(tokenizer, config["max_position_embeddings"], local)
         elif written:
             write_hf_bpe_tokenizer(tokenizer, model_cfg["max_len"] - model_cfg["position_offset"], local)
-        if written and modern:  # transformers reads a ModernBERT's tokenizer.json as it is
+        if written and family.tokenizer_options:
             config_file = local / tokenizer_lib.CONFIG_NAME
             options = json.loads(config_file.read_text("utf-8"))
-            options.update(tokenizer_class="PreTrainedTokenizerFast",
-                           model_input_names=["input_ids", "attention_mask"])
+            options.update(family.tokenizer_options)
             config_file.write_text(json.dumps(options, indent=2) + "\n", "utf-8")
     if not written:
         what = _TOKENIZER_NAMES[tokenizer.kind] if tokenizer else "no tokenizer"
-        family = "ModernBERT" if modern else "RoBERTa" if kind == "bpe" else "BERT"
-        log.warning(f"warning: {source} has {what}; {out} gets no tokenizer files (HF {family} "
+        log.warning(f"warning: {source} has {what}; {out} gets no tokenizer files (HF {family.title} "
                     f"reads {_TOKENIZER_NAMES[kind]})")
     return {"architecture": architecture, "out": str(out), "tensors": len(tensors),
             "tokenizer": written}

@@ -136,7 +136,7 @@ def modernbert_model_fields(size: str) -> dict[str, Any]:
         use_bias=False, embedding_norm=True, layer_norm_eps=1e-5, attention_window=64,
         attention_global_every=3, dropout_rate=0.0, attention_dropout_rate=0.0,
         task_head="modernbert", pooling="cls", use_pooler=False, nsp=False,
-        initializer="truncated_normal", initializer_range=0.02))
+        initializer="truncated_normal", initializer_range=0.02, hf_family="modernbert"))
 
 
 def encoder_model_fields(size: str) -> dict[str, Any]:
@@ -194,7 +194,8 @@ def complete_model_config(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
 def stored_model_config(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """A `model` section as a checkpoint stored it, read with today's per-family configs:
     checkpoints saved before them hold every model's fields, so the fields this model does not
-    read are left out (it never read them: its weights were made without them)."""
+    read are left out (it never read them: its weights were made without them); a BERT model
+    saved before `hf_family` gets the family export then took it for."""
     name = model_cfg.get("name")
     if name not in MODELS:
         return dict(model_cfg)
@@ -203,7 +204,31 @@ def stored_model_config(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
     if CONFIGS[name] is BertConfig and len(out) < len(model_cfg):
         # Saved with every model's fields, before BERT read `positions`: a learned table.
         out.pop("positions", None)
+    if CONFIGS[name] is BertConfig and "hf_family" not in out:
+        out["hf_family"] = _legacy_hf_family(out)
     return out
+
+
+# Only for model sections saved before `hf_family` existed (they did not say): the family that
+# export then guessed from the other fields, frozen as it was. ModernBERT when fewer of these
+# fields differ from its values than from BERT's (a tie is BERT), else RoBERTa when the
+# positions start after a pad id, else BERT.
+_LEGACY_MODERNBERT = {"positions": "rope", "task_head": "modernbert", "norm": "pre",
+                      "normalization": "layernorm", "mlp_layer": "glu", "embedding_norm": True,
+                      "type_vocab_size": 0, "position_offset": 0, "attention_pattern": "full"}
+_LEGACY_BERT = {"positions": "learned", "normalization": "layernorm", "norm_bias": True,
+                "use_bias": True, "mlp_layer": "mlp", "embedding_norm": True, "task_head": "bert",
+                "attention_window": 0, "attention_pattern": "full", "norm": "post"}
+
+
+def _legacy_hf_family(stored: Mapping[str, Any]) -> str:
+    """The HF family of a BERT `model` section saved without one (see _LEGACY_MODERNBERT)."""
+    values = {f.name: f.default for f in dataclasses.fields(BertConfig)} | dict(stored)
+    modern = sum(values[k] != v for k, v in _LEGACY_MODERNBERT.items())
+    bert = sum(values[k] != v for k, v in _LEGACY_BERT.items()) + (values["type_vocab_size"] == 0)
+    if modern < bert:
+        return "modernbert"
+    return "roberta" if values["position_offset"] > 0 else "bert"
 
 
 def create_model(model_cfg: Mapping[str, Any], *, seed: int = 0) -> nnx.Module:

@@ -43,6 +43,9 @@ PATTERNS = ("full", "bigbird", "linformer")
 # embeddings; rope: rotary embeddings on each self-attention's queries and keys (no table).
 POSITIONS = ("learned", "sinusoidal", "rope")
 
+# The Hugging Face checkpoint families of the BERT models (bert_jax/interop/families: one file each).
+HF_FAMILIES = ("bert", "roberta", "modernbert")
+
 
 def _field(default: Any, kind: str, *, flops: bool = False, choices: tuple | None = None,
            least: int | None = None, only: tuple[str, ...] | None = None) -> Any:
@@ -136,7 +139,8 @@ class ModelConfig:
 class BertConfig(ModelConfig):
     """BERT: learned positions (max_len), segment A/B embeddings, post-LN, the MLM head tied to
     the word embeddings; a pooler on the bare encoder by choice, on the heads that need one.
-    RoBERTa is this family with position_offset = pad id + 1 and type_vocab_size = 1."""
+    RoBERTa is this family with position_offset = pad id + 1 and type_vocab_size = 1, ModernBERT
+    this family with its switches (models.modernbert_model_fields); hf_family says which."""
 
     family: ClassVar[str] = "BERT"
 
@@ -153,6 +157,11 @@ class BertConfig(ModelConfig):
     # RoBERTa: a token at position t reads position row t + offset (pad id + 1), padding the
     # pad id's row (HF's create_position_ids_from_input_ids); 0 = BERT.
     position_offset: int = _field(0, "architecture", least=0)
+    # The published family whose checkpoints this model reads and writes (bert-jax convert sets
+    # it from config.json's model_type; export writes that family's classes). Declared, never
+    # guessed from the other fields (models.stored_model_config infers it once for configs saved
+    # before it existed).
+    hf_family: str = _field("bert", "architecture", choices=HF_FAMILIES)
     use_pooler: bool = _field(True, "state", only=("bert",))  # [CLS] pooler of the bare encoder
     # next-sentence head (and the pooler it reads); False: MLM only (RoBERTa, ModernBERT)
     nsp: bool = _field(True, "state", only=("bert_pretraining",))
