@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 
 def bert_jax(*args, check=True):

@@ -6,8 +6,8 @@ import ast
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "bert_jax"
 
 # Each part of the package and the parts it may import (directly or inside functions). A part
@@ -115,3 +115,16 @@ def test_named_evaluators_live_where_training_may_not_import():
         assert callable(cls.run) and callable(cls.prepare)
         if isinstance(entry, str):
             assert _part(entry.partition(":")[0]) not in ALLOWED["training"] | {"training"}
+
+
+def test_the_readme_map_states_the_layout_rules():
+    """The README's Map table says what ALLOWED says."""
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| part | what it owns"):].split("\n\n")[0].splitlines()[2:]
+    stated = {}
+    for row in table:
+        part, _, may = [c.strip() for c in row.strip("|").split(" | ")]
+        names = {n.strip("`").removesuffix("/").removesuffix(".py") for n in part.split(", ")}
+        imports = set() if may == "nothing" else {m.strip() for m in may.split(",")}
+        stated.update({name: imports for name in names})
+    assert stated == ALLOWED

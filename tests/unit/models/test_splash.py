@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models

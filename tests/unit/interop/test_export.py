@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO
 from flax import nnx
+from helpers import REPO
 
 from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib

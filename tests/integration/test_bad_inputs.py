@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-from conftest import REPO
 from flax import nnx
+from helpers import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models
@@ -701,17 +701,24 @@ TRANSLATE_CASES = [
     case("translate-missing-input", TRANSLATE, 1, "--input={tmp}/src.txt"),
 ]
 
-EVAL23_CASES = [
+# eval given another task's config or files
+EVAL_TASK_CASES = [
     case("eval-other-task-config", "eval --workdir {ft} --config configs/glue.py:cola,tiny "
          "--config.data.data_dir={glue} --config.data.tokenizer={vocab}", 1, "glue cola", "glue sst2",
          "leave out --config"),
     case("eval-split-squad-file-on-glue", "eval --workdir {ft} --split {tmp}/dev-v1.1.json", 1,
          "--split={tmp}/dev-v1.1.json", "SQuAD JSON", "glue sst2 run",
          setup=files(**{"dev-v1_DOT_1_DOT_json": squad_json()})),
+]
+
+SWEEP_TRIAL_CASES = [
     case("sweep-trial-fails", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1, "1 of 1 trial(s) failed",
          "learning_rate=0.001_seed=0: ", "data.tokenizer",
          "(log: {tmp}/s/learning_rate=0.001_seed=0/train.log)", "fix the cause",
          setup=sweep_file("configs/glue.py:sst2,tiny", {"optimizer.learning_rate": (1e-3,)})),
+]
+
+AVERAGE_CASES = [
     case("average-damaged-newest", "average --workdir {tmp}/run --last 2 --out {tmp}/avg", 1,
          "run/checkpoints/2", "restore the folder", "move it out of", setup=copy_of("run", corrupt_params)),
     case("average-damaged-older", "average --workdir {tmp}/run --last 2 --out {tmp}/avg", 1,
@@ -723,8 +730,9 @@ LAUNCH = ("launch --config configs/bert_pretrain.py:tiny --topology v4-8 --workd
 WMT = ("train --config configs/wmt.py:base --workdir {tmp}/w --config.data.tokenizer={vocab} "
        "--config.data.tfds_data_dir={tmp}/tfds")
 
-# Issue 23's trial: values that trained or ran (exit 0), or failed deep inside a library.
-RUN23_CASES = [
+# Values that once trained or ran (exit 0), or failed deep inside a library: run values,
+# TFDS datasets, metrics files, info's and prepare's flags.
+RUN_VALUE_CASES = [
     case("train-workdir-empty", PRETRAIN.replace("{tmp}/w", "''"), 2, "--workdir is empty"),
     case("workdir-inside-a-file", PRETRAIN.replace("{tmp}/w", "{tmp}/f/run"), 1, "inside {tmp}/f, a file",
          setup=files(f="a file")),
@@ -743,18 +751,30 @@ RUN23_CASES = [
          "--config.model.num_labels=2", setup=glue()),
     case("stsb-num-labels", STSB + " --config.model.num_labels=2", 1, "model.num_labels=2", "regression",
          "--config.model.num_labels=1"),
+]
+
+TFDS_CASES = [
     case("wmt-tfds-not-prepared", WMT, 1, "wmt14_translate/de-en", "not prepared under {tmp}/tfds",
          "tfds build", "--config.data.tfds_data_dir"),
     case("tfds-unknown-dataset", PRETRAIN.replace("data.name=synthetic", "data.name=tfds")
          + " --config.data.tfds_name=no_such_corpus --config.data.tfds_data_dir={tmp}/tfds "
          "--config.data.tokenizer={vocab}", 1,
          "data.tfds_name='no_such_corpus'", "no dataset of that name"),
+]
+
+PLOT_CASES = [
     case("plot-metrics-line-a-list", "plot --workdir {tmp}/r", 1, "r/metrics.jsonl:2", "JSON object",
          setup=files(r__metrics_DOT_jsonl='{"step": 1, "loss": 2.0}\n[1, 2]\n')),
     case("plot-metrics-line-no-step", "plot --workdir {tmp}/r", 1, "r/metrics.jsonl:1", "step",
          setup=files(r__metrics_DOT_jsonl='{"loss": 2.0}\n')),
+]
+
+INFO_CASES = [
     case("info-seq-len-zero", INFO + " --seq_len 0", 2, "--seq_len=0", "leave it out"),
     case("info-seq-len-negative", INFO + " --seq_len=-3", 2, "--seq_len=-3"),
+]
+
+PREPARE_CASES = [
     case("prepare-finetune-config", "prepare --config configs/glue.py:sst2,tiny --out {tmp}/shards", 1,
          "pretraining corpus", "configs/bert_pretrain.py", "bert-jax train"),
     case("prepare-synthetic", "prepare --config configs/bert_pretrain.py:tiny --config.data.name=synthetic "
@@ -851,8 +871,8 @@ OPTIM_CASES = [
 ]
 
 WSD = PRETRAIN + " --config.schedule.name=wsd"
-OPTIM25_CASES = [
-    # ModernBERT's optimisation (issue 25): wsd schedule, stable_adamw, batch size phases
+MODERN_OPTIM_CASES = [
+    # ModernBERT's optimisation: wsd schedule, stable_adamw, batch size phases
     case("wsd-decay-longer-than-the-run", WSD + " --config.schedule.decay_steps=5", 1,
          "schedule.decay_steps=5", "train.steps=2", "at most 1 step(s)"),
     case("wsd-decay-shape-unknown", WSD + " --config.schedule.decay_shape=cosine", 1,
@@ -900,8 +920,8 @@ ROBERTA_CASES = [
 ]
 
 MLM_ONLY = PRETRAIN + " --config.model.nsp=false --config.data.instances=full_rows"
-MLM25_CASES = [
-    # masked LM only (issue 25): the model's head and the data's rows must agree, and the
+MLM_ONLY_CASES = [
+    # masked LM only: the model's head and the data's rows must agree, and the
     # masking rates fit the prediction slots, before anything compiles
     case("nsp-model-with-mlm-only-rows", PRETRAIN + " --config.data.instances=full_rows", 1,
          "data.instances='full_rows'", "model.nsp=True", "--config.model.nsp=False",
@@ -928,8 +948,8 @@ MLM25_CASES = [
          "--config.model.nsp=false", 2, "nsp", "'bert_classification'", "does not read"),
 ]
 MODERN = "info --config configs/modernbert.py:tiny"
-MODERN25_CASES = [
-    # the modern encoder's switches (issue 25), refused when the config is read
+MODERN_ENCODER_CASES = [
+    # the modern encoder's switches, refused when the config is read
     case("rope-theta-zero", MODERN + " --config.model.rope_theta=0", 1,
          "model.rope_theta=0.0", "> 0"),
     case("rmsnorm-with-bias", MODERN + " --config.model.normalization=rmsnorm "
@@ -989,10 +1009,11 @@ MODERNBERT_HF_CASES = [
 
 # One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
-         + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL23_CASES + RUN23_CASES
-         + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + OPTIM25_CASES + ROBERTA_CASES
-         + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM25_CASES
-         + MODERN25_CASES)
+         + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL_TASK_CASES
+         + SWEEP_TRIAL_CASES + AVERAGE_CASES + RUN_VALUE_CASES + TFDS_CASES + PLOT_CASES + INFO_CASES
+         + PREPARE_CASES + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + MODERN_OPTIM_CASES
+         + ROBERTA_CASES + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM_ONLY_CASES
+         + MODERN_ENCODER_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -1159,12 +1180,14 @@ def test_the_table_covers_every_area():
     areas = {"config": CONFIG_CASES, "data": DATA_CASES, "checkpoint": CHECKPOINT_CASES,
              "conversion": CONVERT_CASES, "features": FEATURES_CASES, "eval": EVAL_CASES,
              "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES,
-             "translate": TRANSLATE_CASES, "eval (issue 23)": EVAL23_CASES,
-             "issue 23 trial": RUN23_CASES, "launch": LAUNCH_CASES,
+             "translate": TRANSLATE_CASES, "eval of another task": EVAL_TASK_CASES,
+             "sweep trials": SWEEP_TRIAL_CASES, "average": AVERAGE_CASES,
+             "run values": RUN_VALUE_CASES, "tfds": TFDS_CASES, "plot": PLOT_CASES,
+             "info": INFO_CASES, "prepare": PREPARE_CASES, "launch": LAUNCH_CASES,
              "attention": ATTENTION_CASES, "optimizer": OPTIM_CASES,
-             "optimizer (issue 25)": OPTIM25_CASES, "RoBERTa (issue 25)": ROBERTA_CASES,
+             "modern optimizer": MODERN_OPTIM_CASES, "RoBERTa": ROBERTA_CASES,
              "attention patterns": PATTERN_CASES, "attention on GPU": ATTENTION_GPU_CASES,
              "ModernBERT in and out": MODERNBERT_HF_CASES,
-             "MLM only (issue 25)": MLM25_CASES, "modern encoder (issue 25)": MODERN25_CASES}
+             "MLM only": MLM_ONLY_CASES, "modern encoder": MODERN_ENCODER_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

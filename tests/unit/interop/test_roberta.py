@@ -8,7 +8,7 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_bpe_equals_hf
+from helpers import assert_bpe_equals_hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -5,8 +5,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import REPO
 from flax import nnx
+from helpers import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import tasks

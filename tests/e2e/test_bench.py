@@ -66,7 +66,7 @@ def test_restart_benchmark_resumes_from_the_cache(tmp_path):
 def test_the_long_input_benchmark_configs_are_valid():
     """Each pattern of `bench long` on configs/bert_pretrain.py:long passes the checks made
     before training (lengths, blocks, window, projection), without training."""
-    from conftest import REPO
+    from helpers import REPO
 
     from bert_jax import config as config_lib
     from bert_jax.tools import bench
@@ -134,7 +134,7 @@ def test_long_document_classification_trains_with_bigbird_at_4096_tokens(shared_
     import os
     import subprocess
 
-    from conftest import REPO
+    from helpers import REPO
 
     from bert_jax.tools import bench
 
@@ -158,7 +158,7 @@ def test_long_document_classification_trains_with_bigbird_at_4096_tokens(shared_
 def test_the_long_document_configs_are_valid():
     """Each pattern of `bench longdoc` on configs/glue.py:sst2,long passes the checks made
     before training, at 4,096 tokens."""
-    from conftest import REPO
+    from helpers import REPO
 
     from bert_jax import config as config_lib
     from bert_jax.tools import bench

@@ -10,13 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models, tasks
 from bert_jax.training import metrics, objectives, optim, sharding, train
 from bert_jax.training import state as state_lib
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "bert_jax"
 
 

@@ -13,12 +13,13 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import FIXTURES
 
 from bert_jax.interop import convert, tf_checkpoint
 from bert_jax.interop.tf_checkpoint import TFCheckpointError, read_tf_checkpoint
 from bert_jax.training import state
 
-FIXTURE = Path(__file__).parent / "fixtures" / "tf_bert_tiny"
+FIXTURE = FIXTURES / "tf_bert_tiny"
 PREFIX = FIXTURE / "bert_model.ckpt"
 TOL = dict(atol=1e-5, rtol=1e-5)
 

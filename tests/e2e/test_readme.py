@@ -17,7 +17,7 @@ import shlex
 import time
 
 import pytest
-from conftest import REPO, shared_data_dir, write_modernbert_tokenizer
+from helpers import REPO, shared_data_dir, write_modernbert_tokenizer
 
 from bert_jax.tools import demo
 
@@ -72,21 +72,6 @@ def test_the_readme_links_every_docs_page():
     for page in DOCS:  # links between pages and to pictures point at files
         for target in re.findall(r"\]\(([^)#:]+)\)", (REPO / page).read_text()):
             assert ((REPO / page).parent / target).exists(), f"{page}: {target}"
-
-
-def test_the_readme_map_states_the_layout_rules():
-    """The README's Map table says what tests/test_layout.py's ALLOWED says."""
-    from test_layout import ALLOWED
-
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("| part | what it owns"):].split("\n\n")[0].splitlines()[2:]
-    stated = {}
-    for row in table:
-        part, _, may = [c.strip() for c in row.strip("|").split(" | ")]
-        names = {n.strip("`").removesuffix("/").removesuffix(".py") for n in part.split(", ")}
-        imports = set() if may == "nothing" else {m.strip() for m in may.split(",")}
-        stated.update({name: imports for name in names})
-    assert stated == ALLOWED
 
 
 @pytest.fixture(scope="module")

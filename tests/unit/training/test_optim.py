@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from bert_jax import config as config_lib
 from bert_jax.training import input as pipelines

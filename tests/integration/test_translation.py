@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
-from conftest import REPO, shared_data_dir
+from helpers import REPO, shared_data_dir
 
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.training import metrics

@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models, paths

@@ -6,7 +6,7 @@ import re
 
 import jax
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models

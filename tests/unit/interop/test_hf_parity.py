@@ -153,7 +153,7 @@ def test_shape_mismatch_names_the_tensor(wordpiece_vocab, tmp_path):
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
-# Layouts of published checkpoints (issue 11): a plain BertModel (no `bert.` prefix: most
+# Layouts of published checkpoints: a plain BertModel (no `bert.` prefix: most
 # sentence-embedding models) in each file layout, TF-era gamma/beta names, any architecture.
 def save_layout(hf_model, vocab, root, layout):
     """Writes `hf_model` the way `layout` publishes it; returns the folder to convert."""

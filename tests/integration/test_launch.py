@@ -12,7 +12,7 @@ import stat
 import subprocess
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from bert_jax import main
 from bert_jax.cloud import bringup, launch, tpu

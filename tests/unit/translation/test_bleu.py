@@ -6,7 +6,7 @@ import time
 
 import pytest
 import sacrebleu
-from conftest import REPO
+from helpers import REPO
 
 from bert_jax.translation import bleu
 

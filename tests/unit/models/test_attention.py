@@ -2,20 +2,20 @@
 a plain loop; the registry and its error; the models hand kernels segment ids and positions,
 never a dense mask."""
 
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import REPO
 
 from bert_jax import models
 from bert_jax.models import attention
 from bert_jax.models.attention import Masking
 
 SMALL = dict(vocab_size=128, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64)
-PACKAGE = Path(__file__).resolve().parents[1] / "bert_jax"
+PACKAGE = REPO / "bert_jax"
 
 
 def _loop_mask(q_seg, kv_seg, *, causal=False, window=None, q_offset=0):

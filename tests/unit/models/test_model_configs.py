@@ -9,8 +9,8 @@ import json
 
 import jax
 import pytest
-from conftest import REPO
 from flax import nnx
+from helpers import REPO
 
 from bert_jax import config as config_lib
 from bert_jax import models

@@ -12,7 +12,7 @@ the end, [MASK] stripping the space before it)."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_bpe_equals_hf, write_modernbert_tokenizer
+from helpers import assert_bpe_equals_hf, write_modernbert_tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

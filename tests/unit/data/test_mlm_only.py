@@ -1,4 +1,4 @@
-"""MLM-only pretraining (RoBERTa, ModernBERT; issue 25): model.nsp=False with data.instances
+"""MLM-only pretraining (RoBERTa, ModernBERT): model.nsp=False with data.instances
 "packed" (documents cut into sequences, packed with per-document attention) and "full_rows"
 (documents concatenated and cut into full rows), the training and evaluation masking rates,
 dynamic masking, every source (text, array_record shards, TFDS) and a short training run."""

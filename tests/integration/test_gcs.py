@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import numpy as np
 import pytest
-from conftest import REPO
+from helpers import REPO
 from test_train import CONFIG, SMALL
 
 _INSTALL = "pip install -e '.[test]'"
