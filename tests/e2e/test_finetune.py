@@ -221,7 +221,8 @@ def test_malformed_row_stops_with_file_and_line(shared_data, task_vocab, tmp_pat
     args = ["train", f"--config={REPO / 'configs/glue.py'}:rte,tiny", f"--workdir={tmp_path / 'run'}",
             f"--config.data.data_dir={tmp_path}", f"--config.data.tokenizer={task_vocab}",
             "--config.model.vocab_size=4000", "--config.train.epochs=0.5"]
-    code, _, err = cli(args)  # in-process: tests/test_cli.py checks the real script's exit codes
+    # in-process: tests/integration/test_cli.py checks the real script's exit codes
+    code, _, err = cli(args)
     assert code == 1
     assert f"{folder / 'train.tsv'}:8" in err and "maybe" in err, err[-2000:]
     assert "data.skip_bad_rows=True" in err

@@ -1,6 +1,6 @@
 """The commands of the README and of every docs/*.md page, run as written, in order, each
 page in one folder as a user's home (in-process, through bert_jax.main.run as the
-installed `bert-jax` script calls it; tests/test_cli.py runs the real script).
+installed `bert-jax` script calls it; tests/integration/test_cli.py runs the real script).
 
 What a page leaves to the user is substituted, and only that: `/path/to/...` (the user's
 model folders, GLUE data (MRPC with 160 training rows), text) by small real files, `/tmp/`

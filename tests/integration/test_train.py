@@ -282,7 +282,7 @@ def test_non_finite_loss_stops_and_keeps_good_checkpoints(tmp_path, cli):
     ("--config.train.steps=abc", "train.steps"),
 ])
 def test_bad_override_names_the_key(tmp_path, override, message, cli):
-    # In-process: tests/test_cli.py checks the real script's exit codes.
+    # In-process: tests/integration/test_cli.py checks the real script's exit codes.
     _, err = train_here(cli, tmp_path, override, code=2)
     assert message in err and "Traceback" not in err
 

@@ -1,6 +1,7 @@
 """The modern encoder's switches (models/config.py): rope, gated FFN, RMSNorm, bias-free layers,
 the embedding and first-layer norms, ModernBERT's task heads and sizes. Equality with
-Hugging Face's ModernBERT classes is tested through convert/export (tests/test_modernbert_hf.py)."""
+Hugging Face's ModernBERT classes is tested through convert/export
+(tests/unit/interop/test_modernbert_hf.py)."""
 
 import re
 
