@@ -1,6 +1,6 @@
 """The package layout: which sub-package may import which (the README's map states the same
-rules), every sub-package says what it owns, and the evaluator registry's named entries
-point where the rules allow."""
+rules), every sub-package says what it owns, the evaluator registry's named entries point
+where the rules allow, and each test file sits in its tier's folder."""
 
 import ast
 from pathlib import Path
@@ -128,3 +128,17 @@ def test_the_readme_map_states_the_layout_rules():
         imports = set() if may == "nothing" else {m.strip() for m in may.split(",")}
         stated.update({name: imports for name in names})
     assert stated == ALLOWED
+
+
+def test_each_test_file_is_in_its_tier_folder():
+    """tests/unit/ or tests/unit/<a sub-package>/, tests/integration/, tests/e2e/ (docs/testing.md):
+    a test file elsewhere would be in no tier's command; names are unique (pytest imports a test
+    file by its name)."""
+    tests = REPO / "tests"
+    files = sorted(tests.rglob("test_*.py"))
+    folders = {"unit", "integration", "e2e"} | {f"unit/{p.name}" for p in PACKAGE.iterdir()
+                                                if (p / "__init__.py").is_file()}
+    outside = sorted({f.parent.relative_to(tests).as_posix() for f in files} - folders)
+    assert len(files) > 40 and not outside, f"test files outside the tier folders: {outside}"
+    names = [f.name for f in files]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
