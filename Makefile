@@ -1,5 +1,5 @@
 # bert_jax: `make demo` runs the main job, `make test` the tests (both install first);
-# `make test-quick` the quick tier (tests not marked slow; docs/testing.md).
+# `make test-quick` the quick tier (unit and integration tests not marked slow; docs/testing.md).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -25,15 +25,17 @@ TEST_WORKERS ?= 2
 PYTEST := XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q \
 	-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-# Everything, in two runs: the quick tests (tiny models, compiled faster at XLA's -O0, which
-# tests/conftest.py sets for -m "not slow"), then the slow ones (XLA's default optimisation, under
-# which long trainings run twice as fast). Non-zero if either run fails.
+# Everything (tests/unit, tests/integration, tests/e2e), in two runs: the tests not marked slow
+# (tiny models, compiled faster at XLA's -O0, which tests/conftest.py sets for -m "not slow"),
+# then the slow ones (XLA's default optimisation, under which long trainings run twice as
+# fast). Non-zero if either run fails.
 test: install
 	$(PYTEST) -m "not slow" tests; quick=$$?; $(PYTEST) -m slow tests && exit $$quick
 
-# Everyday work: every test not marked slow (docs/testing.md).
+# Everyday work: the unit and integration tests not marked slow (docs/testing.md); the e2e
+# folder (docs pages, real-data quality bars, bench tools, TPU plans) runs in `make test`.
 test-quick: install
-	$(PYTEST) -m "not slow" tests
+	$(PYTEST) -m "not slow" tests/unit tests/integration
 
 lint: install
 	$(BIN)/ruff check bert_jax configs tests

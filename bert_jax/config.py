@@ -148,7 +148,7 @@ def pretraining_defaults() -> ml_collections.ConfigDict:
 def finetune_defaults(task: str, size: str = "base") -> ml_collections.ConfigDict:
     """bert_jax.tasks.finetune_defaults (each task owns its defaults), kept here for config
     files that call it from this module. Imported when called: the tasks import this module."""
-    from bert_jax import tasks  # the one import upwards (tests/test_layout.py: LATE_IMPORTS)
+    from bert_jax import tasks  # the one import upwards (tests/helpers.py: LATE_IMPORTS)
 
     return tasks.finetune_defaults(task, size)
 

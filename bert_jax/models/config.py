@@ -13,7 +13,7 @@ Each field says in its metadata, in one place:
   choices, least: the values it may take (checked at creation);
   only      the models of its family that read it (default: all of them).
 The checkpoint compatibility lists (training/checkpoint.py) and the test that the FLOPs count
-reads exactly the `flops` fields (tests/test_model_configs.py) follow this metadata.
+reads exactly the `flops` fields (tests/unit/models/test_model_configs.py) follow this metadata.
 """
 
 from __future__ import annotations

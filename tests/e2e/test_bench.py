@@ -1,0 +1,300 @@
+"""The model benchmark's plumbing (the numbers come from `make bench`, not from tests): our
+step's tokens/s and MFU are the step's own counts over the measured time, a peer runs through
+peers.py (here with this environment's transformers), a missing peer is skipped with a reason,
+and the table prints ratios."""
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from bert_jax.tools import modelbench
+
+
+@pytest.mark.slow
+def test_our_pretraining_step_reports_full_length_tokens_and_mfu():
+    r = modelbench.pretrain_step((1, 32, 2, 64, 8), "float32", steps=2, warmup=1, seq=32,
+                                 vocab_size=100)
+    assert r["tokens_per_s"] == pytest.approx(8 * 32 / r["step_s"])  # every token is real
+    assert 0 < r["mfu"] < 1 and r["peak_flops"] > 0
+
+
+def test_a_peer_runs_through_peers_py_and_a_missing_one_is_skipped():
+    pytest.importorskip("torch")
+    r = modelbench.run_peer(sys.executable, [
+        "pretrain", "--framework", "torch", "--layers", "1", "--hidden", "32", "--heads", "2",
+        "--mlp", "64", "--seq", "32", "--batch", "2", "--steps", "1", "--warmup", "1",
+        "--vocab", "100"])
+    assert r["peer"] == "hf_torch" and r["tokens_per_s"] > 0, r
+    missing = modelbench.run_peer("/nonexistent/python", ["pretrain"])
+    assert "FileNotFoundError" in missing["skipped"]
+
+
+def test_the_table_shows_ours_beside_the_peers_with_ratios():
+    results = {"pretrain_base_float32": {"tokens_per_s": 600.0, "mfu": 0.2},
+               "hf_flax_pretrain_base": {"tokens_per_s": 200.0},
+               "hf_torch_pretrain_base": {"skipped": "no peers environment"},
+               "finetune_sst2_packed": {"examples_per_s": 90.0, "dev_accuracy": 0.8},
+               "hf_torch_finetune_sst2": {"examples_per_s": 30.0, "dev_accuracy": 0.79}}
+    table = modelbench.table(results)
+    base = next(line for line in table.splitlines() if "12x768" in line and "float32" in line)
+    assert "600 tok/s" in base and "| 200 |" in base and "3.00x" in base
+    assert "no peers environment" in base
+    sst2 = next(line for line in table.splitlines() if "packed" in line)
+    assert "90.0 ex/s" in sst2 and "3.00x" in sst2
+
+
+@pytest.mark.slow
+def test_restart_benchmark_resumes_from_the_cache(tmp_path):
+    """`bench restart`: a first run, and its resumed run with the cache (loads the train step)
+    and without (compiles it)."""
+    from bert_jax.tools import bench
+
+    small = ["--config.train.batch_size=16", "--config.data.max_seq_length=32",
+             "--config.data.max_predictions_per_seq=5", "--config.model.vocab_size=256"]
+    r = bench.bench_restart("configs/bert_pretrain.py:tiny", small, str(tmp_path))
+    runs = r["runs"]
+    assert list(runs) == ["first run (empty cache)", "resumed, cache on", "resumed, cache off"]
+    assert r["resumed_from_step"] >= 1 and r["cache_bytes"] > 0
+    assert runs["resumed, cache on"]["compile_s"] < runs["resumed, cache off"]["compile_s"]
+    assert all(0 < row["compile_s"] < row["first_step_s"] for row in runs.values())
+    assert r["table"].count("\n") == 4
+
+
+def test_the_long_input_benchmark_configs_are_valid():
+    """Each pattern of `bench long` on configs/bert_pretrain.py:long passes the checks made
+    before training (lengths, blocks, window, projection), without training."""
+    from helpers import REPO
+
+    from bert_jax import config as config_lib
+    from bert_jax.tools import bench
+
+    for pattern in bench.LONG_PATTERNS.values():
+        config = config_lib.load(str(REPO / "configs/bert_pretrain.py:long"), pattern)
+        config_lib.validate(config, 1)
+        assert config.data.max_seq_length == config.model.max_len == 4096
+
+
+needs_libtpu = pytest.mark.skipif(not __import__("bert_jax.cloud.tpu").cloud.tpu.libtpu_installed(),
+                                  reason="libtpu is not installed: bench attention plans with it")
+
+
+@needs_libtpu
+def test_the_attention_benchmark_plans_a_row_per_kernel_through_plan(capsys, monkeypatch):
+    """`bench attention` at a tiny size (a 1-layer model, 256 tokens on a v5e-8: one compile):
+    the splash row shows the step's memory, that it fits, and splash's FLOPs beside XLA's."""
+    from bert_jax.models.kernels.splash import splash_flops
+    from bert_jax.tools import bench
+
+    monkeypatch.setattr(sys, "argv", [
+        "bench", "attention", "--config", "configs/bert_pretrain.py:tiny", "--lengths", "256",
+        "--topologies", "v5litepod-8", "--kernels", "splash", "--patterns", "local",
+        "--config.model.num_layers=1", "--config.model.vocab_size=256"])
+    bench.main()
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| v5litepod-8 | 256 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:4] == ["splash", "local"] and cells[5] == "yes (15.75)", row
+    result = json.loads(out.splitlines()[-1])["rows"][0]
+    assert 0 < result["temporaries_gib"] <= result["total_gib"] < 1 and result["fits"]
+    assert cells[4] == f"{result['total_gib']} / {result['temporaries_gib']}"
+    # 8 rows (one per device), window 64 in 128-token tiles: 4 of the 2 x 2 tiles, 2 heads of 64
+    cfg = bench.attention_config("configs/bert_pretrain.py:tiny", "v5litepod-8", 256, "splash",
+                                 "local", ["model.num_layers=1"])
+    assert cfg.train.batch_size == 8 and cfg.data.max_predictions_per_seq == 38
+    splash = splash_flops(models_cfg(cfg), 8, 256) / 8 / 1e9
+    assert cells[6].endswith(f" + {round(splash, 1):,}") and splash == 4 * 9 * 2 * 128 ** 2 * 64 * 2 / 1e9
+    assert "no GPU here (cpu): kernels not timed" in out
+
+
+def models_cfg(config):
+    from bert_jax import config as config_lib
+    from bert_jax import models
+
+    return models.split_model_config(config_lib.model_config(config))[1]
+
+
+def test_kernel_timing_runs_each_kernel_it_is_given():
+    """The GPU part of `bench attention` (cudnn beside xla there), here with xla on CPU."""
+    from bert_jax.tools import bench
+
+    rows = bench.time_kernels(["xla"], [64], heads=2, head_dim=8, tokens=128, steps=1,
+                              dtype="float32")
+    assert [(r["kernel"], r["tokens"], r["rows"]) for r in rows] == [("xla", 64, 2)]
+    assert rows[0]["tokens_per_s"] > 0
+
+
+@pytest.mark.slow  # two 4,096-token steps of a tiny BERT on a CPU, in a process of one device
+def test_long_document_classification_trains_with_bigbird_at_4096_tokens(shared_data, tmp_path):
+    """configs/glue.py:sst2,long on `bench longdoc`'s data (an excerpt per book here): a
+    4,096-token row per Gutenberg excerpt, BigBird attention, trained and scored on unseen
+    books."""
+    import os
+    import subprocess
+
+    from helpers import REPO
+
+    from bert_jax.tools import bench
+
+    data = bench.build_longdoc(tmp_path / "data", per_book=1)
+    train_rows = (data / "SST-2" / "train.tsv").read_text().splitlines()[1:]
+    assert [r.rsplit("\t", 1)[1] for r in train_rows] == ["1", "1", "0", "0"]
+    assert all(len(r.split()) == 2801 for r in train_rows)  # 2,800 words and the label
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+           "BERT_JAX_SHARED_DATA": str(shared_data)}
+    run = subprocess.run(
+        [sys.executable, "-m", "bert_jax", "train", "--config=configs/glue.py:sst2,long",
+         f"--workdir={tmp_path / 'run'}", f"--config.data.data_dir={data}",
+         f"--config.data.tokenizer={data / 'vocab'}", "--config.train.steps=2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["step"] == 2 and 0 <= summary["eval"]["eval/accuracy"] <= 1
+    assert "batch 2 x 4096 tokens" in run.stderr + run.stdout
+
+
+def test_the_long_document_configs_are_valid():
+    """Each pattern of `bench longdoc` on configs/glue.py:sst2,long passes the checks made
+    before training, at 4,096 tokens."""
+    from helpers import REPO
+
+    from bert_jax import config as config_lib
+    from bert_jax.tools import bench
+
+    for pattern in bench.LONGDOC_PATTERNS.values():
+        config = config_lib.load(str(REPO / "configs/glue.py:sst2,long"), pattern)
+        config_lib.validate(config, 1)
+        assert config.data.max_seq_length == config.model.max_len == 4096 and not config.data.pack
+
+
+# `bench pretrain` (bert_jax/tools/pretrainbench.py): time to quality.
+
+def test_time_to_target_interpolates_between_checkpoints():
+    from bert_jax.tools import pretrainbench as pb
+
+    curve = [(10.0, 8.0), (20.0, 6.0), (30.0, 5.0)]
+    assert pb.time_to(curve, 7.0) == pytest.approx(15.0)  # halfway from 8 to 6
+    assert pb.time_to(curve, 8.5) == 10.0  # already at the first checkpoint
+    assert pb.time_to(curve, 5.0) == 30.0
+    assert pb.time_to(curve, 4.9) is None  # never reached
+
+
+def test_the_target_is_the_worst_best_loss_and_ratios_are_against_hf():
+    from bert_jax.tools import pretrainbench as pb
+
+    def run(points):  # step -> (train_s, loss); wall_s = train_s + 10
+        return {"timeline": {s: {"train_s": t, "wall_s": t + 10, "heldout_mlm_loss": loss,
+                                 "tokens_per_step": 4096}
+                             for s, (t, loss) in points.items()}}
+    runs = {"bert2018": run({10: (20.0, 7.0), 20: (40.0, 6.0)}),
+            "modern": run({10: (10.0, 6.0), 20: (20.0, 5.0)}),
+            "hf": run({10: (40.0, 7.5), 20: (80.0, 6.5)})}
+    s = pb.summarize(runs)
+    assert s["target_loss"] == 6.5  # hf's best, the worst of the three
+    t = s["time_to_target"]
+    assert t["hf"]["train_s"] == 80.0 and t["hf"]["wall_s"] == 90.0
+    assert t["bert2018"]["train_s"] == pytest.approx(30.0)  # halfway from 7 to 6
+    assert t["modern"]["train_s"] == 10.0 and t["modern"]["step"] == 10
+    assert s["speedup_vs_hf"]["modern"]["train_s"] == pytest.approx(8.0)
+    assert s["speedup_vs_hf"]["bert2018"]["wall_s"] == pytest.approx(90 / 40)
+    table = pb.tables(runs, s, None)
+    assert "| modern recipe (ours) | 4096 | 5.000 | 10 | 10 | 20 | 8.00x | 4.50x |" in table
+
+
+def test_masked_lm_loss_of_uniform_logits_is_log_vocab():
+    from bert_jax.tools import pretrainbench as pb
+
+    logits = np.zeros((2, 3, 8), np.float32)
+    logits[0, 0, 5] = 100.0  # certain and right: loss 0
+    labels = np.array([[5, 0, 1], [2, 3, 4]])
+    weights = np.array([[1, 1, 0], [1, 0, 0]], np.float32)  # 3 positions count
+    ce, correct = pb.masked_lm_loss(logits, labels, weights)
+    assert ce == pytest.approx(2 * np.log(8), rel=1e-6)
+    assert correct == 2  # the certain one, and label 0 (argmax of a uniform row is 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory, shared_data):
+    from bert_jax.tools import pretrainbench as pb
+
+    text = shared_data / "text"
+    out = tmp_path_factory.mktemp("ttq") / "corpus"
+    counts = pb.build_corpus([text / "wikitext2" / "valid.txt",
+                              text / "gutenberg" / "blake-poems.txt"], out, vocab_size=600)
+    return out, counts
+
+
+def test_the_heldout_set_is_fixed_masked_at_15_percent_and_apart_from_training(tiny_corpus):
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.tools import pretrainbench as pb
+
+    corpus, counts = tiny_corpus
+    assert counts["heldout"] >= 5 and counts["train"] == pytest.approx(19 * counts["heldout"], abs=19)
+    train = (corpus / "train.txt").read_text().split("\n\n")
+    heldout = (corpus / "heldout.txt").read_text().split("\n\n")
+    assert not set(train) & (set(heldout) - {""})
+    tok = tokenizer_lib.load_tokenizer(corpus / "vocab")
+    a, b = (pb.heldout_set(corpus / "heldout.txt", tok, rows=32, seq_len=64) for _ in range(2))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    real = a["attention_mask"].sum(1)
+    masked = a["masked_lm_weights"].sum(1)
+    assert np.all(masked == np.minimum(np.round(0.15 * real), 10))  # 15%, at most 10 of 64
+    assert np.all(a["input_ids"][:, 0] == tok.cls_id) and not a["token_type_ids"].any()
+
+
+def test_ours_and_hf_score_the_same_weights_alike(tiny_corpus, tmp_path):
+    """The held-out loss is measured the same way for every recipe: a HF BertForMaskedLM and the
+    same weights converted into ours score equal losses."""
+    torch = pytest.importorskip("torch")
+    from transformers import BertConfig, BertForMaskedLM
+
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.tools import pretrainbench as pb
+
+    corpus, counts = tiny_corpus
+    tok = tokenizer_lib.load_tokenizer(corpus / "vocab")
+    evalset = pb.heldout_set(corpus / "heldout.txt", tok, rows=16, seq_len=64)
+    torch.manual_seed(0)
+    hf = BertForMaskedLM(BertConfig(vocab_size=counts["vocab_size"], hidden_size=32,
+                                    num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=64, max_position_embeddings=64))
+    hf.save_pretrained(tmp_path / "hf")
+    shutil.copy(corpus / "vocab" / "vocab.txt", tmp_path / "hf" / "vocab.txt")
+    ours = pb.convert_hf(tmp_path / "hf", tmp_path / "ours")
+    theirs = pb.score_hf({0: tmp_path / "hf"}, evalset, batch=8)[0]
+    mine = pb.score_ours(ours, [0], evalset, batch=8)[0]
+    assert mine["heldout_mlm_loss"] == pytest.approx(theirs["heldout_mlm_loss"], abs=1e-4)
+    assert mine["heldout_mlm_accuracy"] == pytest.approx(theirs["heldout_mlm_accuracy"], abs=1e-3)
+    assert theirs["heldout_mlm_loss"] == pytest.approx(np.log(counts["vocab_size"]), abs=0.5)
+
+
+@pytest.mark.slow
+def test_bench_pretrain_runs_the_three_recipes_and_fine_tunes_them(tiny_corpus, tmp_path, shared_data):
+    """The whole section at a toy size: 2 steps a recipe, a checkpoint each step, 2 SST-2 steps."""
+    pytest.importorskip("torch")
+    from bert_jax.tools import pretrainbench as pb
+
+    text = shared_data / "text"
+    r = pb.bench_pretrain(str(tmp_path), size="tiny", steps=2, batch=8, seq_len=128, every=1,
+                          eval_rows=16, finetune_steps=2, vocab_size=600,
+                          files=[text / "wikitext2" / "valid.txt",
+                                 text / "gutenberg" / "blake-poems.txt"],
+                          finetune_overrides=["data.max_train_examples=64"])
+    assert list(r["runs"]) == ["bert2018", "modern", "hf"]
+    for run in r["runs"].values():
+        assert sorted(run["timeline"]) == [1, 2]
+        p1, p2 = run["timeline"][1], run["timeline"][2]
+        assert 0 < p1["train_s"] < p2["train_s"] <= p2["wall_s"]
+        assert 0 < p2["heldout_mlm_loss"] < 2 * np.log(600)
+        assert 0 < p2["tokens_per_step"] <= 8 * 128
+    assert r["runs"]["hf"]["same_tokens_as_ours"] == 1.0
+    best = [min(p["heldout_mlm_loss"] for p in run["timeline"].values())
+            for run in r["runs"].values()]
+    assert r["summary"]["target_loss"] == pytest.approx(max(best), abs=1e-4)
+    assert all(0 <= f["dev_accuracy"] <= 1 and f["steps"] == 2 for f in r["finetune"].values())
+    assert r["finetune"]["modern"]["config"] == "configs/glue.py:sst2,modernbert-tiny"
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["summary"]["target_loss"] == pytest.approx(max(best), abs=1e-3)
+    assert (tmp_path / "result.md").read_text().startswith("| step |")

@@ -1,0 +1,1204 @@
+"""Bad inputs a user can make, through the real command line in-process (`main.run` with a
+patched sys.argv): each exits 1 (found while running) or 2 (a bad flag) with one line on
+stderr naming the file, line or config key and what to do, no traceback, and every file of
+the runs, checkpoints and results that existed before is left as it was."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import json
+import os
+import pickle
+import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import tokenizers
+from flax import nnx
+from helpers import REPO
+
+from bert_jax import config as config_lib
+from bert_jax import models
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.interop import convert, export
+from bert_jax.training import checkpoint, train
+
+WORDS = ("the a an cat dog sat on mat hello world good bad movie is was what who where when "
+         "why how film it this that and or not very").split()
+SMALL_MODEL = ("--config.model.vocab_size=128 --config.model.num_layers=1 "
+               "--config.model.emb_dim=32 --config.model.num_heads=2 --config.model.head_dim=16 "
+               "--config.model.mlp_dim=64")
+PRETRAIN = ("train --config configs/bert_pretrain.py:tiny --workdir {tmp}/w " + SMALL_MODEL +
+            " --config.data.name=synthetic --config.train.batch_size=8 "
+            "--config.data.max_seq_length=16 --config.data.max_predictions_per_seq=3 "
+            "--config.train.steps=2 --config.schedule.warmup_steps=1")
+TEXT = (PRETRAIN.replace("--config.data.name=synthetic", "--config.data.name=text")
+        + " --config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/*.txt "
+          "--config.data.text_format=sentences --config.data.heldout_every=2")
+FINETUNE = (" --workdir {tmp}/w --config.data.tokenizer={vocab} --config.data.data_dir={tmp}/data "
+            + SMALL_MODEL + " --config.data.max_seq_length=16 --config.train.batch_size=8")
+GLUE = "train --config configs/glue.py:sst2,tiny" + FINETUNE
+STSB = "train --config configs/glue.py:stsb,tiny" + FINETUNE
+NER = "train --config configs/ner.py:conll2003,tiny" + FINETUNE
+SQUAD = ("train --config configs/squad.py:v1,tiny" + FINETUNE
+         + " --config.data.doc_stride=4 --config.data.max_query_length=4")
+SWAG = "train --config configs/swag.py:tiny" + FINETUNE
+INFO = "info --config configs/bert_pretrain.py:tiny"
+RESUME = PRETRAIN.replace("{tmp}/w", "{run}")  # the shared run with the config it was trained with
+FEATURES = "features --checkpoint {ckpt} --input {tmp}/in.txt --output {tmp}/out.jsonl --layers=-1"
+
+
+# --- Files written by the cases' setups -------------------------------------------------------
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+SST2 = "sentence\tlabel\nthe movie is good\t1\nthe film was bad\t0\nhello world\t1\n"
+STSB_ROWS = ("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+             "0\tmain\tf\t2012\t0\ts\ts\tthe cat sat\tthe dog sat\t{}\n")
+CONLL = "-DOCSTART- -X- -X- O\n\nthe DT B-NP O\ncat NN I-NP B-PER\n\ndog NN B-NP B-LOC\n"
+SWAG_HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
+SWAG_ROW = "0,v,1,the cat,the cat sat,the cat,gold,sat,ran,is,was,{}\n"
+
+
+def squad_json(answer_start: int = 4, text: str = "cat") -> str:
+    qa = {"id": "q1", "question": "what sat", "answers": [{"text": text, "answer_start": answer_start}]}
+    return json.dumps({"data": [{"title": "t", "paragraphs": [
+        {"context": "the cat sat on the mat", "qas": [qa]}]}]})
+
+
+def files(**named: str | bytes) -> Callable[[Path, dict], None]:
+    """A setup writing {relative path under tmp: content} (keys use __ for / and _DOT_ for .)."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        for key, text in named.items():
+            write(tmp / key.replace("__", "/").replace("_DOT_", "."), text)
+    return setup
+
+
+def glue(train: str | bytes = SST2, dev: str | bytes | None = SST2, task: str = "SST-2"):
+    return files(**{f"data__{task}__train_DOT_tsv": train},
+                 **({f"data__{task}__dev_DOT_tsv": dev} if dev is not None else {}))
+
+
+def ner(train: str | bytes = CONLL, valid: str | bytes | None = CONLL):
+    return files(data__train_DOT_txt=train, **({"data__valid_DOT_txt": valid} if valid is not None else {}))
+
+
+def squad(train: str | bytes = squad_json(), dev: str | bytes | None = squad_json()):
+    out = {"data__train-v1_DOT_1_DOT_json": train}
+    if dev is not None:
+        out["data__dev-v1_DOT_1_DOT_json"] = dev
+    return files(**out)
+
+
+def swag(train: str | bytes = SWAG_HEADER + SWAG_ROW.format(0), val: str | bytes | None = None):
+    good = SWAG_HEADER + SWAG_ROW.format(1)
+    return files(data__train_DOT_csv=train, data__val_DOT_csv=good if val is None else val)
+
+
+CORPUS = "the cat sat on the mat.\nthe dog sat.\n\nhello world.\nthe film was good.\n\n"
+
+
+def corpus(text: str | bytes = CORPUS * 3):
+    return files(corpus__a_DOT_txt=text)
+
+
+def copy_of(name: str, *then: Callable[[Path], None]):
+    """A setup copying ctx[name] to tmp/<name>, then changing the copy."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        shutil.copytree(ctx[name], tmp / name)
+        for change in then:
+            change(tmp / name)
+    return setup
+
+
+def hf_config(**changes):
+    def change(folder: Path) -> None:
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg.update(changes)
+        for k in [k for k, v in changes.items() if v is None]:
+            del cfg[k]
+        (folder / "config.json").write_text(json.dumps(cfg))
+    return change
+
+
+def remove(name: str):
+    return lambda folder: (folder / name).unlink()
+
+
+def replace(name: str, content: str | bytes):
+    return lambda folder: write(folder / name, content)
+
+
+def corrupt_params(folder: Path, steps: str = "*") -> None:
+    """Overwrites every file of the params item of every checkpoint (or of `steps`) with garbage."""
+    for f in (folder / "checkpoints").glob(f"{steps}/params/**/*"):
+        if f.is_file():
+            f.write_bytes(b"\x00garbage" * 8)
+
+
+def corrupt_params_of(step: int) -> Callable[[Path], None]:
+    return lambda folder: corrupt_params(folder, str(step))
+
+
+def sweep_file(base: str, grid: dict):
+    """A setup writing tmp/sw.py, a sweep config of `base` over `grid`."""
+    return files(sw_DOT_py="from bert_jax.commands.sweep import sweep_config\n\n\n"
+                           f"def get_config(arg=None):\n    return sweep_config({base!r}, {grid!r})\n")
+
+
+def truncate_arrays(folder: Path) -> None:
+    """Cuts every array data file of the params of every checkpoint to half its size."""
+    for f in (folder / "checkpoints").glob("*/params/ocdbt.process_0/d/*"):
+        f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+
+
+def features_input(text: str | bytes = "the cat sat\nhello ||| world\n"):
+    return files(in_DOT_txt=text)
+
+
+# --- The table --------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    argv: str  # formatted with {tmp}, {run}, {ft}, {ckpt}, {hf}, {vocab}, {preln}
+    code: int  # 1: found while running; 2: a bad flag
+    says: tuple[str, ...]  # in the error line
+    setup: Callable[[Path, dict], None] | None = None
+
+
+def case(id: str, argv: str, code: int, *says: str, setup=None) -> Case:
+    return Case(id, argv, code, says, setup)
+
+
+CONFIG_CASES = [
+    # config files and variants
+    case("config-file-missing", "info --config configs/nope.py", 2, "configs/nope.py", "no such file"),
+    case("config-file-missing-with-arg", "train --config configs/nope.py:tiny --workdir {tmp}/w", 2,
+         "configs/nope.py"),
+    case("config-is-a-directory", "info --config configs", 2, "configs"),
+    case("config-is-a-url", "info --config gs://bucket/configs/glue.py:mrpc", 2,
+         "gs://bucket/configs/glue.py:mrpc", "local Python file", "never a URL"),
+    case("config-not-python", "info --config README.md", 2, "README.md", "get_config"),
+    case("config-without-get-config", "info --config {tmp}/c.py", 2, "c.py", "get_config",
+         setup=files(c_DOT_py="X = 1\n")),
+    case("config-raises", "info --config {tmp}/c.py", 2, "c.py", "ZeroDivisionError",
+         setup=files(c_DOT_py="def get_config(arg=None):\n    return 1 / 0\n")),
+    case("config-space-form-missing", "info --config configs/nope.py:base", 2, "configs/nope.py"),
+    case("pretrain-variant-huge", "info --config configs/bert_pretrain.py:huge", 2, "huge", "choose one of"),
+    case("wmt-variant-huge", "info --config configs/wmt.py:huge", 2, "huge", "choose one of"),
+    case("glue-task-mrcp", "train --config configs/glue.py:mrcp --workdir {tmp}/w", 2, "mrcp", "mrpc"),
+    case("glue-size-huge", "info --config configs/glue.py:sst2,huge", 2, "huge", "choose one of"),
+    case("ner-variant", "info --config configs/ner.py:conll2004", 2, "conll2004", "conll2003"),
+    case("squad-variant", "info --config configs/squad.py:v3", 2, "v3", "v1 or v2"),
+    case("swag-variant", "info --config configs/swag.py:huge", 2, "huge", "choose one of"),
+    case("sweep-variant", "sweep --config configs/sweeps/glue.py:mrcp --workdir {tmp}/s", 1, "mrcp"),
+    # override keys, types and forms
+    case("override-unknown-key", INFO + " --config.model.num_layer=3", 2, "model.num_layer", "num_layers"),
+    case("override-unknown-section", INFO + " --config.modle.num_layers=3", 2, "modle", "model"),
+    case("override-too-deep", INFO + " --config.train.steps.max=3", 2, "train.steps.max"),
+    case("override-int-text", INFO + " --config.train.steps=abc", 2, "train.steps", "abc", "int"),
+    case("override-int-float", INFO + " --config.train.steps=1.5", 2, "train.steps", "int"),
+    case("override-float-text", INFO + " --config.optimizer.learning_rate=fast", 2,
+         "optimizer.learning_rate", "float"),
+    case("override-bool-text", INFO + " --config.model.scan_layers=maybe", 2, "model.scan_layers", "bool"),
+    case("override-tuple-text", INFO + " --config.logical_axis_rules=notatuple", 2, "logical_axis_rules"),
+    case("override-tuple-dict", INFO + " --config.logical_axis_rules={{1:2}}", 2, "logical_axis_rules",
+         "tuple"),
+    case("override-section-value", INFO + " --config.model=3", 2, "model", "--config.model.<key>"),
+    case("override-no-value", INFO + " --config.train.steps", 2, "train.steps", "key=value"),
+    case("override-without-config", "info --config.train.steps=3", 2, "--config.train.steps", "--config="),
+    case("override-seed-text", INFO + " --config.seed=abc", 2, "seed", "int"),
+    case("override-grid-not-tuple", "sweep --config configs/sweeps/glue.py:mrpc --workdir {tmp}/s "
+         "--config.grid.seed=3", 2, "grid.seed", "tuple"),
+    # values checked before anything runs
+    case("batch-zero", PRETRAIN + " --config.train.batch_size=0", 1, "train.batch_size=0", ">= 1"),
+    case("steps-zero", PRETRAIN + " --config.train.steps=0", 1, "train.steps=0", ">= 1"),
+    case("steps-negative", PRETRAIN + " --config.train.steps=-5", 1, "train.steps=-5"),
+    case("log-every-zero", PRETRAIN + " --config.train.log_every=0", 1, "train.log_every=0"),
+    case("checkpoint-every-zero", PRETRAIN + " --config.train.checkpoint_every=0", 1,
+         "train.checkpoint_every=0"),
+    case("keep-checkpoints-zero", PRETRAIN + " --config.train.keep_checkpoints=0", 1,
+         "train.keep_checkpoints=0"),
+    case("grad-accum-zero", PRETRAIN + " --config.train.grad_accum_steps=0", 1, "train.grad_accum_steps=0"),
+    case("epochs-on-pretraining", PRETRAIN + " --config.train.steps=0 --config.train.epochs=2", 1,
+         "train.epochs", "train.steps"),
+    case("dtype-float16", PRETRAIN + " --config.dtype=float16", 1, "dtype='float16'", "bfloat16"),
+    case("dtype-info", INFO + " --config.dtype=int8", 1, "dtype", "float32"),
+    case("model-dtype-not-a-key", PRETRAIN + " --config.model.dtype=bfloat16", 2, "model.dtype",
+         "valid keys"),
+    case("mesh-too-big", PRETRAIN + " --config.mesh.data=3", 1, "mesh", "8", "mesh.data=-1"),
+    case("mesh-zero", PRETRAIN + " --config.mesh.fsdp=0", 1, "mesh", "positive"),
+    case("mesh-two-fills", PRETRAIN + " --config.mesh.fsdp=-1", 1, "mesh", "-1"),
+    case("mesh-not-dividing", PRETRAIN + " --config.mesh.fsdp=3", 1, "mesh", "divisible"),
+    case("mesh-negative", PRETRAIN + " --config.mesh.tensor=-2", 1, "mesh", "positive"),
+    case("axis-rule-unknown-mesh-axis", PRETRAIN + " --config.logical_axis_rules=\"(('embed', 'fsdpp'),)\"",
+         1, "logical_axis_rules", "fsdpp", "data"),
+    case("axis-rule-unknown-mesh-axis-in-tuple",
+         PRETRAIN + " --config.logical_axis_rules=\"(('batch', ('data', 'model')),)\"", 1,
+         "logical_axis_rules", "'model'"),
+    case("axis-rule-not-a-pair", PRETRAIN + " --config.logical_axis_rules=\"(('embed',),)\"", 1,
+         "logical_axis_rules", "pair"),
+    case("axis-rule-unknown-logical-axis", PRETRAIN + " --config.logical_axis_rules=\"(('embd', 'fsdp'),)\"",
+         1, "logical_axis_rules", "embd", "embed"),
+    case("axis-rule-eval", "eval --workdir {run} --config configs/bert_pretrain.py:tiny "
+         "--config.logical_axis_rules=\"(('mlp', 'tensr'),)\"", 1, "logical_axis_rules", "tensr"),
+    case("batch-not-divisible", PRETRAIN + " --config.train.batch_size=12", 1, "train.batch_size", "mesh"),
+    case("microbatch-not-divisible", PRETRAIN + " --config.train.grad_accum_steps=3", 1,
+         "train.grad_accum_steps=3"),
+    case("microbatch-not-sharded", PRETRAIN + " --config.train.grad_accum_steps=2", 1,
+         "microbatch", "mesh"),
+    case("schedule-unknown", PRETRAIN + " --config.schedule.name=linear", 1, "schedule.name='linear'",
+         "warmup_linear"),
+    case("warmup-negative", PRETRAIN + " --config.schedule.warmup_steps=-1", 1, "schedule.warmup_steps=-1"),
+    case("warmup-over-steps", PRETRAIN + " --config.schedule.warmup_steps=50", 1,
+         "schedule.warmup_steps=50", "train.steps=2"),
+    case("rsqrt-warmup-zero", PRETRAIN + " --config.schedule.name=rsqrt_paper "
+         "--config.schedule.warmup_steps=0", 1, "schedule.warmup_steps=0", ">= 1"),
+    case("cosine-final-fraction", PRETRAIN + " --config.schedule.name=cosine "
+         "--config.schedule.final_fraction=2.0", 1, "schedule.final_fraction=2.0", "[0, 1]"),
+    case("optimizer-unknown", PRETRAIN + " --config.optimizer.name=adamax", 1, "optimizer.name='adamax'",
+         "adamw"),
+    case("learning-rate-negative", PRETRAIN + " --config.optimizer.learning_rate=-0.1", 1,
+         "optimizer.learning_rate=-0.1"),
+    case("weight-decay-negative", PRETRAIN + " --config.optimizer.weight_decay=-1.0", 1,
+         "optimizer.weight_decay=-1.0"),
+    case("weight-decay-with-adam", PRETRAIN + " --config.optimizer.name=adam", 1,
+         "optimizer.weight_decay", "adamw"),
+    case("grad-clip-negative", PRETRAIN + " --config.optimizer.grad_clip_norm=-1.0", 1,
+         "optimizer.grad_clip_norm=-1.0"),
+    case("seq-over-position-table", PRETRAIN + " --config.data.max_seq_length=1024", 1,
+         "data.max_seq_length=1024", "model.max_len=512"),
+    case("phase-over-position-table", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (1, 600, 3))\"", 1,
+         "600", "model.max_len=512"),
+    case("label-smoothing-on-bert", PRETRAIN + " --config.train.label_smoothing=0.1", 1,
+         "train.label_smoothing=0.1", "set it to 0"),
+    case("label-smoothing-one", PRETRAIN + " --config.train.label_smoothing=1.0", 1,
+         "train.label_smoothing=1.0", "[0, 1)"),
+    case("model-name-unknown", INFO + " --config.model.name=gpt5", 1, "model.name='gpt5'", "choose one of"),
+    case("model-activation", PRETRAIN + " --config.model.activation=swish", 1, "model.activation='swish'",
+         "gelu"),
+    case("model-norm", INFO + " --config.model.norm=mid", 1, "model.norm='mid'", "pre"),
+    case("model-positions", "info --config configs/multi30k.py --config.model.positions=rotary", 1,
+         "model.positions='rotary'"),
+    case("model-field-not-read", PRETRAIN + " --config.model.tie_output=false", 2,
+         "model.tie_output", "'bert_pretraining'", "does not read"),
+    case("model-remat", INFO + " --config.model.remat_policy=all", 1, "model.remat_policy='all'"),
+    case("model-vocab-zero", INFO + " --config.model.vocab_size=0", 1, "model.vocab_size=0", ">= 1"),
+    case("model-layers-negative", PRETRAIN + " --config.model.num_layers=-1", 1, "model.num_layers=-1"),
+    case("model-heads-zero", INFO + " --config.model.num_heads=0", 1, "model.num_heads=0"),
+    case("model-dropout-above-one", PRETRAIN + " --config.model.dropout_rate=1.5", 1,
+         "model.dropout_rate=1.5", "[0, 1)"),
+    case("data-name-unknown", PRETRAIN + " --config.data.name=wiki", 1, "data.name='wiki'", "synthetic"),
+    case("data-format-unknown", TEXT + " --config.data.text_format=lines", 1, "text_format", "paragraphs",
+         setup=corpus()),
+    case("init-from-missing", GLUE + " --config.init_from={tmp}/nope", 1, "nope", "checkpoints/"),
+    case("init-from-empty-dir", GLUE + " --config.init_from={tmp}", 1, "checkpoints/", setup=glue()),
+    case("init-from-size-set-differs", "train --config configs/glue.py:sst2,tiny --workdir {tmp}/w "
+         "--config.init_from={ckpt} --config.data.data_dir={tmp}/data --config.model.num_layers=3 "
+         "--config.data.max_seq_length=16 --config.train.batch_size=8", 1, "model.num_layers",
+         "--config.model.num_layers=1", setup=glue()),
+    # the command line itself
+    case("no-command", "", 2, "usage"),
+    case("unknown-command", "trian --config configs/bert_pretrain.py:tiny", 2, "'trian'", "train"),
+    case("train-without-workdir", "train --config configs/bert_pretrain.py:tiny", 2, "--workdir"),
+    case("train-without-config", "train --workdir {tmp}/w", 2, "--config"),
+    case("unknown-flag", "train --config configs/bert_pretrain.py:tiny --wrokdir={tmp}/w", 2, "wrokdir"),
+    case("int-flag-text", FEATURES + " --max_seq_length=abc", 2, "max_seq_length"),
+    case("enum-flag", "vocab --input {tmp}/a.txt --out {tmp}/v --type=bpe", 2, "type", "wordpiece"),
+    # a run that exists: a changed model or optimizer is the user's change, named
+    case("resume-other-model", RESUME + " --config.model.num_layers=2 --config.train.steps=4", 1,
+         "model.num_layers", "--workdir"),
+    case("resume-other-optimizer", RESUME + " --config.optimizer.name=lamb --config.train.steps=4", 1,
+         "optimizer.name", "--workdir"),
+    case("resume-other-vocab", RESUME.replace("vocab_size=128", "vocab_size=256")
+         + " --config.train.steps=4", 1, "model.vocab_size", "--workdir"),
+    case("workdir-is-a-file", PRETRAIN.replace("{tmp}/w", "{tmp}/f"), 1, "{tmp}/f is a file",
+         "another --workdir", setup=files(f="a file")),
+]
+
+DATA_CASES = [
+    # GLUE TSV files
+    case("glue-no-data-dir", GLUE.replace("--config.data.data_dir={tmp}/data", ""), 1, "data.data_dir",
+         "--config.data.data_dir"),
+    case("glue-missing-train", GLUE, 1, "SST-2/train.tsv", "data.data_dir"),
+    case("glue-missing-dev", GLUE, 1, "SST-2/dev.tsv", setup=glue(dev=None)),
+    case("glue-empty-train", GLUE, 1, "train.tsv", "empty", setup=glue(train="")),
+    case("glue-header-only", GLUE, 1, "train.tsv", "no examples", setup=glue(train="sentence\tlabel\n")),
+    case("glue-wrong-header", GLUE, 1, "train.tsv:1", "sentence", setup=glue(train="text\tlabel\nhi\t1\n")),
+    case("glue-short-row", GLUE, 1, "train.tsv:3", "columns", "skip_bad_rows",
+         setup=glue(train="sentence\tlabel\nthe cat\t1\nno label here\n")),
+    case("glue-long-row", GLUE, 1, "train.tsv:2", "columns", setup=glue(train="sentence\tlabel\na\t1\t1\n")),
+    case("glue-bad-label", GLUE, 1, "train.tsv:2", "'2'", "0, 1",
+         setup=glue(train="sentence\tlabel\na\t2\n")),
+    case("glue-bad-dev-label", GLUE, 1, "dev.tsv:3", "'yes'",
+         setup=glue(dev="sentence\tlabel\na\t1\nb\tyes\n")),
+    case("glue-non-utf8", GLUE, 1, "train.tsv:3", "UTF-8",
+         setup=glue(train=b"sentence\tlabel\nthe cat\t1\ncaf\xe9 au lait\t0\n")),
+    case("glue-non-utf8-dev", GLUE, 1, "dev.tsv:2", "UTF-8",
+         setup=glue(dev=b"sentence\tlabel\n\xff\xfe bad\t0\n")),
+    case("stsb-score-text", STSB, 1, "train.tsv:2", "'high'", "0 to 5",
+         setup=glue(train=STSB_ROWS.format("high"), dev=STSB_ROWS.format(1), task="STS-B")),
+    case("stsb-score-range", STSB, 1, "train.tsv:2", "'7'", setup=glue(
+        train=STSB_ROWS.format(7), dev=STSB_ROWS.format(1), task="STS-B")),
+    case("glue-tfds-missing", GLUE + " --config.data.source=tfds", 1, "glue/sst2", "tfds build"),
+    case("glue-source-unknown", GLUE + " --config.data.source=csv", 1, "data.source='csv'", "files",
+         setup=glue()),
+    case("glue-no-tokenizer", GLUE.replace("--config.data.tokenizer={vocab}", ""), 1, "data.tokenizer",
+         setup=glue()),
+    case("glue-tokenizer-missing", GLUE.replace("{vocab}", "{tmp}/nope"), 1, "nope", "vocab.txt",
+         setup=glue()),
+    case("glue-tokenizer-too-big", GLUE.replace("vocab_size=128", "vocab_size=40"), 1, "model.vocab_size=40",
+         "--config.model.vocab_size", setup=glue()),
+    case("glue-seq-too-short", GLUE.replace("max_seq_length=16", "max_seq_length=2"), 1,
+         "data.max_seq_length=2", "at least 3", setup=glue()),
+    # NER column files
+    case("ner-missing-train", NER, 1, "train.txt", "data.data_dir"),
+    case("ner-missing-dev", NER, 1, "valid.txt", setup=ner(valid=None)),
+    case("ner-empty-train", NER, 1, "train.txt", "no examples", setup=ner(train="")),
+    case("ner-columns", NER, 1, "train.txt", "line 4", "columns",
+         setup=ner(train="-DOCSTART- -X- -X- O\n\nthe DT B-NP O\ncat B-PER\n")),
+    case("ner-unknown-tag", NER, 1, "train.txt", "line 3", "'B-ANIMAL'", "data.labels",
+         setup=ner(train="the DT B-NP O\n\ncat NN I-NP B-ANIMAL\n")),
+    case("ner-unknown-dev-tag", NER, 1, "valid.txt", "line 1", "B-XYZ",
+         setup=ner(valid="the DT B-NP B-XYZ\n")),
+    case("ner-non-utf8", NER, 1, "train.txt:2", "UTF-8",
+         setup=ner(train=b"the DT B-NP O\nd\xe9j\xe0 NN I-NP O\n")),
+    case("ner-labels-vs-num-labels", NER + " --config.model.num_labels=3", 1, "data.labels",
+         "model.num_labels=3", setup=ner()),
+    case("ner-empty-token", NER, 1, "train.txt", "line 1", "empty", setup=ner(train="the\t\n")),
+    # SQuAD JSON
+    case("squad-missing-train", SQUAD, 1, "train-v1.1.json", "data.data_dir"),
+    case("squad-missing-dev", SQUAD, 1, "dev-v1.1.json", setup=squad(dev=None)),
+    case("squad-not-json", SQUAD, 1, "train-v1.1.json", "JSON", setup=squad(train="{not json")),
+    case("squad-empty", SQUAD, 1, "train-v1.1.json", setup=squad(train="")),
+    case("squad-no-data", SQUAD, 1, "train-v1.1.json", "data", setup=squad(train='{"version": "1.1"}')),
+    case("squad-data-not-list", SQUAD, 1, "train-v1.1.json", "array", setup=squad(train='{"data": 3}')),
+    case("squad-no-context", SQUAD, 1, "train-v1.1.json", "context",
+         setup=squad(train='{"data": [{"paragraphs": [{"qas": []}]}]}')),
+    case("squad-answer-misplaced", SQUAD, 1, "train-v1.1.json", "answer_start=0", "skip_bad_rows",
+         setup=squad(train=squad_json(answer_start=0))),
+    case("squad-answer-outside", SQUAD, 1, "train-v1.1.json", "answer_start=99",
+         setup=squad(train=squad_json(answer_start=99))),
+    case("squad-answer-start-text", SQUAD, 1, "train-v1.1.json", "answer_start",
+         setup=squad(train=squad_json().replace('"answer_start": 4', '"answer_start": "4"'))),
+    case("squad-non-utf8", SQUAD, 1, "dev-v1.1.json:1", "UTF-8",
+         setup=squad(dev=squad_json().encode().replace(b"mat", b"m\xe4t"))),
+    case("squad-empty-dev", SQUAD, 1, "dev-v1.1.json", "no examples", setup=squad(dev='{"data": []}')),
+    # SWAG CSV and JSON lines
+    case("swag-missing-train", SWAG, 1, "train.csv", "data.data_dir"),
+    case("swag-header", SWAG, 1, "train.csv:1", "ending3", setup=swag(train="a,b\n1,2\n")),
+    case("swag-columns", SWAG, 1, "train.csv:3", "columns",
+         setup=swag(train=SWAG_HEADER + SWAG_ROW.format(0) + "1,v,1,x\n")),
+    case("swag-label", SWAG, 1, "train.csv:2", "'7'", "0 to 3",
+         setup=swag(train=SWAG_HEADER + SWAG_ROW.format(7))),
+    case("swag-jsonl-bad-line", SWAG, 1, "train.csv:2", "JSON",
+         setup=swag(train='{"sent1": "a", "sent2": "b", "ending0": "c", "ending1": "d", "ending2": "e", '
+                          '"ending3": "f", "label": 0}\n{oops\n')),
+    case("swag-jsonl-missing-field", SWAG, 1, "train.csv:1", "sent2", setup=swag(train='{"sent1": "a"}\n')),
+    case("swag-non-utf8", SWAG, 1, "val.csv:2", "UTF-8",
+         setup=swag(val=(SWAG_HEADER + SWAG_ROW.format(1)).encode().replace(b"ran", b"r\xffn"))),
+    case("swag-empty", SWAG, 1, "train.csv", setup=swag(train="")),
+    # pretraining text
+    case("text-glob-matches-nothing", TEXT.replace("corpus/*.txt", "nothing/*.txt"), 1, "data.train_files",
+         "nothing/*.txt"),
+    case("eval-glob-matches-nothing", TEXT + " --config.data.eval_files={tmp}/held/*.txt", 1,
+         "data.eval_files", "held/*.txt", setup=corpus()),
+    case("corpus-too-small-for-heldout", TEXT.replace("heldout_every=2", "heldout_every=100"), 1,
+         "validation", "data.heldout_every", setup=corpus()),
+    case("corpus-one-document", TEXT, 1, "train", "documents", setup=corpus("one sentence only.\n")),
+    case("corpus-empty", TEXT, 1, "a.txt", "no documents", setup=corpus("\n\n")),
+    case("pretrain-no-tokenizer", TEXT.replace("--config.data.tokenizer={vocab}", ""), 1, "data.tokenizer",
+         setup=corpus()),
+    case("pretrain-tokenizer-missing", TEXT.replace("{vocab}", "{tmp}/nope"), 1, "nope", "vocab.txt",
+         setup=corpus()),
+    case("pretrain-tokenizer-too-big", TEXT.replace("vocab_size=128", "vocab_size=20"), 1,
+         "model.vocab_size=20", "--config.model.vocab_size", setup=corpus()),
+    case("tokenizer-vocab-non-utf8", TEXT.replace("{vocab}", "{tmp}/v"), 1, "vocab.txt:3", "UTF-8",
+         setup=files(v__vocab_DOT_txt=b"[PAD]\n[UNK]\n\xff\n[CLS]\n[SEP]\n[MASK]\n", **{
+             "corpus__a_DOT_txt": CORPUS * 3})),
+    case("tokenizer-no-special-tokens", TEXT.replace("{vocab}", "{tmp}/v"), 1, "vocab.txt", "[PAD]",
+         setup=files(v__vocab_DOT_txt="a\nb\n", corpus__a_DOT_txt=CORPUS * 3)),
+    case("tokenizer-config-bad-json", TEXT.replace("{vocab}", "{tmp}/v"), 1, "tokenizer_config.json", "JSON",
+         setup=files(v__vocab_DOT_txt="[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n",
+                     v__tokenizer_config_DOT_json="{oops", corpus__a_DOT_txt=CORPUS * 3)),
+    case("vocab-input-matches-nothing", "vocab --input {tmp}/none/*.txt --out {tmp}/v --size 50", 1,
+         "none/*.txt"),
+    case("vocab-size-too-small", "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 3", 1, "size=3",
+         setup=corpus()),
+    case("vocab-without-out", "vocab --input {tmp}/corpus/a.txt", 2, "--out", setup=corpus()),
+    case("prepare-out-not-empty", "prepare --config configs/bert_pretrain.py:tiny --out {tmp}/corpus "
+         "--config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt", 1, "corpus",
+         "--out", setup=corpus()),
+    case("prepare-no-tokenizer", "prepare --config configs/bert_pretrain.py:tiny --out {tmp}/shards "
+         "--config.data.train_files={tmp}/corpus/a.txt", 1, "data.tokenizer", setup=corpus()),
+]
+
+CHECKPOINT_CASES = [
+    case("eval-workdir-missing", "eval --workdir {tmp}/nope", 1, "nope", "checkpoints/"),
+    case("eval-workdir-is-a-file", "eval --workdir {tmp}/f", 1, "checkpoints/", setup=files(f="x")),
+    case("eval-not-a-checkpoint-dir", "eval --workdir {tmp}", 1, "checkpoints/", setup=corpus()),
+    case("eval-empty-checkpoints", "eval --workdir {tmp}/w", 1, "checkpoints", "no complete checkpoint",
+         setup=files(w__checkpoints__README="")),
+    case("eval-corrupted-checkpoint", "eval --workdir {tmp}/run", 1, "run/checkpoints/2", "--step",
+         setup=copy_of("run", corrupt_params)),
+    case("eval-truncated-checkpoint-data", "eval --workdir {tmp}/run --step 1", 1, "run/checkpoints/1",
+         "damaged", setup=copy_of("run", truncate_arrays)),
+    case("eval-checkpoint-without-params", "eval --workdir {tmp}/run", 1, "run/checkpoints/2", "params",
+         setup=copy_of("run", lambda d: shutil.rmtree(d / "checkpoints" / "2" / "params"))),
+    case("eval-corrupted-config", "eval --workdir {tmp}/run", 1, "run/checkpoints/2",
+         setup=copy_of("run", lambda d: [write(f, b"\xffnot json") for f in
+                                         (d / "checkpoints").glob("*/config/*") if f.is_file()])),
+    case("eval-step-missing", "eval --workdir {run} --step 7", 1, "--step='7'", "[1, 2]"),
+    case("eval-step-text", "eval --workdir {run} --step last", 1, "--step='last'", "latest"),
+    case("eval-step-best-pretraining", "eval --workdir {run} --step best", 1, "--step=best", "pretraining",
+         "--step=latest"),
+    case("eval-step-best-unscored", "eval --workdir {ft} --step best", 1, "--step=best", "eval/accuracy",
+         "--step=latest"),
+    case("eval-converted-without-config", "eval --workdir {ckpt}", 1, "--config"),
+    case("eval-seq-over-position-table", "eval --workdir {run} --config configs/bert_pretrain.py:tiny "
+         "--config.data.max_seq_length=1024", 1, "data.max_seq_length=1024", "512"),
+    case("eval-batch-not-divisible", "eval --workdir {run} --config configs/bert_pretrain.py:tiny "
+         "--config.data.name=synthetic --config.train.batch_size=12", 1, "train.batch_size=12"),
+    case("eval-task-config-on-pretraining", "eval --workdir {run} --config configs/glue.py:sst2,tiny "
+         "--config.data.tokenizer={vocab} --config.data.data_dir={tmp}/data", 1, "bert_pretraining",
+         "bert_classification", setup=glue()),
+    case("eval-pretraining-config-on-finetuned", "eval --workdir {ft} --config configs/bert_pretrain.py:tiny "
+         "--config.data.name=synthetic", 1, "bert_classification", "bert_pretraining", "leave out --config"),
+    case("export-step-missing", "export {run} hf:{tmp}/hf --step 9", 1, "no step 9", "[1, 2]"),
+    case("features-corrupted-checkpoint", "features --checkpoint {tmp}/run --input {tmp}/in.txt "
+         "--output {tmp}/o.jsonl --layers=-1", 1, "run/checkpoints/2", setup=lambda t, c: (
+             copy_of("run", corrupt_params)(t, c), features_input()(t, c))),
+]
+
+CONVERT_CASES = [
+    case("convert-missing-folder", "convert hf:{tmp}/nope {tmp}/out", 1, "nope/config.json", "Hugging Face"),
+    case("convert-no-config", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/config.json",
+         setup=copy_of("hf", remove("config.json"))),
+    case("convert-bad-json", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json", "JSON",
+         setup=copy_of("hf", replace("config.json", "{oops"))),
+    case("convert-json-not-object", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json", "object",
+         setup=copy_of("hf", replace("config.json", "[1, 2]"))),
+    case("convert-config-non-utf8", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json",
+         setup=copy_of("hf", replace("config.json", b"{\xff}"))),
+    case("convert-config-missing-key", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json", "hidden_size",
+         setup=copy_of("hf", hf_config(hidden_size=None))),
+    case("convert-config-bad-type", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json", "num_hidden_layers",
+         setup=copy_of("hf", hf_config(num_hidden_layers="two"))),
+    case("convert-model-type", "convert hf:{tmp}/hf {tmp}/out", 1, "model_type='gpt2'",
+         "'bert', 'roberta'", setup=copy_of("hf", hf_config(model_type="gpt2"))),
+    case("convert-activation", "convert hf:{tmp}/hf {tmp}/out", 1, "hidden_act='swish'",
+         setup=copy_of("hf", hf_config(hidden_act="swish"))),
+    case("convert-heads-not-dividing", "convert hf:{tmp}/hf {tmp}/out", 1, "num_attention_heads=3",
+         "hidden_size=32", setup=copy_of("hf", hf_config(num_attention_heads=3))),
+    case("convert-missing-weights", "convert hf:{tmp}/hf {tmp}/out", 1, "hf", "model.safetensors",
+         setup=copy_of("hf", remove("model.safetensors"))),
+    case("convert-corrupt-safetensors", "convert hf:{tmp}/hf {tmp}/out", 1, "model.safetensors",
+         setup=copy_of("hf", replace("model.safetensors", b"\x05\x00\x00\x00\x00\x00\x00\x00garbage"))),
+    case("convert-corrupt-bin", "convert hf:{tmp}/hf {tmp}/out", 1, "pytorch_model.bin", "torch",
+         setup=copy_of("hf", remove("model.safetensors"), replace("pytorch_model.bin", b"not a zip"))),
+    case("convert-bad-index", "convert hf:{tmp}/hf {tmp}/out", 1, "model.safetensors.index.json",
+         setup=copy_of("hf", remove("model.safetensors"), replace("model.safetensors.index.json", "{}"))),
+    case("convert-wrong-shapes", "convert hf:{tmp}/hf {tmp}/out", 1, "shape", "config",
+         setup=copy_of("hf", hf_config(intermediate_size=48))),
+    case("convert-wrong-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "shape",
+         setup=copy_of("hf", hf_config(vocab_size=300))),
+    case("convert-vocab-bigger-than-model", "convert hf:{tmp}/hf {tmp}/out", 1, "vocab.txt", "vocab_size",
+         setup=copy_of("hf", replace("vocab.txt", "\n".join(
+             ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(200)]) + "\n"))),
+    case("convert-no-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "vocab.txt",
+         setup=copy_of("hf", remove("vocab.txt"), remove("tokenizer.json"))),
+    case("convert-unknown-head", "convert hf:{hf} {tmp}/out --head bert_regression", 1,
+         "--head='bert_regression'", "bert_classification"),
+    case("convert-out-has-checkpoints", "convert hf:{hf} {ckpt}", 1, "already holds checkpoints"),
+    case("convert-one-argument", "convert hf:{hf}", 2, "usage", "<out_dir>"),
+    case("convert-no-prefix", "convert {hf} {tmp}/out", 2, "hf:"),
+    case("convert-tf-missing", "convert tf:{tmp}/nope/bert_model.ckpt {tmp}/out", 1, "nope"),
+    case("convert-tf-bad-index", "convert tf:{tmp}/tf/bert_model.ckpt {tmp}/out", 1, "bert_model.ckpt.index",
+         setup=files(tf__bert_model_DOT_ckpt_DOT_index=b"garbage", tf__bert_config_DOT_json="{}")),
+    case("export-out-not-empty", "export {run} hf:{tmp}", 1, "not empty", "new output folder",
+         setup=files(x="x")),
+    case("export-not-hf-expressible", "export {preln} hf:{tmp}/out", 1, "model.norm='pre'",
+         "Hugging Face"),
+    case("export-not-bert", "export {lm} hf:{tmp}/out", 1, "model.name='decoder_lm'", "exportable"),
+    case("export-missing-source", "export {tmp}/nope hf:{tmp}/out", 1, "nope", "checkpoints/"),
+    case("export-no-prefix", "export {run} {tmp}/out", 2, "hf:"),
+    case("export-step-text", "export {run} hf:{tmp}/out --step best", 2, "--step='best'"),
+]
+
+FEATURES_CASES = [
+    case("features-missing-input", FEATURES, 1, "in.txt", "--input"),
+    case("features-empty-input", FEATURES, 1, "in.txt", "empty", setup=features_input("")),
+    case("features-blank-input", FEATURES, 1, "in.txt", "empty", setup=features_input("\n\n")),
+    case("features-non-utf8", FEATURES, 1, "in.txt:2", "UTF-8", setup=features_input(b"ok\nbad \xff\n")),
+    case("features-layer-too-high", FEATURES + " --layers=5", 1, "--layers", "5", setup=features_input()),
+    case("features-layer-too-low", FEATURES + " --layers=-1,-9", 1, "--layers", "-9", setup=features_input()),
+    case("features-layers-text", FEATURES + " --layers=last", 2, "--layers='last'", setup=features_input()),
+    case("features-seq-over-position-table", FEATURES + " --max_seq_length=1024", 1,
+         "--max_seq_length=1024", "512", setup=features_input()),
+    case("features-seq-too-short", FEATURES + " --max_seq_length=2", 1, "--max_seq_length=2",
+         setup=features_input()),
+    case("features-batch-zero", FEATURES + " --batch_size=0", 1, "--batch_size=0", setup=features_input()),
+    case("features-missing-checkpoint", FEATURES.replace("{ckpt}", "{tmp}/nope"), 1, "nope", "checkpoints/",
+         setup=features_input()),
+    case("features-no-tokenizer", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1, "ckpt", "vocab.txt",
+         setup=lambda t, c: (copy_of("ckpt", remove("vocab.txt"), remove("tokenizer_config.json"))(t, c),
+                             features_input()(t, c))),
+    case("features-without-output", "features --checkpoint {ckpt} --input {tmp}/in.txt", 2, "--output",
+         setup=features_input()),
+    case("features-output-in-a-file", FEATURES.replace("{tmp}/out.jsonl", "{tmp}/f/out.jsonl"), 1,
+         "--output={tmp}/f/out.jsonl", "choose another",
+         setup=lambda t, c: (features_input()(t, c), files(f="x")(t, c))),
+]
+
+class _Evil:
+    """A pickled object that runs a shell command when unpickled (a malicious checkpoint)."""
+
+    def __reduce__(self):
+        return os.system, ("touch pwned",)
+
+
+def evil_torch_bin() -> bytes:
+    """A torch.save-style zip whose data.pkl runs code when loaded by a plain unpickler."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("archive/data.pkl", pickle.dumps({"w": _Evil()}, protocol=2))
+        zf.writestr("archive/version", "3\n")
+    return buffer.getvalue()
+
+
+def translation_checkpoint(tmp: Path, ctx: dict) -> None:
+    small = dict(vocab_size=64, emb_dim=16, num_layers=1, num_decoder_layers=1, num_heads=2,
+                 head_dim=8, mlp_dim=32)
+    cfg = {"name": "transformer", **small}
+    save_model(tmp / "mt", models.create_model(cfg), {"model": cfg})
+    tokenizer_lib.copy_tokenizer(ctx["vocab"], tmp / "mt")
+    features_input()(tmp, ctx)
+
+
+TF_WITHOUT_INDEX = files(tf__bert_config_DOT_json="{}", tf__vocab_DOT_txt="[PAD]\n",
+                         **{"tf__bert_model_DOT_ckpt_DOT_data-00000-of-00001": b"\x00" * 8})
+
+EXPORT_CASES = [
+    case("features-output-exists", FEATURES, 1, "--output={tmp}/out.jsonl", "already exists",
+         "new --output", setup=files(in_DOT_txt="the cat sat\n", out_DOT_jsonl="earlier\n")),
+    case("features-output-is-a-folder", FEATURES, 1, "--output={tmp}/out.jsonl", "already exists",
+         setup=files(in_DOT_txt="the cat sat\n", out_DOT_jsonl__x="x")),
+    case("features-translation-checkpoint", FEATURES.replace("{ckpt}", "{tmp}/mt"), 1,
+         "--checkpoint={tmp}/mt", "'transformer'", "encoder-decoder", "BERT encoder checkpoint",
+         setup=translation_checkpoint),
+    case("features-lm-checkpoint", FEATURES.replace("{ckpt}", "{lm}"), 1, "'decoder_lm'",
+         "BERT encoder checkpoint", setup=features_input()),
+    case("convert-tf-prefix-without-index", "convert tf:{tmp}/tf/bert_model.ckpt {tmp}/out", 1,
+         "{tmp}/tf/bert_model.ckpt.index: not found", "bert_model.ckpt.data-00000-of-00001",
+         "bert_config.json", setup=TF_WITHOUT_INDEX),
+    case("convert-tf-folder-without-index", "convert tf:{tmp}/tf {tmp}/out", 1, "<prefix>.index",
+         "found bert_model.ckpt.data-00000-of-00001", "copy its .index", setup=TF_WITHOUT_INDEX),
+    case("convert-malicious-pickle", "convert hf:{tmp}/hf {tmp}/out", 1, "pytorch_model.bin",
+         "forbidden global", "model.safetensors",
+         setup=copy_of("hf", remove("model.safetensors"), replace("pytorch_model.bin", evil_torch_bin()))),
+]
+
+EVAL_CASES = [
+    case("eval-split-on-pretraining", "eval --workdir {run} --split test", 1, "--split", "pretraining",
+         "leave out --split"),
+    case("eval-split-file-missing", "eval --workdir {ft} --split {tmp}/nope.tsv", 1, "nope.tsv"),
+    case("eval-split-test-missing", "eval --workdir {ft} --split test", 1, "SST-2/test.tsv"),
+    case("eval-split-malformed", "eval --workdir {ft} --split {tmp}/bad.tsv", 1, "bad.tsv:2",
+         setup=files(bad_DOT_tsv="sentence\tlabel\nx\t9\n")),
+    case("eval-split-non-utf8", "eval --workdir {ft} --split {tmp}/bad.tsv", 1, "bad.tsv:2", "UTF-8",
+         setup=files(bad_DOT_tsv=b"sentence\tlabel\n\xe9t\xe9\t1\n")),
+    case("eval-data-dir-gone", "eval --workdir {ft} --config configs/glue.py:sst2,tiny "
+         "--config.data.data_dir={tmp}/gone --config.data.tokenizer={vocab}", 1, "gone"),
+    case("eval-without-workdir", "eval", 2, "--workdir"),
+    case("eval-unknown-override", "eval --workdir {run} --config configs/bert_pretrain.py:tiny "
+         "--config.data.max_seq_len=8", 2, "data.max_seq_len", "max_seq_length"),
+]
+
+SWEEP_CASES = [
+    case("sweep-non-sweep-config", "sweep --config configs/glue.py:mrpc --workdir {tmp}/s", 1,
+         "configs/glue.py:mrpc", "configs/sweeps"),
+    case("sweep-non-sweep-print", "sweep --config configs/bert_pretrain.py:tiny --workdir {tmp}/s "
+         "--print_commands", 1, "configs/bert_pretrain.py:tiny", "grid"),
+    case("sweep-grid-key-missing", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1, "optimizer.lr",
+         "learning_rate", setup=sweep_file("configs/glue.py:sst2,tiny", {"optimizer.lr": (1e-5, 2e-5)})),
+    case("sweep-grid-value-type", "sweep --config {tmp}/sw.py --workdir {tmp}/s --print_commands", 1,
+         "train.batch_size", "int", setup=sweep_file("configs/glue.py:sst2,tiny",
+                                                     {"train.batch_size": ("big",)})),
+    case("sweep-grid-empty-values", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1, "grid.train.epochs",
+         "non-empty", setup=sweep_file("configs/glue.py:sst2,tiny", {"train.epochs": ()})),
+    case("sweep-base-missing", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1, "nope.py",
+         setup=sweep_file("nope.py:x", {})),
+    case("sweep-base-variant", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1, "mrcp",
+         setup=sweep_file("configs/glue.py:mrcp", {})),
+    case("sweep-grid-override", "sweep --config configs/sweeps/glue.py:mrpc --workdir {tmp}/s "
+         "--config.grid.optimizer.learning_rate=\"('fast',)\"", 1, "optimizer.learning_rate", "float"),
+    case("sweep-override-key-missing", "sweep --config configs/sweeps/glue.py:mrpc --workdir {tmp}/s "
+         "--config.overrides=\"('data.dir=/x',)\"", 1, "data.dir", "data_dir"),
+    case("sweep-override-no-equals", "sweep --config configs/sweeps/glue.py:mrpc --workdir {tmp}/s "
+         "--config.overrides=\"('init_from',)\"", 1, "init_from", "key=value"),
+    case("sweep-remote-workdir", "sweep --config configs/sweeps/glue.py:mrpc --workdir gs://b/s", 1,
+         "gs://b/s", "--print_commands"),
+    case("sweep-without-workdir", "sweep --config configs/sweeps/glue.py:mrpc", 2, "--workdir"),
+]
+
+VOCAB_CASES = [
+    # `bert-jax vocab`: an existing vocab is never overwritten (the shared one is in the snapshot)
+    case("vocab-out-existing-vocab", "vocab --input {tmp}/corpus/a.txt --out {vocab} --size 50", 1,
+         "--out {vocab} already holds a vocab", "vocab.txt", "another --out", "remove", setup=corpus()),
+    case("vocab-out-existing-spm", "vocab --input {tmp}/corpus/a.txt --out {tmp}/sp --size 50", 1,
+         "{tmp}/sp already holds a vocab", "spm.model", setup=files(corpus__a_DOT_txt=CORPUS * 3,
+                                                                     sp__spm_DOT_model=b"\x00")),
+    # binary input is refused like every other reader's, naming the line and its byte
+    case("vocab-input-non-utf8", "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50", 1,
+         "corpus/a.txt: line 3 (byte 35) is not UTF-8", "re-encode",
+         setup=corpus(b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3)),
+    case("vocab-input-non-utf8-sentencepiece", "vocab --input {tmp}/corpus/a.txt.gz --out {tmp}/v "
+         "--size 50 --type sentencepiece", 1, "a.txt.gz: line 3 (byte 35) is not UTF-8",
+         setup=files(corpus__a_DOT_txt_DOT_gz=gzip.compress(
+             b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3))),
+]
+
+TRANSLATE = "translate --checkpoint {mt} --input {tmp}/src.txt --output {tmp}/out.txt"
+
+
+def translate_input(text: str | bytes = "the cat sat\nhello world\n", **more: str):
+    return files(src_DOT_txt=text, **more)
+
+
+TRANSLATE_CASES = [
+    case("translate-alpha-nan", TRANSLATE + " --alpha nan", 1, "--alpha=nan", ">= 0",
+         setup=translate_input()),
+    case("translate-alpha-negative", TRANSLATE + " --alpha=-0.6", 1, "--alpha=-0.6", ">= 0",
+         setup=translate_input()),
+    case("translate-beam-zero", TRANSLATE + " --beam 0", 1, "--beam=0", ">= 1", setup=translate_input()),
+    case("translate-beam-negative", TRANSLATE + " --beam=-2", 1, "--beam=-2", ">= 1",
+         setup=translate_input()),
+    case("translate-batch-zero", TRANSLATE + " --batch_size 0", 1, "--batch_size=0", ">= 1",
+         setup=translate_input()),
+    case("translate-output-is-a-directory", TRANSLATE.replace("{tmp}/out.txt", "{tmp}/d"), 1,
+         "--output={tmp}/d", "directory", setup=translate_input(d__x="x")),
+    case("translate-output-in-a-file", TRANSLATE.replace("{tmp}/out.txt", "{tmp}/f/out.txt"), 1,
+         "--output={tmp}/f/out.txt", "choose another", setup=translate_input(f="x")),
+    case("translate-output-exists", TRANSLATE, 1, "{tmp}/out.txt exists", "--output",
+         setup=translate_input(out_DOT_txt="earlier translations\n")),
+    case("translate-empty-input", TRANSLATE, 1, "--input={tmp}/src.txt", "empty", setup=translate_input("")),
+    case("translate-missing-input", TRANSLATE, 1, "--input={tmp}/src.txt"),
+]
+
+# eval given another task's config or files
+EVAL_TASK_CASES = [
+    case("eval-other-task-config", "eval --workdir {ft} --config configs/glue.py:cola,tiny "
+         "--config.data.data_dir={glue} --config.data.tokenizer={vocab}", 1, "glue cola", "glue sst2",
+         "leave out --config"),
+    case("eval-split-squad-file-on-glue", "eval --workdir {ft} --split {tmp}/dev-v1.1.json", 1,
+         "--split={tmp}/dev-v1.1.json", "SQuAD JSON", "glue sst2 run",
+         setup=files(**{"dev-v1_DOT_1_DOT_json": squad_json()})),
+]
+
+SWEEP_TRIAL_CASES = [
+    case("sweep-trial-fails", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1, "1 of 1 trial(s) failed",
+         "learning_rate=0.001_seed=0: ", "data.tokenizer",
+         "(log: {tmp}/s/learning_rate=0.001_seed=0/train.log)", "fix the cause",
+         setup=sweep_file("configs/glue.py:sst2,tiny", {"optimizer.learning_rate": (1e-3,)})),
+]
+
+AVERAGE_CASES = [
+    case("average-damaged-newest", "average --workdir {tmp}/run --last 2 --out {tmp}/avg", 1,
+         "run/checkpoints/2", "restore the folder", "move it out of", setup=copy_of("run", corrupt_params)),
+    case("average-damaged-older", "average --workdir {tmp}/run --last 2 --out {tmp}/avg", 1,
+         "run/checkpoints/1", "--last 1", setup=copy_of("run", corrupt_params_of(1))),
+]
+
+LAUNCH = ("launch --config configs/bert_pretrain.py:tiny --topology v4-8 --workdir gs://b/run "
+          "--name bert-tiny --zone us-central2-b --repo https://example.org/bert_jax.git --dry_run")
+WMT = ("train --config configs/wmt.py:base --workdir {tmp}/w --config.data.tokenizer={vocab} "
+       "--config.data.tfds_data_dir={tmp}/tfds")
+
+# Values that once trained or ran (exit 0), or failed deep inside a library: run values,
+# TFDS datasets, metrics files, info's and prepare's flags.
+RUN_VALUE_CASES = [
+    case("train-workdir-empty", PRETRAIN.replace("{tmp}/w", "''"), 2, "--workdir is empty"),
+    case("workdir-inside-a-file", PRETRAIN.replace("{tmp}/w", "{tmp}/f/run"), 1, "inside {tmp}/f, a file",
+         setup=files(f="a file")),
+    case("masked-lm-prob-above-one", PRETRAIN + " --config.data.masked_lm_prob=1.5", 1,
+         "data.masked_lm_prob=1.5", "(0, 1]"),
+    case("masked-lm-prob-zero", PRETRAIN + " --config.data.masked_lm_prob=0.0", 1, "data.masked_lm_prob=0.0"),
+    case("pretrain-seq-too-short", PRETRAIN.replace("max_seq_length=16", "max_seq_length=4"), 1,
+         "data.max_seq_length=4", "at least 5"),
+    case("pretrain-phase-too-short", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (1, 4, 1))\"", 1,
+         "data.phases length 4", "at least 5"),
+    case("pack-instances-zero", PRETRAIN + " --config.data.pack=True "
+         "--config.data.max_instances_per_row=0", 1, "data.max_instances_per_row=0", ">= 1"),
+    case("pack-instances-negative", PRETRAIN + " --config.data.pack=True "
+         "--config.data.max_instances_per_row=-1", 1, "data.max_instances_per_row=-1"),
+    case("glue-num-labels", GLUE + " --config.model.num_labels=3", 1, "model.num_labels=3", "sst2",
+         "--config.model.num_labels=2", setup=glue()),
+    case("stsb-num-labels", STSB + " --config.model.num_labels=2", 1, "model.num_labels=2", "regression",
+         "--config.model.num_labels=1"),
+]
+
+TFDS_CASES = [
+    case("wmt-tfds-not-prepared", WMT, 1, "wmt14_translate/de-en", "not prepared under {tmp}/tfds",
+         "tfds build", "--config.data.tfds_data_dir"),
+    case("tfds-unknown-dataset", PRETRAIN.replace("data.name=synthetic", "data.name=tfds")
+         + " --config.data.tfds_name=no_such_corpus --config.data.tfds_data_dir={tmp}/tfds "
+         "--config.data.tokenizer={vocab}", 1,
+         "data.tfds_name='no_such_corpus'", "no dataset of that name"),
+]
+
+PLOT_CASES = [
+    case("plot-metrics-line-a-list", "plot --workdir {tmp}/r", 1, "r/metrics.jsonl:2", "JSON object",
+         setup=files(r__metrics_DOT_jsonl='{"step": 1, "loss": 2.0}\n[1, 2]\n')),
+    case("plot-metrics-line-no-step", "plot --workdir {tmp}/r", 1, "r/metrics.jsonl:1", "step",
+         setup=files(r__metrics_DOT_jsonl='{"loss": 2.0}\n')),
+]
+
+INFO_CASES = [
+    case("info-seq-len-zero", INFO + " --seq_len 0", 2, "--seq_len=0", "leave it out"),
+    case("info-seq-len-negative", INFO + " --seq_len=-3", 2, "--seq_len=-3"),
+]
+
+PREPARE_CASES = [
+    case("prepare-finetune-config", "prepare --config configs/glue.py:sst2,tiny --out {tmp}/shards", 1,
+         "pretraining corpus", "configs/bert_pretrain.py", "bert-jax train"),
+    case("prepare-synthetic", "prepare --config configs/bert_pretrain.py:tiny --config.data.name=synthetic "
+         "--out {tmp}/shards", 1, "data.name='synthetic'", "data.name=text"),
+]
+
+# `bert-jax launch` flags checked before git, the plan or gcloud (a dry run included).
+LAUNCH_CASES = [
+    case("launch-name-uppercase", LAUNCH.replace("bert-tiny", "Bad_Name!"), 1, "--name='Bad_Name!'",
+         "lowercase letters"),
+    case("launch-name-too-long", LAUNCH.replace("bert-tiny", "b" * 64), 1, "1-63"),
+    case("launch-name-ends-with-hyphen", LAUNCH.replace("bert-tiny", "bert-"), 1, "--name='bert-'"),
+    case("launch-zone-unknown", LAUNCH.replace("us-central2-b", "mars-north1-a"), 1,
+         "--zone=mars-north1-a", "v4 zones: us-central2-b"),
+    case("launch-zone-of-another-generation", LAUNCH.replace("us-central2-b", "europe-west4-a"), 1,
+         "--zone=europe-west4-a", "no v4 TPUs", "us-central2-b"),
+    case("launch-max-restarts-negative", LAUNCH + " --max_restarts=-1", 1, "--max_restarts=-1", ">= 0"),
+    case("launch-poll-seconds-zero", LAUNCH + " --poll_seconds 0", 1, "--poll_seconds=0.0", "> 0"),
+    case("launch-poll-seconds-nan", LAUNCH + " --poll_seconds nan", 1, "--poll_seconds=nan"),
+]
+
+ATTENTION_CASES = [
+    # attention kernels and patterns (models/attention.py), refused before anything compiles
+    case("attention-kernel-unknown", PRETRAIN + " --config.model.attention_kernel=flash", 1,
+         "model.attention_kernel='flash'", "choose one of ['cudnn', 'splash', 'xla']"),
+    case("splash-with-attention-dropout", PRETRAIN + " --config.model.attention_kernel=splash", 1,
+         "model.attention_dropout_rate=0.1 with model.attention_kernel=splash",
+         "set model.attention_dropout_rate=0"),
+    case("splash-shorter-than-a-tile", PRETRAIN + " --config.model.attention_kernel=splash "
+         "--config.model.attention_dropout_rate=0", 1, "min(model.attention_block_size=128, 16)",
+         "multiples of 128"),
+    case("splash-block-not-dividing", PRETRAIN.replace("max_seq_length=16", "max_seq_length=384")
+         + " --config.model.attention_kernel=splash --config.model.attention_dropout_rate=0 "
+           "--config.model.attention_block_size=256", 1, "min(model.attention_block_size=256, 384)"),
+    case("attention-window-not-below-length", PRETRAIN + " --config.model.attention_window=16", 1,
+         "model.attention_window=16", "sequence length 16", "model.attention_window=0"),
+]
+PATTERN_CASES = [
+    # attention patterns (models/attention.py), refused before anything compiles
+    case("attention-pattern-unknown", PRETRAIN + " --config.model.attention_pattern=longformer", 1,
+         "model.attention_pattern='longformer'", "choose one of ('full', 'bigbird', 'linformer')"),
+    case("bigbird-block-not-dividing", PRETRAIN + " --config.model.attention_pattern=bigbird "
+         "--config.model.bigbird_block=5", 1, "model.bigbird_block=5",
+         "does not divide the sequence length 16", "model.bigbird_block=4"),
+    case("bigbird-block-longer-than-sequence", PRETRAIN + " --config.model.attention_pattern=bigbird "
+         "--config.model.bigbird_block=32", 1, "model.bigbird_block=32", "model.bigbird_block=8"),
+    case("bigbird-with-a-window", PRETRAIN + " --config.model.attention_pattern=bigbird "
+         "--config.model.bigbird_block=4 --config.model.attention_window=4", 1,
+         "model.attention_window=4 with model.attention_pattern=bigbird",
+         "model.bigbird_window_blocks", "set model.attention_window=0"),
+    case("global-layers-without-a-window", PRETRAIN + " --config.model.attention_global_every=3", 1,
+         "model.attention_global_every=3", "model.attention_window > 0"),
+    case("linformer-with-packing", PRETRAIN + " --config.model.attention_pattern=linformer "
+         "--config.model.linformer_k=8 --config.data.pack=true", 1,
+         "model.attention_pattern=linformer with data.pack=True", "set data.pack=False"),
+    case("linformer-k-not-below-length", PRETRAIN + " --config.model.attention_pattern=linformer "
+         "--config.model.linformer_k=16", 1, "model.linformer_k=16", "sequence length 16"),
+    case("linformer-with-splash", PRETRAIN + " --config.model.attention_pattern=linformer "
+         "--config.model.linformer_k=8 --config.model.attention_kernel=splash "
+         "--config.model.attention_dropout_rate=0", 1,
+         "model.attention_pattern=linformer runs with model.attention_kernel=xla"),
+]
+
+CUDNN = PRETRAIN + " --config.model.attention_kernel=cudnn --config.model.attention_dropout_rate=0 "
+ATTENTION_GPU_CASES = [
+    # the cudnn kernel (models/attention.py): refused on this CPU machine, and what its masks
+    # cannot express, before anything compiles
+    case("cudnn-on-cpu", CUDNN + "--config.dtype=bfloat16", 1,
+         "model.attention_kernel=cudnn needs a GPU", "not cpu", "model.attention_kernel=xla"),
+    case("cudnn-with-attention-dropout", PRETRAIN + " --config.model.attention_kernel=cudnn "
+         "--config.dtype=bfloat16", 1, "model.attention_dropout_rate=0.1 with "
+         "model.attention_kernel=cudnn", "set model.attention_dropout_rate=0"),
+    case("cudnn-in-float32", CUDNN, 1, "dtype=float32 with model.attention_kernel=cudnn",
+         "--config.dtype=bfloat16"),
+    case("cudnn-with-packed-rows", CUDNN + "--config.dtype=bfloat16 --config.data.pack=true", 1,
+         "model.attention_kernel=cudnn with data.pack=True", "set data.pack=False"),
+    case("cudnn-with-bigbird", CUDNN + "--config.dtype=bfloat16 "
+         "--config.model.attention_pattern=bigbird --config.model.bigbird_block=4", 1,
+         "model.attention_pattern=bigbird with model.attention_kernel=cudnn",
+         "model.attention_kernel=xla"),
+    case("cudnn-bidirectional-window", CUDNN + "--config.dtype=bfloat16 "
+         "--config.model.attention_window=4", 1,
+         "model.attention_window=4 with model.attention_kernel=cudnn", "causal only"),
+]
+
+OPTIM_CASES = [
+    # the shared run (the tiny config: adamw, as a paper config's run saved before
+    # adam_weight_decay became its default) resumed with adam_weight_decay: the flag that resumes it
+    case("resume-adamw-run-with-adam-weight-decay", RESUME + " --config.optimizer.name=adam_weight_decay "
+         "--config.train.steps=4", 1, "optimizer.name: 'adamw' in the checkpoint, 'adam_weight_decay' here",
+         "pass --config.optimizer.name=adamw", "--workdir"),
+    case("optimizer-name-misspelt", PRETRAIN + " --config.optimizer.name=adam_weightdecay", 1,
+         "optimizer.name='adam_weightdecay'", "'adam_weight_decay'"),
+]
+
+WSD = PRETRAIN + " --config.schedule.name=wsd"
+MODERN_OPTIM_CASES = [
+    # ModernBERT's optimisation: wsd schedule, stable_adamw, batch size phases
+    case("wsd-decay-longer-than-the-run", WSD + " --config.schedule.decay_steps=5", 1,
+         "schedule.decay_steps=5", "train.steps=2", "at most 1 step(s)"),
+    case("wsd-decay-shape-unknown", WSD + " --config.schedule.decay_shape=cosine", 1,
+         "schedule.decay_shape='cosine'", "['1-sqrt', 'linear']"),
+    case("wsd-final-fraction-above-one", WSD + " --config.schedule.final_fraction=1.5", 1,
+         "schedule.final_fraction=1.5", "[0, 1]"),
+    case("stable-adamw-eps-zero", PRETRAIN + " --config.optimizer.name=stable_adamw "
+         "--config.optimizer.eps=0", 1, "optimizer.eps=0.0", "> 0"),
+    case("phase-batch-not-a-multiple-of-the-microbatch", PRETRAIN
+         + " --config.data.phases=\"((0, 16, 3, 4), (1, 16, 3))\"", 1,
+         "data.phases[0] batch 4", "microbatch train.batch_size/grad_accum_steps=8",
+         "use a multiple of 8"),
+]
+
+
+def as_roberta_weights(folder: Path) -> None:
+    """The folder's tensors under RoBERTa's encoder prefix (a BERT's under `roberta.` do not
+    convert as a RoBERTa otherwise: convert refuses another family's tensor names)."""
+    import safetensors.numpy
+
+    tensors = safetensors.numpy.load_file(folder / "model.safetensors")
+    safetensors.numpy.save_file({"roberta." + k.removeprefix("bert.") if k.startswith("bert.") else k: v
+                                 for k, v in tensors.items()}, folder / "model.safetensors",
+                                metadata={"format": "pt"})
+
+
+def converted_roberta(**changes):
+    """A setup converting a copy of the shared HF folder, as a RoBERTa with `changes` to its
+    config.json, into tmp/rob."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        copy_of("hf", hf_config(model_type="roberta", **changes), as_roberta_weights)(tmp, ctx)
+        convert.convert_hf(tmp / "hf", tmp / "rob")
+    return setup
+
+
+UNIGRAM_JSON = tokenizers.Tokenizer(tokenizers.models.Unigram([("[UNK]", 0.0), ("a", -1.0)], 0)).to_str()
+
+ROBERTA_CASES = [
+    case("convert-unsupported-family", "convert hf:{tmp}/hf {tmp}/out", 1, "model_type='deberta-v2'",
+         "does not convert", "supported model_type: 'bert', 'roberta', 'modernbert'",
+         setup=copy_of("hf", hf_config(model_type="deberta-v2"))),
+    case("convert-roberta-pad-id", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json",
+         "pad_token_id=-1", "max_position_embeddings",
+         setup=copy_of("hf", hf_config(model_type="roberta", pad_token_id=-1))),
+    case("convert-tokenizer-json-not-bpe", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         "a Unigram tokenizer", "byte-level BPE", "WordPiece",
+         setup=copy_of("hf", hf_config(model_type="roberta"), remove("vocab.txt"),
+                       replace("tokenizer.json", UNIGRAM_JSON))),
+    case("export-roberta-pad-not-before-positions", "export {tmp}/rob hf:{tmp}/out", 1,
+         "model.position_offset=3", "pad id + 1 = 1", "Hugging Face RoBERTa",
+         setup=converted_roberta(pad_token_id=2)),
+    case("config-position-offset-past-table", INFO + " --config.model.position_offset=512", 1,
+         "model.position_offset=512", "max_len=512"),
+    case("config-position-offset-not-read", "info --config configs/multi30k.py "
+         "--config.model.position_offset=2", 2, "position_offset", "'transformer'", "does not read"),
+]
+
+MLM_ONLY = PRETRAIN + " --config.model.nsp=false --config.data.instances=full_rows"
+MLM_ONLY_CASES = [
+    # masked LM only: the model's head and the data's rows must agree, and the
+    # masking rates fit the prediction slots, before anything compiles
+    case("nsp-model-with-mlm-only-rows", PRETRAIN + " --config.data.instances=full_rows", 1,
+         "data.instances='full_rows'", "model.nsp=True", "--config.model.nsp=False",
+         "--config.data.instances=pairs"),
+    case("mlm-only-model-with-nsp-pairs", PRETRAIN + " --config.model.nsp=false", 1,
+         "model.nsp=False", "data.instances='pairs'", "--config.data.instances=packed"),
+    case("instances-unknown", MLM_ONLY.replace("=full_rows", "=full_sentences"), 1,
+         "data.instances='full_sentences'", "['pairs', 'packed', 'full_rows']"),
+    case("mlm-rate-above-the-prediction-slots", MLM_ONLY + " --config.data.masked_lm_prob=0.3", 1,
+         "data.max_predictions_per_seq=3", "data.masked_lm_prob=0.3", "data.max_seq_length=16",
+         ">= 5"),
+    case("eval-rate-above-the-prediction-slots", MLM_ONLY + " --config.data.eval_masked_lm_prob=0.5",
+         1, "data.max_predictions_per_seq=3", "data.eval_masked_lm_prob=0.5", ">= 8"),
+    case("phase-predictions-below-the-rate", MLM_ONLY
+         + " --config.data.phases=\"((0, 16, 3), (1, 32, 4))\"", 1,
+         "data.phases[1] predictions=4", "data.phases[1] length=32", ">= 5"),
+    case("eval-rate-out-of-range", MLM_ONLY + " --config.data.eval_masked_lm_prob=1.5", 1,
+         "data.eval_masked_lm_prob=1.5", "(0, 1]"),
+    case("full-rows-packed", MLM_ONLY + " --config.data.pack=true", 1,
+         "data.pack=True", "data.instances='full_rows'", "--config.data.pack=false"),
+    case("synthetic-rows-packed-mlm-only", MLM_ONLY.replace("=full_rows", "=packed"), 1,
+         "data.instances='packed'", "data.name='synthetic'", "--config.data.instances=full_rows"),
+    case("nsp-not-read-by-a-classifier", "info --config configs/glue.py:sst2,tiny "
+         "--config.model.nsp=false", 2, "nsp", "'bert_classification'", "does not read"),
+]
+MODERN = "info --config configs/modernbert.py:tiny"
+MODERN_ENCODER_CASES = [
+    # the modern encoder's switches, refused when the config is read
+    case("rope-theta-zero", MODERN + " --config.model.rope_theta=0", 1,
+         "model.rope_theta=0.0", "> 0"),
+    case("rmsnorm-with-bias", MODERN + " --config.model.normalization=rmsnorm "
+         "--config.model.norm_bias=true", 1, "model.normalization=rmsnorm", "model.norm_bias=False"),
+    case("mean-pooling-with-bert-pooler", "info --config configs/glue.py:sst2,tiny "
+         "--config.model.pooling=mean", 1, "model.pooling=mean", "model.task_head=modernbert"),
+    case("modern-window-not-below-the-length", "train --config configs/modernbert.py:tiny "
+         "--workdir {tmp}/w --config.data.name=synthetic --config.data.instances=full_rows "
+         "--config.data.max_seq_length=64 --config.data.max_predictions_per_seq=20", 1,
+         "model.attention_window=64", "sequence length 64"),
+    case("rope-base-phase-on-a-learned-position-model", PRETRAIN
+         + " --config.data.phases=\"((0, 16, 3, 0, 1000.0),)\"", 1,
+         "data.phases[0]", "model.positions='learned'"),
+    case("unknown-encoder-size", "info --config configs/glue.py:sst2,modernbert-huge", 2,
+         "'huge'", "modernbert"),
+]
+
+def modernbert_checkpoint(**changes):
+    """A setup saving a tiny ModernBERT-like classifier with `changes` into tmp/mb."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        model_cfg = models.model_section("bert_classification", {
+            **models.modernbert_model_fields("tiny"), "vocab_size": 64, "num_layers": 1, **changes})
+        save_model(tmp / "mb", models.create_model(model_cfg), {"model": model_cfg})
+    return setup
+
+
+MODERNBERT = "convert hf:{tmp}/hf {tmp}/out"
+MODERNBERT_HF_CASES = [
+    # HF ModernBERT config.json switches our BERT family cannot express (the shared HF folder,
+    # relabelled: the config is refused before any weight is read)
+    case("convert-modernbert-layer-pattern", MODERNBERT, 1, "hf: config.json: layer_types=",
+         "cannot be expressed", "model.attention_global_every",
+         setup=copy_of("hf", hf_config(model_type="modernbert", num_hidden_layers=3, layer_types=[
+             "sliding_attention", "full_attention", "sliding_attention"]))),
+    case("convert-modernbert-bias-switches", MODERNBERT, 1,
+         "config.json: mlp_bias=True but attention_bias=False, classifier_bias=False", "model.use_bias",
+         setup=copy_of("hf", hf_config(model_type="modernbert", mlp_bias=True))),
+    case("convert-modernbert-classifier-activation", MODERNBERT, 1,
+         "config.json: classifier_activation='relu' differs from hidden_activation='gelu'",
+         setup=copy_of("hf", hf_config(model_type="modernbert", classifier_activation="relu"))),
+    case("convert-modernbert-rope-theta", MODERNBERT, 1,
+         "config.json: rope_parameters.sliding_attention.rope_theta=-1", "> 0",
+         setup=copy_of("hf", hf_config(model_type="modernbert", rope_parameters={
+             "sliding_attention": {"rope_type": "default", "rope_theta": -1}}))),
+    case("convert-modernbert-rope-scaling", MODERNBERT, 1,
+         "config.json: rope_parameters.full_attention.rope_type='yarn'", "'default'",
+         setup=copy_of("hf", hf_config(model_type="modernbert", rope_parameters={
+             "full_attention": {"rope_type": "yarn", "factor": 4.0}}))),
+    # export of what HF's ModernBERT classes cannot express, naming the field
+    case("export-modernbert-rmsnorm", "export {tmp}/mb hf:{tmp}/out", 1,
+         "Hugging Face ModernBERT", "model.normalization='rmsnorm' (HF ModernBERT: 'layernorm')",
+         setup=modernbert_checkpoint(normalization="rmsnorm")),
+    case("export-modernbert-learned-positions", "export {tmp}/mb hf:{tmp}/out", 1,
+         "Hugging Face ModernBERT", "model.positions='learned' (HF ModernBERT: 'rope')",
+         setup=modernbert_checkpoint(positions="learned")),
+]
+
+# One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
+CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
+         + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL_TASK_CASES
+         + SWEEP_TRIAL_CASES + AVERAGE_CASES + RUN_VALUE_CASES + TFDS_CASES + PLOT_CASES + INFO_CASES
+         + PREPARE_CASES + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + MODERN_OPTIM_CASES
+         + ROBERTA_CASES + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM_ONLY_CASES
+         + MODERN_ENCODER_CASES)
+
+
+# --- Shared runs and checkpoints --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> dict[str, Path]:
+    """Shared runs: pretraining (steps 1, 2), its HF export and conversion, fine-tuning, pre-LN, LM."""
+    root = tmp_path_factory.mktemp("shared")
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?", "|", *WORDS,
+              *"abcdefghijklmnopqrstuvwxyz", *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz")]
+    write(root / "vocab" / "vocab.txt", "\n".join(tokens) + "\n")
+    tokenizer_lib.load_tokenizer(root / "vocab").save(root / "vocab")
+
+    run = root / "run"
+    argv = shlex.split(PRETRAIN.format(tmp=root).replace(f"{root}/w", str(run)))
+    overrides = [a.removeprefix("--config.") for a in argv if a.startswith("--config.")]
+    train.train_and_evaluate(config_lib.load(str(REPO / "configs/bert_pretrain.py:tiny"), [
+        *overrides, "train.checkpoint_every=1", "train.eval_steps=1"]), str(run))
+    tokenizer_lib.copy_tokenizer(root / "vocab", run)
+    write(run / "eval" / "step_2.json", json.dumps({"step": 2, "eval/loss": 5.0}))
+
+    export.export_hf(run, root / "hf")
+    convert.convert_hf(root / "hf", root / "ckpt")
+
+    ft = root / "ft"
+    write(root / "glue" / "CoLA" / "dev.tsv", "src\t1\t\tthe cat sat\nsrc\t0\t*\tcat the sat\n")
+    write(root / "glue" / "SST-2" / "dev.tsv", SST2)
+    cfg = config_lib.load(str(REPO / "configs/glue.py:sst2,tiny"), [
+        *(a.removeprefix("--config.") for a in shlex.split(SMALL_MODEL)),
+        f"data.tokenizer={root / 'vocab'}", f"data.data_dir={root / 'glue'}",
+        "data.max_seq_length=16", "train.batch_size=8"])
+    params = models.create_model(config_lib.model_config(cfg))
+    save_model(ft, params, json.loads(cfg.to_json()))
+    tokenizer_lib.copy_tokenizer(root / "vocab", ft)
+    write(ft / "eval" / "step_0.json", json.dumps({"step": 0, "eval/accuracy": 0.5}))
+    write(ft / "eval" / "step_0" / "SST-2.tsv", "index\tprediction\n0\t1\n")
+
+    small = dict(vocab_size=64, emb_dim=16, num_layers=1, num_heads=2, head_dim=8, mlp_dim=32)
+    preln = {"name": "bert", **small, "norm": "pre"}
+    save_model(root / "preln", models.create_model(preln), {"model": preln})
+    lm = {"name": "decoder_lm", **small}
+    save_model(root / "lm", models.create_model(lm), {"model": lm})
+    # A random-init encoder-decoder with the vocab: enough for translate's checks (no training).
+    mt = models.model_section("transformer", {**models.transformer_model_fields("base", vocab_size=128),
+                                              **small, "vocab_size": 128, "num_decoder_layers": 1})
+    save_model(root / "mt", models.create_model(mt), {**config_lib.translation_defaults().to_dict(),
+                                                      "model": mt})
+    tokenizer_lib.copy_tokenizer(root / "vocab", root / "mt")
+    return {"run": run, "ft": ft, "ckpt": root / "ckpt", "hf": root / "hf", "vocab": root / "vocab",
+            "preln": root / "preln", "lm": root / "lm", "mt": root / "mt", "glue": root / "glue"}
+
+
+def save_model(directory: Path, model, config: dict) -> None:
+    checkpoint.save_params(directory, 0, nnx.to_pure_dict(nnx.state(model, nnx.Param)), config)
+
+
+def snapshot(roots) -> dict[str, str]:
+    """{file: sha256} of every file under the roots (the run lock aside)."""
+    out = {}
+    for root in roots:
+        for f in sorted(Path(root).rglob("*")):
+            if f.is_file() and f.name != "run.lock":
+                out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_and_loses_nothing(case, shared, cli, tmp_path):
+    ctx = {**{k: str(v) for k, v in shared.items()}, "tmp": str(tmp_path)}
+    if case.setup:
+        case.setup(tmp_path, {**ctx, **shared})
+    roots = [*shared.values(), *(p.parent for p in tmp_path.glob("*/checkpoints"))]
+    before = snapshot(roots)
+    code, _, err = cli(shlex.split(case.argv.format(**ctx)))
+    assert "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("bert-jax")]
+    assert len(errors) == 1, f"expected one error line, got:\n{err}"
+    line = errors[0]
+    prefix = "bert-jax: bad flag: " if case.code == 2 else f"bert-jax {case.argv.split()[0]}: error: "
+    assert (code, line[:len(prefix)]) == (case.code, prefix), line
+    missing = [s.format(**ctx) for s in case.says if s.format(**ctx) not in line]
+    assert not missing, f"{missing} not in: {line}"
+    after = snapshot(roots)
+    assert {k: after.get(k) for k in before} == before, "a checkpoint or result changed"
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_is_one_line_in_a_real_process(shared, tmp_path):
+    # The reads a failed Orbax restore abandons report later, into a closed event loop: only a
+    # real process, exiting, shows whether they reach the console.
+    shutil.copytree(shared["run"], tmp_path / "run")
+    truncate_arrays(tmp_path / "run")
+    # Saved before checksums were written: Orbax's restore is what finds the damage (with
+    # checksums, eval names the damaged file before reading any array).
+    for checksums in (tmp_path / "run" / "checkpoints").glob("*/checksums.json"):
+        checksums.unlink()
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    proc = subprocess.run([sys.executable, "-m", "bert_jax", "eval", "--workdir", str(tmp_path / "run")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"bert-jax eval: error: {tmp_path}/run/checkpoints/2: its params cannot be read")
+
+
+def test_translate_checks_flags_and_output_before_the_model_and_keeps_an_output(shared, cli, tmp_path,
+                                                                               monkeypatch):
+    from bert_jax.training import state
+
+    write(tmp_path / "src.txt", "the cat sat\nhello world\n")
+    argv = shlex.split(TRANSLATE.format(mt=shared["mt"], tmp=tmp_path))
+    code, _, err = cli([*argv, "--beam=1", "--batch_size=8"])  # the checks pass a good command
+    assert code == 0, err
+    written = (tmp_path / "out.txt").read_text()
+    assert len(written.splitlines()) == 2 and not list(tmp_path.glob("*.partial"))
+    monkeypatch.setattr(state, "restore_params", lambda *a, **k: pytest.fail("the model loaded first"))
+    for extra in (["--alpha=nan"], ["--beam=0"], ["--batch_size=0"], []):  # []: out.txt exists now
+        code, _, err = cli([*argv, *extra])
+        assert code == 1, err
+    assert (tmp_path / "out.txt").read_text() == written
+
+
+def test_a_failing_sweep_trial_is_reported_failed_and_tried_again(tmp_path, monkeypatch):
+    from bert_jax.commands import sweep
+
+    def trial(code: str):  # a stand-in for the trial's `bert-jax train` process
+        return lambda s, setting, workdir: [sys.executable, "-c", code.format(
+            dir=Path(workdir) / sweep.trial_name(setting))]
+
+    config = sweep.sweep_config("configs/glue.py:sst2,tiny", {"optimizer.learning_rate": (1e-3, 2e-3)})
+    fail = ("import sys; print('loading'); print('bert-jax train: error: {dir}: data.data_dir is empty', "
+            "file=sys.stderr); sys.exit(1)")
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sweep, "command", trial(fail))
+    for _ in range(2):  # a rerun tries it again, and reports it the same way (not "resume")
+        with pytest.raises(sweep.TrialsFailed) as e:
+            sweep.run_sweep(config, str(tmp_path))
+        first = tmp_path / "learning_rate=0.001_seed=0"
+        assert str(e.value).startswith(f"2 of 2 trial(s) failed: learning_rate=0.001_seed=0: {first}: "
+                                       f"data.data_dir is empty (log: {first}/train.log); ")
+        assert "resume" not in str(e.value)
+        rows = (tmp_path / "results.csv").read_text().splitlines()
+        assert rows[1].split(",")[-2:] == ["failed", f"{first}: data.data_dir is empty"]
+    done = ("import json, pathlib; pathlib.Path('{dir}/summary.json').write_text(json.dumps("
+            "{{'step': 2, 'steps': 2, 'best_metric': 'eval/accuracy'}}))")
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    monkeypatch.setattr(sweep, "command", lambda s, setting, workdir: trial(
+        done if setting["optimizer.learning_rate"] == 1e-3 else killed)(s, setting, workdir))
+    with pytest.raises(sweep.TrialsFailed, match=r"^1 trial\(s\) were interrupted: "
+                       "learning_rate=0.002_seed=0; rerun the sweep to resume them$"):
+        sweep.run_sweep(config, str(tmp_path))
+    assert [r.split(",")[3] for r in (tmp_path / "results.csv").read_text().splitlines()[1:]] == [
+        "finished", "unfinished"]
+
+
+def test_an_empty_workdir_writes_nothing_in_the_current_directory(cli, tmp_path, monkeypatch):
+    # The table's snapshot covers runs and results; an empty --workdir would mean "here".
+    monkeypatch.chdir(tmp_path)
+    argv = shlex.split(PRETRAIN.replace("configs/", f"{REPO}/configs/").replace("{tmp}/w", "''"))
+    code, _, err = cli(argv)
+    assert code == 2 and "--workdir is empty" in err and list(tmp_path.iterdir()) == []
+
+
+def test_the_table_covers_every_area():
+    areas = {"config": CONFIG_CASES, "data": DATA_CASES, "checkpoint": CHECKPOINT_CASES,
+             "conversion": CONVERT_CASES, "features": FEATURES_CASES, "eval": EVAL_CASES,
+             "sweep": SWEEP_CASES, "vocab": VOCAB_CASES, "export and features": EXPORT_CASES,
+             "translate": TRANSLATE_CASES, "eval of another task": EVAL_TASK_CASES,
+             "sweep trials": SWEEP_TRIAL_CASES, "average": AVERAGE_CASES,
+             "run values": RUN_VALUE_CASES, "tfds": TFDS_CASES, "plot": PLOT_CASES,
+             "info": INFO_CASES, "prepare": PREPARE_CASES, "launch": LAUNCH_CASES,
+             "attention": ATTENTION_CASES, "optimizer": OPTIM_CASES,
+             "modern optimizer": MODERN_OPTIM_CASES, "RoBERTa": ROBERTA_CASES,
+             "attention patterns": PATTERN_CASES, "attention on GPU": ATTENTION_GPU_CASES,
+             "ModernBERT in and out": MODERNBERT_HF_CASES,
+             "MLM only": MLM_ONLY_CASES, "modern encoder": MODERN_ENCODER_CASES}
+    assert len(CASES) > 100 and all(areas.values())
+    assert len({c.id for c in CASES}) == len(CASES)

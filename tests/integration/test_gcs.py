@@ -1,0 +1,623 @@
+"""Training with a gs:// workdir, end to end, against a GCS emulator served from this process
+(localhost only; no network, no credentials): checkpoints, metrics.jsonl, TensorBoard events and
+summary.json land in the bucket; a run that crashed while saving resumes from its last complete
+gs:// checkpoint with identical losses; `bert-jax eval` and `bert-jax plot` read the bucket and
+write there. Every other path on gs:// too (in-process): globs of text files, a tokenizer,
+`vocab --input/--out`, `prepare --out` and array_record shards read from the bucket, the
+`features`/`translate` inputs and outputs, fine-tuning task files (data.data_dir, --split) and
+their prediction files, `init_from` and `average --out` on gs://."""
+
+import functools
+import gzip
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http import HTTPStatus, server
+from urllib.parse import parse_qs, unquote, urlparse
+
+import numpy as np
+import pytest
+from helpers import REPO
+from test_train import CONFIG, SMALL
+
+_INSTALL = "pip install -e '.[test]'"
+gcsfs_core = pytest.importorskip("gcsfs.core", reason=f"gcsfs is not installed ({_INSTALL})")
+pytest.importorskip("gcp_storage_emulator.server",
+                    reason=f"gcp-storage-emulator is not installed ({_INSTALL})")
+
+BUCKET = "bucket"
+_OBJECT = re.compile(r"(?:/download)?/storage/v1/b/(?P<bucket>[-.\w]+)/o/(?P<name>[^/]+)")
+
+
+def _emulator_handler():
+    """The emulator's request handler plus what tensorstore (Orbax's array writer) needs of GCS
+    reads and the emulator lacks: the object's generation in an `x-goog-generation` header, and
+    the ifGenerationNotMatch / ifGenerationMatch conditions (304 / 412). Without them an OCDBT
+    manifest update fails with "Malformed StorageGeneration"."""
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.server import RequestHandler
+
+    class Handler(RequestHandler):
+        generation = None
+
+        def do_GET(self):
+            self.generation = None
+            url = urlparse(self.path)
+            match = _OBJECT.fullmatch(url.path)
+            if match:
+                try:
+                    obj = self.storage.get_file_obj(match["bucket"], unquote(match["name"]))
+                    self.generation = obj["generation"]
+                except NotFound:
+                    pass
+            if self.generation is not None:
+                query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                if query.get("ifGenerationNotMatch") == self.generation:
+                    return self._empty(HTTPStatus.NOT_MODIFIED)
+                if query.get("ifGenerationMatch", self.generation) != self.generation:
+                    return self._empty(HTTPStatus.PRECONDITION_FAILED)
+            super().do_GET()
+
+        def _empty(self, status):
+            self.generation = None
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def end_headers(self):
+            if self.generation is not None:
+                self.send_header("x-goog-generation", self.generation)
+                self.generation = None
+            super().end_headers()
+
+    return Handler
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """(gcsfs filesystem on the emulator, environment for `bert-jax` subprocesses using it)."""
+    from gcp_storage_emulator.handlers import buckets
+    from gcp_storage_emulator.storage import Storage
+
+    storage = Storage(use_memory_fs=True)
+    buckets.create_bucket(BUCKET, storage)
+    httpd = server.HTTPServer(("localhost", 0), functools.partial(_emulator_handler(), storage))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://localhost:{httpd.server_address[1]}"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               STORAGE_EMULATOR_HOST=url,  # gcsfs (etils epath: config, metrics, step listing)
+               FSSPEC_GS_TOKEN="anon",  # gcsfs: no credential lookup
+               # gcsfs's default file system asks the Storage Control gRPC API for each bucket's
+               # layout before mkdir/rm/mv; the emulator has no such API (60 s timeouts each).
+               GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
+               TENSORSTORE_GCS_HTTP_URL=url,  # tensorstore (Orbax arrays)
+               CLOUD_STORAGE_EMULATOR_ENDPOINT=url,  # google-cloud-cpp (array_record's reader)
+               GOOGLE_AUTH_TOKEN_FOR_TESTING="test")  # tensorstore: no credential lookup
+    fs = gcsfs_core.GCSFileSystem(endpoint_url=url, token="anon", skip_instance_cache=True)
+    yield fs, env
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+def _forget_gcs_clients() -> None:
+    """Drops the cached gcsfs clients (etils epath keeps one for the process), so the next
+    gs:// access builds one from the current environment."""
+    from etils.epath import backend
+
+    backend.fsspec_backend._get_filesystem.cache_clear()
+    gcsfs_core.GCSFileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="module")
+def gcs_here(gcs):
+    """The emulator for this process (bert_jax called in-process: the `cli` fixture); the
+    environment and gcsfs clients are restored afterwards."""
+    fs, env = gcs
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("STORAGE_EMULATOR_HOST", "FSSPEC_GS_TOKEN", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+                    "TENSORSTORE_GCS_HTTP_URL", "CLOUD_STORAGE_EMULATOR_ENDPOINT",
+                    "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+            mp.setenv(key, env[key])
+        _forget_gcs_clients()
+        yield fs
+    _forget_gcs_clients()
+
+
+def bert_jax(env, *args) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "bert_jax", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"bert-jax {args} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def listing(fs, path) -> list[str]:
+    fs.invalidate_cache()
+    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(path))
+
+
+def losses(fs, path) -> dict[int, float]:
+    rows = [json.loads(line) for line in fs.cat(f"{path}/metrics.jsonl").decode().splitlines()]
+    steps = [r["step"] for r in rows if "loss" in r]
+    assert len(steps) == len(set(steps)), f"repeated steps in metrics.jsonl: {steps}"
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+@pytest.mark.slow
+def test_train_resume_and_eval_in_a_gs_workdir(gcs):
+    """Checkpoints, metrics, goodput and (without JAX_COMPILATION_CACHE_DIR) the compiled
+    programs in the bucket; a resume, an eval and a plot from there."""
+    fs, env = gcs
+    env = {k: v for k, v in env.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    root, workdir = f"{BUCKET}/run", f"gs://{BUCKET}/run"
+    train = ["train", f"--config={CONFIG}", f"--workdir={workdir}", *SMALL,
+             "--config.train.steps=8", "--config.train.checkpoint_every=4"]
+    bert_jax(env, *train)
+    compiled = listing(fs, f"{root}/compilation_cache")
+    assert any(e.startswith("jit_wrapped-") for e in compiled), compiled  # train and eval steps
+    attempt = json.loads(fs.cat(f"{root}/goodput.json"))["attempts"][-1]
+    assert attempt["step"] == 8 and 0 < attempt["train_s"] < attempt["wall_s"]
+    files = listing(fs, root)
+    assert {"checkpoints", "metrics.jsonl", "summary.json"} <= set(files), files
+    assert any(f.startswith("events.out.tfevents") for f in files), files
+    assert listing(fs, f"{root}/checkpoints") == ["4", "8"]
+    for step in (4, 8):  # committed, with every item; arrays in tensorstore's OCDBT format
+        items = listing(fs, f"{root}/checkpoints/{step}")
+        assert {"commit_success.txt", "params", "opt_state", "data", "config"} <= set(items), items
+        assert "manifest.ocdbt" in listing(fs, f"{root}/checkpoints/{step}/params")
+        # with the checksums of its files, written before the commit marker
+        checksums = json.loads(fs.cat(f"{root}/checkpoints/{step}/checksums.json"))["files"]
+        assert {"params/manifest.ocdbt", "config/metadata"} <= set(checksums), sorted(checksums)
+    stored = json.loads(fs.cat(f"{root}/checkpoints/8/config/metadata"))
+    assert stored["train"]["steps"] == 8 and stored["model"]["vocab_size"] == 256
+    reference = losses(fs, root)
+    assert sorted(reference) == list(range(1, 9))
+    assert json.loads(fs.cat(f"{root}/summary.json"))["step"] == 8
+    assert not (REPO / "gs:").exists()  # nothing went to a local folder named like the URL
+
+    # A crash while checkpoint 8 was being written: its metrics lines reached the bucket, its
+    # commit marker did not. The rerun resumes from 4, redoes 5-8 and replaces their lines.
+    fs.rm(f"{root}/checkpoints/8/commit_success.txt")
+    resumed = bert_jax(env, *train)
+    assert f"resumed from {workdir}/checkpoints/4" in resumed.stdout, resumed.stdout[-2000:]
+    assert "unverified" not in resumed.stdout  # its checksums were read and matched
+    assert losses(fs, root) == reference  # bitwise, and each step once
+    # Its programs came from the bucket's cache: only the restore's small ones are new.
+    recompiled = set(listing(fs, f"{root}/compilation_cache")) - set(compiled)
+    assert not [name for name in recompiled if name.startswith("jit_wrapped-")], sorted(recompiled)
+    attempts = json.loads(fs.cat(f"{root}/goodput.json"))["attempts"]
+    assert [(a["start_step"], a["step"], a["redone_steps"]) for a in attempts] == [(0, 8, 0), (4, 8, 4)]
+    assert "commit_success.txt" in listing(fs, f"{root}/checkpoints/8")
+    summary = json.loads(fs.cat(f"{root}/summary.json"))
+    assert summary["step"] == 8 and not summary["preempted"]
+
+    out = bert_jax(env, "eval", f"--config={CONFIG}", f"--workdir={workdir}", *SMALL, "--step=all")
+    results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["step"] for r in results] == [4, 8]
+    # The same parameters and validation batches as the run's own final evaluation.
+    assert results[-1]["eval/loss"] == pytest.approx(summary["eval"]["eval/loss"], rel=1e-6)
+    assert listing(fs, f"{root}/eval") == ["step_4.json", "step_8.json"]
+    assert json.loads(fs.cat(f"{root}/eval/step_8.json")) == results[-1]
+
+    # The run's curves, drawn from the bucket into it.
+    plotted = json.loads(bert_jax(env, "plot", f"--workdir={workdir}").stdout.splitlines()[-1])
+    assert plotted["figure"] == f"{workdir}/plots/metrics.png"
+    assert listing(fs, f"{root}/plots") == ["metrics.csv", "metrics.png"]
+    csv_rows = fs.cat(f"{root}/plots/metrics.csv").decode().splitlines()
+    assert sum(",loss," in r for r in csv_rows) == 8
+
+
+def test_launch_checks_the_workdir_is_writable(gcs):
+    """`bert-jax launch` writes and deletes a probe in the workdir before creating capacity; a
+    bucket that does not exist is named (and not created)."""
+    fs, env = gcs
+    check = "from bert_jax.cloud import bringup; bringup.check_workdir({!r}, dry_run=False)"
+    ok = subprocess.run([sys.executable, "-c", check.format(f"gs://{BUCKET}/probed")], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert not fs.exists(f"{BUCKET}/probed") or listing(fs, f"{BUCKET}/probed") == []
+    bad = subprocess.run([sys.executable, "-c", check.format("gs://no-such-bucket/run")], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "cannot write to the workdir gs://no-such-bucket/run" in bad.stderr
+    assert "no-such-bucket" not in [b.rstrip("/") for b in fs.ls("")]
+
+
+def _book(shared_data, name: str, lines: int) -> bytes:
+    return b"\n".join((shared_data / "text" / "gutenberg" / name).read_bytes().splitlines()[:lines])
+
+
+@pytest.fixture(scope="module")
+def corpus(gcs_here, shared_data):
+    """gs://bucket/corpus/: a plain and a gzipped book excerpt, with what a real bucket may also
+    hold beside them: the Cloud Console's zero-byte `corpus/` folder marker, a subfolder, and a
+    hidden file; a glob `corpus/*` must read only the two books."""
+    fs = gcs_here
+    fs.pipe(f"{BUCKET}/corpus/", b"")
+    fs.pipe(f"{BUCKET}/corpus/emma.txt", _book(shared_data, "austen-emma.txt", 1500))
+    fs.pipe(f"{BUCKET}/corpus/ball.txt.gz", gzip.compress(_book(shared_data, "chesterton-ball.txt", 1500)))
+    fs.pipe(f"{BUCKET}/corpus/old/", b"")
+    fs.pipe(f"{BUCKET}/corpus/old/draft.txt", b"not part of the corpus\n")
+    fs.pipe(f"{BUCKET}/corpus/.partial", b"\xff half an upload")
+    return f"gs://{BUCKET}/corpus"
+
+
+@pytest.fixture(scope="module")
+def vocab(corpus):
+    """gs://bucket/vocab: a WordPiece vocab of the corpus, written to the bucket."""
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.data.text import text_lines
+
+    return str(tokenizer_lib.train_vocab(text_lines(f"{corpus}/*"), size=1000, kind="wordpiece",
+                                         out_dir=f"gs://{BUCKET}/vocab"))
+
+
+def test_globs_on_gs_match_what_a_local_glob_would(corpus, gcs_here):
+    from bert_jax import paths
+    from bert_jax.data import documents
+
+    assert paths.glob(f"{corpus}/*") == [f"{corpus}/ball.txt.gz", f"{corpus}/emma.txt"]
+    assert paths.glob(f"{corpus}/[e]*.txt") == [f"{corpus}/emma.txt"]
+    assert paths.glob(f"{corpus}/**") == paths.glob(f"{corpus}/*")  # ** is one level, as glob.glob
+    assert paths.glob(f"{corpus}/*/*.txt") == [f"{corpus}/old/draft.txt"]
+    assert paths.glob(f"{corpus}/.p*") == [f"{corpus}/.partial"]
+    assert paths.glob(f"{corpus}/emma.txt") == [f"{corpus}/emma.txt"]
+    # A file another client wrote after a listing is seen (gcsfs caches listings).
+    other = gcsfs_core.GCSFileSystem(endpoint_url=os.environ["STORAGE_EMULATOR_HOST"], token="anon",
+                                     skip_instance_cache=True)
+    other.pipe(f"{BUCKET}/late/a.txt", b"a")
+    assert paths.glob(f"gs://{BUCKET}/late/*") == [f"gs://{BUCKET}/late/a.txt"]
+    other.pipe(f"{BUCKET}/late/b.txt", b"b")
+    assert paths.glob(f"gs://{BUCKET}/late/*") == [f"gs://{BUCKET}/late/a.txt", f"gs://{BUCKET}/late/b.txt"]
+    with pytest.raises(FileNotFoundError, match=r"data.train_files=.*no file matches 'gs://bucket/nope/\*'"):
+        documents.expand(f"gs://{BUCKET}/nope/*", "data.train_files")
+
+
+def test_vocab_from_gs_text_into_gs(corpus, vocab, gcs_here, cli):
+    fs = gcs_here
+    code, out, err = cli(["vocab", "--input", f"{corpus}/*", "--size", "1000", "--out",
+                          f"gs://{BUCKET}/vocab_cli"])
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1]) == {"out": f"gs://{BUCKET}/vocab_cli", "kind": "wordpiece",
+                                                "vocab_size": 1000}
+    assert listing(fs, f"{BUCKET}/vocab_cli") == ["bert_jax_tokenizer.json", "tokenizer_config.json",
+                                                 "vocab.txt"]
+    assert fs.cat(f"{BUCKET}/vocab_cli/vocab.txt") == fs.cat(f"{BUCKET}/vocab/vocab.txt")
+    assert b"draft" not in fs.cat(f"{BUCKET}/vocab/vocab.txt")  # the subfolder's file was not read
+
+
+def test_pretraining_from_gs_text_and_tokenizer(corpus, vocab, gcs_here, cli, tmp_path):
+    """The config docstring's pod command, on a CPU: text globs and tokenizer on gs://."""
+    fs = gcs_here
+    workdir = tmp_path / "run"
+    code, out, err = cli(["train", f"--config={CONFIG}", f"--workdir={workdir}",
+                          f"--config.data.tokenizer={vocab}",
+                          f"--config.data.train_files={corpus}/*", "--config.model.vocab_size=1000",
+                          "--config.train.steps=2", "--config.train.batch_size=8",
+                          "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
+                          "--config.train.eval_steps=1", "--config.data.heldout_every=5",
+                          "--config.schedule.warmup_steps=1"])
+    assert code == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1])["step"] == 2
+    # The workdir carries the tokenizer (so it can be an init_from), copied from the bucket.
+    assert (workdir / "vocab.txt").read_bytes() == fs.cat(f"{BUCKET}/vocab/vocab.txt")
+
+
+def test_sentencepiece_tokenizer_on_gs(corpus, gcs_here, cli):
+    from bert_jax.data import tokenizer as tokenizer_lib
+
+    code, _, err = cli(["vocab", "--input", f"{corpus}/emma.txt", "--size", "400", "--type",
+                        "sentencepiece", "--out", f"gs://{BUCKET}/spm"])
+    assert code == 0, err
+    tok = tokenizer_lib.load_tokenizer(f"gs://{BUCKET}/spm")
+    assert tok.kind == "sentencepiece" and tok.vocab_size <= 400
+    assert tok.decode(tok.encode("Emma was happy.")).lower() == "emma was happy."
+    with pytest.raises(FileNotFoundError, match=f"no tokenizer in gs://{BUCKET}/corpus:"):
+        tokenizer_lib.load_tokenizer(corpus)  # named as given, not as gs:/bucket/corpus
+
+
+def test_prepared_array_record_shards_on_gs(corpus, vocab, gcs_here, cli):
+    """`prepare --out gs://...` uploads the shards; training reads them from the bucket (the
+    array_record reader opens gs:// itself) as it reads the text."""
+    from bert_jax import config as config_lib
+    from bert_jax.data import documents, sources
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.training import input as pipelines
+
+    text = [f"data.tokenizer=gs://{BUCKET}/vocab", f"data.train_files={corpus}/*",
+            "model.vocab_size=1000", "data.heldout_every=5", "data.max_seq_length=32",
+            "data.max_predictions_per_seq=5", "train.batch_size=8"]
+    shards = f"gs://{BUCKET}/shards"
+    code, out, err = cli(["prepare", f"--config={CONFIG}", f"--out={shards}",
+                          *(f"--config.{o}" for o in text)])
+    assert code == 0, err
+    counts = json.loads(out.splitlines()[0])["documents"]
+    assert listing(gcs_here, f"{BUCKET}/shards") == ["train-00000.array_record",
+                                                    "validation-00000.array_record"]
+    text_config = config_lib.load(CONFIG, text)
+    tok = tokenizer_lib.load_tokenizer(text_config.data.tokenizer)
+    docs, train_ids = pipelines.open_documents(text_config, "train", tok)
+    stored = documents.ArrayRecordDocuments(documents.expand(f"{shards}/train-*"))
+    assert len(stored) == counts["train"] == len(train_ids)
+    for i in (0, len(stored) - 1):  # the same documents and token ids as the text gives
+        assert [s.tolist() for s in stored[i]] == [s.tolist() for s in docs[int(train_ids[i])]]
+    config = config_lib.load(CONFIG, text + ["data.name=array_record", f"data.train_files={shards}/train-*",
+                                             f"data.eval_files={shards}/validation-*"])
+    assert next(pipelines.make(config, "train"))["input_ids"].shape == (8, 32)
+    with pytest.raises(FileExistsError, match=f"{shards} exists and is not empty"):
+        sources.prepare(text_config, shards)
+
+
+
+@pytest.mark.slow  # ~25 s: Orbax saves and restores through the emulator
+def test_checkpoint_tools_read_and_write_gs(vocab, gcs_here):
+    """features, export and convert with every input and output in the bucket (a tiny BERT
+    checkpoint saved there with its gs:// tokenizer, as a gs:// training workdir holds them)."""
+    from flax import nnx
+
+    from bert_jax import models
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.interop import convert, export, features
+    from bert_jax.training import checkpoint
+
+    fs, root = gcs_here, f"gs://{BUCKET}/tools"
+    cfg = dict(name="bert", vocab_size=1000, emb_dim=16, num_layers=2, num_heads=2, head_dim=8,
+               mlp_dim=32, max_len=32)
+    params = nnx.to_pure_dict(nnx.state(models.create_model(cfg), nnx.Param))
+    checkpoint.save_params(f"{root}/ckpt", 0, params, {"model": cfg})
+    assert "vocab.txt" in tokenizer_lib.copy_tokenizer(vocab, f"{root}/ckpt")
+    fs.pipe(f"{BUCKET}/tools/in.txt", b"Emma was happy.\nShe smiled. ||| He did not.\n")
+
+    assert features.extract_features(f"{root}/ckpt", f"{root}/in.txt", f"{root}/out/f.jsonl",
+                                     layers=(-1,), max_seq_length=32, batch_size=2) == 2
+    rows = [json.loads(x) for x in fs.cat(f"{BUCKET}/tools/out/f.jsonl").decode().splitlines()]
+    assert [r["features"][0]["token"] for r in rows] == ["[CLS]", "[CLS]"]
+
+    report = export.export_hf(f"{root}/ckpt", f"{root}/hf")
+    assert report["out"] == f"{root}/hf" and report["tokenizer"]
+    assert listing(fs, f"{BUCKET}/tools/hf") == ["config.json", "model.safetensors",
+                                                "special_tokens_map.json", "tokenizer.json",
+                                                "tokenizer_config.json", "vocab.txt"]
+    report = convert.convert_hf(f"{root}/hf", f"{root}/converted")
+    assert report["source"] == f"hf:{root}/hf"  # named as given, not as its local copy
+    assert {"checkpoints", "vocab.txt"} <= set(listing(fs, f"{BUCKET}/tools/converted"))
+    assert checkpoint.read_config(f"{root}/converted")["model"]["vocab_size"] == 1000
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", f"--config={CONFIG}", "--workdir={gs}", *SMALL],
+    ["eval", "--workdir={gs}"],
+    ["average", "--workdir={gs}", "--out={tmp}/avg"],
+    ["translate", "--checkpoint={gs}", "--input=/dev/null", "--output={tmp}/out.txt"],
+    ["plot", "--workdir={gs}"],
+], ids=lambda argv: argv[0])
+def test_without_network_one_line_names_gcs_at_once(cli, monkeypatch, tmp_path, argv):
+    # Storage that refuses connections (as the emulator on a closed port; real GCS without a
+    # network fails its name lookup, or times out where packets are dropped): gcsfs would retry
+    # each request for ~30 s with a traceback each time, then report a missing folder.
+    port = _closed_port()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
+    monkeypatch.setenv("FSSPEC_GS_TOKEN", "anon")
+    workdir = f"gs://{BUCKET}/run"
+    start = time.monotonic()
+    code, _, err = cli([a.format(gs=workdir, tmp=tmp_path) for a in argv])
+    assert code == 1 and time.monotonic() - start < 20
+    assert err.splitlines() == [
+        f"bert-jax {argv[0]}: error: cannot reach Google Cloud Storage (localhost:{port}) for {workdir}: "
+        f"Connection refused; check this machine's network (and any firewall or proxy), then rerun"]
+
+
+def test_task_files_without_network_one_line_names_gcs(cli, monkeypatch, tmp_path, wordpiece_vocab):
+    """A local run whose fine-tuning files are on gs:// (data.data_dir) stops at once too."""
+    port = _closed_port()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
+    monkeypatch.setenv("FSSPEC_GS_TOKEN", "anon")
+    start = time.monotonic()
+    code, _, err = cli(["train", "--config=configs/glue.py:mrpc,tiny", f"--workdir={tmp_path / 'run'}",
+                        f"--config.data.data_dir=gs://{BUCKET}/glue",
+                        f"--config.data.tokenizer={wordpiece_vocab.parent}"])
+    assert code == 1 and time.monotonic() - start < 20
+    assert err.splitlines() == [
+        f"bert-jax train: error: cannot reach Google Cloud Storage (localhost:{port}) for "
+        f"gs://{BUCKET}/glue/MRPC/train.tsv: Connection refused; check this machine's network (and any "
+        "firewall or proxy), then rerun"]
+
+
+def test_an_unanswered_connection_is_bounded_in_time(monkeypatch):
+    from bert_jax import paths
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://storage.test:4443")
+    answer = threading.Event()
+
+    def unanswered(*args, **kwargs):  # a connection whose packets are dropped
+        answer.wait(60)
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(paths.socket, "create_connection", unanswered)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"\(storage.test:4443\) for gs://b/run: no answer in 0.5 s"):
+        paths.check_reachable("gs://b/run", timeout=0.5)
+    assert time.monotonic() - start < 30  # it did not wait for the connection (60 s)
+    answer.set()
+    paths.check_reachable("/a/local/folder")  # nothing to check
+
+
+def test_gcsfs_request_errors_go_to_the_details_file(capsys):
+    import logging
+
+    from bert_jax import log
+
+    log.divert_library_errors()
+    try:
+        raise ConnectionError("Cannot connect to host storage.googleapis.com:443")
+    except ConnectionError:
+        logging.getLogger("gcsfs").exception("_request out of retries on exception")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "out of retries" not in err, err
+    with open(log._NOISE.path, encoding="utf-8") as f:
+        assert "_request out of retries" in f.read()
+
+
+def _head(path, lines: int) -> bytes:
+    """The first `lines` lines of a file, as they are (byte order mark, line endings)."""
+    return b"".join(path.read_bytes().splitlines(keepends=True)[:lines])
+
+
+@pytest.fixture(scope="module")
+def glue_dir(gcs_here, shared_data):
+    """gs://bucket/glue: the GLUE layout (MRPC/train.tsv, dev.tsv, test.tsv) with the first rows
+    of the real files (MRPC's byte order mark and unbalanced quotes included)."""
+    for name, lines in (("train.tsv", 41), ("dev.tsv", 17), ("test.tsv", 9)):
+        gcs_here.pipe(f"{BUCKET}/glue/MRPC/{name}", _head(shared_data / "glue" / "MRPC" / name, lines))
+    return f"gs://{BUCKET}/glue"
+
+
+def test_task_files_on_gs_read_and_write_as_local_ones(glue_dir, vocab, gcs_here, shared_data, tmp_path):
+    """The task readers and prediction writers give on gs:// what they give locally: GLUE
+    through data.data_dir (and a --split file), CoNLL NER, SWAG and SQuAD; errors name the
+    gs:// file as given."""
+    from bert_jax import config as config_lib
+    from bert_jax import tasks
+    from bert_jax.tasks import glue, ner, squad, swag
+
+    fs = gcs_here
+
+    def local_copy(remote: str):  # the same bytes in a local file (its stem kept: example ids)
+        local = tmp_path / remote.rsplit("/", 1)[0].replace("/", "_") / remote.rsplit("/", 1)[1]
+        local.parent.mkdir(exist_ok=True)
+        local.write_bytes(fs.cat(remote))
+        return local
+
+    def glue_config(data_dir):
+        return config_lib.load(str(REPO / "configs" / "glue.py") + ":mrpc,tiny", [
+            f"data.data_dir={data_dir}", f"data.tokenizer={vocab}", "model.vocab_size=1000"])
+
+    config = glue_config(glue_dir)
+    task = tasks.from_config(config)
+    assert str(task.path("train")) == f"{glue_dir}/MRPC/train.tsv"
+    for split, n in (("train", 40), ("dev", 16), ("test", 8)):
+        local = local_copy(f"{BUCKET}/glue/MRPC/{split}.tsv")
+        assert task.examples(split) == glue.read_glue("mrpc", local) and len(task.examples(split)) == n
+    assert task.examples(f"{glue_dir}/MRPC/dev.tsv") == task.examples("dev")  # --split <gs:// file>
+    assert task.features("dev")["input_ids"].shape == (16, config.data.max_seq_length)
+    # The leaderboard file, written straight into the bucket as it is written locally.
+    outputs = {"logits": np.eye(2, dtype=np.float32)[np.arange(8) % 2]}
+    [written] = task.write_predictions("test", outputs, f"gs://{BUCKET}/preds")
+    [local] = task.write_predictions("test", outputs, tmp_path)
+    assert str(written) == f"gs://{BUCKET}/preds/MRPC.tsv"
+    assert fs.cat(f"{BUCKET}/preds/MRPC.tsv") == local.read_bytes()
+
+    with pytest.raises(FileNotFoundError, match=f"glue train file not found: gs://{BUCKET}/nope/MRPC/"
+                                                r"train.tsv; check data.data_dir"):
+        tasks.from_config(glue_config(f"gs://{BUCKET}/nope")).examples("train")
+    fs.pipe(f"{BUCKET}/bad/dev.tsv", b"index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
+    with pytest.raises(glue.GlueFormatError, match=f"gs://{BUCKET}/bad/dev.tsv:2: label column"):
+        glue.read_glue("rte", f"gs://{BUCKET}/bad/dev.tsv")
+    fs.pipe(f"{BUCKET}/bad/latin1.tsv", b"index\tsentence1\tsentence2\tlabel\n0\tcaf\xe9\tb\tentailment\n")
+    with pytest.raises(ValueError, match=f"gs://{BUCKET}/bad/latin1.tsv:2: not UTF-8"):
+        glue.read_glue("rte", f"gs://{BUCKET}/bad/latin1.tsv")
+
+    conll = f"{BUCKET}/ner/valid.txt"
+    fs.pipe(conll, _head(shared_data / "ner" / "conll2003" / "valid.txt", 80))
+    sentences = ner.read_columns(f"gs://{conll}")
+    assert sentences == ner.read_columns(local_copy(conll)) and len(sentences) > 3
+    tags = [s.tags for s in sentences]
+    ner.write_tags(f"gs://{BUCKET}/ner/out/tags.txt", sentences, tags)
+    local = ner.write_tags(tmp_path / "tags.txt", sentences, tags)
+    assert fs.cat(f"{BUCKET}/ner/out/tags.txt") == local.read_bytes()
+
+    swag_file = shared_data / "fixtures" / "swag_sample.jsonl"
+    fs.pipe(f"{BUCKET}/swag/{swag_file.name}", swag_file.read_bytes())
+    assert swag.read_swag(f"gs://{BUCKET}/swag/{swag_file.name}") == swag.read_swag(swag_file)
+
+    dev = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text())
+    dev["data"] = dev["data"][:1]
+    fs.pipe(f"{BUCKET}/squad/dev.json", json.dumps(dev).encode())
+    questions = squad.read_squad(f"gs://{BUCKET}/squad/dev.json", is_training=False, version_2=False)
+    assert questions == squad.read_squad(local_copy(f"{BUCKET}/squad/dev.json"), is_training=False,
+                                         version_2=False)
+    answers = {q.qas_id: q.answers[0] for q in questions}
+    assert squad.evaluate(f"gs://{BUCKET}/squad/dev.json", answers)["exact_match"] == 100.0
+    nbest = {k: [{"text": v, "probability": 1.0}] for k, v in answers.items()}
+    out = squad.write_predictions(f"gs://{BUCKET}/squad/out", answers, nbest, {})
+    assert str(out) == f"gs://{BUCKET}/squad/out"
+    assert json.loads(fs.cat(f"{BUCKET}/squad/out/predictions.json")) == answers
+
+
+@pytest.mark.slow  # ~35 s: three tiny runs, Orbax saving and restoring through the emulator
+def test_finetune_from_gs_task_files_in_a_gs_workdir_then_init_from_it(glue_dir, vocab, gcs_here, cli,
+                                                                       tmp_path):
+    """The pod fine-tuning command: GLUE files, tokenizer and workdir on gs://; `eval` on the
+    test split and on a gs:// file writes its predictions into the bucket; `average` into
+    the bucket carries the tokenizer; a run with init_from=<the gs:// workdir> starts from it."""
+    fs, root, workdir = gcs_here, f"{BUCKET}/mrpc", f"gs://{BUCKET}/mrpc"
+    tiny = ["--config.model.vocab_size=1000", "--config.train.batch_size=8", "--config.train.steps=2",
+            "--config.data.max_seq_length=32"]
+    code, out, err = cli(["train", "--config=configs/glue.py:mrpc,tiny", f"--workdir={workdir}", *tiny,
+                          f"--config.data.data_dir={glue_dir}", f"--config.data.tokenizer={vocab}"])
+    assert code == 0, err[-3000:]
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["step"] == 2 and {"eval/f1", "eval/accuracy"} <= set(summary["eval"]), summary
+    assert {"checkpoints", "metrics.jsonl", "vocab.txt"} <= set(listing(fs, root))
+
+    code, out, err = cli(["eval", f"--workdir={workdir}", "--split=test"])
+    assert code == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1]) == {"step": 2}  # unlabeled: predictions only
+    rows = fs.cat(f"{root}/eval/test/step_2/MRPC.tsv").decode().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 1 + 8
+    code, out, err = cli(["eval", f"--workdir={workdir}", f"--split={glue_dir}/MRPC/dev.tsv"])
+    assert code == 0, err[-3000:]
+    result = json.loads(out.splitlines()[-1])  # the dev file by its path: the run's own dev scores
+    assert result["eval/accuracy"] == pytest.approx(summary["eval"]["eval/accuracy"])
+    assert len(fs.cat(f"{root}/eval/dev/step_2/MRPC.tsv").decode().splitlines()) == 1 + 16
+
+    code, out, err = cli(["average", f"--workdir={workdir}", "--last=1", f"--out=gs://{BUCKET}/mrpc_avg"])
+    assert code == 0, err[-3000:]
+    assert {"checkpoints", "vocab.txt"} <= set(listing(fs, f"{BUCKET}/mrpc_avg"))
+
+    # Its tokenizer from the gs:// workdir too (no data.tokenizer).
+    code, out, err = cli(["train", "--config=configs/glue.py:mrpc,tiny", f"--workdir={tmp_path / 'again'}",
+                          *tiny, f"--config.data.data_dir={glue_dir}", f"--config.init_from={workdir}"])
+    assert code == 0, err[-3000:]
+    assert f"init_from {workdir}: " in out and "tensors loaded" in out, out[-3000:]
+    assert (tmp_path / "again" / "vocab.txt").read_bytes() == fs.cat(f"{BUCKET}/vocab/vocab.txt")
+
+
+def test_translate_input_reference_and_output_on_gs(vocab, gcs_here, cli, tmp_path):
+    """`translate --input/--reference/--output gs://...` with a tiny (untrained) encoder-decoder."""
+    from flax import nnx
+
+    from bert_jax import config as config_lib
+    from bert_jax import models
+    from bert_jax.training import checkpoint
+    from bert_jax.translation import bleu
+
+    fs = gcs_here
+    config = config_lib.load(str(REPO / "configs" / "multi30k.py"), [
+        "model.num_layers=1", "model.num_decoder_layers=1", "model.emb_dim=16", "model.num_heads=2",
+        "model.head_dim=8", "model.mlp_dim=32", "model.vocab_size=1000", "data.max_seq_length=16",
+        "decode.max_extra=3", "decode.batch_size=2", f"data.tokenizer={vocab}"])
+    params = nnx.to_pure_dict(nnx.state(models.create_model(config_lib.model_config(config)), nnx.Param))
+    checkpoint.save_params(tmp_path / "mt", 0, params, config.to_dict())
+    fs.pipe(f"{BUCKET}/mt/src.en", b"Emma was happy.\nShe smiled.\nHe did not.\n")
+    fs.pipe(f"{BUCKET}/mt/ref.de", b"Emma war froh.\nSie l\xc3\xa4chelte.\nEr nicht.\n")
+    code, out, err = cli(["translate", f"--checkpoint={tmp_path / 'mt'}", f"--input=gs://{BUCKET}/mt/src.en",
+                          f"--output=gs://{BUCKET}/mt/out/hyp.de", f"--reference=gs://{BUCKET}/mt/ref.de"])
+    assert code == 0, err[-3000:]
+    hyps = fs.cat(f"{BUCKET}/mt/out/hyp.de").decode().split("\n")
+    assert len(hyps) == 3 + 1 and hyps[-1] == ""  # one line per input, each ended
+    report = json.loads(out.splitlines()[-1])
+    assert report["output"] == f"gs://{BUCKET}/mt/out/hyp.de" and report["sentences"] == 3
+    refs = ["Emma war froh.", "Sie lächelte.", "Er nicht."]
+    assert report["sacrebleu"]["bleu"] == pytest.approx(bleu.corpus_bleu(hyps[:-1], refs)["bleu"])
