@@ -4,8 +4,8 @@
 
 A source is a class that registers itself (`@register`), of one of three kinds:
 - "documents": tokenized documents for the pretraining recipe: `documents(data, split,
-  tokenizer)` -> (random-access documents, whether the split is its own rather than held out
-  of the training documents) and, if `bert-jax prepare` can shard it, `stream(data, tokenizer)`;
+  tokenizer)` -> (random-access documents, whether held-out data has a source of its own, so
+  that no training document is held out) and, if `bert-jax prepare` can shard it, `stream(data, tokenizer)`;
 - "pairs": sentence pairs for translation (data/translation.py reads them);
 - "batches": ready host-local batches, `batches(config, split, ...)` (generated data).
 A new source is one such class in any module imported before the run (a test file will do).
@@ -68,8 +68,11 @@ def get(name: str, tasks: tuple[str, ...] = ()) -> Source:
     return SOURCES[name]
 
 
-def _own_split(data, split: str, key: str) -> bool:
-    return split == "validation" and bool(data[key])
+def _split_key(data, split: str, own: str, train: str) -> tuple[str, bool]:
+    """(the data key `split` reads, whether held-out data has its own key `own` set): with it,
+    the training documents are all trained on; without it, evaluation holds some of them out."""
+    has_own = bool(data[own])
+    return (own if split == "validation" and has_own else train), has_own
 
 
 @register
@@ -80,8 +83,7 @@ class Text(Source):
     name, kind, prepares = "text", "documents", True
 
     def documents(self, data, split, tokenizer):
-        own = _own_split(data, split, "eval_files")
-        key = "eval_files" if own else "train_files"
+        key, own = _split_key(data, split, "eval_files", "train_files")
         files = documents.expand(data[key], f"data.{key}")
         return documents.TextDocuments(files, data.text_format, tokenizer), own
 
@@ -100,8 +102,7 @@ class ArrayRecord(Source):
     name, kind = "array_record", "documents"
 
     def documents(self, data, split, tokenizer):
-        own = _own_split(data, split, "eval_files")
-        key = "eval_files" if own else "train_files"
+        key, own = _split_key(data, split, "eval_files", "train_files")
         return documents.ArrayRecordDocuments(documents.expand(data[key], f"data.{key}")), own
 
 
@@ -119,9 +120,8 @@ class Tfds(Source):
             documents.tfds_source(data.tfds_name, data.tfds_train_split, data.tfds_data_dir)
 
     def documents(self, data, split, tokenizer):
-        own = _own_split(data, split, "tfds_eval_split")
-        name = data.tfds_eval_split if own else data.tfds_train_split
-        return documents.TfdsDocuments(data.tfds_name, name, tokenizer, data.tfds_data_dir), own
+        key, own = _split_key(data, split, "tfds_eval_split", "tfds_train_split")
+        return documents.TfdsDocuments(data.tfds_name, data[key], tokenizer, data.tfds_data_dir), own
 
 
 @register
@@ -180,7 +180,8 @@ def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[s
     if source is None or not source.prepares:
         can = [name for name, s in SOURCES.items() if s.prepares]
         raise ValueError(f"data.name={d.name!r}: `bert-jax prepare` reads a corpus of one of the "
-                         f"sources {can} (text: data.train_files; tfds: data.tfds_name)")
+                         f"sources {can}: text files (data.name=text, data.train_files) or a TFDS "
+                         "corpus (data.name=tfds, data.tfds_name)")
     out = paths.path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
