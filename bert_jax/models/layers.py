@@ -78,7 +78,7 @@ def constrain(x: Array, *axes: str) -> Array:
 # So on CPU the bfloat16 matmuls are spelled as f32-accumulating dots rounded back to bfloat16,
 # the same arithmetic as TPU/GPU bfloat16 dots, with a custom VJP that keeps the backward dots
 # in that form too (autodiff would make them f32 x bf16). Float32 models, and every other
-# backend, run the plain jnp.einsum / lax.dot_general as before.
+# backend, run the plain jnp.einsum / lax.dot_general.
 
 
 def cpu_bf16(*xs: Array) -> bool:

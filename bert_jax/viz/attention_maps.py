@@ -85,7 +85,9 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
         @jax.jit
         def run(params, ids, types):
             m, found = nnx.merge(graphdef, params), {}
-            getattr(m, "bert", m)(ids, types, jnp.ones_like(ids), attention_out=found)
+            for attr in models.encoder_path(name):  # a task model's BERT encoder
+                m = getattr(m, attr)
+            m(ids, types, jnp.ones_like(ids), attention_out=found)
             return found["encoder"]
 
         probs = run(params, jnp.asarray([enc.input_ids]), jnp.asarray([enc.token_type_ids]))
