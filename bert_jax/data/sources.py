@@ -113,8 +113,6 @@ class Tfds(Source):
     name, kind, prepares = "tfds", "documents", True
 
     def check(self, data):
-        from bert_jax.data import tokenizer as tokenizer_lib
-
         if data.tfds_name:
             tokenizer_lib.required_dir(data.tokenizer)  # named first, as the pipeline would
             documents.tfds_source(data.tfds_name, data.tfds_train_split, data.tfds_data_dir)

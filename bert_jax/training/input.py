@@ -221,7 +221,7 @@ def _split_doc_ids(num_docs: int, split: str, heldout_every: int, has_own_split:
     return ids[held] if split == "validation" else ids[~held]
 
 
-def check_tfds(config) -> None:
+def check_source(config) -> None:
     """The data config.data trains on can be read (its source's check: a TFDS dataset is
     prepared), found before the model is built, not after. Tasks check their files themselves."""
     if config.data.name in sources.SOURCES:

@@ -96,6 +96,23 @@ class Objective:
         return "loss"
 
 
+# objective name -> class; model.name -> the name of the objective that trains it by default.
+OBJECTIVES: dict[str, type[Objective]] = {}
+DEFAULTS: dict[str, str] = {}
+
+
+def register(name: str, *, models: tuple[str, ...], default_for: tuple[str, ...] = ()):
+    """Class decorator: registers an objective under `name` (train.objective), for the models it
+    trains (`models`: model names) and as the default objective of `default_for` of them. A new
+    objective is one such class in any module imported before the run (a test file will do)."""
+    def add(cls: type[Objective]) -> type[Objective]:
+        cls.objective_name, cls.models = name, tuple(models)
+        OBJECTIVES[name] = cls
+        DEFAULTS.update({model: name for model in default_for})
+        return cls
+    return add
+
+
 # A BERT batch's arrays the model takes by name: unpacked, and packed rows (data/packing.py).
 _UNPACKED_INPUTS = ("token_type_ids", "attention_mask")
 _PACKED_INPUTS = ("token_type_ids", "segment_ids", "positions", "cls_index")
@@ -137,6 +154,7 @@ class _Bert(Objective):
         return 3 * per_token * self.tokens(batch)
 
 
+@register("pretraining", models=("bert_pretraining",), default_for=("bert_pretraining",))
 class Pretraining(_Bert):
     """BERT MLM + NSP: mean cross-entropy over the masked positions plus mean NSP
     cross-entropy (the original run_pretraining.py loss). With data.pack, a row holds up to
@@ -247,6 +265,7 @@ class _FineTuning(_Bert):
         return self.loss(self.forward(model, batch, rng), batch)
 
 
+@register("classification", models=("bert_classification",), default_for=("bert_classification",))
 class Classification(_FineTuning):
     """Sentence / pair classification (cross-entropy), or regression (MSE) when the model
     has one output."""
@@ -272,6 +291,7 @@ class Classification(_FineTuning):
         return {"task": loss_sum}, {"accuracy": (jnp.sum(ok_B * w_B), n)}
 
 
+@register("multiple_choice", models=("bert_choice",), default_for=("bert_choice",))
 class MultipleChoice(Classification):
     """One score per choice ([B, C, T] inputs), softmax cross-entropy over the choices."""
 
@@ -282,6 +302,7 @@ class MultipleChoice(Classification):
         return {**tokens, "label_ids": _spec((B,))}
 
 
+@register("tagging", models=("bert_tagging",), default_for=("bert_tagging",))
 class Tagging(_FineTuning):
     """Token tags: cross-entropy at the positions with label_weights > 0 (first sub-tokens),
     averaged over those positions."""
@@ -316,6 +337,7 @@ class Tagging(_FineTuning):
         return {"task": jnp.sum(ce_BT * w_BT)}, {"token_accuracy": (jnp.sum(ok_BT * w_BT), n)}
 
 
+@register("span_qa", models=("bert_span",), default_for=("bert_span",))
 class SpanQA(_FineTuning):
     """SQuAD: (start cross-entropy + end cross-entropy) / 2 over the sequence positions, as
     the original run_squad.py."""
@@ -383,6 +405,7 @@ class _Sequence(Objective):
         return (segments > 0).astype(jnp.float32) * _example_weight(batch, "targets")[:, None]
 
 
+@register("translation", models=("transformer",), default_for=("transformer",))
 class Translation(_Sequence):
     """The encoder-decoder on (inputs, targets) pairs: teacher forcing on shifted targets."""
 
@@ -415,6 +438,7 @@ class Translation(_Sequence):
         return 3 * (f["encoder_per_source_token"] * src + f["decoder_per_target_token"] * tgt)
 
 
+@register("language_model", models=("decoder_lm",), default_for=("decoder_lm",))
 class LanguageModel(_Sequence):
     """The decoder-only LM: next-token prediction on `targets` (inputs = targets shifted)."""
 
@@ -435,33 +459,6 @@ class LanguageModel(_Sequence):
     def flops(self, batch: dict[str, Array]) -> Array:
         per_token = self.flops_per_token(batch["targets"].shape[-1])["decoder_per_token"]
         return 3 * per_token * self.tokens(batch)
-
-
-# objective name -> class; model.name -> the name of the objective that trains it by default.
-OBJECTIVES: dict[str, type[Objective]] = {}
-DEFAULTS: dict[str, str] = {}
-
-
-def register(name: str, *, models: tuple[str, ...], default_for: tuple[str, ...] = ()):
-    """Class decorator: registers an objective under `name` (train.objective), for the models it
-    trains (`models`: model names) and as the default objective of `default_for` of them. A new
-    objective is one such class in any module imported before the run (a test file will do)."""
-    def add(cls: type[Objective]) -> type[Objective]:
-        cls.objective_name, cls.models = name, tuple(models)
-        OBJECTIVES[name] = cls
-        DEFAULTS.update({model: name for model in default_for})
-        return cls
-    return add
-
-
-for _name, _cls, _model in (("pretraining", Pretraining, "bert_pretraining"),
-                            ("classification", Classification, "bert_classification"),
-                            ("multiple_choice", MultipleChoice, "bert_choice"),
-                            ("tagging", Tagging, "bert_tagging"),
-                            ("span_qa", SpanQA, "bert_span"),
-                            ("translation", Translation, "transformer"),
-                            ("language_model", LanguageModel, "decoder_lm")):
-    register(_name, models=(_model,), default_for=(_model,))(_cls)
 
 
 def for_model(model_cfg: Mapping[str, Any], label_smoothing: float = 0.0, name: str = ""

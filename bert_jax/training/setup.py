@@ -43,7 +43,7 @@ def check(config, *, platform: str, devices: int, processes: int, training: bool
     except ValueError as e:
         raise config_lib.ConfigError(str(e)) from None
     if training and reads_data:
-        pipelines.check_tfds(config)
+        pipelines.check_source(config)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from helpers import FIXTURES
 
 from bert_jax import config as config_lib
 from bert_jax.data import sources
-from bert_jax.training import objectives
+from bert_jax.training import metrics, objectives
 
 TOKENIZER = FIXTURES / "tf_bert_tiny"  # a 100-token WordPiece vocabulary
 TINY = ["--config.model.vocab_size=100", "--config.data.max_seq_length=32",
@@ -25,8 +25,7 @@ TINY = ["--config.model.vocab_size=100", "--config.data.max_seq_length=32",
 
 
 def losses(workdir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if "loss" in r]
+    return [r["loss"] for r in metrics.read_metrics(workdir / "metrics.jsonl") if "loss" in r]
 
 
 @pytest.fixture
