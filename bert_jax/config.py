@@ -19,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import models
+from bert_jax import models, specs
 from bert_jax.models import attention
 from bert_jax.models.config import DTYPES
 from bert_jax.specs import (
@@ -27,8 +27,10 @@ from bert_jax.specs import (
     MeshSpec,
     OptimizerSpec,
     PhaseSpec,
+    PretrainingData,
     ScheduleSpec,
     TrainSpec,
+    TranslationData,
     read,
     section,
 )
@@ -64,9 +66,12 @@ class MissingExtra(ImportError):
 def phases(data) -> tuple[PhaseSpec, ...]:
     """data.phases as named records. On the command line and in config files each phase is
     written (first step, max_seq_length, max_predictions_per_seq[, batch size[, rope base]]),
-    0 in the last two meaning the run's own; empty: one phase, the data section's values."""
+    0 in the last two meaning the run's own; empty: one phase, the data section's values (a
+    data section of a kind without phases, translation's or a task's, has that one)."""
     out = []
-    for i, phase in enumerate(tuple(data.get("phases") or ())):
+    given = (data.get("phases") if isinstance(data, ml_collections.ConfigDict)
+             else getattr(data, "phases", ()))
+    for i, phase in enumerate(tuple(given or ())):
         shown = tuple(phase) if isinstance(phase, (tuple, list)) else phase
         form = (f"data.phases[{i}]={shown}: each phase is (first step, max_seq_length, "
                 "max_predictions_per_seq), optionally then its batch size (0: train.batch_size) "
@@ -102,46 +107,10 @@ def training_defaults() -> ml_collections.ConfigDict:
 
 
 def pretraining_defaults() -> ml_collections.ConfigDict:
-    """training_defaults plus the `data` section of BERT pretraining (configs/bert_pretrain.py)."""
+    """training_defaults plus the `data` section of BERT pretraining (configs/bert_pretrain.py;
+    its keys: specs.PretrainingData)."""
     config = training_defaults()
-    d = config.data = ml_collections.ConfigDict()
-    d.name = "text"  # text | array_record (bert-jax prepare) | tfds | synthetic
-    d.train_files = ""  # comma-separated globs (text, array_record)
-    d.eval_files = ""  # held-out files; empty: every heldout_every-th document
-    d.heldout_every = 100  # without eval files/split: hold out 1 document in N for eval
-    # paragraphs (ordinary text) | sentences (one per line) | document (ordinary text, a file each)
-    d.text_format = "paragraphs"
-    d.tfds_name = ""  # e.g. wikipedia/20230601.en (read with tfds.data_source)
-    d.tfds_train_split = "train"
-    d.tfds_eval_split = ""  # empty: hold out documents of the train split
-    d.tfds_data_dir = ""
-    d.tokenizer = ""  # directory with vocab.txt (WordPiece) or spm.model (SentencePiece)
-    d.max_seq_length = 128
-    # What a row holds (data/pretraining.py): pairs = BERT's [CLS] A [SEP] B [SEP] with an NSP
-    # label (model.nsp=True); MLM only (model.nsp=False): packed = each document cut into
-    # sequences of at most max_seq_length, packed into rows with attention within a document
-    # (RoBERTa's DOC-SENTENCES, ModernBERT; the MLM-only default) | full_rows = documents
-    # concatenated and cut into full rows, attention across them (RoBERTa's FULL-SENTENCES)
-    d.instances = "pairs"
-    d.max_predictions_per_seq = 20  # pairs: a cap (as the original); MLM only: >= round(rate * length)
-    d.masked_lm_prob = 0.15  # fraction of tokens masked in training (ModernBERT: 0.3)
-    d.eval_masked_lm_prob = 0.0  # in held-out evaluation; 0: masked_lm_prob (ModernBERT: 0.15)
-    d.short_seq_prob = 0.1  # fraction of instances with a shorter random target length
-    d.whole_word_masking = False
-    d.dupe_factor = 0  # static masking: N fixed maskings cycled; 0: dynamic (new each epoch)
-    # Several short instances per row (first fit; attention stays within an instance, NSP at
-    # each [CLS]): fewer padding tokens, more instances per step than the paper's one per row.
-    d.pack = False
-    d.max_instances_per_row = 4  # with pack: NSP labels per row
-    d.shuffle_window = 1000  # instances shuffled within windows of this size
-    d.worker_count = 0  # grain worker processes (0: in the training process)
-    # Sequence-length phases: ((first step, max_seq_length, max_predictions_per_seq), ...);
-    # empty: one phase with the values above. A 4th entry is that phase's global batch (batch
-    # size warmup; 0: train.batch_size): a multiple of the microbatch train.batch_size /
-    # train.grad_accum_steps, which stays fixed while the number of accumulated microbatches
-    # changes. A 5th is the phase's rope base for global layers (context extension; 0: the
-    # model's rope_theta).
-    d.phases = ()
+    config.data = section(PretrainingData)
     return config
 
 
@@ -154,24 +123,10 @@ def finetune_defaults(task: str, size: str = "base") -> ml_collections.ConfigDic
 
 
 def translation_defaults() -> ml_collections.ConfigDict:
-    """training_defaults plus the `data` and `decode` sections of a translation run
-    (configs/wmt.py, multi30k.py)."""
+    """training_defaults plus the `data` (specs.TranslationData) and `decode` sections of a
+    translation run (configs/wmt.py, multi30k.py)."""
     config = training_defaults()
-    d = config.data = ml_collections.ConfigDict()
-    d.name = "translation"  # translation | synthetic_translation (a copy task, no files)
-    d.source_lang, d.target_lang = "en", "de"
-    d.train_files = ""  # "dir/train.{lang}.gz" (line-aligned, {lang} per side) or "*.tsv"; "" = TFDS
-    d.eval_files = ""  # the dev set, same forms ("" = TFDS tfds_eval_split)
-    d.test_files = ""  # the test set (docs/translation.md: bert-jax translate ... --reference)
-    d.tsv_langs = ""  # a TSV's column languages in order, e.g. "en,de" ("" = source,target)
-    d.tfds_name = ""  # e.g. wmt14_translate/de-en, read with tfds.data_source
-    d.tfds_train_split, d.tfds_eval_split = "train", "validation"
-    d.tfds_data_dir = ""  # "" = TFDS's default
-    d.tokenizer = ""  # directory with the shared SentencePiece model (bert-jax vocab --type sentencepiece)
-    d.max_seq_length = 256  # tokens per row, each side; longer pairs are dropped
-    d.packing_bins = 0  # rows packed at a time (first fit); 0 = one host batch
-    d.worker_count = 0  # grain worker processes (0 = in the training process)
-    d.bleu_sentences = 0  # dev sentences decoded for BLEU at each evaluation (0 = all, -1 = none)
+    config.data = section(TranslationData)
 
     c = config.decode = ml_collections.ConfigDict()
     c.beam_size = 4  # 1 = greedy
@@ -357,17 +312,17 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
         value = getattr(t, key)
         if value < 1 and not (key == "steps" and value == 0 and t.epochs > 0):
             raise ConfigError(f"train.{key}={value} must be >= 1")
-    lengths = [config.data.get("max_seq_length", 0)] + [p.seq_len for p in phases(config.data)]
-    if "max_seq_length" in config.data and config.data.max_seq_length < 3:
-        raise ConfigError(f"data.max_seq_length={config.data.max_seq_length} leaves no room for "
+    data = specs.data(config.data).keys
+    lengths = [data.max_seq_length] + [p.seq_len for p in phases(data)]
+    if data.max_seq_length < 3:
+        raise ConfigError(f"data.max_seq_length={data.max_seq_length} leaves no room for "
                           "[CLS] A [SEP] B [SEP]; use at least 3")
-    if "masked_lm_prob" in config.data:
-        check_pretraining_data(config.data, lengths, config.model)
+    if isinstance(data, PretrainingData):
+        check_pretraining_data(data, lengths, config.model)
     try:  # a field the model does not read, a value it cannot take, attention it cannot run
         _, model = models.split_model_config(model_config(config))
         attention.check(model, [n for n in lengths if n], training=training)
-        attention.check_data(model, packed=bool(config.data.get("pack"))
-                             or config.data.get("instances") == "packed")
+        attention.check_data(model, packed=data.packed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if model.max_positions is not None and max(lengths) > model.max_positions:
@@ -424,10 +379,10 @@ def check_phase_batches(config, shards: int, num_processes: int) -> None:
                           f"loads an equal share of every microbatch)")
 
 
-def check_pretraining_data(data, lengths: Sequence[int], model=None) -> None:
+def check_pretraining_data(data: PretrainingData, lengths: Sequence[int], model=None) -> None:
     """The pretraining recipe's data values (data/pretraining.py) in their ranges, and rows
     that the model's head reads (NSP pairs exactly for model.nsp=True)."""
-    kind = data.get("instances", "pairs")
+    kind = data.instances
     if kind not in INSTANCES:
         raise ConfigError(f"data.instances={kind!r}; choose one of {list(INSTANCES)} (pairs: BERT's "
                           f"NSP pairs; MLM only: {MLM_ONLY_DEFAULT}, docs/pretraining.md)")
@@ -453,11 +408,11 @@ def check_pretraining_data(data, lengths: Sequence[int], model=None) -> None:
     if data.name == "synthetic" and kind == "packed":
         raise ConfigError("data.instances='packed': data.name='synthetic' rows are full length "
                           "(nothing to pack); set --config.data.instances=full_rows")
-    if kind == "full_rows" and data.get("pack"):
+    if kind == "full_rows" and data.pack:
         raise ConfigError("data.pack=True with data.instances='full_rows': full rows have no "
                           "padding to pack; set --config.data.pack=false (or data.instances=packed)")
     rates = {"data.masked_lm_prob": data.masked_lm_prob}
-    if data.get("eval_masked_lm_prob"):
+    if data.eval_masked_lm_prob:
         rates["data.eval_masked_lm_prob"] = data.eval_masked_lm_prob
     for key, rate in rates.items():
         if not 0.0 < rate <= 1.0:
@@ -476,7 +431,7 @@ def check_pretraining_data(data, lengths: Sequence[int], model=None) -> None:
                     raise ConfigError(
                         f"{cap_key}={cap} is below {key}={rate} of {length_key}={length} "
                         f"({need} masked tokens a row); set {cap_key} >= {need}")
-    if data.get("pack") and data.get("max_instances_per_row", 1) < 1:
+    if data.pack and data.max_instances_per_row < 1:
         raise ConfigError(f"data.max_instances_per_row={data.max_instances_per_row} must be >= 1 "
                           "with data.pack=True (instances packed into one row; default 4)")
 

@@ -1,11 +1,17 @@
-"""Typed, frozen records of the sections every run has (train, optimizer, schedule, mesh) and of
-a sequence-length phase: each key's type, default and meaning, stated once, here.
+"""Typed, frozen records of a run's sections: those every run has (train, optimizer, schedule,
+mesh), the `data` section of each kind of run (pretraining, translation, a fine-tuning task:
+`DataSpec`) and a sequence-length phase: each key's type, default and meaning, stated once, here.
 
 Config files and `--config.<key>=<value>` overrides stay ml_collections: config.py builds the
 default sections from these records (`section`), and the engine reads a section back with
 `read(Record, section, "where")`, which types each value, refuses a key the record does not
 have, and fills a key an older or hand-made config leaves out with its default. A choice
 (which optimizer, which schedule) is checked by the unit that owns it (training/optim.py).
+
+`data.name` names a data source (data/sources.py) or a fine-tuning task (bert_jax/tasks): both
+registries enter their names here (`register_data`), and `data(section)` resolves a data section
+once into a `DataSpec`: where the examples come from (`source`), what the run trains them for
+(`task`) and the section's typed keys (`keys`).
 """
 
 from __future__ import annotations
@@ -93,6 +99,144 @@ class PhaseSpec:
     rope_theta: float | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class PretrainingData:
+    """The `data` section of pretraining (configs/bert_pretrain.py, modernbert.py): the corpus,
+    its tokenizer and BERT's recipe of rows from documents (data/pretraining.py)."""
+
+    name: str = "text"  # the source: text | array_record (bert-jax prepare) | tfds | synthetic
+    train_files: str = ""  # comma-separated globs (text, array_record)
+    eval_files: str = ""  # held-out files; empty: every heldout_every-th document
+    heldout_every: int = 100  # without eval files/split: hold out 1 document in N for eval
+    # paragraphs (ordinary text) | sentences (one per line) | document (ordinary text, a file each)
+    text_format: str = "paragraphs"
+    tfds_name: str = ""  # e.g. wikipedia/20230601.en (read with tfds.data_source)
+    tfds_train_split: str = "train"
+    tfds_eval_split: str = ""  # empty: hold out documents of the train split
+    tfds_data_dir: str = ""
+    tokenizer: str = ""  # directory with vocab.txt (WordPiece) or spm.model (SentencePiece)
+    max_seq_length: int = 128
+    # What a row holds (data/pretraining.py): pairs = BERT's [CLS] A [SEP] B [SEP] with an NSP
+    # label (model.nsp=True); MLM only (model.nsp=False): packed = each document cut into
+    # sequences of at most max_seq_length, packed into rows with attention within a document
+    # (RoBERTa's DOC-SENTENCES, ModernBERT; the MLM-only default) | full_rows = documents
+    # concatenated and cut into full rows, attention across them (RoBERTa's FULL-SENTENCES)
+    instances: str = "pairs"
+    max_predictions_per_seq: int = 20  # pairs: a cap (as the original); MLM only: >= round(rate * length)
+    masked_lm_prob: float = 0.15  # fraction of tokens masked in training (ModernBERT: 0.3)
+    eval_masked_lm_prob: float = 0.0  # in held-out evaluation; 0: masked_lm_prob (ModernBERT: 0.15)
+    short_seq_prob: float = 0.1  # fraction of instances with a shorter random target length
+    whole_word_masking: bool = False
+    dupe_factor: int = 0  # static masking: N fixed maskings cycled; 0: dynamic (new each epoch)
+    # Several short instances per row (first fit; attention stays within an instance, NSP at
+    # each [CLS]): fewer padding tokens, more instances per step than the paper's one per row.
+    pack: bool = False
+    max_instances_per_row: int = 4  # with pack: NSP labels per row
+    shuffle_window: int = 1000  # instances shuffled within windows of this size
+    worker_count: int = 0  # grain worker processes (0: in the training process)
+    # Sequence-length phases: ((first step, max_seq_length, max_predictions_per_seq), ...);
+    # empty: one phase with the values above. A 4th entry is that phase's global batch (batch
+    # size warmup; 0: train.batch_size): a multiple of the microbatch train.batch_size /
+    # train.grad_accum_steps, which stays fixed while the number of accumulated microbatches
+    # changes. A 5th is the phase's rope base for global layers (context extension; 0: the
+    # model's rope_theta). Read as PhaseSpec records by config.phases.
+    phases: tuple = ()
+
+    @property
+    def packed(self) -> bool:
+        """Whether rows hold several sequences (data.pack, or MLM-only packed instances)."""
+        return self.pack or self.instances == "packed"
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationData:
+    """The `data` section of a translation run (configs/wmt.py, multi30k.py)."""
+
+    name: str = "translation"  # translation | synthetic_translation (a copy task, no files)
+    source_lang: str = "en"
+    target_lang: str = "de"
+    train_files: str = ""  # "dir/train.{lang}.gz" (line-aligned, {lang} per side) or "*.tsv"; "" = TFDS
+    eval_files: str = ""  # the dev set, same forms ("" = TFDS tfds_eval_split)
+    test_files: str = ""  # the test set (docs/translation.md: bert-jax translate ... --reference)
+    tsv_langs: str = ""  # a TSV's column languages in order, e.g. "en,de" ("" = source,target)
+    tfds_name: str = ""  # e.g. wmt14_translate/de-en, read with tfds.data_source
+    tfds_train_split: str = "train"
+    tfds_eval_split: str = "validation"
+    tfds_data_dir: str = ""  # "" = TFDS's default
+    tokenizer: str = ""  # directory with the shared SentencePiece model (bert-jax vocab --type sentencepiece)
+    max_seq_length: int = 256  # tokens per row, each side; longer pairs are dropped
+    packing_bins: int = 0  # rows packed at a time (first fit); 0 = one host batch
+    worker_count: int = 0  # grain worker processes (0 = in the training process)
+    bleu_sentences: int = 0  # dev sentences decoded for BLEU at each evaluation (0 = all, -1 = none)
+
+    packed = True  # rows hold several sentence pairs
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+    """The `data` section every fine-tuning task has (bert_jax/tasks); a task with keys of its
+    own declares a subclass of this as its `Data`."""
+
+    name: str = ""  # the task (bert_jax.tasks.TASKS: glue | ner | squad | swag | yours)
+    data_dir: str = ""  # folder holding the files below (GLUE: the folder with MRPC/, SST-2/, ...)
+    train_file: str = ""
+    dev_file: str = ""
+    test_file: str = ""
+    tokenizer: str = ""  # vocab directory; empty: config.init_from
+    max_seq_length: int = 128
+    # Pack several examples into each max_seq_length row (exact: attention, positions and
+    # heads stay per example), rows in a few bucket sizes; false: one padded row each.
+    pack: bool = True
+    skip_bad_rows: bool = False  # True: skip malformed rows with a warning instead of stopping
+    max_train_examples: int = 0  # > 0: only the first N training examples
+
+    @property
+    def packed(self) -> bool:
+        return self.pack
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """A run's `data` section resolved once: where the examples come from (`source`: a data
+    source of data/sources.py, or a fine-tuning task's "files" or "tfds"), what the run trains
+    them for (`task`: pretraining, translation, or the fine-tuning task's name), whether that
+    is a fine-tuning task (bert_jax/tasks), and the section's typed keys (`keys`: PretrainingData,
+    TranslationData or the task's TaskData)."""
+
+    source: str
+    task: str
+    finetuning: bool
+    keys: Any
+
+
+# data.name -> (the data source it names or None for a fine-tuning task, what the run trains
+# for, the record its section reads as); data/sources.py and bert_jax/tasks enter their names.
+DATA_NAMES: dict[str, tuple[str | None, str, type]] = {}
+
+
+def register_data(name: str, record: type, *, task: str, source: bool) -> None:
+    """`data.name=name` reads its section as `record`; `source`: the name is a data source whose
+    rows train `task` (pretraining, translation), else it is the fine-tuning task `task`."""
+    DATA_NAMES[name] = (name if source else None, task, record)
+
+
+def data(section: Any, where: str = "data") -> DataSpec:
+    """A `data` section (or a DataSpec already) resolved: its name looked up among the data
+    sources and fine-tuning tasks, its keys read as their record."""
+    if isinstance(section, DataSpec):
+        return section
+    name = section.get("name")
+    if name not in DATA_NAMES:
+        named = lambda tasks: [n for n, (s, _, _) in DATA_NAMES.items() if (s is None) == tasks]
+        raise ConfigError(f"{where}.name={name!r}; choose one of {named(False)} (fine-tuning: "
+                          f"{', '.join(named(True))})")
+    source, task, record = DATA_NAMES[name]
+    keys = read(record, section, where)
+    if source is None:  # a fine-tuning task: its files, or TFDS (GLUE's data.source)
+        return DataSpec(getattr(keys, "source", "files"), task, True, keys)
+    return DataSpec(source, task, False, keys)
+
+
 def section(record: type) -> ml_collections.ConfigDict:
     """A config section holding `record`'s defaults (what config files start from)."""
     return ml_collections.ConfigDict(dataclasses.asdict(record()))
@@ -107,6 +251,8 @@ def _typed(value: Any, kind: Any, key: str) -> Any:
         return value
     if kind in (str, bool) and isinstance(value, kind):
         return value
+    if kind is tuple and isinstance(value, (tuple, list)):
+        return tuple(value)
     raise ConfigError(f"{key}={value!r}: expected a {kind.__name__}")
 
 

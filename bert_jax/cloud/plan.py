@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from bert_jax import config as config_lib
-from bert_jax import models, tasks
+from bert_jax import models, specs, tasks
 from bert_jax.cloud import tpu
 from bert_jax.cloud.tpu import GiB
 from bert_jax.models import attention
@@ -62,7 +62,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
     devices = tpu.compile_only_devices(sl)
     setup.check(config, platform="tpu", devices=len(devices), processes=sl.hosts, reads_data=False)
     # No data is read: a fine-tuning config's train.steps may come from its number of examples.
-    is_task = config.data.name in tasks.TASKS
+    is_task = specs.data(config.data).finetuning
     steps_note = ""
     if config.train.steps == 0 and config.train.epochs > 0:
         steps_note = (f"train.steps comes from train.epochs={config.train.epochs} and the size of "
@@ -162,10 +162,11 @@ def _host_input(cfg, objective, hosts: int, is_task: bool) -> dict[str, Any]:
     spec = objective.batch_spec(cfg)  # packed fine-tuning: the most rows a batch can need
     batch = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in spec.values())
     example = batch // cfg.train.batch_size
-    window = 0 if is_task else int(cfg.data.get("shuffle_window", 0) or 0)
+    keys = specs.data(cfg.data).keys  # (fine-tuning and translation rows have no shuffle window)
+    window = 0 if is_task else getattr(keys, "shuffle_window", 0)
     return {"example_bytes": example, "batch_bytes": batch // hosts,
             "shuffle_window": window, "shuffle_window_bytes": example * window,
-            "grain_workers": int(cfg.data.get("worker_count", 0) or 0),
+            "grain_workers": getattr(keys, "worker_count", 0),
             "features_in_memory": is_task}
 
 

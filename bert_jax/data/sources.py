@@ -8,6 +8,8 @@ A source is a class that registers itself (`@register`), of one of three kinds:
   that no training document is held out) and, if `bert-jax prepare` can shard it, `stream(data, tokenizer)`;
 - "pairs": sentence pairs for translation (data/translation.py reads them);
 - "batches": ready host-local batches, `batches(config, split, ...)` (generated data).
+A source also says what its rows train (`task`: pretraining or translation) and the record its
+data section reads as (`keys`, bert_jax/specs.py); registering enters its name there too.
 A new source is one such class in any module imported before the run (a test file will do).
 """
 
@@ -17,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bert_jax import paths
+from bert_jax import paths, specs
 from bert_jax.data import documents, pretraining
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.synthetic import SyntheticPretraining, SyntheticTranslation
@@ -28,10 +30,13 @@ SOURCES: dict[str, Source] = {}
 
 
 class Source:
-    """What every source declares: its `name` (data.name) and `kind` (KINDS)."""
+    """What every source declares: its `name` (data.name) and `kind` (KINDS); what its rows
+    train and its data section's record, if not pretraining's."""
 
     name: ClassVar[str]
     kind: ClassVar[str]
+    task: ClassVar[str] = "pretraining"  # or "translation"
+    keys: ClassVar[type] = specs.PretrainingData
     prepares: ClassVar[bool] = False  # `bert-jax prepare` can shard it (documents sources)
 
     def check(self, data) -> None:
@@ -56,22 +61,21 @@ def register(cls: type[Source]) -> type[Source]:
     if cls.kind not in KINDS:
         raise ValueError(f"source {cls.name!r}: kind {cls.kind!r} is not one of {KINDS}")
     SOURCES[cls.name] = cls()
+    specs.register_data(cls.name, cls.keys, task=cls.task, source=True)
     return cls
 
 
-def get(name: str, tasks: tuple[str, ...] = ()) -> Source:
-    """The source named `name`; an unknown name is an error listing the sources (and the
-    fine-tuning `tasks`, the other things data.name may name)."""
+def get(name: str) -> Source:
+    """The source named `name`; an unknown name is an error listing the sources."""
     if name not in SOURCES:
-        also = f" (fine-tuning: {', '.join(tasks)})" if tasks else ""
-        raise ValueError(f"data.name={name!r}; choose one of {list(SOURCES)}{also}")
+        raise ValueError(f"data.name={name!r}; choose one of {list(SOURCES)}")
     return SOURCES[name]
 
 
 def _split_key(data, split: str, own: str, train: str) -> tuple[str, bool]:
     """(the data key `split` reads, whether held-out data has its own key `own` set): with it,
     the training documents are all trained on; without it, evaluation holds some of them out."""
-    has_own = bool(data[own])
+    has_own = bool(getattr(data, own))
     return (own if split == "validation" and has_own else train), has_own
 
 
@@ -84,7 +88,7 @@ class Text(Source):
 
     def documents(self, data, split, tokenizer):
         key, own = _split_key(data, split, "eval_files", "train_files")
-        files = documents.expand(data[key], f"data.{key}")
+        files = documents.expand(getattr(data, key), f"data.{key}")
         return documents.TextDocuments(files, data.text_format, tokenizer), own
 
     def stream(self, data, tokenizer):  # streamed, so prepare never holds the corpus
@@ -103,7 +107,7 @@ class ArrayRecord(Source):
 
     def documents(self, data, split, tokenizer):
         key, own = _split_key(data, split, "eval_files", "train_files")
-        return documents.ArrayRecordDocuments(documents.expand(data[key], f"data.{key}")), own
+        return documents.ArrayRecordDocuments(documents.expand(getattr(data, key), f"data.{key}")), own
 
 
 @register
@@ -119,14 +123,15 @@ class Tfds(Source):
 
     def documents(self, data, split, tokenizer):
         key, own = _split_key(data, split, "tfds_eval_split", "tfds_train_split")
-        return documents.TfdsDocuments(data.tfds_name, data[key], tokenizer, data.tfds_data_dir), own
+        return documents.TfdsDocuments(data.tfds_name, getattr(data, key), tokenizer,
+                                       data.tfds_data_dir), own
 
 
 @register
 class Translation(Source):
     """Parallel text: line-aligned files or TSVs (data.train_files), else a TFDS dataset."""
 
-    name, kind = "translation", "pairs"
+    name, kind, task, keys = "translation", "pairs", "translation", specs.TranslationData
 
     def check(self, data):
         if data.tfds_name and not data.train_files:
@@ -140,8 +145,8 @@ class Synthetic(Source):
     name, kind = "synthetic", "batches"
 
     def batches(self, config, split, *, batch_size, num_batches, process_index, process_count):
-        d = config.data
-        if d.get("pack"):
+        d = specs.data(config.data).keys
+        if d.pack:
             raise ConfigError("data.pack=True: data.name='synthetic' rows are full length "
                              "(nothing to pack); set --config.data.pack=false")
         return SyntheticPretraining(
@@ -155,7 +160,7 @@ class Synthetic(Source):
 class SyntheticCopy(Source):
     """Generated translation batches (a reversal task, no files)."""
 
-    name, kind = "synthetic_translation", "batches"
+    name, kind, task, keys = "synthetic_translation", "batches", "translation", specs.TranslationData
 
     def batches(self, config, split, *, batch_size, num_batches, process_index, process_count):
         return SyntheticTranslation(

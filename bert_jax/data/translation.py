@@ -106,17 +106,18 @@ class FilePairs:
 
 
 def open_pairs(data, split: str):
-    """The random-access pairs of `split` ('train' or 'validation') of config.data."""
+    """The random-access pairs of `split` ('train' or 'validation') of the run's data section
+    (a specs.TranslationData)."""
     key = "train_files" if split == "train" else "eval_files"
-    if data.get(key):
-        return FilePairs(*read_files(data[key], data.source_lang, data.target_lang,
-                                     data.get("tsv_langs", ""), f"data.{key}"))
-    if not data.get("tfds_name"):
+    if getattr(data, key):
+        return FilePairs(*read_files(getattr(data, key), data.source_lang, data.target_lang,
+                                     data.tsv_langs, f"data.{key}"))
+    if not data.tfds_name:
         raise ValueError(f"data.{key} and data.tfds_name are empty: set --config.data.{key}="
                          "path/train.{lang}.gz (line-aligned files) or a TFDS dataset name")
     tfds_split = data.tfds_train_split if split == "train" else data.tfds_eval_split
     return TfdsPairs(data.tfds_name, tfds_split, data.source_lang, data.target_lang,
-                     data.get("tfds_data_dir", ""))
+                     data.tfds_data_dir)
 
 
 def encode_pair(tokenizer, source: str, target: str) -> dict[str, np.ndarray]:

@@ -12,17 +12,19 @@ import numpy as np
 from etils import epath
 
 from bert_jax import config as config_lib
-from bert_jax import paths
+from bert_jax import paths, specs
 from bert_jax.data import tokenizer as tokenizer_lib
 
 TASKS: dict[str, type[Task]] = {}  # data.name -> its Task, in the order registered
 
 
 def register(cls: type[Task]) -> type[Task]:
-    """Class decorator: `cls` becomes the task of `data.name == cls.name`."""
+    """Class decorator: `cls` becomes the task of `data.name == cls.name`, its data section
+    read as `cls.Data`."""
     if not cls.name:
         raise ValueError(f"{cls.__name__}: set `name`, the data.name that chooses the task")
     TASKS[cls.name] = cls
+    specs.register_data(cls.name, cls.Data, task=cls.name, source=False)
     return cls
 
 
@@ -36,24 +38,16 @@ class Task(abc.ABC):
     eval_splits: tuple[str, ...] = ("dev",)  # evaluated every train.eval_every steps; the first is eval/
     splits: ClassVar[tuple[str, ...]] = ("train", "dev", "test")  # the names --split takes
     file_kind: ClassVar[str] = ""  # what its files are, as errors name them ("a SWAG file")
+    Data: ClassVar[type[specs.TaskData]] = specs.TaskData  # its data section's keys
 
     # What the run is: its defaults and how its files and runs are recognised.
 
     @classmethod
     def defaults(cls, config: ml_collections.ConfigDict) -> None:
-        """Adds the `data` section (the keys every task reads); a task adds its own keys and
-        its changes to the fine-tuning recipe (finetune_defaults) after calling this."""
-        d = config.data = ml_collections.ConfigDict()
-        d.name = cls.name  # the task (bert_jax.tasks.TASKS: glue | ner | squad | swag | yours)
-        d.data_dir = ""  # folder holding the files below (GLUE: the folder with MRPC/, SST-2/, ...)
-        d.train_file, d.dev_file, d.test_file = "", "", ""
-        d.tokenizer = ""  # vocab directory; empty: config.init_from
-        d.max_seq_length = 128
-        # Pack several examples into each max_seq_length row (exact: attention, positions and
-        # heads stay per example), rows in a few bucket sizes; false: one padded row each.
-        d.pack = True
-        d.skip_bad_rows = False  # True: skip malformed rows with a warning instead of stopping
-        d.max_train_examples = 0  # > 0: only the first N training examples
+        """Adds the `data` section (its keys: `Data`); a task changes the fine-tuning recipe
+        (finetune_defaults) after calling this."""
+        config.data = specs.section(cls.Data)
+        config.data.name = cls.name
 
     @classmethod
     def looks_like(cls, head: bytes) -> bool:
@@ -95,7 +89,7 @@ class Task(abc.ABC):
     # Shared: the files, examples and features of a split, cached.
 
     def __init__(self, config: ml_collections.ConfigDict):
-        self.config, self.data = config, config.data
+        self.config, self.data = config, specs.data(config.data).keys
         try:
             self.tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir(config))
         except FileNotFoundError as e:
@@ -111,7 +105,7 @@ class Task(abc.ABC):
         (local or gs://, see paths.path)."""
         if split not in self.splits:
             return paths.path(split)
-        name = self.data[f"{split}_file"]
+        name = getattr(self.data, f"{split}_file")
         if not name:
             raise config_lib.ConfigError(f"data.{split}_file is empty: set it to the {split} file")
         if paths.is_remote(name):
@@ -154,7 +148,7 @@ class Task(abc.ABC):
 
     def examples_limited(self, split: str):
         """examples(split), only the first data.max_train_examples for training when > 0."""
-        examples, limit = self.examples(split), self.data.get("max_train_examples", 0)
+        examples, limit = self.examples(split), self.data.max_train_examples
         return examples[:limit] if split == "train" and limit > 0 else examples
 
     def num_train_examples(self) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 from etils import epath
 
 from bert_jax import config as config_lib
-from bert_jax import paths
+from bert_jax import paths, specs
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.tasks import scoring
@@ -224,11 +224,10 @@ class GlueTask(Task):
     name = "glue"
     splits = ("train", "dev", "test", "dev_mismatched")  # dev_mismatched: MNLI's second dev set
 
-    @classmethod
-    def defaults(cls, config):
-        super().defaults(config)
-        config.data.task = ""  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli
-        config.data.source = "files"  # files (GLUE TSV layout under data_dir) | tfds (glue/<task>)
+    @dataclass(frozen=True)
+    class Data(specs.TaskData):
+        task: str = ""  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli
+        source: str = "files"  # files (GLUE TSV layout under data_dir) | tfds (glue/<task>)
 
     @classmethod
     def run_name(cls, data) -> str:
@@ -241,10 +240,10 @@ class GlueTask(Task):
 
     def __init__(self, config):
         super().__init__(config)
-        self.task = config.data.task
+        self.task = self.data.task
         self.spec = task_spec(self.task)
-        if config.data.source not in ("files", "tfds"):
-            raise config_lib.ConfigError(f"data.source={config.data.source!r}; choose files (the GLUE "
+        if self.data.source not in ("files", "tfds"):
+            raise config_lib.ConfigError(f"data.source={self.data.source!r}; choose files (the GLUE "
                                          "TSVs under data.data_dir) or tfds")
         want = 1 if self.spec.labels is None else len(self.spec.labels)
         if config.model.get("num_labels", want) != want:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_jax import config as config_lib
-from bert_jax import paths
+from bert_jax import paths, specs
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.tasks.base import Task, register
@@ -299,7 +299,10 @@ class NerTask(Task):
     def defaults(cls, config):
         super().defaults(config)
         config.optimizer.learning_rate = 5e-5
-        config.data.labels = ()  # the tag set, 'O' first (model.num_labels = its length)
+
+    @dataclasses.dataclass(frozen=True)
+    class Data(specs.TaskData):
+        labels: tuple = ()  # the tag set, 'O' first (model.num_labels = its length)
 
     @classmethod
     def looks_like(cls, head: bytes) -> bool:
@@ -307,7 +310,7 @@ class NerTask(Task):
 
     def __init__(self, config):
         super().__init__(config)
-        self.labels = tuple(config.data.labels)
+        self.labels = self.data.labels
         if len(self.labels) != config.model.num_labels:
             raise config_lib.ConfigError(f"data.labels has {len(self.labels)} tags but model.num_labels="
                                          f"{config.model.num_labels}; set --config.model.num_labels="

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_jax import paths
+from bert_jax import paths, specs
 from bert_jax.data.rows import BadRows, not_utf8
 from bert_jax.data.tokenizer import SP_SPACE, Tokenizer
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, reference_basic_tokenize
@@ -493,16 +493,18 @@ class SquadTask(Task):
     def defaults(cls, config):
         super().defaults(config)
         config.optimizer.learning_rate = 5e-5
-        d = config.data
-        d.version_2 = False  # SQuAD 2.0: questions may have no answer
+
+    @dataclasses.dataclass(frozen=True)
+    class Data(specs.TaskData):
         # Not packed: a window already fills its max_seq_length row (doc_stride), and the span
         # softmax runs over the whole row.
-        d.pack = False
-        d.doc_stride = 128  # tokens between the starts of consecutive windows of a long paragraph
-        d.max_query_length = 64
-        d.n_best_size = 20
-        d.max_answer_length = 30
-        d.null_score_diff_threshold = 0.0  # v2: predict "" when null score - best span > this
+        pack: bool = False
+        version_2: bool = False  # SQuAD 2.0: questions may have no answer
+        doc_stride: int = 128  # tokens between the starts of consecutive windows of a long paragraph
+        max_query_length: int = 64
+        n_best_size: int = 20
+        max_answer_length: int = 30
+        null_score_diff_threshold: float = 0.0  # v2: predict "" when null score - best span > this
 
     @classmethod
     def looks_like(cls, head: bytes) -> bool:
@@ -514,7 +516,7 @@ class SquadTask(Task):
 
     def __init__(self, config):
         super().__init__(config)
-        self.version_2 = bool(config.data.version_2)
+        self.version_2 = self.data.version_2
 
     def labeled(self, split: str) -> bool:
         return all(e.answers or e.is_impossible for e in self.examples(split))

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import paths
+from bert_jax import paths, specs
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.tasks import scoring
@@ -122,10 +122,9 @@ class SwagTask(Task):
     name = "swag"
     file_kind = "a SWAG file"
 
-    @classmethod
-    def defaults(cls, config):
-        super().defaults(config)
-        config.data.num_choices = 4  # endings per example (the reader checks each row)
+    @dataclass(frozen=True)
+    class Data(specs.TaskData):
+        num_choices: int = 4  # endings per example (the reader checks each row)
 
     @classmethod
     def looks_like(cls, head: bytes) -> bool:

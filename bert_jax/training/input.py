@@ -36,7 +36,7 @@ from grain.experimental import (
 )
 
 from bert_jax import config as config_lib
-from bert_jax import tasks
+from bert_jax import specs
 from bert_jax.data import packing, pretraining, sources, translation
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
@@ -51,14 +51,14 @@ class _Instances(FlatMapTransform):
     docs: object  # random access: docs[doc_ids[k]]
     doc_ids: np.ndarray
     tokenizer: object
-    data: dict
+    data: specs.PretrainingData
     seed: int
     max_fan_out: int = 100_000
 
     def __post_init__(self):
         # Whole-word masking: whether each vocabulary id starts a word.
         self.starts_word = (self.tokenizer.word_starts(np.arange(self.tokenizer.vocab_size))
-                            if self.data["whole_word_masking"] else None)
+                            if self.data.whole_word_masking else None)
 
     def mask_options(self) -> dict:
         """mask_tokens' arguments (data/pretraining.py) of this run's tokenizer and data."""
@@ -66,28 +66,28 @@ class _Instances(FlatMapTransform):
         # As the original: [UNK] may be predicted; [CLS], [SEP], [MASK], padding never.
         return {"vocab_size": tok.vocab_size, "mask_id": tok.mask_id,
                 "special_ids": {tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id},
-                "masked_lm_prob": d["masked_lm_prob"], "starts_word": self.starts_word}
+                "masked_lm_prob": d.masked_lm_prob, "starts_word": self.starts_word}
 
     def flat_map(self, element):
         epoch, k = element
         d, tok, doc_id = self.data, self.tokenizer, int(self.doc_ids[k])
         # Static masking: dupe_factor fixed maskings, cycled; dynamic (0): new ones each epoch.
-        epoch = epoch % d["dupe_factor"] if d["dupe_factor"] else epoch
-        kind = d.get("instances", "pairs")
+        epoch = epoch % d.dupe_factor if d.dupe_factor else epoch
+        kind = d.instances
         if kind == "full_rows":  # masked per row, after the concatenation (full_row_features)
             return [pretraining.document_stream(self.docs[doc_id], doc_id, epoch, tok.sep_id)]
         rng = pretraining.document_rng(self.seed, doc_id, epoch)
-        common = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, max_seq_length=d["max_seq_length"],
-                      max_predictions_per_seq=d["max_predictions_per_seq"], rng=rng)
+        common = dict(cls_id=tok.cls_id, sep_id=tok.sep_id, max_seq_length=d.max_seq_length,
+                      max_predictions_per_seq=d.max_predictions_per_seq, rng=rng)
         if kind == "packed":
-            pieces = pretraining.document_pieces(self.docs[doc_id], d["max_seq_length"] - 2)
+            pieces = pretraining.document_pieces(self.docs[doc_id], d.max_seq_length - 2)
             return [pretraining.sequence_features(p, **common, **self.mask_options()) for p in pieces]
         instances = pretraining.create_instances(
             self.docs[doc_id], int(k), num_docs=len(self.doc_ids),
             get_doc=lambda j: self.docs[int(self.doc_ids[j])],
-            max_seq_length=d["max_seq_length"], short_seq_prob=d["short_seq_prob"], rng=rng)
+            max_seq_length=d.max_seq_length, short_seq_prob=d.short_seq_prob, rng=rng)
         # Packed rows take each instance unpadded; else one instance per padded row.
-        make = pretraining.instance_features if d.get("pack") else pretraining.to_features
+        make = pretraining.instance_features if d.pack else pretraining.to_features
         return [make(inst, **common, **self.mask_options()) for inst in instances]
 
 
@@ -154,11 +154,13 @@ def _check_hosts(n_local: int, n_all: int, train: bool, process_index: int, proc
 
 
 class PretrainingPipeline(GrainBatches):
-    """Batches of BERT pretraining features for this host (see GrainBatches)."""
+    """Batches of BERT pretraining features for this host (see GrainBatches); `data` the
+    run's data section (specs.PretrainingData, or a mapping of its keys)."""
 
-    def __init__(self, docs, doc_ids: np.ndarray, tokenizer, data: dict, *, seed: int,
+    def __init__(self, docs, doc_ids: np.ndarray, tokenizer, data, *, seed: int,
                  batch_size: int, train: bool, process_index: int = 0, process_count: int = 1,
                  num_batches: int | None = None):
+        data = specs.read(specs.PretrainingData, data, "data")
         local = np.arange(process_index, len(doc_ids), process_count)  # positions in doc_ids
         _check_hosts(len(local), len(doc_ids), train, process_index, process_count, num_batches,
                      "documents")
@@ -169,29 +171,29 @@ class PretrainingPipeline(GrainBatches):
         ds = positions.map_with_index(lambda i, k: (i // n, int(k))).to_iter_dataset()
         instances = _Instances(docs, np.asarray(doc_ids), tokenizer, data, seed)
         ds = FlatMapIterDataset(ds, instances)
-        kind = data.get("instances", "pairs")
+        kind = data.instances
         if kind == "full_rows":  # the documents' streams cut into full rows, then masked
-            rows = {k: data["max_seq_length"] - 1 for k in pretraining.STREAM_KEYS}  # + [CLS]
+            rows = {k: data.max_seq_length - 1 for k in pretraining.STREAM_KEYS}  # + [CLS]
             ds = ConcatThenSplitIterDataset(ds, length_struct=rows).map(functools.partial(
                 pretraining.full_row_features, seed=seed, cls_id=tokenizer.cls_id,
-                max_seq_length=data["max_seq_length"],
-                max_predictions_per_seq=data["max_predictions_per_seq"], **instances.mask_options()))
-        if train and data["shuffle_window"] > 1:
-            ds = WindowShuffleIterDataset(ds, window_size=data["shuffle_window"], seed=seed)
-        if data.get("pack") or kind == "packed":  # several sequences a row, first fit over a batch of rows
+                max_seq_length=data.max_seq_length,
+                max_predictions_per_seq=data.max_predictions_per_seq, **instances.mask_options()))
+        if train and data.shuffle_window > 1:
+            ds = WindowShuffleIterDataset(ds, window_size=data.shuffle_window, seed=seed)
+        if data.packed:  # several sequences a row, first fit over a batch of rows
             lengths = pretraining.pack_lengths(
-                data["max_seq_length"], data["max_predictions_per_seq"],
-                data["max_instances_per_row"] if kind == "pairs" else None)
+                data.max_seq_length, data.max_predictions_per_seq,
+                data.max_instances_per_row if kind == "pairs" else None)
             ds = packing.first_fit(ds, lengths, rows=batch_size, seed=seed,
                                    train=train).map(pretraining.pack_row)
         super().__init__(ds, batch_size=batch_size, train=train, num_batches=num_batches,
-                         worker_count=data["worker_count"])
+                         worker_count=data.worker_count)
 
 
 def translation_pipeline(config, split: str, *, batch_size: int, num_batches: int | None
                          ) -> GrainBatches:
     """Packed translation batches of this host's share of `split`'s pairs."""
-    d = config.data
+    d = specs.data(config.data).keys
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
     tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
     pairs = translation.open_pairs(d, split)
@@ -205,9 +207,9 @@ def translation_pipeline(config, split: str, *, batch_size: int, num_batches: in
     local = batch_size // count
     ds = translation.packed_dataset(pairs, tokenizer, max_len=d.max_seq_length, rows=local,
                                     seed=config.seed, train=train, process_index=index,
-                                    process_count=count, bins=d.get("packing_bins", 0))
+                                    process_count=count, bins=d.packing_bins)
     return GrainBatches(ds, batch_size=local, train=train, num_batches=num_batches,
-                        worker_count=d.get("worker_count", 0))
+                        worker_count=d.worker_count)
 
 
 def _split_doc_ids(num_docs: int, split: str, heldout_every: int, has_own_split: bool
@@ -224,16 +226,17 @@ def _split_doc_ids(num_docs: int, split: str, heldout_every: int, has_own_split:
 def check_source(config) -> None:
     """The data config.data trains on can be read (its source's check: a TFDS dataset is
     prepared), found before the model is built, not after. Tasks check their files themselves."""
-    if config.data.name in sources.SOURCES:
-        sources.SOURCES[config.data.name].check(config.data)
+    spec = specs.data(config.data)
+    if not spec.finetuning:
+        sources.get(spec.source).check(spec.keys)
 
 
 def open_documents(config, split: str, tokenizer):
     """(random-access documents, ids of the split's documents) for config.data."""
-    d = config.data
+    d = specs.data(config.data).keys
     docs, own = sources.get(d.name).documents(d, split, tokenizer)
     ids = _split_doc_ids(len(docs), split, d.heldout_every, own)
-    pairs = d.get("instances", "pairs") == "pairs"  # NSP draws random next segments elsewhere
+    pairs = d.instances == "pairs"  # NSP draws random next segments elsewhere
     if len(ids) < (2 if pairs else 1):
         fix = ("set data.eval_files, or lower data.heldout_every (1 document in N is held out)"
                if not own and d.heldout_every > 0 else "give more documents")
@@ -246,7 +249,7 @@ def open_documents(config, split: str, tokenizer):
 def pack_options(config, train: bool) -> dict | None:
     """packing.pack_batch's arguments for a fine-tuning run's batches, or None (not packed): rows a
     multiple of the mesh's batch shards, one packing per microbatch when training."""
-    if not config.data.get("pack", False):
+    if not specs.data(config.data).keys.pack:
         return None
     how = objectives.for_config(config).packing
     if how not in ("cls", "tokens"):
@@ -293,23 +296,27 @@ def make(config, split: str, *, batch_size: int | None = None, num_batches: int 
          task=None):
     """The data pipeline of `config.data` for `split` ('train' or 'validation'), reading
     only this host's share; fine-tuning data comes from `task` (tasks.from_config)."""
-    d = config.data
+    spec = specs.data(config.data)
     global_batch = batch_size or config.train.batch_size
-    if task is not None:
+    if spec.finetuning:
+        if task is None:
+            raise ValueError(f"data.name={spec.task!r} is a fine-tuning task: pass its Task "
+                             "(tasks.from_config) as `task`")
         return task_pipeline(config, task.features("train" if split == "train" else task.eval_splits[0]),
                              train=split == "train", batch_size=global_batch, num_batches=num_batches)
-    source = sources.get(d.name, tuple(tasks.TASKS))  # (data.name may also name a task)
+    source = sources.get(spec.source)
     if source.kind == "pairs":
         return translation_pipeline(config, split, batch_size=global_batch, num_batches=num_batches)
     if source.kind == "batches":
         return source.batches(config, split, batch_size=global_batch, num_batches=num_batches,
                               process_index=jax.process_index(), process_count=jax.process_count())
+    d = spec.keys
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
     tokenizer.check_fits(config.model.vocab_size, f"data.tokenizer={d.tokenizer}")
     docs, ids = open_documents(config, split, tokenizer)
-    data = d.to_dict()
+    data = d
     if split != "train":  # held-out batches mask at the evaluation rate
-        data["masked_lm_prob"] = d.get("eval_masked_lm_prob") or d.masked_lm_prob
+        data = dataclasses.replace(d, masked_lm_prob=d.eval_masked_lm_prob or d.masked_lm_prob)
     return PretrainingPipeline(
         docs, ids, tokenizer, data, seed=config.seed,
         batch_size=global_batch // jax.process_count(), train=split == "train",

@@ -40,9 +40,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax import models
+from bert_jax import (
+    models,
+    specs,
+    tasks,  # noqa: F401 (the tasks and data sources register their data.name
+)
 from bert_jax.config import ConfigError, model_config
 from bert_jax.data import packing as packing_lib
+from bert_jax.data import sources  # noqa: F401 (names, read by specs.data)
 
 Array = jax.Array
 Terms = dict[str, Array]
@@ -171,7 +176,7 @@ class Pretraining(_Bert):
 
     def packs(self, config) -> bool:
         # max_instances_per_row and which instances pack: config.check_pretraining_data
-        return bool(config.data.get("pack", False)) or config.data.get("instances") == "packed"
+        return specs.data(config.data).keys.packed
 
     def batch_spec(self, config, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
@@ -248,7 +253,7 @@ class _FineTuning(_Bert):
 
     def packs(self, config) -> bool:
         """Whether this run's batches are packed (data.pack and a head that can be)."""
-        return bool(config.data.get("pack", False)) and self.packing is not None
+        return specs.data(config.data).keys.pack and self.packing is not None
 
     def rows_vary(self, config) -> bool:
         return self.packs(config)

@@ -17,7 +17,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from bert_jax import config as config_lib
-from bert_jax import paths
+from bert_jax import paths, specs
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data import translation
 from bert_jax.training import checkpoint, evaluate, objectives, sharding, state
@@ -102,9 +102,10 @@ class TranslationEvaluator:
         self._bleu_set()
 
     def _bleu_set(self):
-        n = self.config.data.get("bleu_sentences", 0)
+        data = specs.data(self.config.data).keys
+        n = data.bleu_sentences
         if self.bleu_set is None and n >= 0:
-            pairs = translation.open_pairs(self.config.data, "validation")
+            pairs = translation.open_pairs(data, "validation")
             chosen = range(len(pairs) if n == 0 else min(n, len(pairs)))
             sources, references = zip(*(pairs[i] for i in chosen))
             tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(self.config.data.tokenizer))

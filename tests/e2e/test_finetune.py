@@ -18,7 +18,7 @@ import pytest
 from helpers import FIXTURES, REPO
 
 from bert_jax import config as config_lib
-from bert_jax import tasks
+from bert_jax import specs, tasks
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue
 from bert_jax.training import evaluate, train
@@ -373,10 +373,9 @@ class ToyTask(tasks.Task):
     main_metric = "toy_accuracy"
     file_kind = "a toy TSV file"
 
-    @classmethod
-    def defaults(cls, config):
-        super().defaults(config)
-        config.data.labels = ("no", "fruit")  # the toy's own key
+    @dataclass(frozen=True)
+    class Data(tasks.TaskData):
+        labels: tuple = ("no", "fruit")  # the toy's own key
 
     @classmethod
     def looks_like(cls, head: bytes) -> bool:
@@ -409,7 +408,7 @@ def toy_task():
     """ToyTask registered for one test (as a user's module would register it on import)."""
     tasks.register(ToyTask)
     yield ToyTask
-    del tasks.TASKS[ToyTask.name]
+    del tasks.TASKS[ToyTask.name], specs.DATA_NAMES[ToyTask.name]
 
 
 TOY_CONFIG = """

@@ -14,6 +14,7 @@ import pytest
 from helpers import FIXTURES
 
 from bert_jax import config as config_lib
+from bert_jax import specs
 from bert_jax.data import sources
 from bert_jax.training import metrics, objectives
 
@@ -43,7 +44,7 @@ def toy_source():
                     for _ in range(40)]
             return docs, split == "validation"  # its own held-out documents
     yield ToyDocuments
-    del sources.SOURCES["toy_documents"]
+    del sources.SOURCES["toy_documents"], specs.DATA_NAMES["toy_documents"]
 
 
 @pytest.fixture
@@ -179,3 +180,27 @@ def test_training_losses_are_those_of_the_code_before(cli, tmp_path, request, na
                         *(a.format(shared=shared_data) for a in args)])
     assert code == 0, err
     assert losses(tmp_path / "run") == pytest.approx(pinned, rel=1e-6)
+
+
+def test_a_data_section_resolves_to_its_source_task_and_typed_keys():
+    """data.name names a data source or a fine-tuning task; the spec keeps them apart, types the
+    section's keys, fills those an older config lacks and refuses one its record does not have."""
+    pretraining = config_lib.load("configs/bert_pretrain.py:tiny")
+    spec = specs.data(pretraining.data)
+    assert (spec.source, spec.task, spec.finetuning) == ("text", "pretraining", False)
+    assert isinstance(spec.keys, specs.PretrainingData) and spec.keys.masked_lm_prob == 0.15
+    glue = config_lib.load("configs/glue.py:sst2", ["data.source=tfds"])
+    spec = specs.data(glue.data)
+    assert (spec.source, spec.task, spec.finetuning, spec.keys.task) == ("tfds", "glue", True, "sst2")
+    spec = specs.data(config_lib.load("configs/multi30k.py").data)
+    assert (spec.source, spec.task, spec.keys.max_seq_length) == ("translation", "translation", 64)
+    old = pretraining.data.to_dict()
+    del old["instances"], old["eval_masked_lm_prob"]  # a section saved before these keys
+    assert specs.data(old).keys.instances == "pairs" and specs.data(old).keys.eval_masked_lm_prob == 0.0
+    with pytest.raises(config_lib.ConfigError, match=r"unknown config key data.max_seq_len\b.*"
+                                                      r"valid keys there: \['name'"):
+        specs.data({**old, "max_seq_len": 64})
+    with pytest.raises(config_lib.ConfigError, match=r"data.max_seq_length='64': expected a int"):
+        specs.data({**old, "max_seq_length": "64"})
+    with pytest.raises(config_lib.ConfigError, match=r"data.name='wiki'; choose one of \['text'"):
+        specs.data({**old, "name": "wiki"})
