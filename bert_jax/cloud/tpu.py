@@ -5,7 +5,8 @@
 Naming: for v2, v3, v4 and v5p the number counts TensorCores (2 per chip); for v5e
 (`v5litepod`) and v6e it counts chips. On v2/v3 each TensorCore is a JAX device with its own
 HBM; v4 and v5p fuse a chip's two cores into one device ("megacore"). HBM per device is what
-the compiler reports as available; peak FLOP/s are the bf16 figures Google publishes per chip.
+the compiler reports as available; peak FLOP/s are the bf16 figures Google publishes per chip
+(the generations' facts: bert_jax/chips.py).
 """
 
 from __future__ import annotations
@@ -17,30 +18,8 @@ import math
 import os
 import re
 
-GiB = 2**30
+from bert_jax.chips import GENERATIONS, Generation, GiB  # noqa: F401 (the generations' facts)
 
-
-@dataclasses.dataclass(frozen=True)
-class Generation:
-    topology: str  # the name libtpu knows the generation by
-    devices_per_chip: int
-    hbm_per_device: float  # bytes, as the compiler reports it available
-    peak_per_chip: float  # bf16 FLOP/s
-    dims: int  # 2D or 3D torus
-    name_counts_cores: bool  # v3-32 is 32 TensorCores (16 chips); v5litepod-16 is 16 chips
-    max_chips: int  # a full pod
-    pod_side: int  # a 2D dimension of this length wraps around (full pod side)
-    missing: tuple[int, ...] = ()  # chip counts no slice has (v3: 1 and 8; v3-8 is 4 chips)
-
-
-GENERATIONS = {
-    "v2": Generation("v2", 2, 7.48 * GiB, 45e12, 2, True, 256, 16, (1, 8)),
-    "v3": Generation("v3", 2, 15.48 * GiB, 123e12, 2, True, 1024, 32, (1, 8)),
-    "v4": Generation("v4", 1, 30.75 * GiB, 275e12, 3, True, 4096, 0),
-    "v5p": Generation("v5", 1, 95.74 * GiB, 459e12, 3, True, 8192, 0),
-    "v5e": Generation("v5e", 1, 15.75 * GiB, 197e12, 2, False, 256, 16),
-    "v6e": Generation("v6e", 1, 31.25 * GiB, 918e12, 2, False, 256, 16),
-}
 ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6lite": "v6e"}
 EXAMPLES = "v3-32, v4-32, v5p-64, v5litepod-16, v6e-16"
 # The zones that have each generation (Cloud TPU docs, "TPU regions and zones", 2025). Google

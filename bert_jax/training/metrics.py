@@ -26,6 +26,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from bert_jax import chips
 from bert_jax.paths import is_remote
 
 METRICS_FILE = "metrics.jsonl"
@@ -226,26 +227,6 @@ class MetricsWriter:
         self.close()
 
 
-# (lowercase device_kind substring, dense bf16 FLOP/s per JAX device, source). First match
-# wins, so specific names precede their prefixes ("tpu v5 lite" before "tpu v5"). NVIDIA
-# headline figures assume 2:4 sparsity; the dense number is half of them.
-_PEAK_FLOPS = (
-    ("tpu v2", 22.5e12, "Cloud TPU v2 spec, bf16, per core"),  # 45/chip; each of 2 cores is a device
-    ("tpu v3", 61.5e12, "Cloud TPU v3 spec, bf16, per core"),  # 123/chip; each of 2 cores is a device
-    ("tpu v4", 275e12, "Cloud TPU v4 spec, bf16"),  # 275/chip; megacore: one device per chip
-    ("tpu v5 lite", 197e12, "Cloud TPU v5e spec, bf16"),  # v5e's device_kind; 197/chip (v5e docs)
-    ("tpu v5e", 197e12, "Cloud TPU v5e spec, bf16"),
-    ("tpu v5", 459e12, "Cloud TPU v5p spec, bf16"),  # v5p: "TPU v5" or "TPU v5p"; 459/chip, megacore
-    ("tpu v6 lite", 918e12, "Cloud TPU v6e spec, bf16"),  # Trillium's device_kind; 918/chip (v6e docs)
-    ("tpu v6e", 918e12, "Cloud TPU v6e spec, bf16"),
-    ("a100", 312e12, "NVIDIA A100 datasheet, bf16 dense"),  # 624 sparse; SXM and PCIe alike
-    ("h100 pcie", 756e12, "NVIDIA H100 PCIe datasheet, bf16 dense"),  # 1,513 sparse
-    ("h100 nvl", 835e12, "NVIDIA H100 NVL datasheet, bf16 dense"),  # 1,671 sparse
-    ("h100", 989e12, "NVIDIA H100 SXM datasheet, bf16 dense"),  # 1,979 sparse
-    ("h200 nvl", 835e12, "NVIDIA H200 NVL datasheet, bf16 dense"),  # 1,671 sparse
-    ("h200", 989e12, "NVIDIA H200 SXM datasheet, bf16 dense"),  # 1,979 sparse; GH200 matches: same GPU
-    ("b200", 2250e12, "NVIDIA HGX B200 datasheet, bf16 dense"),  # 4.5 PFLOP/s sparse per GPU
-)
 _MEASURED: dict[str, float] = {}  # platform:device_kind -> FLOP/s, measured once per process
 
 
@@ -267,10 +248,9 @@ def _measure_matmul(device: jax.Device, n: int = 1024, seconds: float = 0.3) -> 
 def peak_flops_per_device(device: jax.Device | None = None) -> tuple[float, str]:
     """Peak dense FLOP/s of one device (default: the first local one) and where it comes from."""
     device = device if device is not None else jax.local_devices()[0]
-    kind = device.device_kind.lower()
-    for name, flops, source in _PEAK_FLOPS:
-        if name in kind:
-            return flops, source
+    published = chips.peak_flops(device.device_kind)
+    if published is not None:
+        return published
     # CPUs and unlisted accelerators: no spec sheet to trust, so measure.
     key = f"{device.platform}:{device.device_kind}"
     if key not in _MEASURED:

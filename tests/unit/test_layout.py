@@ -14,12 +14,13 @@ PACKAGE = REPO / "bert_jax"
 # is a sub-package or a top-level module. Lower layers first: models and data know nothing of
 # training; training knows nothing of translation, interop, cloud, viz or tools; the command line
 # (commands) sits above all of them; tools are imported by nothing in the library.
-BASE = {"trees", "paths", "log", "specs"}
+BASE = {"trees", "paths", "log", "specs", "chips"}
 ALLOWED = {
     "trees": set(),
     "paths": set(),
     "log": set(),
     "specs": set(),
+    "chips": set(),
     "models": {"trees"},
     "data": {"paths", "trees", "specs"},
     "config": {"models", "paths", "specs"},
