@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -30,11 +31,6 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[str, str | None]]:
             line = line.strip()
             a, sep, b = line.partition(" ||| ")
             yield (a, b) if sep else (line, None)
-
-
-def _encoder(model: nnx.Module) -> nnx.Module:
-    """The BertModel inside any task model (or the model itself)."""
-    return getattr(model, "bert", model)
 
 
 def warn_if_cut(lengths: Sequence[int], max_seq_length: int, max_len: int, what: str) -> None:
@@ -92,7 +88,7 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
     tokenizer = tokenizer_lib.load_tokenizer(checkpoint_dir)
     tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
     _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)
-    encoder = _encoder(model)
+    encoder = functools.reduce(getattr, models.encoder_path(name), model)  # a task model's encoder
     graphdef, state = nnx.split(encoder)
 
     @jax.jit

@@ -120,7 +120,9 @@ class BertModel(nnx.Module):
         Returns sequence_output [B,T,D], pooled_output [B,D] or [*cls_index.shape, D] (with a
         pooler; mean pooling averages each example's tokens); with return_hidden, hidden_states
         [L+1,B,T,D]: the embeddings then every
-        layer's output. attention_out: a dict that receives "encoder", every layer's and head's
+        layer's output, a pre-norm model's last after its final norm (= sequence_output, as
+        Hugging Face's last_hidden_state and, in transformers 5, hidden_states[-1]).
+        attention_out: a dict that receives "encoder", every layer's and head's
         attention probabilities [L,B,N,T,T] (query x key), as every model's attention_out does.
         """
         r = split_rng(rng, 2)

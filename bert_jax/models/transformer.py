@@ -143,7 +143,8 @@ class Stack(nnx.Module):
                  return_hidden: bool = False, return_attention: bool = False
                  ) -> tuple[Array, Cache | None, dict[str, Array]]:
         """Returns (output, updated cache, extras): extras holds "hidden", every layer's output
-        [L, B, T, D], with return_hidden, and "attention" (and "cross_attention" in a
+        [L, B, T, D] (a pre-norm stack's last after its final norm, as the output), with
+        return_hidden, and "attention" (and "cross_attention" in a
         decoder), every layer's probabilities [L, B, N, T, S], with return_attention."""
         graphdef, params = nnx.split(self.layers)
         rngs_L = None if rng is None else jax.random.split(rng, self.num_layers)
@@ -175,6 +176,8 @@ class Stack(nnx.Module):
             cache, extras = jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else (None, {})
         if self.final_norm is not None:
             x_BTD = self.final_norm(x_BTD)
+            if return_hidden:  # the last layer's output as the stack gives it (HF's last hidden state)
+                extras["hidden"] = extras["hidden"].at[-1].set(x_BTD)
         return x_BTD, cache, extras
 
 

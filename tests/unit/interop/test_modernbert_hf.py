@@ -9,6 +9,8 @@ on WikiText-2 in ModernBERT's layout (its OLMo/GPT-NeoX-style specials first, BE
 the end, [MASK] stripping the space before it)."""
 
 
+import json
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -293,3 +295,40 @@ def test_weights_named_as_another_familys_are_refused():
     with pytest.raises(ValueError, match=r"model_type='bert' but the weights are a ModernBERT's"):
         families.get("bert").check_weights(["model.layers.0.attn.Wqkv.weight"], "hf/config.json")
     families.get("modernbert").check_weights(["model.layers.0.attn.Wqkv.weight"], "hf/config.json")
+
+
+def test_hidden_states_and_features_end_after_the_final_norm(tokenizer_dir, hf_tokenizer, batch,
+                                                            tmp_path):
+    """A pre-norm model's last hidden state is after its final norm, as HF's last_hidden_state
+    (and transformers 5's hidden_states[-1]); the layers before it are the residual stream as
+    HF's hidden_states give them; `features --layers -1` writes the same vectors."""
+    from bert_jax.interop import features
+
+    torch.manual_seed(0)
+    original = randomise(transformers.ModernBertModel(modernbert_config(hf_tokenizer)))
+    original.save_pretrained(tmp_path / "hf")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "hf" / f).write_text((tokenizer_dir / f).read_text("utf-8"), "utf-8")
+    convert.convert_hf(tmp_path / "hf", tmp_path / "ours")
+    _, model = state.load_model(tmp_path / "ours")
+    with torch.no_grad():
+        ref = original(**{k: torch.from_numpy(v) for k, v in batch.items()}, output_hidden_states=True)
+    ours = model(**{k: jnp.asarray(v) for k, v in batch.items()}, return_hidden=True)["hidden_states"]
+    assert ours.shape[0] == len(ref.hidden_states) == 5
+    np.testing.assert_allclose(ours[-1], ref.last_hidden_state.numpy(), **TOL)
+    for mine, theirs in zip(ours[:-1], ref.hidden_states[:-1]):
+        np.testing.assert_allclose(mine, theirs.numpy(), **TOL)
+    # The residual stream before the norm is far from it: the test tells the two apart.
+    assert not np.allclose(ours[-1], ref.hidden_states[-2].numpy(), atol=1e-2)
+
+    text = "The quick brown fox jumps over the lazy dog."
+    (tmp_path / "in.txt").write_text(text + "\n", "utf-8")
+    features.extract_features(tmp_path / "ours", tmp_path / "in.txt", tmp_path / "out.jsonl",
+                              layers=(-1,), max_seq_length=32, batch_size=1)
+    row = json.loads((tmp_path / "out.jsonl").read_text("utf-8").splitlines()[0])
+    got = np.array([f["layers"][0]["values"] for f in row["features"]])
+    enc = hf_tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        want = original(**enc).last_hidden_state[0].numpy()
+    assert [f["token"] for f in row["features"]][0] == "[CLS]" and got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
