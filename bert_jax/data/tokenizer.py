@@ -34,6 +34,9 @@ from bert_jax.data.wordpiece import (
 )
 
 META_NAME, SPM_NAME, SPM_VOCAB_NAME = "bert_jax_tokenizer.json", "spm.model", "spm.vocab"
+# The tokenizer_config.json of the Hugging Face folder a checkpoint was converted from, kept as
+# it was: `export` writes its decoding settings back (interop/export.py).
+HF_SOURCE_NAME = "hf_source_tokenizer_config.json"
 SP_SPACE = "\u2581"  # "▁": SentencePiece's marker for a preceding space, i.e. a word start
 # Byte-level BPE (GPT-2, RoBERTa): HF's fast tokenizer.json, or the vocab.json + merges.txt pair.
 BPE_JSON, BPE_VOCAB, BPE_MERGES = JSON_NAME, "vocab.json", "merges.txt"
@@ -667,7 +670,7 @@ def _option(directory: Path, meta: dict, key: str, given: bool | None) -> bool:
 
 
 TOKENIZER_FILES = (VOCAB_NAME, CONFIG_NAME, META_NAME, SPM_NAME, SPM_VOCAB_NAME, BPE_JSON, BPE_VOCAB,
-                   BPE_MERGES)
+                   BPE_MERGES, HF_SOURCE_NAME)
 
 
 def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:

@@ -349,6 +349,7 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
         raise FileExistsError(f"{out}: already holds checkpoints; choose a new output folder")
     with _local_source(source) as local:
         hf_cfg, weights, tokenizer, origin = read_source(local)
+        source_options = Path(origin[3:]) / tokenizer_lib.CONFIG_NAME if origin.startswith("hf:") else None
         if local != source:  # name the source, not its temporary copy
             origin = origin[:3] + str(source) + origin[3 + len(str(local)):]
         try:
@@ -379,4 +380,6 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
             raise ValueError(f"{origin[3:]}: encoder weights missing from the checkpoint: {essential}")
         checkpoint.save_params(out, 0, params, {"model": model_cfg, "source": origin})
         tokenizer.save(out)
+        if source_options is not None and source_options.is_file():  # for export, as it was
+            paths.copy_file(source_options, paths.path(out) / tokenizer_lib.HF_SOURCE_NAME)
         return {"model": name, "missing": missing, "unused": unused, "out": str(out), "source": origin}

@@ -118,6 +118,34 @@ def write_hf_bpe_tokenizer(tokenizer: tokenizer_lib.Tokenizer, model_max_length:
     (directory / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", "utf-8")
 
 
+# What a converted Hugging Face folder's tokenizer_config.json said about decoding and length,
+# written back as it was (set or left out): transformers 5 decodes "it ' s" without
+# clean_up_tokenization_spaces and "it's" with it, and cuts at model_max_length.
+SOURCE_SETTINGS = ("clean_up_tokenization_spaces", "model_max_length")
+
+
+def keep_source_settings(source_file: os.PathLike, directory: os.PathLike) -> None:
+    """The exported tokenizer_config.json (and special_tokens_map.json) in `directory` with the
+    source folder's SOURCE_SETTINGS and special tokens, so the export tokenizes and decodes as
+    the folder it was converted from."""
+    source = paths.read_json(source_file, "the tokenizer_config.json kept from the converted folder")
+    config_file = paths.path(directory) / tokenizer_lib.CONFIG_NAME
+    options = json.loads(config_file.read_text("utf-8"))
+    for key in SOURCE_SETTINGS:
+        if key in source:
+            options[key] = source[key]
+        else:
+            options.pop(key, None)
+    specials = {k: v for k, v in source.items() if k in options and k.endswith("_token")}
+    options.update(specials)
+    config_file.write_text(json.dumps(options, indent=2) + "\n", "utf-8")
+    specials_file = paths.path(directory) / "special_tokens_map.json"
+    if specials and specials_file.is_file():
+        written = json.loads(specials_file.read_text("utf-8"))
+        written.update({k: v for k, v in specials.items() if k in written})
+        specials_file.write_text(json.dumps(written, indent=2) + "\n", "utf-8")
+
+
 def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | None = None
               ) -> dict[str, Any]:
     """Writes checkpoint `step` (latest by default) of `source` as a Hugging Face folder `out`;
@@ -163,6 +191,8 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
             options = json.loads(config_file.read_text("utf-8"))
             options.update(family.tokenizer_options)
             config_file.write_text(json.dumps(options, indent=2) + "\n", "utf-8")
+        if written and (paths.path(source) / tokenizer_lib.HF_SOURCE_NAME).is_file():
+            keep_source_settings(paths.path(source) / tokenizer_lib.HF_SOURCE_NAME, local)
     if not written:
         what = _TOKENIZER_NAMES[tokenizer.kind] if tokenizer else "no tokenizer"
         log.warning(f"warning: {source} has {what}; {out} gets no tokenizer files (HF {family.title} "
