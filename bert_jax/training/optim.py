@@ -7,6 +7,12 @@ same with bias correction. `adam` (Kingma & Ba, bias-corrected) is the Transform
 `stable_adamw` is ModernBERT's: optimi's StableAdamW with decouple_lr (its
 `decoupled_stableadamw`), AdamW whose step shrinks per tensor when the gradient spikes.
 
+A per-tensor statistic (StableAdamW's update RMS, LAMB's trust ratio) is taken per tensor of
+the reference, not per leaf of ours: the layers of a stack are one leaf with a leading layer
+axis (models/transformer.py vmaps them, scanned or not), so each layer's slice is its own
+tensor (`tensor_mean`); StableAdamW's reference (ModernBERT in PyTorch) also holds q, k, v as
+one fused Wqkv and the two GLU halves as one Wi, so those are one tensor each there.
+
 A schedule maps optax's update count `c` (0-based: the update being computed is number
 c + 1) to that update's learning rate. Two step conventions, each the one its paper uses:
   rsqrt_paper, warmup_rsqrt:            n = c + 1, as Vaswani et al.'s step_num (starts at 1)
@@ -17,6 +23,7 @@ c + 1) to that update's learning rate. Two step conventions, each the one its pa
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, NamedTuple
 
@@ -190,6 +197,61 @@ def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float) -> optax.
     return optax.GradientTransformation(init, update)
 
 
+LAYER_STACK = "layers"  # the name of a stack's vmapped layers in a parameter path
+# Leaves the StableAdamW reference fuses into one tensor: (module names) -> the fused name.
+FUSED = {("query", "key", "value"): "Wqkv", ("wi", "wi_gate"): "Wi"}
+_FUSED_NAME = {name: fused for names, fused in FUSED.items() for name in names}
+
+
+def _names(path: tuple) -> tuple:
+    return tuple(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
+
+
+def _tensor(path: tuple, fuse: bool) -> tuple[tuple, bool]:
+    """(the reference tensor a leaf belongs to, whether the leaf stacks layers on axis 0)."""
+    names = _names(path)
+    if fuse and len(names) >= 2 and names[-2] in _FUSED_NAME:
+        names = (*names[:-2], _FUSED_NAME[names[-2]], names[-1])
+    return names, LAYER_STACK in names
+
+
+def tensor_mean(tree: Any, *, fuse: bool = False) -> Any:
+    """The mean of each leaf's values over its reference tensor, shaped to broadcast against
+    the leaf: per layer for stacked leaves, over the fused leaves together with `fuse`."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    sums: dict[tuple, Any] = {}
+    counts: dict[tuple, int] = {}
+    for path, x in flat:
+        key, stacked = _tensor(path, fuse)
+        axes = tuple(range(1 if stacked else 0, x.ndim))
+        sums[key] = sums.get(key, 0.0) + jnp.sum(x, axis=axes)
+        counts[key] = counts.get(key, 0) + math.prod(x.shape[a] for a in axes)
+    out = []
+    for path, x in flat:
+        key, stacked = _tensor(path, fuse)
+        mean = sums[key] / counts[key]
+        out.append(mean.reshape(mean.shape + (1,) * (x.ndim - mean.ndim)) if stacked else mean)
+    return treedef.unflatten(out)
+
+
+def scale_by_trust_ratio_per_tensor() -> optax.GradientTransformation:
+    """optax.scale_by_trust_ratio (LAMB's ||param|| / ||update||, 1 where either is 0) with the
+    norms per tensor: per layer of a stacked leaf, as the reference's one variable a layer."""
+
+    def update(updates, state, params=None):
+        # ||p|| / ||u|| over the same elements = sqrt(mean(p^2) / mean(u^2))
+        p2 = tensor_mean(jax.tree.map(jnp.square, params))
+        u2 = tensor_mean(jax.tree.map(jnp.square, updates))
+
+        def scale(u, p_sq, u_sq):
+            ratio = jnp.sqrt(p_sq / jnp.where(u_sq == 0, 1.0, u_sq))
+            return u * jnp.where((p_sq == 0) | (u_sq == 0), 1.0, ratio).astype(u.dtype)
+
+        return jax.tree.map(scale, updates, p2, u2), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def stable_adamw(schedule: optax.Schedule, peak_lr: float, b1: float, b2: float, eps: float,
                  weight_decay: float) -> optax.GradientTransformation:
     """optimi's StableAdamW with decouple_lr (ModernBERT's `decoupled_stableadamw`): per tensor,
@@ -206,13 +268,11 @@ def stable_adamw(schedule: optax.Schedule, peak_lr: float, b1: float, b2: float,
         adam = state[0]  # v_hat includes this step's gradient, as in optimi
         nu_hat = optax.tree.bias_correction(adam.nu, b2, adam.count)
 
-        def clip(u, g, v):
-            # AdaFactor's update clipping: the RMS of g / sqrt(v_hat) is ~1 for steady
-            # gradients and grows when g spikes above its running average.
-            rms = jnp.sqrt(jnp.mean(jnp.square(g) / jnp.maximum(v, eps**2)))
-            return u / jnp.maximum(1.0, rms)
-
-        return jax.tree.map(clip, out, grads, nu_hat), state
+        # AdaFactor's update clipping: the RMS of g / sqrt(v_hat) (per reference tensor) is ~1
+        # for steady gradients and grows when g spikes above its running average.
+        ratio = jax.tree.map(lambda g, v: jnp.square(g) / jnp.maximum(v, eps**2), grads, nu_hat)
+        rms = jax.tree.map(jnp.sqrt, tensor_mean(ratio, fuse=True))
+        return jax.tree.map(lambda u, r: u / jnp.maximum(1.0, r), out, rms), state
 
     return optax.chain(optax.GradientTransformation(adamw.init, update),
                        optax.scale_by_learning_rate(schedule))
@@ -252,8 +312,10 @@ def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformati
                              f"(eps^2 floors the second moment its clipping divides by; "
                              f"ModernBERT: 1e-6)")
         return stable_adamw(schedule, opt.learning_rate, b1, b2, eps, wd)
-    if name == "lamb":
-        return optax.lamb(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd, mask=decay_mask)
+    if name == "lamb":  # optax.lamb, its trust ratio per layer of a stack
+        return optax.chain(optax.scale_by_adam(b1, b2, eps),
+                           optax.add_decayed_weights(wd, mask=decay_mask),
+                           scale_by_trust_ratio_per_tensor(), optax.scale_by_learning_rate(schedule))
     return optax.sgd(schedule, momentum=b1 or None)
 
 
