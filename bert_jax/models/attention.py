@@ -126,7 +126,8 @@ class Attention(nnx.Module):
         self.query = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
         self.key = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
         self.value = dense(cfg, D, (N, K), ("embed", "heads", "kv"), rngs=rngs)
-        self.out = dense(cfg, (N, K), D, ("heads", "kv", "embed"), axis=(-2, -1), rngs=rngs)
+        self.out = dense(cfg, (N, K), D, ("heads", "kv", "embed"), axis=(-2, -1), rngs=rngs,
+                         role="out")
         self.dropout_rate = cfg.attention_dropout_rate
         # Rotary positions on self-attention's queries and keys; the local (window) layers
         # have their own base (ModernBERT: 10k local, 160k global).

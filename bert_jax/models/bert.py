@@ -60,10 +60,11 @@ def encoder_flops_per_token(cfg: BertConfig, seq_len: int) -> dict[str, float]:
 
 class PredictionHead(nnx.Module):
     """dense + activation + norm: the MLM head's transform, and (task_head=modernbert) the task
-    heads' (HF's ModernBertPredictionHead)."""
+    heads' (HF's ModernBertPredictionHead); `role`: its dense's (layers.ROLES; ModernBERT's
+    training code: "in" for the MLM head, "out" for the task heads)."""
 
-    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
-        self.transform = dense(cfg, cfg.emb_dim, cfg.emb_dim, ("embed", "mlp"), rngs=rngs)
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs, role: str = "in"):
+        self.transform = dense(cfg, cfg.emb_dim, cfg.emb_dim, ("embed", "mlp"), rngs=rngs, role=role)
         self.norm = layer_norm(cfg, rngs=rngs)
         self.activation = cfg.activation
 
@@ -164,7 +165,8 @@ class BertTask(nnx.Module):
     flops_per_token = staticmethod(encoder_flops_per_token)
 
     def _task_head(self, cfg: BertConfig, rngs: nnx.Rngs) -> None:
-        self.head = PredictionHead(cfg, rngs=rngs) if cfg.task_head == "modernbert" else None
+        self.head = (PredictionHead(cfg, rngs=rngs, role="out") if cfg.task_head == "modernbert"
+                     else None)
         self.dropout_rate = cfg.dropout_rate
 
     def _classify(self, classifier: nnx.Module, x_BXD: Array, rng: Array | None) -> Array:
@@ -199,7 +201,7 @@ class BertForPreTraining(BertTask):
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=cfg.nsp)  # no NSP head, no pooler
         self.mlm = MaskedLMHead(cfg, rngs=rngs)
-        self.nsp = (dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs, use_bias=True)
+        self.nsp = (dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs, use_bias=True, role="final_out")
                     if cfg.nsp else None)
 
     def __call__(self, input_ids: Array, *, masked_positions: Array | None = None,
@@ -224,7 +226,7 @@ class BertForSequenceClassification(BertTask):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
         self._task_head(cfg, rngs)
         self.classifier = dense(cfg, cfg.emb_dim, cfg.num_labels, ("embed", None), rngs=rngs,
-                                use_bias=True)
+                                use_bias=True, role="final_out")
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:
@@ -240,7 +242,7 @@ class BertForTokenClassification(BertTask):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=False)
         self._task_head(cfg, rngs)
         self.classifier = dense(cfg, cfg.emb_dim, cfg.num_labels, ("embed", None), rngs=rngs,
-                                use_bias=True)
+                                use_bias=True, role="final_out")
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:
@@ -256,7 +258,8 @@ class BertForQuestionAnswering(BertTask):
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=False)
         self._task_head(cfg, rngs)
-        self.qa = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs, use_bias=True)
+        self.qa = dense(cfg, cfg.emb_dim, 2, ("embed", None), rngs=rngs, use_bias=True,
+                        role="final_out")
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:
@@ -274,7 +277,8 @@ class BertForMultipleChoice(BertTask):
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.bert = BertModel(cfg, rngs=rngs, use_pooler=True)
         self._task_head(cfg, rngs)
-        self.classifier = dense(cfg, cfg.emb_dim, 1, ("embed", None), rngs=rngs, use_bias=True)
+        self.classifier = dense(cfg, cfg.emb_dim, 1, ("embed", None), rngs=rngs, use_bias=True,
+                                role="final_out")
 
     def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
                  ) -> dict[str, Array]:

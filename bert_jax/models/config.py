@@ -83,9 +83,10 @@ class ModelConfig:
     dropout_rate: float = _field(0.1, "run")  # embeddings, residual branches, heads
     attention_dropout_rate: float = _field(0.1, "run")  # on the attention probabilities
     layer_norm_eps: float = _field(1e-12, "run")
-    initializer: str = _field("truncated_normal", "run",  # BERT | Vaswani
-                              choices=("truncated_normal", "xavier_uniform"))
-    initializer_range: float = _field(0.02, "run")  # truncated_normal's stddev
+    # BERT's | Vaswani's | ModernBERT's (by role: models/layers.py kernel_init)
+    initializer: str = _field("truncated_normal", "run",
+                              choices=("truncated_normal", "xavier_uniform", "full_megatron"))
+    initializer_range: float = _field(0.02, "run")  # truncated_normal's stddev (full_megatron's base)
     scan_layers: bool = _field(False, "run")  # lax.scan over layers (compile time independent of depth)
     remat_policy: str = _field("none", "run", choices=tuple(REMAT_POLICIES))
     attention_kernel: str = _field("xla", "run")  # a registered kernel's name (models/kernels/)

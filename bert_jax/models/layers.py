@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 
 import jax
@@ -156,29 +157,42 @@ def attend(table: nnx.Embed, x: Array) -> Array:
     return matmul(f"{_LETTERS[:x.ndim - 1]}z,yz->{_LETTERS[:x.ndim - 1]}y", x, emb)
 
 
-def kernel_init(cfg: ModelConfig) -> nnx.Initializer:
+# A kernel's role, for full_megatron: "in" (q/k/v, the MLP's input, the MLM head's dense),
+# "out" (what adds to the residual stream: attention's and the MLP's output projections; the
+# task heads' dense, ModernBERT's FlexBertPoolingHead), "final_out" (the classifiers).
+ROLES = ("in", "out", "final_out")
+
+
+def kernel_init(cfg: ModelConfig, role: str = "in") -> nnx.Initializer:
+    if cfg.initializer == "full_megatron":
+        # ModernBERT's init_method full_megatron (its bert_layers/initialization.py, as metaseq
+        # and OLMo): truncated normal at init_cutoff_factor 2 stddev, the stddev by role.
+        std = {"in": cfg.initializer_range,
+               "out": cfg.initializer_range / math.sqrt(2.0 * cfg.num_layers),
+               "final_out": cfg.emb_dim**-0.5}[role]
+        return nnx.initializers.truncated_normal(std)
     if cfg.initializer == "truncated_normal":
-        # BERT's truncated_normal(stddev) truncates at 2 stddev.
+        # BERT's truncated_normal(stddev) truncates at 2 stddev (of the untruncated normal).
         return nnx.initializers.truncated_normal(cfg.initializer_range)
     return nnx.initializers.xavier_uniform()
 
 
 def embed_init(cfg: ModelConfig) -> nnx.Initializer:
-    if cfg.initializer == "truncated_normal":
+    if cfg.initializer in ("truncated_normal", "full_megatron"):
         return nnx.initializers.truncated_normal(cfg.initializer_range)
     # Scaled by sqrt(d) at lookup (paper 3.4), so unit-variance rows end up ~N(0, d).
     return nnx.initializers.normal(cfg.emb_dim**-0.5)
 
 
 def dense(cfg: ModelConfig, in_features, out_features, axes: tuple, *, rngs: nnx.Rngs,
-          axis=-1, use_bias: bool | None = None) -> nnx.LinearGeneral:
+          axis=-1, use_bias: bool | None = None, role: str = "in") -> nnx.LinearGeneral:
     """A LinearGeneral whose kernel and bias carry logical axis names; with a bias when
     `use_bias`, by default the config's (the model's inner layers; the task classifiers always
-    have one)."""
+    have one); its kernel initialised for its `role` (ROLES)."""
     n_out = 1 if isinstance(out_features, int) else len(out_features)
     return nnx.LinearGeneral(
         in_features, out_features, axis=axis, use_bias=cfg.use_bias if use_bias is None else use_bias,
-        dtype=cfg.compute_dtype, kernel_init=kernel_init(cfg), rngs=rngs,
+        dtype=cfg.compute_dtype, kernel_init=kernel_init(cfg, role), rngs=rngs,
         dot_general=_dot_general if cfg.dtype == "bfloat16" else None,
         kernel_metadata={"out_sharding": axes},
         bias_metadata={"out_sharding": axes[-n_out:]},

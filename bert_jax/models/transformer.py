@@ -40,7 +40,7 @@ class FeedForward(nnx.Module):
         self.wi = dense(cfg, cfg.emb_dim, cfg.mlp_dim, ("embed", "mlp"), rngs=rngs)
         self.wi_gate = (dense(cfg, cfg.emb_dim, cfg.mlp_dim, ("embed", "mlp"), rngs=rngs)
                         if cfg.mlp_layer == "glu" else None)
-        self.wo = dense(cfg, cfg.mlp_dim, cfg.emb_dim, ("mlp", "embed"), rngs=rngs)
+        self.wo = dense(cfg, cfg.mlp_dim, cfg.emb_dim, ("mlp", "embed"), rngs=rngs, role="out")
         self.activation = cfg.activation
 
     def __call__(self, x_BTD: Array) -> Array:
