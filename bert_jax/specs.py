@@ -29,21 +29,41 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and the fix."""
 
 
+def valid(default: Any, values: str) -> Any:
+    """A numeric field with its default and its valid values, written ">= 0", "> 0", an
+    interval "[0, 1)", or "any" (any finite number): every int and float field of a record
+    declares them, read checks them, and tests/unit/test_specs.py fails on a field without."""
+    return dataclasses.field(default=default, metadata={"valid": values})
+
+
+def _within(value: float, values: str) -> bool:
+    if values == "any":
+        return True
+    if values[0] in "[(":
+        low, high = (float(x) for x in values[1:-1].split(","))
+        return ((low <= value) if values[0] == "[" else (low < value)) and (
+            (value <= high) if values[-1] == "]" else (value < high))
+    op, bound = values.split()
+    return value >= float(bound) if op == ">=" else value > float(bound)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainSpec:
     """The `train` section: how long, in what batches, and how often to log, evaluate and save."""
 
-    steps: int = 100  # total optimizer steps (fine-tuning: 0 = from train.epochs)
-    epochs: float = 0.0  # fine-tuning: > 0 with train.steps=0 sets steps = ceil(epochs * examples / batch)
-    label_smoothing: float = 0.0  # sequence targets (transformer, decoder_lm): mass spread over the vocab
+    steps: int = valid(100, ">= 0")  # total optimizer steps (fine-tuning: 0 = from train.epochs)
+    # fine-tuning: > 0 with train.steps=0 sets steps = ceil(epochs * examples / batch)
+    epochs: float = valid(0.0, ">= 0")
+    # sequence targets (transformer, decoder_lm): mass spread over the vocab
+    label_smoothing: float = valid(0.0, "[0, 1)")
     objective: str = ""  # the loss (training/objectives.py OBJECTIVES); empty: the model's own
-    batch_size: int = 32  # global, over all hosts and microbatches
-    grad_accum_steps: int = 1  # microbatches per step (a scan; same result as one batch)
-    log_every: int = 10  # steps between metrics.jsonl lines
-    eval_every: int = 0  # steps between evaluations (0: only at the end)
-    eval_steps: int = 10  # batches per evaluation (0: the whole eval split)
-    checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
-    keep_checkpoints: int = 3  # newest K kept
+    batch_size: int = valid(32, ">= 1")  # global, over all hosts and microbatches
+    grad_accum_steps: int = valid(1, ">= 1")  # microbatches per step (a scan; same result as one batch)
+    log_every: int = valid(10, ">= 1")  # steps between metrics.jsonl lines
+    eval_every: int = valid(0, ">= 0")  # steps between evaluations (0: only at the end)
+    eval_steps: int = valid(10, ">= 0")  # batches per evaluation (0: the whole eval split)
+    checkpoint_every: int = valid(50, ">= 1")  # steps between checkpoints (and one at the end)
+    keep_checkpoints: int = valid(3, ">= 1")  # newest K kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +74,13 @@ class OptimizerSpec:
     configs set adam. The names: training/optim.py OPTIMIZERS."""
 
     name: str = "adam_weight_decay"  # adam_weight_decay | adam | adamw | stable_adamw | lamb | sgd
-    learning_rate: float = 1e-4  # peak (rsqrt_paper: the paper's scale factor)
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-6
-    weight_decay: float = 0.01  # decoupled; not on LayerNorm or biases (stable_adamw: per peak lr)
-    grad_clip_norm: float = 1.0  # global-norm clipping; 0 = off
+    learning_rate: float = valid(1e-4, "> 0")  # peak (rsqrt_paper: the paper's scale factor)
+    b1: float = valid(0.9, "[0, 1)")
+    b2: float = valid(0.999, "[0, 1)")
+    eps: float = valid(1e-6, ">= 0")
+    # decoupled; not on LayerNorm or biases (stable_adamw: per peak lr)
+    weight_decay: float = valid(0.01, ">= 0")
+    grad_clip_norm: float = valid(1.0, ">= 0")  # global-norm clipping; 0 = off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +88,14 @@ class ScheduleSpec:
     """The `schedule` section: the learning rate by step (training/optim.py SCHEDULES)."""
 
     name: str = "warmup_linear"  # rsqrt_paper | warmup_rsqrt | warmup_linear | constant | cosine | wsd
-    warmup_steps: int = 10  # linear warmup from 0
-    final_fraction: float = 0.0  # cosine, wsd: final lr as a fraction of the peak
-    warmup_fraction: float = 0.0  # > 0: warmup_steps = fraction * train.steps (fine-tuning: 0.1)
+    warmup_steps: int = valid(10, ">= 0")  # linear warmup from 0
+    final_fraction: float = valid(0.0, "[0, 1]")  # cosine, wsd: final lr as a fraction of the peak
+    # > 0: warmup_steps = fraction * train.steps (fine-tuning: 0.1)
+    warmup_fraction: float = valid(0.0, "[0, 1)")
     # wsd (warmup-stable-decay): the last decay_steps (or decay_fraction * train.steps) steps
     # decay to final_fraction, shaped 1-sqrt (ModernBERT's) or linear; 0: no decay
-    decay_steps: int = 0
-    decay_fraction: float = 0.0
+    decay_steps: int = valid(0, ">= 0")
+    decay_fraction: float = valid(0.0, "[0, 1]")
     decay_shape: str = "1-sqrt"
 
 
@@ -81,9 +103,10 @@ class ScheduleSpec:
 class MeshSpec:
     """The `mesh` section: the device mesh's axis sizes."""
 
-    data: int = -1  # -1: all devices left after the other axes
-    fsdp: int = 1  # parameters and optimizer state split over these devices (ZeRO-3 style)
-    tensor: int = 1  # matmuls split over these devices (Megatron style)
+    # (positive, one of them may be -1: config.mesh_shape checks them together)
+    data: int = valid(-1, "any")  # -1: all devices left after the other axes
+    fsdp: int = valid(1, "any")  # parameters and optimizer state split over these devices (ZeRO-3 style)
+    tensor: int = valid(1, "any")  # matmuls split over these devices (Megatron style)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +130,7 @@ class PretrainingData:
     name: str = "text"  # the source: text | array_record (bert-jax prepare) | tfds | synthetic
     train_files: str = ""  # comma-separated globs (text, array_record)
     eval_files: str = ""  # held-out files; empty: every heldout_every-th document
-    heldout_every: int = 100  # without eval files/split: hold out 1 document in N for eval
+    heldout_every: int = valid(100, ">= 0")  # without eval files/split: hold out 1 document in N for eval
     # paragraphs (ordinary text) | sentences (one per line) | document (ordinary text, a file each)
     text_format: str = "paragraphs"
     tfds_name: str = ""  # e.g. wikipedia/20230601.en (read with tfds.data_source)
@@ -115,25 +138,28 @@ class PretrainingData:
     tfds_eval_split: str = ""  # empty: hold out documents of the train split
     tfds_data_dir: str = ""
     tokenizer: str = ""  # directory with vocab.txt (WordPiece) or spm.model (SentencePiece)
-    max_seq_length: int = 128
+    max_seq_length: int = valid(128, ">= 1")
     # What a row holds (data/pretraining.py): pairs = BERT's [CLS] A [SEP] B [SEP] with an NSP
     # label (model.nsp=True); MLM only (model.nsp=False): packed = each document cut into
     # sequences of at most max_seq_length, packed into rows with attention within a document
     # (RoBERTa's DOC-SENTENCES, ModernBERT; the MLM-only default) | full_rows = documents
     # concatenated and cut into full rows, attention across them (RoBERTa's FULL-SENTENCES)
     instances: str = "pairs"
-    max_predictions_per_seq: int = 20  # pairs: a cap (as the original); MLM only: >= round(rate * length)
-    masked_lm_prob: float = 0.15  # fraction of tokens masked in training (ModernBERT: 0.3)
-    eval_masked_lm_prob: float = 0.0  # in held-out evaluation; 0: masked_lm_prob (ModernBERT: 0.15)
-    short_seq_prob: float = 0.1  # fraction of instances with a shorter random target length
+    # pairs: a cap (as the original); MLM only: >= round(rate * length)
+    max_predictions_per_seq: int = valid(20, ">= 1")
+    masked_lm_prob: float = valid(0.15, "(0, 1]")  # fraction of tokens masked in training (ModernBERT: 0.3)
+    # in held-out evaluation; 0: masked_lm_prob (ModernBERT: 0.15); checked by config.check_pretraining_data
+    eval_masked_lm_prob: float = valid(0.0, "any")
+    short_seq_prob: float = valid(0.1, "[0, 1]")  # fraction of instances with a shorter random target length
     whole_word_masking: bool = False
-    dupe_factor: int = 0  # static masking: N fixed maskings cycled; 0: dynamic (new each epoch)
+    # static masking: N fixed maskings cycled; 0: dynamic (new each epoch)
+    dupe_factor: int = valid(0, ">= 0")
     # Several short instances per row (first fit; attention stays within an instance, NSP at
     # each [CLS]): fewer padding tokens, more instances per step than the paper's one per row.
     pack: bool = False
-    max_instances_per_row: int = 4  # with pack: NSP labels per row
-    shuffle_window: int = 1000  # instances shuffled within windows of this size
-    worker_count: int = 0  # grain worker processes (0: in the training process)
+    max_instances_per_row: int = valid(4, ">= 1")  # with pack: NSP labels per row
+    shuffle_window: int = valid(1000, ">= 0")  # instances shuffled within windows of this size
+    worker_count: int = valid(0, ">= 0")  # grain worker processes (0: in the training process)
     # Sequence-length phases: ((first step, max_seq_length, max_predictions_per_seq), ...);
     # empty: one phase with the values above. A 4th entry is that phase's global batch (batch
     # size warmup; 0: train.batch_size): a multiple of the microbatch train.batch_size /
@@ -164,10 +190,11 @@ class TranslationData:
     tfds_eval_split: str = "validation"
     tfds_data_dir: str = ""  # "" = TFDS's default
     tokenizer: str = ""  # directory with the shared SentencePiece model (bert-jax vocab --type sentencepiece)
-    max_seq_length: int = 256  # tokens per row, each side; longer pairs are dropped
-    packing_bins: int = 0  # rows packed at a time (first fit); 0 = one host batch
-    worker_count: int = 0  # grain worker processes (0 = in the training process)
-    bleu_sentences: int = 0  # dev sentences decoded for BLEU at each evaluation (0 = all, -1 = none)
+    max_seq_length: int = valid(256, ">= 1")  # tokens per row, each side; longer pairs are dropped
+    packing_bins: int = valid(0, ">= 0")  # rows packed at a time (first fit); 0 = one host batch
+    worker_count: int = valid(0, ">= 0")  # grain worker processes (0 = in the training process)
+    # dev sentences decoded for BLEU at each evaluation (0 = all, -1 = none)
+    bleu_sentences: int = valid(0, ">= -1")
 
     packed = True  # rows hold several sentence pairs
 
@@ -183,12 +210,12 @@ class TaskData:
     dev_file: str = ""
     test_file: str = ""
     tokenizer: str = ""  # vocab directory; empty: config.init_from
-    max_seq_length: int = 128
+    max_seq_length: int = valid(128, ">= 1")
     # Pack several examples into each max_seq_length row (exact: attention, positions and
     # heads stay per example), rows in a few bucket sizes; false: one padded row each.
     pack: bool = True
     skip_bad_rows: bool = False  # True: skip malformed rows with a warning instead of stopping
-    max_train_examples: int = 0  # > 0: only the first N training examples
+    max_train_examples: int = valid(0, ">= 0")  # > 0: only the first N training examples
 
     @property
     def packed(self) -> bool:
@@ -267,4 +294,11 @@ def read(record: type, values: Mapping[str, Any], where: str):
     if unknown:
         raise ConfigError(f"unknown config key {where}.{unknown[0]}; valid keys there: {names}")
     kinds = typing.get_type_hints(record)
-    return record(**{k: _typed(v, kinds[k], f"{where}.{k}") for k, v in given.items()})
+    typed = {k: _typed(v, kinds[k], f"{where}.{k}") for k, v in given.items()}
+    for f in dataclasses.fields(record):
+        values = f.metadata.get("valid")
+        if values and f.name in typed and not _within(typed[f.name], values):  # (finite: _typed)
+            shown = f"in {values}" if values[0] in "[(" else values
+            raise ConfigError(f"{where}.{f.name}={typed[f.name]} must be {shown}; the default is "
+                              f"{f.default}")
+    return record(**typed)

@@ -500,11 +500,12 @@ class SquadTask(Task):
         # softmax runs over the whole row.
         pack: bool = False
         version_2: bool = False  # SQuAD 2.0: questions may have no answer
-        doc_stride: int = 128  # tokens between the starts of consecutive windows of a long paragraph
-        max_query_length: int = 64
-        n_best_size: int = 20
-        max_answer_length: int = 30
-        null_score_diff_threshold: float = 0.0  # v2: predict "" when null score - best span > this
+        doc_stride: int = specs.valid(128, ">= 1")  # tokens between consecutive windows' starts
+        max_query_length: int = specs.valid(64, ">= 1")
+        n_best_size: int = specs.valid(20, ">= 1")
+        max_answer_length: int = specs.valid(30, ">= 1")
+        # v2: predict "" when null score - best span > this
+        null_score_diff_threshold: float = specs.valid(0.0, "any")
 
     @classmethod
     def looks_like(cls, head: bytes) -> bool:

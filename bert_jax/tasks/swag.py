@@ -124,7 +124,7 @@ class SwagTask(Task):
 
     @dataclass(frozen=True)
     class Data(specs.TaskData):
-        num_choices: int = 4  # endings per example (the reader checks each row)
+        num_choices: int = specs.valid(4, ">= 2")  # endings per example (the reader checks each row)
 
     @classmethod
     def looks_like(cls, head: bytes) -> bool:

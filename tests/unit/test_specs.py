@@ -1,0 +1,43 @@
+"""Every numeric key of a run's sections declares its valid values (specs.valid), and reading a
+section refuses a value outside them before anything compiles, naming the key, the range and
+the default."""
+
+import dataclasses
+import re
+import typing
+
+import pytest
+
+from bert_jax import specs, tasks
+from bert_jax.data import sources
+
+RECORDS = [specs.TrainSpec, specs.OptimizerSpec, specs.ScheduleSpec, specs.MeshSpec,
+           specs.PretrainingData, specs.TranslationData, specs.TaskData,
+           *{cls.Data for cls in tasks.TASKS.values()}, *{s.keys for s in sources.SOURCES.values()}]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.__qualname__)
+def test_every_numeric_key_declares_its_valid_values(record):
+    kinds = typing.get_type_hints(record)
+    missing = [f.name for f in dataclasses.fields(record)
+               if kinds[f.name] in (int, float) and "valid" not in f.metadata]
+    assert not missing, f"{record.__qualname__}: declare the valid values of {missing} (specs.valid)"
+    for f in dataclasses.fields(record):  # each default is itself valid
+        if "valid" in f.metadata:
+            specs.read(record, {f.name: f.default}, "x")
+
+
+@pytest.mark.parametrize("record, key, value, said", [
+    (specs.OptimizerSpec, "b2", 1.5, "optimizer.b2=1.5 must be in [0, 1)"),
+    (specs.OptimizerSpec, "learning_rate", 0.0, "optimizer.learning_rate=0.0 must be > 0"),
+    (specs.OptimizerSpec, "weight_decay", -0.1, "must be >= 0; the default is 0.01"),
+    (specs.TrainSpec, "eval_steps", -1, "train.eval_steps=-1 must be >= 0"),
+    (specs.PretrainingData, "max_predictions_per_seq", 0, "data.max_predictions_per_seq=0 must be >= 1"),
+    (specs.PretrainingData, "masked_lm_prob", 1.5, "data.masked_lm_prob=1.5 must be in (0, 1]"),
+    (specs.ScheduleSpec, "final_fraction", 1.5, "schedule.final_fraction=1.5 must be in [0, 1]"),
+])
+def test_a_value_outside_its_range_is_refused(record, key, value, said):
+    where = {specs.OptimizerSpec: "optimizer", specs.TrainSpec: "train",
+             specs.ScheduleSpec: "schedule"}.get(record, "data")
+    with pytest.raises(specs.ConfigError, match=re.escape(said)):
+        specs.read(record, {key: value}, where)
