@@ -37,6 +37,26 @@ def shared_data() -> Path:
     return Path(os.environ.get("BERT_JAX_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")  # a URL's start: "gs://", "s3:/", "GS://"
+
+
+def check_given(value: str, what: str) -> None:
+    """A path the user gave (`what`: its flag, e.g. "--workdir"): a local path or a gs:// URL.
+    Empty, another scheme (s3://, http://), or a Cloud Storage URL miswritten (GS://, gs:/x)
+    is a ValueError naming it, rather than a folder of that name made here."""
+    if not value.strip():
+        raise ValueError(f"{what} is empty; give a local path or a gs:// URL")
+    scheme = _SCHEME.match(value)
+    if scheme is None or value.startswith("gs://"):
+        return
+    if scheme.group(1).lower() == "gs":
+        fixed = "gs://" + value[len(scheme.group(0)):].lstrip("/")
+        raise ValueError(f"{what}={value}: a Cloud Storage URL is written gs://bucket/path (lower "
+                         f"case, two slashes): {fixed}")
+    raise ValueError(f"{what}={value}: {scheme.group(1)}:// is not a storage bert-jax reads; give "
+                     "a local path or a gs:// URL")
+
+
 def is_remote(path: str | os.PathLike) -> bool:
     """True for an object-store URL such as gs://bucket/run."""
     return "://" in str(path)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from absl import app, flags, logging
 
 from bert_jax import config as config_lib
+from bert_jax import paths
 from bert_jax.commands import cloud, data, interop, options, sweep, training, translate, viz
 
 
@@ -105,6 +106,7 @@ def main(argv: list[str]) -> None:
             got = f"unknown command {argv[1]!r}; " if len(argv) > 1 else ""
             raise app.UsageError(f"{got}usage: bert-jax <command> [flags]; commands: "
                                  f"{', '.join(COMMANDS)}")
+        check_path_flags(command)
         if command.compiles:
             from bert_jax.training.compilation_cache import setup_compilation_cache
 
@@ -117,6 +119,22 @@ def main(argv: list[str]) -> None:
         # extra: one line, not a traceback
         print(f"bert-jax {argv[1]}: error: {_one_line(e)}", file=sys.stderr)
         sys.exit(1)
+
+
+# The flags that name a file or folder (local or gs://), checked as one before any command runs.
+PATH_FLAGS = ("workdir", "checkpoint", "input", "output", "reference", "out", "compilation_cache")
+
+
+def check_path_flags(command: Command) -> None:
+    """Each path flag `command` reads, as given (paths.check_given; --compilation_cache's auto
+    and off are not paths): a bad one is a bad flag."""
+    for name in command.flags:
+        value = flags.FLAGS[name].value if name in PATH_FLAGS else None
+        if value is not None and not (name == "compilation_cache" and value in ("auto", "off")):
+            try:
+                paths.check_given(value, f"--{name}")
+            except ValueError as e:
+                raise app.UsageError(str(e)) from None
 
 
 def _one_line(error: BaseException) -> str:

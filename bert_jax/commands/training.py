@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-from absl import app
-
 from bert_jax.commands.options import (
     CONFIG,
     LAST,
@@ -27,10 +25,7 @@ def cmd_train(args: list[str]) -> None:
 
     from bert_jax.training import train
 
-    workdir = require(WORKDIR, "train")
-    if not workdir.strip():  # else the run would write into the current directory
-        raise app.UsageError("--workdir is empty: give the run's directory, e.g. --workdir "
-                             "/tmp/run (a new folder, or a run to resume)")
+    workdir = require(WORKDIR, "train")  # (not empty: commands.check_path_flags)
     summary = train.train_and_evaluate(require(CONFIG, "train"), workdir,
                                        set_by_user=LoadedConfig.set_by_user(), started=Started.at)
     if jax.process_index() == 0:

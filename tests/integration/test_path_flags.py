@@ -1,0 +1,33 @@
+"""Every path flag is checked as one before its command runs: empty, a URL scheme bert-jax does
+not read, or a Cloud Storage URL miswritten is one line naming the flag (and the fix), exit 2,
+and nothing is made in the current folder (a `GS:` or `gs:` folder there, as before)."""
+
+import pytest
+from helpers import REPO
+
+TRAIN = ["train", "--config", "configs/bert_pretrain.py:tiny", "--config.data.name=synthetic"]
+
+
+@pytest.mark.parametrize("argv, said", [
+    ([*TRAIN, "--workdir", "GS://bucket/run"], "--workdir=GS://bucket/run: a Cloud Storage URL is "
+     "written gs://bucket/path (lower case, two slashes): gs://bucket/run"),
+    ([*TRAIN, "--workdir", "gs:/bucket/run"], "gs://bucket/run"),
+    ([*TRAIN, "--workdir", "s3://bucket/run"], "--workdir=s3://bucket/run: s3:// is not a storage"),
+    ([*TRAIN, "--workdir", "/tmp/x", "--compilation_cache="], "--compilation_cache is empty"),
+    ([*TRAIN, "--workdir", "/tmp/x", "--compilation_cache=gs:/oops"], "gs://oops"),
+    (["features", "--checkpoint", "http://example.com/ckpt", "--input", "a.txt", "--output",
+      "b.jsonl"], "--checkpoint=http://example.com/ckpt: http:// is not"),
+    (["vocab", "--input", "a.txt", "--out", " "], "--out is empty"),
+])
+def test_a_bad_path_flag_is_one_line_and_makes_nothing(cli, argv, said):
+    before = {p.name for p in REPO.iterdir()}
+    code, _, err = cli(argv)
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    assert {p.name for p in REPO.iterdir()} == before  # no GS:, gs: or empty-named folder
+
+
+def test_the_paths_users_give_still_pass():
+    from bert_jax import paths
+
+    for value in ("runs/x", "/tmp/x", "gs://bucket/run", "./a:b", "~/cache", "C-1/x"):
+        paths.check_given(value, "--workdir")
