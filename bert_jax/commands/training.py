@@ -40,7 +40,8 @@ def cmd_eval(args: list[str]) -> None:
     from bert_jax.training import evaluate
 
     for result in evaluate.evaluate_checkpoints(
-            LoadedConfig.value, require(WORKDIR, "eval"), STEP.value, SPLIT.value):
+            LoadedConfig.value, require(WORKDIR, "eval"), STEP.value, SPLIT.value,
+            frozenset(LoadedConfig.set_by_user())):
         print(json.dumps(result))
 
 

@@ -234,10 +234,14 @@ def _check_split_file(split: str, config, workdir: str) -> None:
                          f"{ran} file, or evaluate a {other.name} run with it")
 
 
-def run_config(config, workdir: str) -> ml_collections.ConfigDict:
+def run_config(config, workdir: str, set_by_user: frozenset[str] = frozenset()
+               ) -> ml_collections.ConfigDict:
     """The config to evaluate `workdir` with: the one stored with its latest checkpoint, or
     `config` (the user's --config) with the stored model section, since the weights decide
-    the model. The tokenizer is the workdir's own copy unless data.tokenizer names one."""
+    the model; of the model keys the user set on the command line (`set_by_user`, e.g.
+    "model.attention_kernel"), those of how it runs (kind "run") apply, and one the checkpoint
+    decides otherwise is an error naming it. The tokenizer is the workdir's own copy unless
+    data.tokenizer names one."""
     stored = checkpoint.read_config(workdir)
     if config is None:
         if "train" not in stored or "data" not in stored:
@@ -268,10 +272,20 @@ def run_config(config, workdir: str) -> ml_collections.ConfigDict:
                 f"results, never replaced by another task's: leave out --config (or give a {ran} "
                 f"config; its other files: --split), or fine-tune on {asked} from it with "
                 f"--config.init_from={workdir} and a new --workdir")
+        asked = {k.removeprefix("model."): config.model[k.removeprefix("model.")]
+                 for k in set_by_user if k.startswith("model.")}
+        ignored = {k: v for k, v in asked.items() if k in checkpoint.STATE_FIELDS and model.get(k) != v}
+        if ignored:
+            key, value = next(iter(sorted(ignored.items())))
+            raise config_lib.ConfigError(
+                f"--config.model.{key}={value}: the checkpoint in {workdir} decides model.{key} "
+                f"({model.get(key)!r}), so the flag would do nothing; drop it (what the model "
+                f"runs with, e.g. model.attention_kernel or model.scan_layers, may be set)")
         changed = checkpoint.changed_fields(model, config.model.to_dict(), checkpoint.STATE_FIELDS,
                                             "model.")
         if changed:
             log.info(f"model from the checkpoint in {workdir}, not --config ({changed})")
+        model.update({k: v for k, v in asked.items() if k not in checkpoint.STATE_FIELDS})
         config.model = ml_collections.ConfigDict(model)
     data = config.data
     if "tokenizer" in data and not (data.tokenizer and paths.path(data.tokenizer).exists()) and (
@@ -281,13 +295,15 @@ def run_config(config, workdir: str) -> ml_collections.ConfigDict:
 
 
 def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
-                         split: str | None = None) -> list[dict]:
+                         split: str | None = None, set_by_user: frozenset[str] = frozenset()
+                         ) -> list[dict]:
     """Metrics of each chosen checkpoint, written to <workdir>/eval/step_<N>.json; fine-tuning
     tasks also write their predictions to <workdir>/eval/step_<N>/. A `split` other than the
     task's dev split writes to <workdir>/eval/<split name>/ instead. `config` None: the one
-    stored with the checkpoints (see run_config). A result with a non-finite value is an
-    error and never replaces a result already written."""
-    config = run_config(config, workdir)
+    stored with the checkpoints (see run_config, with the keys `set_by_user` on the command
+    line). A result with a non-finite value is an error and never replaces a result already
+    written."""
+    config = run_config(config, workdir, set_by_user)
     setup.check(config, platform=setup.platform(), devices=jax.device_count(),
                 processes=jax.process_count(), training=False)
     task = tasks.from_config(config)
