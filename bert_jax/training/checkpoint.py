@@ -467,6 +467,18 @@ def _params_metadata(directory: str | os.PathLike) -> tuple[int, dict[tuple[str,
     return step, {trees.key_names(path): x for path, x in leaves}
 
 
+def check_same_family(directory: str | os.PathLike, theirs: dict[str, Any], ours: dict[str, Any]
+                      ) -> None:
+    """init_from `directory` (holding model section `theirs`) for a model `ours` of the same
+    family only: another family's tensors may share our names, not what they compute."""
+    theirs_family, ours_family = (models.CONFIGS[c["name"]].family for c in (theirs, ours))
+    if theirs_family != ours_family:
+        raise ConfigError(f"init_from={directory}: holds a {theirs['name']!r} model ({theirs_family} "
+                          f"family), but this config trains {ours['name']!r} ({ours_family} "
+                          f"family), which reads embeddings and positions its own way; start from "
+                          f"a {ours_family} checkpoint (or none)")
+
+
 def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abstract_params: dict,
                     mesh) -> tuple[dict, list[str], list[str]]:
     """Weights for `config.init_from`: every parameter of our model (`abstract_params`: shapes
@@ -477,6 +489,7 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abs
     # Stored configs may leave out fields at their defaults; compare the fields both models read.
     source_cfg = models.complete_model_config(read_config(directory)["model"])
     model_cfg = models.complete_model_config(model_cfg)
+    check_same_family(directory, source_cfg, model_cfg)
     diff = [k for k in ARCHITECTURE_FIELDS if k in model_cfg and k in source_cfg
             and model_cfg[k] != source_cfg[k]]
     if diff:

@@ -74,6 +74,8 @@ def sizes_from_init(config, set_by_user: Collection[str] = ()):
     if not config.get("init_from"):
         return config
     theirs = checkpoint.read_config(config.init_from)["model"]
+    if theirs.get("name") in models.CONFIGS and config.model.name in models.CONFIGS:
+        checkpoint.check_same_family(config.init_from, theirs, config.model)
     taken = {k: theirs[k] for k in checkpoint.ARCHITECTURE_FIELDS  # those both models read
              if k in theirs and k in config.model and f"model.{k}" not in set_by_user
              and config.model[k] != theirs[k]}
