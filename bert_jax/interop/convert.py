@@ -217,6 +217,13 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
     `file_names`: the checkpoint's name of each tensor, for errors and reports."""
     shown = {k: (file_names or {}).get(k, k) for k in weights}
     weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
+    broken = [(shown[k], int(np.size(v) - np.isfinite(v).sum())) for k, v in weights.items()
+              if not np.isfinite(v).all()]
+    if broken:  # a damaged file (or a diverged run): its numbers would train nothing
+        (name, count), more = broken[0], len(broken) - 1
+        raise ValueError(f"tensor {name} holds {count} NaN or infinite values"
+                         + (f" (and {more} more tensors)" if more else "")
+                         + "; the weights file is damaged or the model diverged: download it again")
     fresh = nnx.to_pure_dict(nnx.state(models.create_model(model_cfg, seed=seed), nnx.Param))
     flat = traverse_util.flatten_dict(fresh, sep="/")
     table = hf_names(model_cfg["name"], flat, model_cfg["num_layers"])

@@ -1,10 +1,12 @@
 """A checkpoint converted from a Hugging Face folder exports a tokenizer that decodes, cuts and
 names its special tokens as that folder's does (transformers 5 reads a tokenizer_config.json
 without clean_up_tokenization_spaces as false: "it ' s", as all-MiniLM-L6-v2's gives); one of
-our own vocabularies keeps today's settings."""
+our own vocabularies keeps today's settings. A damaged weights file converts to nothing."""
 
 import json
+import re
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -70,3 +72,18 @@ def test_our_own_vocabulary_keeps_todays_settings(tmp_path):
     export.export_hf(tmp_path / "ours", tmp_path / "back")
     saved = json.loads((tmp_path / "back" / "tokenizer_config.json").read_text("utf-8"))
     assert saved["clean_up_tokenization_spaces"] is True and saved["model_max_length"] == 64
+
+
+def test_a_weights_file_with_nan_values_is_refused(tmp_path):
+    """A damaged model.safetensors (NaN where numbers were) converts to nothing: one error
+    naming the tensor, not a checkpoint of NaN parameters."""
+    source = hf_folder(tmp_path / "hf", MINILM)
+    import safetensors.numpy
+
+    tensors = safetensors.numpy.load_file(source / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("attention.self.query.weight"))
+    tensors[name].reshape(-1)[:7] = np.nan
+    safetensors.numpy.save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"tensor {re.escape(name)} holds 7 NaN or infinite values"):
+        convert.convert_hf(source, tmp_path / "ours")
+    assert not (tmp_path / "ours" / "checkpoints").exists()
