@@ -209,4 +209,11 @@ def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[s
             flush(split)
     flush("train")
     flush("validation")
+    if counts["train"] == 0:  # shards of nothing would train nothing: say so, leave no folder
+        if not any(out.iterdir()):
+            out.rmdir()
+        where = d.train_files if d.name == "text" else f"{d.tfds_name} ({d.tfds_train_split})"
+        raise ValueError(f"data.name={d.name!r}: no training documents in {where} (empty, or "
+                         f"every document went to validation: data.heldout_every="
+                         f"{d.heldout_every}); give text to prepare")
     return counts

@@ -1,6 +1,7 @@
 """Every path flag is checked as one before its command runs: empty, a URL scheme bert-jax does
 not read, or a Cloud Storage URL miswritten is one line naming the flag (and the fix), exit 2,
-and nothing is made in the current folder (a `GS:` or `gs:` folder there, as before)."""
+and nothing is made in the current folder (a `GS:` or `gs:` folder there, as before); a
+command that would write nothing fails rather than succeeding at nothing."""
 
 import pytest
 from helpers import REPO
@@ -31,3 +32,15 @@ def test_the_paths_users_give_still_pass():
 
     for value in ("runs/x", "/tmp/x", "gs://bucket/run", "./a:b", "~/cache", "C-1/x"):
         paths.check_given(value, "--workdir")
+
+
+def test_prepare_of_an_empty_corpus_fails_and_leaves_no_folder(cli, tmp_path, wordpiece_vocab):
+    """`prepare` that would write no training shard exits non-zero (it printed 0 documents and a
+    `train with` glob matching nothing), and the --out folder it made is gone again."""
+    (tmp_path / "empty.txt").write_text("\n\n", "utf-8")
+    code, _, err = cli(["prepare", "--config", "configs/bert_pretrain.py:tiny",
+                        f"--config.data.train_files={tmp_path / 'empty.txt'}",
+                        f"--config.data.tokenizer={wordpiece_vocab.parent}", "--out",
+                        str(tmp_path / "shards")])
+    assert code == 1 and "no training documents in" in err and "empty.txt" in err, err
+    assert not (tmp_path / "shards").exists()
