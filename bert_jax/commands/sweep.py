@@ -126,6 +126,10 @@ def check_sweep(sweep, spec: str = "the sweep config") -> None:
                          "give a sweep file such as configs/sweeps/glue.py:mrpc")
     if bad := [k for k, v in sweep.grid.items() if not isinstance(v, (tuple, list)) or not v]:
         raise ValueError(f"grid.{bad[0]}={sweep.grid[bad[0]]!r}: expected a non-empty tuple of values")
+    # Two equal values would be two trials of one name, in one folder (trial_name).
+    if twice := [k for k, v in sweep.grid.items() if len({_fmt(x) for x in v}) < len(v)]:
+        raise ValueError(f"grid.{twice[0]}={tuple(sweep.grid[twice[0]])!r} repeats a value: each "
+                         "trial is one combination, run once; list each value once")
     for setting in trials(sweep):
         items = [*sweep.overrides, *(f"{k}={_fmt(v)}" for k, v in setting.items())]
         try:

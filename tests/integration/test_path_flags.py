@@ -44,3 +44,14 @@ def test_prepare_of_an_empty_corpus_fails_and_leaves_no_folder(cli, tmp_path, wo
                         str(tmp_path / "shards")])
     assert code == 1 and "no training documents in" in err and "empty.txt" in err, err
     assert not (tmp_path / "shards").exists()
+
+
+def test_a_sweep_grid_that_repeats_a_value_is_refused(cli, tmp_path):
+    """Two equal values made two trials of one name in one folder (the second resumed the first)."""
+    (tmp_path / "sw.py").write_text(
+        "from bert_jax.commands.sweep import sweep_config\n\n\ndef get_config(arg=None):\n"
+        "    return sweep_config('configs/glue.py:mrpc,tiny', "
+        "{'optimizer.learning_rate': (1e-3, 0.001), 'seed': (0, 1)})\n", "utf-8")
+    code, _, err = cli(["sweep", "--config", str(tmp_path / "sw.py"), "--workdir", str(tmp_path / "s")])
+    assert code == 1 and "grid.optimizer.learning_rate=(0.001, 0.001) repeats a value" in err, err
+    assert not (tmp_path / "s").exists()
