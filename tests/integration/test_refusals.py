@@ -1,7 +1,8 @@
-"""Refused before anything runs. Every path flag is checked as one before its command runs: empty, a URL scheme bert-jax does
-not read, or a Cloud Storage URL miswritten is one line naming the flag (and the fix), exit 2,
-and nothing is made in the current folder (a `GS:` or `gs:` folder there, as before); a
-command that would write nothing fails rather than succeeding at nothing."""
+"""Refused before anything runs. Every path flag is checked as one before its command runs:
+empty, a URL scheme bert-jax does not read, or a Cloud Storage URL miswritten is one line
+naming the flag (and the fix), exit 2, and nothing is made in the current folder (a `GS:` or
+`gs:` folder there, as before); a command that would write nothing fails rather than
+succeeding at nothing."""
 
 import pytest
 from helpers import REPO
