@@ -19,6 +19,7 @@ reads exactly the `flops` fields (tests/unit/models/test_model_configs.py) follo
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar
 
 import jax
@@ -107,8 +108,14 @@ class ModelConfig:
             value, meta = getattr(self, f.name), f.metadata
             if meta["choices"] is not None and value not in meta["choices"]:
                 raise ValueError(f"model.{f.name}={value!r}; choose one of {meta['choices']}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"model.{f.name}={value!r}: a finite number is needed")
             if meta["least"] is not None and value < meta["least"]:
                 raise ValueError(f"model.{f.name}={value!r} must be >= {meta['least']}")
+        for name in ("layer_norm_eps", "initializer_range"):  # a norm's division, an init's spread
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be > 0 (the default: "
+                                 f"{type(self).__dataclass_fields__[name].default})")
         for name in ("dropout_rate", "attention_dropout_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be in [0, 1)")

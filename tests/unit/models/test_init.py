@@ -2,9 +2,11 @@
 init_method full_megatron, init_cutoff_factor 2): each kernel a normal truncated at 2 stddev,
 the stddev by the module's role: 0.02 for q/k/v, the MLP's input and the MLM head's dense;
 0.02 / sqrt(2 x layers) for what adds to the residual stream (attention and MLP outputs) and the
-task heads' dense; hidden^-0.5 for the classifiers; embeddings 0.02; biases 0."""
+task heads' dense; hidden^-0.5 for the classifiers; embeddings 0.02; biases 0. And the values
+no initialisation or norm can work with are refused when the model config is made."""
 
 import math
+import re
 
 import jax
 import numpy as np
@@ -55,3 +57,16 @@ def test_the_bert_initialisation_is_unchanged():
     bert = kernels("bert_classification", initializer="truncated_normal")
     for suffix in ("attention/out/kernel", "mlp/wo/kernel", "classifier/kernel"):
         expect(bert, suffix, 0.02)
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("rope_theta", float("nan"), "model.rope_theta=nan: a finite number is needed"),
+    ("dropout_rate", float("inf"), "model.dropout_rate=inf: a finite number is needed"),
+    ("layer_norm_eps", 0.0, "model.layer_norm_eps=0.0 must be > 0"),
+    ("initializer_range", -0.02, "model.initializer_range=-0.02 must be > 0"),
+])
+def test_a_model_value_that_cannot_work_is_refused(field, value, said):
+    """Refused when the model config is made (before anything compiles), not as a NaN loss."""
+    with pytest.raises(ValueError, match=re.escape(said)):
+        models.split_model_config(models.model_section(
+            "bert", {**models.modernbert_model_fields("tiny"), field: value}))
