@@ -253,6 +253,9 @@ def data(section: Any, where: str = "data") -> DataSpec:
     if isinstance(section, DataSpec):
         return section
     name = section.get("name")
+    if name not in DATA_NAMES:  # the registries enter their names when imported: import them
+        import bert_jax.data.sources  # noqa: F401 (tests/helpers.py: LATE_IMPORTS)
+        import bert_jax.tasks  # noqa: F401
     if name not in DATA_NAMES:
         named = lambda tasks: [n for n, (s, _, _) in DATA_NAMES.items() if (s is None) == tasks]
         raise ConfigError(f"{where}.name={name!r}; choose one of {named(False)} (fine-tuning: "

@@ -78,6 +78,9 @@ def assert_bpe_equals_hf(ours, hf_tokenizer, texts: list[str], squad_lines: list
 # Imports the layout rules let through because they are made inside a function, once both
 # modules are loaded (unit/test_layout.py; unit/training/test_engine.py's cycle check skips them).
 LATE_IMPORTS = {
+    ("bert_jax/specs.py", "bert_jax.tasks"): "specs.data resolves a data.name the fine-tuning tasks "
+                                             "register, whoever calls it first",
+    ("bert_jax/specs.py", "bert_jax.data.sources"): "likewise the data sources' names",
     ("bert_jax/config.py", "bert_jax.tasks"):
         "config.finetune_defaults forwards to the tasks' own, for users' config files that call it",
 }

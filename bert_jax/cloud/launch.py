@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from bert_jax import specs
 from bert_jax.cloud import bringup, tpu
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,36 @@ def check_flags(name: str, zone: str, topology: str, max_restarts: int,
     if not (math.isfinite(poll_seconds) and poll_seconds > 0):
         raise ValueError(f"--poll_seconds={poll_seconds}: seconds between state checks "
                          "of the queued resource, > 0 (default 30)")
+
+
+def _path_keys(config) -> dict[str, str]:
+    """The config's paths the workers read, by key: init_from and the data section's files,
+    folders and tokenizer (comma-separated globs one by one)."""
+    keys = specs.data(config.data).keys
+    out = {"init_from": config.init_from} if config.init_from else {}
+    for f in dataclasses.fields(keys):
+        if f.name.endswith(("_files", "_file", "_dir")) or f.name == "tokenizer":
+            for i, value in enumerate(v for v in str(getattr(keys, f.name)).split(",") if v.strip()):
+                out[f"data.{f.name}" + (f"[{i}]" if i else "")] = value.strip()
+    return out
+
+
+def check_worker_paths(config, root: Path) -> None:
+    """What the slice's workers read must be there for them: gs:// paths, or paths inside the
+    repository they clone (relative to it); a file on this machine's disk is refused, as is a
+    fine-tuning run with no folder for its files, before anything is rented."""
+    data = specs.data(config.data)
+    if data.finetuning and data.source == "files" and not (data.keys.data_dir or data.keys.train_file):
+        raise ValueError("data.data_dir is empty: the workers read the task's files from it; set "
+                         "--config.data.data_dir=gs://<bucket>/<folder with the task's files>")
+    for key, value in _path_keys(config).items():
+        if value.startswith("gs://"):
+            continue
+        inside = (root / value).resolve()
+        if Path(value).is_absolute() or not inside.is_relative_to(root.resolve()):
+            raise ValueError(f"{key}={value}: the slice's workers cannot read this machine's disk; "
+                             "copy it to gs:// (gcloud storage cp -r) and give that path, or keep it "
+                             "inside the repository (committed) and give it relative to the repository")
 
 
 class Gcloud:

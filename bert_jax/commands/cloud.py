@@ -94,6 +94,7 @@ def cmd_launch(args: list[str]) -> None:
     except launch.NoSource as e:
         raise app.UsageError(str(e)) from None
     # Before compiling or renting anything: what would make the workers fail.
+    launch.check_worker_paths(config, ROOT)
     python = bringup.check_python(PYTHON.value or bringup.default_python())
     src = launch.check_source(ROOT, src, DRY_RUN.value)
     bringup.check_workdir(workdir, DRY_RUN.value)

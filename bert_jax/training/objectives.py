@@ -40,14 +40,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax import (
-    models,
-    specs,
-    tasks,  # noqa: F401 (the tasks and data sources register their data.name
-)
+from bert_jax import models, specs
 from bert_jax.config import ConfigError, model_config
 from bert_jax.data import packing as packing_lib
-from bert_jax.data import sources  # noqa: F401 (names, read by specs.data)
 
 Array = jax.Array
 Terms = dict[str, Array]
