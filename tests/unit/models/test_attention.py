@@ -166,8 +166,9 @@ def test_every_kernel_has_the_reference_signature():
             with pytest.raises(attention.UnsupportedAttention, match=f"{name} needs a GPU"):
                 fn(q, k, v, Masking(seg, seg, pos, pos))
             continue
-        out, probs = fn(q, k, v, Masking(seg, seg, pos, pos), dropout_rate=0.0, rng=None,
-                        return_probs=False)
+        # traced for the output shapes (splash's interpret mode would run tile by tile)
+        out, probs = jax.eval_shape(lambda fn=fn: fn(q, k, v, Masking(seg, seg, pos, pos),
+                                                      dropout_rate=0.0, rng=None, return_probs=False))
         assert out.shape == (1, 128, 2, 8) and probs is None, name
 
 
