@@ -115,7 +115,8 @@ def test_a_kernel_registered_by_a_test_runs_a_model_and_trains_a_step(counting, 
     for name in ("xla", "counting"):
         model = models.create_model(models.model_section(
             "bert", models.bert_model_fields("tiny"), **SMALL, attention_kernel=name), seed=0)
-        outs[name] = model(ids)["sequence_output"]
+        # jitted (one program, not one per operation): traced once, so one call per layer
+        outs[name] = nnx.jit(lambda m: m(ids)["sequence_output"])(model)
     assert counting.calls == 2  # the tiny BERT's two layers
     np.testing.assert_array_equal(outs["counting"], outs["xla"])
     counting.calls = 0
@@ -165,8 +166,9 @@ def test_every_kernel_has_the_reference_signature():
             with pytest.raises(attention.UnsupportedAttention, match=f"{name} needs a GPU"):
                 fn(q, k, v, Masking(seg, seg, pos, pos))
             continue
-        out, probs = fn(q, k, v, Masking(seg, seg, pos, pos), dropout_rate=0.0, rng=None,
-                        return_probs=False)
+        # traced for the output shapes (splash's interpret mode would run tile by tile)
+        out, probs = jax.eval_shape(lambda fn=fn: fn(q, k, v, Masking(seg, seg, pos, pos),
+                                                      dropout_rate=0.0, rng=None, return_probs=False))
         assert out.shape == (1, 128, 2, 8) and probs is None, name
 
 
@@ -188,7 +190,8 @@ def test_a_local_window_keeps_each_token_to_its_neighbours():
     for window in (0, 2):
         model = models.create_model(models.model_section(
             "bert", models.bert_model_fields("tiny"), num_layers=1, attention_window=window))
-        a, b = (model(x)["sequence_output"][0] for x in (ids, changed))
+        encode = nnx.jit(lambda m, x: m(x)["sequence_output"][0])  # one program for both
+        a, b = (encode(model, x) for x in (ids, changed))
         moved[window] = np.flatnonzero(np.abs(np.asarray(a - b)).max(-1) > 1e-6).tolist()
     assert moved == {0: list(range(16)), 2: [13, 14, 15]}
 
