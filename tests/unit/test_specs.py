@@ -11,9 +11,11 @@ import pytest
 from bert_jax import specs, tasks
 from bert_jax.data import sources
 
-RECORDS = [specs.TrainSpec, specs.OptimizerSpec, specs.ScheduleSpec, specs.MeshSpec,
-           specs.PretrainingData, specs.TranslationData, specs.TaskData,
-           *{cls.Data for cls in tasks.TASKS.values()}, *{s.keys for s in sources.SOURCES.values()}]
+# In one order in every process (pytest-xdist's workers must collect the same tests).
+RECORDS = list(dict.fromkeys([
+    specs.TrainSpec, specs.OptimizerSpec, specs.ScheduleSpec, specs.MeshSpec, specs.PretrainingData,
+    specs.TranslationData, specs.TaskData, *(cls.Data for cls in tasks.TASKS.values()),
+    *(s.keys for s in sources.SOURCES.values())]))
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.__qualname__)
