@@ -305,13 +305,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if model_dtype is not None and model_dtype != config.dtype:
         raise ConfigError(f"model.dtype={model_dtype!r} differs from dtype={config.dtype!r}: the "
                           f"compute dtype is set once, by --config.dtype (remove model.dtype)")
-    t = read(TrainSpec, config.train, "train")
-    keys = ("steps", "batch_size", "grad_accum_steps", "log_every", "checkpoint_every",
-            "keep_checkpoints") if training else ("batch_size",)
-    for key in keys:
-        value = getattr(t, key)
-        if value < 1 and not (key == "steps" and value == 0 and t.epochs > 0):
-            raise ConfigError(f"train.{key}={value} must be >= 1")
+    t = read(TrainSpec, config.train, "train")  # (each count in its range: specs.TrainSpec)
+    if training and t.steps < 1 and not t.epochs > 0:  # 0 steps: from train.epochs (fine-tuning)
+        raise ConfigError(f"train.steps={t.steps} must be >= 1")
     data = specs.data(config.data).keys
     lengths = [data.max_seq_length] + [p.seq_len for p in phases(data)]
     if data.max_seq_length < 3:
@@ -431,9 +427,6 @@ def check_pretraining_data(data: PretrainingData, lengths: Sequence[int], model=
                     raise ConfigError(
                         f"{cap_key}={cap} is below {key}={rate} of {length_key}={length} "
                         f"({need} masked tokens a row); set {cap_key} >= {need}")
-    if data.pack and data.max_instances_per_row < 1:
-        raise ConfigError(f"data.max_instances_per_row={data.max_instances_per_row} must be >= 1 "
-                          "with data.pack=True (instances packed into one row; default 4)")
 
 
 def model_config(config) -> dict:

@@ -84,11 +84,10 @@ def check_flags(name: str, zone: str, topology: str, max_restarts: int,
                          "of the queued resource, > 0 (default 30)")
 
 
-def _path_keys(config) -> dict[str, str]:
-    """The config's paths the workers read, by key: init_from and the data section's files,
-    folders and tokenizer (comma-separated globs one by one)."""
-    keys = specs.data(config.data).keys
-    out = {"init_from": config.init_from} if config.init_from else {}
+def _path_keys(init_from: str, keys) -> dict[str, str]:
+    """The paths the workers read, by config key: init_from and the data section's (`keys`)
+    files, folders and tokenizer (comma-separated globs one by one)."""
+    out = {"init_from": init_from} if init_from else {}
     for f in dataclasses.fields(keys):
         if f.name.endswith(("_files", "_file", "_dir")) or f.name == "tokenizer":
             for i, value in enumerate(v for v in str(getattr(keys, f.name)).split(",") if v.strip()):
@@ -104,7 +103,7 @@ def check_worker_paths(config, root: Path) -> None:
     if data.finetuning and data.source == "files" and not (data.keys.data_dir or data.keys.train_file):
         raise ValueError("data.data_dir is empty: the workers read the task's files from it; set "
                          "--config.data.data_dir=gs://<bucket>/<folder with the task's files>")
-    for key, value in _path_keys(config).items():
+    for key, value in _path_keys(config.init_from, data.keys).items():
         if value.startswith("gs://"):
             continue
         inside = (root / value).resolve()

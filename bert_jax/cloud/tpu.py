@@ -18,7 +18,7 @@ import math
 import os
 import re
 
-from bert_jax.chips import GENERATIONS, Generation, GiB  # noqa: F401 (the generations' facts)
+from bert_jax.chips import GENERATIONS, Generation, GiB
 
 ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6lite": "v6e"}
 EXAMPLES = "v3-32, v4-32, v5p-64, v5litepod-16, v6e-16"
