@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,16 +66,25 @@ class MissingExtra(ImportError):
 def phases(data) -> tuple[PhaseSpec, ...]:
     """data.phases as named records. On the command line and in config files each phase is
     written (first step, max_seq_length, max_predictions_per_seq[, batch size[, rope base]]),
-    0 in the last two meaning the run's own; empty: one phase, the data section's values (a
+    0 in the last two meaning the run's own, or as a dict of PhaseSpec's keys (which alone
+    can give a phase its own microbatch); empty: one phase, the data section's values (a
     data section of a kind without phases, translation's or a task's, has that one)."""
     out = []
     given = (data.get("phases") if isinstance(data, ml_collections.ConfigDict)
              else getattr(data, "phases", ()))
     for i, phase in enumerate(tuple(given or ())):
+        if isinstance(phase, Mapping):
+            missing = [k for k in ("start_step", "seq_len", "predictions") if k not in phase]
+            if missing:
+                raise ConfigError(f"data.phases[{i}]={dict(phase)} lacks {missing}: a phase "
+                                  f"written as a dict needs start_step, seq_len and predictions")
+            out.append(read(PhaseSpec, phase, f"data.phases[{i}]"))
+            continue
         shown = tuple(phase) if isinstance(phase, (tuple, list)) else phase
         form = (f"data.phases[{i}]={shown}: each phase is (first step, max_seq_length, "
                 "max_predictions_per_seq), optionally then its batch size (0: train.batch_size) "
-                "and its rope base (0: model.rope_theta)")
+                "and its rope base (0: model.rope_theta), or a dict of those keys "
+                "(start_step, seq_len, predictions, batch_size, rope_theta, microbatch)")
         if not isinstance(phase, (tuple, list)) or len(phase) not in (3, 4, 5):
             raise ConfigError(form)
         start, length, predictions, batch, theta = (*phase, 0, 0)[:5]
@@ -85,6 +94,12 @@ def phases(data) -> tuple[PhaseSpec, ...]:
         except (TypeError, ValueError):
             raise ConfigError(f"{form}; each entry a number") from None
     return tuple(out)
+
+
+def phase_microbatch(config, phase: PhaseSpec) -> int:
+    """The rows of one microbatch in `phase`: its own, else the run's train.batch_size /
+    train.grad_accum_steps."""
+    return phase.microbatch or config.train.batch_size // config.train.grad_accum_steps
 
 
 def training_defaults() -> ml_collections.ConfigDict:
@@ -352,10 +367,9 @@ def check_phase_batches(config, shards: int, num_processes: int) -> None:
     """A phase's rope base only with rope, and a phase's batch a whole number of the run's
     microbatches (so each step's shapes stay those of the microbatch the mesh splits) and an
     equal share per process."""
-    t = config.train
-    micro = t.batch_size // t.grad_accum_steps
     runs = phases(config.data)
     for i, phase in enumerate(runs):
+        micro = phase_microbatch(config, phase)
         if phase.rope_theta is not None:
             if config.model.get("positions") != "rope":
                 raise ConfigError(f"data.phases[{i}] sets a rope base ({phase.rope_theta}) for a "
@@ -364,15 +378,20 @@ def check_phase_batches(config, shards: int, num_processes: int) -> None:
             if phase.rope_theta < 0:
                 raise ConfigError(f"data.phases[{i}] rope base {phase.rope_theta} must be > 0 (0: "
                                   f"model.rope_theta)")
-        if phase.batch_size is not None and (phase.batch_size < 1 or phase.batch_size % micro):
+        which = (f"data.phases[{i}] microbatch={micro}" if phase.microbatch
+                 else f"microbatch train.batch_size/grad_accum_steps={micro}")
+        batch = phase.batch_size or config.train.batch_size
+        if batch < 1 or batch % micro:
             raise ConfigError(
-                f"data.phases[{i}] batch {phase.batch_size} is not a multiple of the microbatch "
-                f"train.batch_size/grad_accum_steps={micro} (the rows the mesh's {shards} batch "
-                f"shards split); use a multiple of {micro}")
-    if any(p.batch_size for p in runs) and micro % num_processes:
-        raise ConfigError(f"microbatch train.batch_size/grad_accum_steps={micro} is not divisible "
-                          f"by the {num_processes} processes (with batch sizes in data.phases each "
-                          f"loads an equal share of every microbatch)")
+                f"data.phases[{i}] batch {batch} is not a multiple of the {which} (the rows the "
+                f"mesh's {shards} batch shards split); use a multiple of {micro}")
+        if phase.microbatch and micro % shards:
+            raise ConfigError(f"{which} is not divisible by the batch shards mesh.data*mesh.fsdp="
+                              f"{shards}; change it or the mesh")
+        if (phase.batch_size or phase.microbatch) and micro % num_processes:
+            raise ConfigError(f"{which} is not divisible by the {num_processes} processes (with "
+                              f"batch sizes in data.phases each loads an equal share of every "
+                              f"microbatch)")
 
 
 def check_pretraining_data(data: PretrainingData, lengths: Sequence[int], model=None) -> None:
@@ -439,18 +458,20 @@ def model_config(config) -> dict:
 
 def phase_stream(config, index: int) -> Any:
     """Which data stream phase `index` reads: with batch sizes in data.phases, one stream of
-    microbatches per (length, predictions), so a phase that only grows the batch reads on
-    where the one before stopped; otherwise each phase its own (started afresh)."""
+    microbatches per (length, predictions, microbatch rows), so a phase that only grows the
+    batch reads on where the one before stopped; otherwise each phase its own (started
+    afresh)."""
     runs = phases(config.data)
-    if not any(p.batch_size for p in runs) or index >= len(runs):
+    if not any(p.batch_size or p.microbatch for p in runs) or index >= len(runs):
         return index
-    return (runs[index].seq_len, runs[index].predictions)
+    phase = runs[index]
+    return (phase.seq_len, phase.predictions, phase_microbatch(config, phase))
 
 
 def phase_config(config, step: int):
     """(phase index, the config with that phase's data lengths and batch, the step where it
-    ends) for the phase of data.phases (PhaseSpec) that `step` is in. A phase's batch keeps
-    the run's microbatch and changes how many are accumulated (train.grad_accum_steps); its
+    ends) for the phase of data.phases (PhaseSpec) that `step` is in. A phase's batch is
+    accumulated (train.grad_accum_steps) in the run's microbatch, or its own; its
     rope base is the global layers' rope_theta during the phase (ModernBERT's context
     extension raises it with the length)."""
     runs = phases(config.data)
@@ -461,10 +482,10 @@ def phase_config(config, step: int):
     phase_cfg = config.copy_and_resolve_references()
     phase_cfg.data.max_seq_length = phase.seq_len
     phase_cfg.data.max_predictions_per_seq = phase.predictions
-    if phase.batch_size is not None:
-        micro = config.train.batch_size // config.train.grad_accum_steps
-        phase_cfg.train.batch_size = phase.batch_size
-        phase_cfg.train.grad_accum_steps = phase.batch_size // micro
+    if phase.batch_size is not None or phase.microbatch is not None:
+        batch = phase.batch_size or config.train.batch_size
+        phase_cfg.train.batch_size = batch
+        phase_cfg.train.grad_accum_steps = batch // phase_microbatch(config, phase)
     if phase.rope_theta is not None:  # context extension: rope's global base
         phase_cfg.model.rope_theta = phase.rope_theta
     end = runs[index + 1].start_step if index + 1 < len(runs) else config.train.steps

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -97,6 +98,34 @@ class ScheduleSpec:
     decay_steps: int = valid(0, ">= 0")
     decay_fraction: float = valid(0.0, "[0, 1]")
     decay_shape: str = "1-sqrt"
+    # Stages (StageSpec, each a dict of its keys): the schedule restarts at each stage's
+    # start_step with the stage's own name, peak learning rate and weight decay; empty: one
+    # stage, the keys above with optimizer.learning_rate and weight_decay
+    stages: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    """One stage of schedule.stages: from `start_step` on (the first stage's is 0), the
+    learning rate follows this stage's own schedule (training/optim.py SCHEDULES) restarted
+    at that step, over the steps to the next stage's start (the last: to train.steps), with
+    the stage's peak learning rate and weight decay: a run resumed from the previous stage's
+    checkpoint with a new scheduler and optimizer hyperparameters, as ModernBERT's context
+    extension and decay stages are (Composer's reset_time and restart_override), in one run."""
+
+    start_step: int = valid(0, ">= 0")
+    name: str = "constant"  # a schedule of SCHEDULES, its keys below
+    learning_rate: float | None = valid(None, "> 0")  # the stage's peak; None: optimizer's
+    weight_decay: float | None = valid(None, ">= 0")  # None: optimizer.weight_decay
+    warmup_steps: int = valid(0, ">= 0")
+    # > 0: the warmup is linear in tokens, not steps (Composer's t_warmup in "tok"): the lr
+    # reaches its peak after this many tokens (rows x length of each step, from data.phases),
+    # which differs from a warmup in steps while a batch-size warmup grows the batch
+    warmup_tokens: int = valid(0, ">= 0")
+    final_fraction: float = valid(0.0, "[0, 1]")
+    decay_steps: int = valid(0, ">= 0")
+    decay_fraction: float = valid(0.0, "[0, 1]")
+    decay_shape: str = "1-sqrt"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +142,16 @@ class MeshSpec:
 class PhaseSpec:
     """One sequence-length phase of a run (data.phases): from `start_step` on, rows of `seq_len`
     tokens with at most `predictions` masked positions, `batch_size` rows a step (None: the
-    run's train.batch_size) and the global layers' rope base `rope_theta` (None: the model's)."""
+    run's train.batch_size), accumulated in microbatches of `microbatch` rows (None: the run's
+    train.batch_size / grad_accum_steps) and the global layers' rope base `rope_theta` (None:
+    the model's)."""
 
-    start_step: int
-    seq_len: int
-    predictions: int
-    batch_size: int | None = None
-    rope_theta: float | None = None
+    start_step: int = valid(0, ">= 0")
+    seq_len: int = valid(128, ">= 1")
+    predictions: int = valid(20, ">= 0")
+    batch_size: int | None = valid(None, ">= 1")
+    rope_theta: float | None = valid(None, "> 0")
+    microbatch: int | None = valid(None, ">= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +197,9 @@ class PretrainingData:
     # size warmup; 0: train.batch_size): a multiple of the microbatch train.batch_size /
     # train.grad_accum_steps, which stays fixed while the number of accumulated microbatches
     # changes. A 5th is the phase's rope base for global layers (context extension; 0: the
-    # model's rope_theta). Read as PhaseSpec records by config.phases.
+    # model's rope_theta). A phase may also be a dict of PhaseSpec's keys (start_step, seq_len,
+    # predictions, and any of batch_size, rope_theta, microbatch: the phase's own microbatch
+    # rows). Read as PhaseSpec records by config.phases.
     phases: tuple = ()
 
     @property
@@ -273,6 +307,10 @@ def section(record: type) -> ml_collections.ConfigDict:
 
 
 def _typed(value: Any, kind: Any, key: str) -> Any:
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # `float | None`: optional
+        if value is None:
+            return None
+        kind = next(k for k in typing.get_args(kind) if k is not type(None))
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(value):
             raise ConfigError(f"{key}={value}: a finite number is needed")
@@ -300,7 +338,8 @@ def read(record: type, values: Mapping[str, Any], where: str):
     typed = {k: _typed(v, kinds[k], f"{where}.{k}") for k, v in given.items()}
     for f in dataclasses.fields(record):
         values = f.metadata.get("valid")
-        if values and f.name in typed and not _within(typed[f.name], values):  # (finite: _typed)
+        given = typed.get(f.name)  # (finite: _typed; None where the field is optional)
+        if values and given is not None and not _within(given, values):
             shown = f"in {values}" if values[0] in "[(" else values
             raise ConfigError(f"{where}.{f.name}={typed[f.name]} must be {shown}; the default is "
                               f"{f.default}")

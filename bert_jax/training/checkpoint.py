@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -114,12 +115,17 @@ def best_step(scores: dict[int, float | None]) -> int | None:
     return max(scored, key=lambda s: (scored[s], s)) if scored else None
 
 
-def _best_metric_policy(best_metric: str, keep: int):
-    """Keep the newest `keep` checkpoints and the best one by `best_metric` (higher is better)."""
-    policy, metric = ocp.checkpoint_managers, (lambda m: m[best_metric])
-    return policy.AnyPreservationPolicy([
-        policy.LatestN(n=keep),
-        policy.BestN(get_metric_fn=metric, n=1, keep_checkpoints_without_metrics=False)])
+def _preservation_policy(keep: int, best_metric: str | None, kept: Sequence[int]):
+    """Keep the newest `keep` checkpoints, the `kept` steps, and the best one by
+    `best_metric` (higher is better) if given."""
+    policy = ocp.checkpoint_managers
+    policies = [policy.LatestN(n=keep)]
+    if kept:
+        policies.append(policy.CustomSteps(steps=list(kept)))
+    if best_metric:
+        policies.append(policy.BestN(get_metric_fn=lambda m: m[best_metric], n=1,
+                                     keep_checkpoints_without_metrics=False))
+    return policy.AnyPreservationPolicy(policies)
 
 
 def save_params(directory: str | os.PathLike, step: int, params: dict, config: dict) -> None:
@@ -280,17 +286,20 @@ class TrainCheckpointer:
     Saves are async (the call returns once arrays are copied to host); the newest
     `keep` are kept, and older ones are deleted only after a newer save is complete."""
 
-    def __init__(self, workdir: str | os.PathLike, keep: int, best_metric: str | None = None):
+    def __init__(self, workdir: str | os.PathLike, keep: int, best_metric: str | None = None,
+                 kept: Sequence[int] = ()):
         self.path = checkpoint_dir(workdir)
+        self.kept = frozenset(kept)  # steps kept beside the newest (where schedule stages end)
         # Steps saved and not yet committed, oldest first (Orbax finalizes them in order).
         self._finalizing: collections.deque[int] = collections.deque()
         common = dict(create=True, enable_async_checkpointing=True,
                       async_options=async_options(post_finalization_callback=self._write_checksums))
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, **common)
-        if best_metric:
+        if best_metric or kept:
+            best = dict(best_fn=lambda m: m[best_metric], best_mode="max") if best_metric else {}
             options = ocp.CheckpointManagerOptions(
-                best_fn=lambda m: m[best_metric], best_mode="max",
-                preservation_policy=_best_metric_policy(best_metric, keep), **common)
+                preservation_policy=_preservation_policy(keep, best_metric, kept), **best,
+                **common)
         self.manager = manager(workdir, create=True, options=options)
 
     def save(self, step: int, params, opt_state, data_state: dict, config: dict,

@@ -23,13 +23,16 @@ c + 1) to that update's learning rate. Two step conventions, each the one its pa
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax import config as config_lib
 from bert_jax import specs
 
 OPTIMIZERS = ("adam_weight_decay", "adam", "adamw", "stable_adamw", "lamb", "sgd")
@@ -38,6 +41,8 @@ SCHEDULES = ("rsqrt_paper", "warmup_rsqrt", "warmup_linear", "constant", "cosine
 DECAY_SHAPES = {"1-sqrt": lambda p: 1.0 - jnp.sqrt(p), "linear": lambda p: 1.0 - p}
 # Schedules that end at train.steps, so a warmup longer than the run is a config mistake.
 _DECAYING = ("warmup_linear", "cosine", "wsd")
+# Schedules whose warmup is BERT's c / warmup factor, which a warmup in tokens replaces.
+_WARMUP_FACTOR = ("constant", "wsd")
 # BERT's exclude_from_weight_decay drops LayerNorm and bias; what is left is these leaves.
 _DECAYED_LEAVES = ("kernel", "embedding")
 
@@ -48,24 +53,31 @@ def _warmup(c: jax.Array, warmup: int) -> jax.Array:
 
 
 def make_schedule(schedule_cfg, learning_rate: float, total_steps: int,
-                  d_model: int | None = None) -> optax.Schedule:
+                  d_model: int | None = None, *, where: str = "schedule",
+                  length: str = "train.steps", warmup_factor: Any = None) -> optax.Schedule:
     """Update count -> learning rate for `schedule_cfg.name` (formulas in each branch);
-    `schedule_cfg` the schedule section (or its ScheduleSpec)."""
+    `schedule_cfg` the schedule section (or its ScheduleSpec). `where` and `length` name the
+    keys and the step count in messages (a stage: schedule.stages[i] and its length);
+    `warmup_factor(c)` replaces the warmup's c / warmup_steps (a warmup in tokens)."""
     schedule_cfg = specs.read(specs.ScheduleSpec, schedule_cfg, "schedule")
     name, warmup = schedule_cfg.name, schedule_cfg.warmup_steps
+    if warmup_factor is not None and name not in _WARMUP_FACTOR:
+        raise ValueError(f"{where}.warmup_tokens with {where}.name={name!r}: a warmup in tokens is "
+                         f"for {list(_WARMUP_FACTOR)}")
+    ramp = warmup_factor or (lambda c: _warmup(c, warmup))
     lr, total = float(learning_rate), int(total_steps)
     if name not in SCHEDULES:
-        raise ValueError(f"schedule.name={name!r}; choose one of {list(SCHEDULES)}")
+        raise ValueError(f"{where}.name={name!r}; choose one of {list(SCHEDULES)}")
     if lr < 0:
         raise ValueError(f"optimizer.learning_rate={lr} must be >= 0")
     if name in ("rsqrt_paper", "warmup_rsqrt") and warmup < 1:
-        raise ValueError(f"schedule.warmup_steps={warmup} must be >= 1 for schedule.name={name!r} "
+        raise ValueError(f"{where}.warmup_steps={warmup} must be >= 1 for {where}.name={name!r} "
                          f"(its formula divides by it)")
     if name in _DECAYING:
         if total < 1:
-            raise ValueError(f"train.steps={total} must be >= 1 (schedule {name!r} decays to it)")
+            raise ValueError(f"{length}={total} must be >= 1 (schedule {name!r} decays to it)")
         if warmup > total:
-            raise ValueError(f"schedule.warmup_steps={warmup} exceeds train.steps={total}: "
+            raise ValueError(f"{where}.warmup_steps={warmup} exceeds {length}={total}: "
                              f"schedule {name!r} would never reach its peak or decay")
 
     if name == "rsqrt_paper":
@@ -95,10 +107,10 @@ def make_schedule(schedule_cfg, learning_rate: float, total_steps: int,
 
     elif name == "constant":
         def schedule(count):
-            return lr * _warmup(jnp.asarray(count, jnp.float32), warmup)
+            return lr * ramp(jnp.asarray(count, jnp.float32))
 
     elif name == "wsd":
-        return _wsd(schedule_cfg, lr, total, warmup)
+        return _wsd(schedule_cfg, lr, total, warmup, where, length, ramp)
 
     else:  # cosine
         final = schedule_cfg.final_fraction
@@ -109,28 +121,29 @@ def make_schedule(schedule_cfg, learning_rate: float, total_steps: int,
             c = jnp.asarray(count, jnp.float32)
             progress = jnp.clip((c - warmup) / max(total - warmup, 1), 0.0, 1.0)
             cosine = final + (1.0 - final) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
-            return lr * jnp.where(c < warmup, _warmup(c, warmup), cosine)
+            return lr * jnp.where(c < warmup, ramp(c), cosine)
 
     return schedule
 
 
-def _wsd(schedule_cfg, lr: float, total: int, warmup: int) -> optax.Schedule:
+def _wsd(schedule_cfg, lr: float, total: int, warmup: int, where: str, length: str,
+         ramp: Any) -> optax.Schedule:
     """Warmup-stable-decay (trapezoidal): BERT-style warmup to lr at c == warmup, lr until the
     last `decay` updates, then down to lr * final_fraction at c == total in the decay shape."""
     shape = schedule_cfg.decay_shape
     if shape not in DECAY_SHAPES:
-        raise ValueError(f"schedule.decay_shape={shape!r}; choose one of {list(DECAY_SHAPES)}")
+        raise ValueError(f"{where}.decay_shape={shape!r}; choose one of {list(DECAY_SHAPES)}")
     final = schedule_cfg.final_fraction
     steps, fraction = schedule_cfg.decay_steps, schedule_cfg.decay_fraction
     if steps and fraction:
-        raise ValueError(f"schedule.decay_steps={steps} and schedule.decay_fraction={fraction} "
+        raise ValueError(f"{where}.decay_steps={steps} and {where}.decay_fraction={fraction} "
                          f"both set the decay length; set one of them to 0")
     decay = round(fraction * total) if fraction else int(steps)
     if warmup + decay > total:
-        key = (f"schedule.decay_fraction={fraction} ({decay} steps)" if fraction
-               else f"schedule.decay_steps={steps}")
-        raise ValueError(f"{key} after schedule.warmup_steps={warmup} is longer than "
-                         f"train.steps={total}: decay for at most {total - warmup} step(s)")
+        key = (f"{where}.decay_fraction={fraction} ({decay} steps)" if fraction
+               else f"{where}.decay_steps={steps}")
+        raise ValueError(f"{key} after {where}.warmup_steps={warmup} is longer than "
+                         f"{length}={total}: decay for at most {total - warmup} step(s)")
     shaped = DECAY_SHAPES[shape]
 
     def schedule(count):
@@ -138,9 +151,129 @@ def _wsd(schedule_cfg, lr: float, total: int, warmup: int) -> optax.Schedule:
         # p = 0 at c == total - decay (still the peak), 1 at c == total (the final lr).
         progress = jnp.clip((c - (total - decay)) / max(decay, 1), 0.0, 1.0)
         stable_or_decay = final + (1.0 - final) * shaped(progress)
-        return lr * jnp.where(c < warmup, _warmup(c, warmup), stable_or_decay)
+        return lr * jnp.where(ramp(c) < 1.0, ramp(c), stable_or_decay)  # (1: warmed up)
 
     return schedule
+
+
+def stages(opt, sched) -> tuple[specs.StageSpec, ...]:
+    """The run's schedule as stages: schedule.stages (each checked), or one stage from step 0
+    with the schedule section's keys and the optimizer's learning rate and weight decay."""
+    if not sched.stages:
+        keys = {f.name: getattr(sched, f.name) for f in dataclasses.fields(specs.StageSpec)
+                if hasattr(sched, f.name)}
+        return (specs.StageSpec(**{**keys, "start_step": 0, "learning_rate": opt.learning_rate,
+                                   "weight_decay": opt.weight_decay}),)
+    unused = [f"schedule.{f.name}={getattr(sched, f.name)!r}" for f in dataclasses.fields(sched)
+              if f.name != "stages" and getattr(sched, f.name) != f.default]
+    if unused:
+        raise specs.ConfigError(f"{', '.join(unused)} with schedule.stages: each stage has its own "
+                                f"schedule keys, and these would not be used; set them in the "
+                                f"stages (schedule.stages[i].<key>)")
+    out = []
+    for i, given in enumerate(sched.stages):
+        if not isinstance(given, Mapping):
+            raise specs.ConfigError(f"schedule.stages[{i}]={given!r}: each stage is a dict of "
+                                    f"{[f.name for f in dataclasses.fields(specs.StageSpec)]}")
+        stage = specs.read(specs.StageSpec, given, f"schedule.stages[{i}]")
+        before = out[-1].start_step if out else None
+        if before is None and stage.start_step != 0:
+            raise specs.ConfigError(f"schedule.stages[0].start_step={stage.start_step}: the first "
+                                    f"stage starts at step 0")
+        if before is not None and stage.start_step <= before:
+            raise specs.ConfigError(f"schedule.stages[{i}].start_step={stage.start_step} is not "
+                                    f"after schedule.stages[{i - 1}]'s ({before}): stages run in "
+                                    f"order of their start steps")
+        out.append(dataclasses.replace(
+            stage, learning_rate=opt.learning_rate if stage.learning_rate is None
+            else stage.learning_rate,
+            weight_decay=opt.weight_decay if stage.weight_decay is None else stage.weight_decay))
+    return tuple(out)
+
+
+def staged(runs: tuple[specs.StageSpec, ...], total_steps: int, d_model: int | None = None,
+           value: Any = None, tokens: Any = None, given: bool = True) -> optax.Schedule:
+    """Update count -> the learning rate of the stage the count is in, from that stage's own
+    schedule at the count since its start (`value(stage)`: a constant per stage instead,
+    e.g. its weight decay per peak learning rate). A stage lasts to the next one's start
+    (the last: to `total_steps`); stages the run does not reach are never called.
+    `tokens(c, since)`: the tokens of updates since .. c-1, for warmups in tokens; `given`:
+    whether the stages are schedule.stages (else the schedule section's keys, as messages say)."""
+    starts = [stage.start_step for stage in runs]
+    fns = []
+    for i, stage in enumerate(runs):
+        end = starts[i + 1] if i + 1 < len(runs) else int(total_steps)
+        if value is not None:
+            constant = float(value(stage))
+            fns.append(lambda c, v=constant: jnp.full(jnp.shape(c), v, jnp.float32))
+            continue
+        if stage.start_step >= total_steps and i:
+            fns.append(None)  # past train.steps: never reached
+            continue
+        where = f"schedule.stages[{i}]" if given else "schedule"
+        length = (f"the length of {where} (steps {stage.start_step}-{end})"
+                  if given and len(runs) > 1 else "train.steps")
+        keys = {f.name: getattr(stage, f.name) for f in dataclasses.fields(specs.ScheduleSpec)
+                if hasattr(stage, f.name)}
+        ramp = None
+        if stage.warmup_tokens:
+            if stage.warmup_steps:
+                raise specs.ConfigError(f"{where}.warmup_steps={stage.warmup_steps} and "
+                                        f"{where}.warmup_tokens={stage.warmup_tokens} both set "
+                                        f"the warmup; set one of them to 0")
+
+            def ramp(c, start=stage.start_step, over=float(stage.warmup_tokens)):
+                # The tokens since the stage began, before this update (Composer's timestamp).
+                return jnp.minimum(tokens(c + start, start) / over, 1.0)
+        fns.append(make_schedule(specs.ScheduleSpec(**keys), stage.learning_rate,
+                                 end - stage.start_step, d_model, where=where, length=length,
+                                 warmup_factor=ramp))
+    if len(runs) == 1:
+        return fns[0]
+
+    def schedule(count):
+        out = fns[0](count)
+        for start, fn in zip(starts[1:], fns[1:]):
+            if fn is not None:  # the stage's own count, 0 at its first update
+                out = jnp.where(count >= start, fn(jnp.maximum(count - start, 0)), out)
+        return out
+
+    return schedule
+
+
+def stage_ends(config) -> tuple[int, ...]:
+    """The steps where a stage of schedule.stages ends within the run (the next one's start):
+    their checkpoints are kept, to resume or decay from."""
+    sched = specs.read(specs.ScheduleSpec, config.schedule, "schedule")
+    opt = specs.read(specs.OptimizerSpec, config.optimizer, "optimizer")
+    return tuple(s.start_step for s in stages(opt, sched)[1:] if s.start_step <= config.train.steps)
+
+
+def step_tokens(config) -> Any:
+    """(count, since) -> the tokens (rows x length, padding included) of updates since ..
+    count-1, from the batch and length of each phase of data.phases (config.phase_config)."""
+    runs = config_lib.phases(config.data) or (None,)
+    parts = []  # (first step, last step + 1, tokens per step)
+    for i, phase in enumerate(runs):
+        start = phase.start_step if phase else 0
+        end = runs[i + 1].start_step if i + 1 < len(runs) else None
+        cfg = config_lib.phase_config(config, start)[1]
+        length = cfg.data.get("max_seq_length")
+        if not length:
+            raise specs.ConfigError("schedule.stages[...].warmup_tokens needs data.max_seq_length "
+                                    "(tokens per step); use warmup_steps")
+        parts.append((start, end, cfg.train.batch_size * length))
+
+    def tokens(count, since=0):
+        # Step counts stay exact in float32 (below 2^24); each phase's share is one product.
+        c, total = jnp.asarray(count, jnp.float32), 0.0
+        for start, end, per_step in parts:
+            last = jnp.inf if end is None else end
+            steps = jnp.clip(c, start, last) - jnp.clip(since, start, last)
+            total = total + float(per_step) * steps
+        return total
+
+    return tokens
 
 
 def _last_key(path: tuple) -> Any:
@@ -235,20 +368,24 @@ def scale_by_trust_ratio_per_tensor() -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def stable_adamw(schedule: optax.Schedule, peak_lr: float, b1: float, b2: float, eps: float,
-                 weight_decay: float) -> optax.GradientTransformation:
+def stable_adamw(schedule: optax.Schedule, decay_per_lr: optax.Schedule, b1: float, b2: float,
+                 eps: float) -> optax.GradientTransformation:
     """optimi's StableAdamW with decouple_lr (ModernBERT's `decoupled_stableadamw`): per tensor,
     lr_t = schedule / max(1, sqrt(mean(g^2 / max(v_hat, eps^2)))), then
-    param *= 1 - lr_t / peak_lr * weight_decay (kernels and embeddings) and
-    param -= lr_t * m_hat / (sqrt(v_hat) + eps), with m_hat, v_hat Adam's bias-corrected moments."""
-    # Both terms are scaled by the same clipped lr_t, so the clipping divides their sum.
-    adamw = optax.chain(optax.scale_by_adam(b1, b2, eps),
-                        optax.add_decayed_weights(weight_decay / peak_lr if peak_lr else 0.0,
-                                                  mask=decay_mask))
+    param *= 1 - lr_t * decay_per_lr (weight decay / the peak lr; kernels and embeddings) and
+    param -= lr_t * m_hat / (sqrt(v_hat) + eps), with m_hat, v_hat Adam's bias-corrected moments.
+    `decay_per_lr` is a schedule too: a stage restarts the optimizer with its own peak lr and
+    weight decay (optimi's max_lr is the lr a restart sets)."""
+    # Both terms are scaled by the same clipped lr_t, so the clipping divides their sum. The
+    # state is that of chain(scale_by_adam, add_decayed_weights): checkpoints restore either way.
+    adamw = optax.chain(optax.scale_by_adam(b1, b2, eps), optax.identity())
 
     def update(grads, state, params=None):
         out, state = adamw.update(grads, state, params)
         adam = state[0]  # v_hat includes this step's gradient, as in optimi
+        decay = decay_per_lr(adam.count - 1)  # this update's (count: updates so far)
+        out = jax.tree.map(lambda u, p, decayed: u + decay * p if decayed else u,
+                           out, params, decay_mask(params))
         nu_hat = optax.tree.bias_correction(adam.nu, b2, adam.count)
 
         # AdaFactor's update clipping: the RMS of g / sqrt(v_hat) (per reference tensor) is ~1
@@ -261,9 +398,17 @@ def stable_adamw(schedule: optax.Schedule, peak_lr: float, b1: float, b2: float,
                        optax.scale_by_learning_rate(schedule))
 
 
-def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformation:
-    """The optimizer proper for `opt.name`, before gradient clipping."""
+def _base_optimizer(opt, schedule: optax.Schedule, runs: tuple[specs.StageSpec, ...],
+                    total_steps: int) -> optax.GradientTransformation:
+    """The optimizer proper for `opt.name`, before gradient clipping; `runs` the schedule's
+    stages (their weight decays: one value but with stable_adamw, which scales it per stage)."""
     name, wd = opt.name, opt.weight_decay  # (each value in its range: specs.OptimizerSpec)
+    if name != "stable_adamw":
+        for i, stage in enumerate(runs):
+            if stage.weight_decay != wd:
+                raise ValueError(f"schedule.stages[{i}].weight_decay={stage.weight_decay} differs "
+                                 f"from optimizer.weight_decay={wd}: a weight decay per stage is "
+                                 f"stable_adamw's (decoupled, per peak lr); drop the stage's")
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer.name={name!r}; choose one of {list(OPTIMIZERS)}")
     if name in ("adam", "sgd") and wd:
@@ -286,7 +431,9 @@ def _base_optimizer(opt, schedule: optax.Schedule) -> optax.GradientTransformati
             raise ValueError(f"optimizer.eps={eps} must be > 0 with optimizer.name='stable_adamw' "
                              f"(eps^2 floors the second moment its clipping divides by; "
                              f"ModernBERT: 1e-6)")
-        return stable_adamw(schedule, opt.learning_rate, b1, b2, eps, wd)
+        decay_per_lr = staged(runs, total_steps, value=lambda stage: (
+            stage.weight_decay / stage.learning_rate if stage.learning_rate else 0.0))
+        return stable_adamw(schedule, decay_per_lr, b1, b2, eps)
     if name == "lamb":  # optax.lamb, its trust ratio per layer of a stack
         return optax.chain(optax.scale_by_adam(b1, b2, eps),
                            optax.add_decayed_weights(wd, mask=decay_mask),
@@ -298,12 +445,15 @@ def make_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedule
     """(optax transformation, schedule) from config.optimizer, .schedule, .train.steps."""
     opt = specs.read(specs.OptimizerSpec, config.optimizer, "optimizer")
     sched = specs.read(specs.ScheduleSpec, config.schedule, "schedule")
-    d_model = config.model.get("emb_dim") if sched.name == "rsqrt_paper" else None
-    schedule = make_schedule(sched, opt.learning_rate, config.train.steps, d_model)
+    runs = stages(opt, sched)
+    d_model = (config.model.get("emb_dim") if any(s.name == "rsqrt_paper" for s in runs)
+               else None)
+    tokens = step_tokens(config) if any(s.warmup_tokens for s in runs) else None
+    schedule = staged(runs, config.train.steps, d_model, tokens=tokens, given=bool(sched.stages))
     clip = opt.grad_clip_norm
     # identity() keeps the state's tree structure independent of clipping, so a checkpoint
     # restores whether or not grad_clip_norm changed between runs.
     first: optax.GradientTransformation = (optax.clip_by_global_norm(float(clip)) if clip
                                            else optax.identity())
-    return optax.chain(first, _base_optimizer(opt, schedule)), schedule
+    return optax.chain(first, _base_optimizer(opt, schedule, runs, config.train.steps)), schedule
 

@@ -31,7 +31,7 @@ from bert_jax import config as config_lib
 from bert_jax import specs, tasks
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import WorkdirLock, is_remote, workdir_path
-from bert_jax.training import checkpoint, evaluate, goodput, setup, sharding, state
+from bert_jax.training import checkpoint, evaluate, goodput, optim, setup, sharding, state
 from bert_jax.training import input as pipelines
 from bert_jax.training.metrics import MetricsWriter, mfu, peak_flops_per_device
 
@@ -178,7 +178,7 @@ def _phase_pipeline(config, phase_cfg, index: int, saved: dict, previous: Phase 
     if previous is not None and config_lib.phase_stream(config, previous.index) == stream:
         source = previous.pipeline.source
     else:
-        micro = config.train.batch_size // config.train.grad_accum_steps
+        micro = phase_cfg.train.batch_size // phase_cfg.train.grad_accum_steps
         source = pipelines.make(phase_cfg, "train", task=task, batch_size=micro)
         if saved and config_lib.phase_stream(config, saved.get("phase", 0)) == stream:
             source.set_state(saved["pipeline"])
@@ -224,12 +224,14 @@ def next_batch(phase: Phase, mesh) -> dict[str, Array]:
     return batch
 
 
-def cadence(step: int, t, *, preempted: bool, keeps_best: bool) -> tuple[bool, bool]:
+def cadence(step: int, t, *, preempted: bool, keeps_best: bool,
+            kept: Collection[int] = ()) -> tuple[bool, bool]:
     """(evaluate, save) after `step`: evaluations every train.eval_every steps and at the end;
-    saves every train.checkpoint_every steps, at the end, on preemption, and (fine-tuning,
-    which keeps the best checkpoint) with every evaluation."""
+    saves every train.checkpoint_every steps, at the end, on preemption, at the `kept` steps
+    (where a schedule stage ends), and (fine-tuning, which keeps the best checkpoint) with
+    every evaluation."""
     evaluate_now = bool(t.eval_every and step % t.eval_every == 0) or step == t.steps
-    save = (step % t.checkpoint_every == 0 or step == t.steps or preempted
+    save = (step % t.checkpoint_every == 0 or step == t.steps or preempted or step in kept
             or (evaluate_now and keeps_best))
     return evaluate_now, save
 
@@ -385,7 +387,7 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
                 _report(run, pending, window, summary)
             pending = (step, metrics)
             preempted = preemption.due(step)
-            evaluate_now, save = cadence(step, t, preempted=preempted,
+            evaluate_now, save = cadence(step, t, preempted=preempted, kept=run.ckpt.kept,
                                          keeps_best=run.best_metric is not None)
             if not (evaluate_now or save):
                 continue
@@ -469,7 +471,8 @@ def _train(config, workdir: str, task, started: float) -> dict[str, Any]:
     config_json = json.loads(config.to_json())
     best_metric = f"eval/{task.main_metric}" if task else None
     with jax.set_mesh(mesh), checkpoint.TrainCheckpointer(
-            workdir, keep=t.keep_checkpoints, best_metric=best_metric) as ckpt:
+            workdir, keep=t.keep_checkpoints, best_metric=best_metric,
+            kept=optim.stage_ends(config)) as ckpt:
         start, train_state, data_state = restore_or_init(config, ckpt, engine, config_json)
         if start >= t.steps:
             log.info(f"already trained: checkpoint step {start} >= train.steps={t.steps}")

@@ -310,8 +310,9 @@ def test_paper_sweep_grids(spec):
 
 SNAPSHOT = json.loads((FIXTURES / "finetune_configs.json").read_text())
 # (section, key, value) added since, at the value each config gives it: train.objective (empty: the
-# model's own) and model.hf_family (the Hugging Face family export writes: BERT's or ModernBERT's).
-ADDED_SINCE = (("train", "objective", lambda spec: ""),
+# model's own), schedule.stages (none: one schedule) and model.hf_family (the Hugging Face family
+# export writes: BERT's or ModernBERT's).
+ADDED_SINCE = (("train", "objective", lambda spec: ""), ("schedule", "stages", lambda spec: []),
                ("model", "hf_family", lambda spec: "modernbert" if "modernbert" in spec else "bert"))
 # (section, key, value then, value now, the specs it changed in) changed on purpose since:
 # ModernBERT's own initialisation, full_megatron (its training code's).

@@ -885,6 +885,13 @@ MODERN_OPTIM_CASES = [
          + " --config.data.phases=\"((0, 16, 3, 4), (1, 16, 3))\"", 1,
          "data.phases[0] batch 4", "microbatch train.batch_size/grad_accum_steps=8",
          "use a multiple of 8"),
+    case("stages-beside-a-schedule-key", PRETRAIN + " --config.schedule.stages=\"({{'start_step': "
+         "0}}, {{'start_step': 2, 'name': 'wsd', 'decay_fraction': 1.0}})\" "
+         "--config.schedule.warmup_steps=3", 1, "schedule.warmup_steps=3 with schedule.stages",
+         "set them in the stages"),
+    case("stage-out-of-order", PRETRAIN + " --config.schedule.warmup_steps=10 "
+         "--config.schedule.stages=\"({{'start_step': 0}}, {{'start_step': 0}})\"", 1,
+         "schedule.stages[1].start_step=0 is not after"),
 ]
 
 

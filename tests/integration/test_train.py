@@ -300,6 +300,22 @@ def test_impossible_config_fails_before_compile(tmp_path, overrides, message, cl
 
 
 
+def test_stage_end_checkpoints_are_kept_beside_the_newest(tmp_path):
+    """The steps where a schedule stage ends (`kept`) stay, with the newest `keep`, and with
+    the best one of a run that keeps it."""
+    from bert_jax.training import checkpoint
+    params, opt_state = {"w": np.zeros(2, np.float32)}, {"m": np.zeros(2, np.float32)}
+    for best, want in ((None, [3, 5, 6]), ("eval/accuracy", [1, 3, 5, 6])):
+        workdir = tmp_path / str(best)
+        ckpt = checkpoint.TrainCheckpointer(workdir, keep=1, best_metric=best, kept=(3, 5))
+        for step in range(1, 7):
+            metrics = {"eval/accuracy": 1.0 if step == 1 else 0.5} if best else None
+            ckpt.save(step, params, opt_state, {}, {}, metrics=metrics)
+            ckpt.manager.wait_until_finished()
+        ckpt.manager.close()
+        assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == want
+
+
 @pytest.mark.parametrize("keep,accuracies,kept,best", [
     (1, [0.5, 0.75, 0.6, 0.75, 0.7], [4, 5], 4),   # the best of two tied steps is the later
     (2, [0.5, 0.75, 0.6, 0.75, 0.75], [4, 5], 5),  # both kept and tied: the later one

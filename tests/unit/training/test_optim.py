@@ -1,5 +1,6 @@
 """Schedules against their papers' formulas (numbers written out here), masks, optimizers."""
 
+import math
 import re
 import shutil
 import types
@@ -462,3 +463,26 @@ def test_batch_size_warmup_trains_and_resumes_exactly(tmp_path, caplog):
     train.train_and_evaluate(config, str(tmp_path))  # resumes at 4, in the 16-row phase
     again = {r["step"]: r["loss"] for r in metrics.read_metrics(tmp_path / "metrics.jsonl") if "loss" in r}
     assert len(first) == 6 and again == first
+
+
+@pytest.mark.slow  # two phases compiled, as the test above
+def test_stages_and_a_phase_microbatch_train(tmp_path, caplog):
+    """A run in two schedule stages whose second phase accumulates its own microbatch: the
+    logged learning rates restart at the stage, the phase's batch is 2 microbatches of 16
+    rows, and the checkpoint where the first stage ends is kept beside the newest."""
+    config = config_lib.load(str(REPO / "configs/bert_pretrain.py:tiny"), BATCH_WARMUP + [
+        "data.phases=((0, 16, 3, 8), {'start_step': 3, 'seq_len': 16, 'predictions': 3, "
+        "'batch_size': 32, 'microbatch': 16})",
+        "schedule.name=warmup_linear", "schedule.warmup_steps=10", "train.keep_checkpoints=1",
+        "schedule.stages=({'start_step': 0, 'learning_rate': 0.01}, {'start_step': 3, "
+        "'name': 'wsd', 'learning_rate': 0.005, 'decay_fraction': 1.0})"])
+    with caplog.at_level("INFO", logger="bert_jax.training.train"):
+        train.train_and_evaluate(config, str(tmp_path))
+    phases = [r.getMessage() for r in caplog.records if r.getMessage().startswith("phase ")]
+    assert phases[1].split(";")[0] == "phase 1 from step 3: batch 32 x 16 tokens in 2 microbatch(es)"
+    rates = [r["learning_rate"] for r in metrics.read_metrics(tmp_path / "metrics.jsonl")
+             if "loss" in r]
+    # Updates 0-2 at 0.01, then the stage's 1-sqrt decay over its 3 updates from 0.005.
+    want = [0.01] * 3 + [0.005 * (1 - math.sqrt(c / 3)) for c in range(3)]
+    np.testing.assert_allclose(rates, want, rtol=1e-6)
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [3, 6]
