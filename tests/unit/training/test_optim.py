@@ -469,7 +469,8 @@ def test_batch_size_warmup_trains_and_resumes_exactly(tmp_path, caplog):
 def test_stages_and_a_phase_microbatch_train(tmp_path, caplog):
     """A run in two schedule stages whose second phase accumulates its own microbatch: the
     logged learning rates restart at the stage, the phase's batch is 2 microbatches of 16
-    rows, and the checkpoint where the first stage ends is kept beside the newest."""
+    rows, and the checkpoint where the first stage ends is kept beside the newest, to decay
+    from in another way."""
     config = config_lib.load(str(REPO / "configs/bert_pretrain.py:tiny"), BATCH_WARMUP + [
         "data.phases=((0, 16, 3, 8), {'start_step': 3, 'seq_len': 16, 'predictions': 3, "
         "'batch_size': 32, 'microbatch': 16})",
@@ -486,3 +487,14 @@ def test_stages_and_a_phase_microbatch_train(tmp_path, caplog):
     want = [0.01] * 3 + [0.005 * (1 - math.sqrt(c / 3)) for c in range(3)]
     np.testing.assert_allclose(rates, want, rtol=1e-6)
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [3, 6]
+    # Another decay from the first stage's end: its checkpoint copied into a new workdir.
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "checkpoints" / "3", other / "checkpoints" / "3")
+    config.schedule.stages = (config.schedule.stages[0], dict(
+        start_step=3, name="wsd", learning_rate=0.002, decay_fraction=1.0, decay_shape="linear"))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="bert_jax.training.train"):
+        train.train_and_evaluate(config, str(other))
+    assert f"resumed from {other}/checkpoints/3" in caplog.text
+    rates = [r["learning_rate"] for r in metrics.read_metrics(other / "metrics.jsonl") if "loss" in r]
+    np.testing.assert_allclose(rates, [0.002 * (1 - c / 3) for c in range(3)], rtol=1e-6)
