@@ -78,15 +78,68 @@ def _emulator_handler():
     return Handler
 
 
-@pytest.fixture(scope="module")
-def gcs():
-    """(gcsfs filesystem on the emulator, environment for `bert-jax` subprocesses using it)."""
+class Faults:
+    """Transient faults a real bucket gives now and then, injected deterministically: every
+    `every`-th request answered 503 (Service Unavailable, which GCS returns under load and
+    asks clients to retry) and every `slow`-th delayed `delay` seconds; counted."""
+
+    def __init__(self, every: int = 0, slow: int = 0, delay: float = 0.0):
+        self.every, self.slow, self.delay = every, slow, delay
+        self.requests = self.failed = self.delayed = 0
+        self.lock = threading.Lock()
+
+    def fault(self) -> bool:
+        """Whether this request fails (after its delay, if it is a slow one)."""
+        with self.lock:
+            self.requests += 1
+            n = self.requests
+            fail = bool(self.every) and n % self.every == 0
+            slow = bool(self.slow) and n % self.slow == 0
+            self.failed += fail
+            self.delayed += slow
+        if slow:
+            time.sleep(self.delay)
+        return fail
+
+
+def _faulty(handler, faults: Faults):
+    """The emulator's handler, answering the requests `faults` picks with a 503."""
+
+    class Faulty(handler):
+        def handle_one_request(self):
+            self.raw_requestline = self.rfile.readline(65537)
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            if faults.fault():
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)  # the body of an upload, dropped
+                body = b'{"error": {"code": 503, "message": "Service Unavailable (injected)"}}'
+                self.send_response(503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            method = getattr(self, f"do_{self.command}")
+            method()
+            self.wfile.flush()
+
+    return Faulty
+
+
+def _serve(faults: Faults | None = None):
+    """(server, url, environment for `bert-jax` subprocesses) of an emulator with a bucket."""
     from gcp_storage_emulator.handlers import buckets
     from gcp_storage_emulator.storage import Storage
 
     storage = Storage(use_memory_fs=True)
     buckets.create_bucket(BUCKET, storage)
-    httpd = server.HTTPServer(("localhost", 0), functools.partial(_emulator_handler(), storage))
+    handler = _emulator_handler() if faults is None else _faulty(_emulator_handler(), faults)
+    httpd = server.ThreadingHTTPServer(("localhost", 0), functools.partial(handler, storage))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     url = f"http://localhost:{httpd.server_address[1]}"
@@ -99,6 +152,13 @@ def gcs():
                TENSORSTORE_GCS_HTTP_URL=url,  # tensorstore (Orbax arrays)
                CLOUD_STORAGE_EMULATOR_ENDPOINT=url,  # google-cloud-cpp (array_record's reader)
                GOOGLE_AUTH_TOKEN_FOR_TESTING="test")  # tensorstore: no credential lookup
+    return httpd, thread, url, env
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """(gcsfs filesystem on the emulator, environment for `bert-jax` subprocesses using it)."""
+    httpd, thread, url, env = _serve()
     fs = gcsfs_core.GCSFileSystem(endpoint_url=url, token="anon", skip_instance_cache=True)
     yield fs, env
     httpd.shutdown()
@@ -211,6 +271,36 @@ def test_train_resume_and_eval_in_a_gs_workdir(gcs):
     assert listing(fs, f"{root}/plots") == ["metrics.csv", "metrics.png"]
     csv_rows = fs.cat(f"{root}/plots/metrics.csv").decode().splitlines()
     assert sum(",loss," in r for r in csv_rows) == 8
+
+
+@pytest.mark.slow
+def test_a_run_survives_transient_storage_faults_and_resumes_exactly():
+    """Every 7th request to the bucket answered 503 and every 10th slowed by 0.1 s, from the
+    first request to the last: training, its checkpoints (gcsfs and tensorstore, each with its
+    own retries) and a resume after a crash while saving all go through, with the losses of
+    the uninterrupted run."""
+    faults = Faults(every=7, slow=10, delay=0.1)
+    httpd, thread, url, env = _serve(faults)
+    fs = gcsfs_core.GCSFileSystem(endpoint_url=url, token="anon", skip_instance_cache=True)
+    try:
+        root, workdir = f"{BUCKET}/flaky", f"gs://{BUCKET}/flaky"
+        train = ["train", f"--config={CONFIG}", f"--workdir={workdir}", *SMALL,
+                 "--config.train.steps=6", "--config.train.checkpoint_every=3"]
+        first = bert_jax(env, *train)
+        assert faults.failed >= 10 and faults.delayed >= 10, vars(faults)
+        reference = losses(fs, root)
+        assert sorted(reference) == list(range(1, 7))
+        failed = faults.failed
+        fs.rm(f"{root}/checkpoints/6/commit_success.txt")  # as if killed while saving step 6
+        resumed = bert_jax(env, *train)
+        assert f"resumed from {workdir}/checkpoints/3" in resumed.stdout, resumed.stdout[-2000:]
+        assert faults.failed > failed + 5, vars(faults)
+        assert losses(fs, root) == reference  # bitwise, each step once
+        assert "Traceback" not in first.stderr + resumed.stderr
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 def test_launch_checks_the_workdir_is_writable(gcs):
