@@ -312,7 +312,7 @@ CONFIG_CASES = [
     case("init-from-size-set-differs", "train --config configs/glue.py:sst2,tiny --workdir {tmp}/w "
          "--config.init_from={ckpt} --config.data.data_dir={tmp}/data --config.model.num_layers=3 "
          "--config.data.max_seq_length=16 --config.train.batch_size=8", 1, "model.num_layers",
-         "--config.model.num_layers=1", setup=glue()),
+         "--config.model.num_layers=1", "--config.init_mode=tile_from_middle", setup=glue()),
     # the command line itself
     case("no-command", "", 2, "usage"),
     case("unknown-command", "trian --config configs/bert_pretrain.py:tiny", 2, "'trian'", "train"),
