@@ -16,7 +16,8 @@ src/bert_layers/initialization.py (`tile_weight` with `tile_weights_from_middle`
   (the reference fails there with an IndexError).
 - Not tiled, as in the reference (the new model's fresh values stay): the final norm, and the
   attention norm of a layer read from the old layer 0 of a model whose first layer reads the
-  embedding norm (ModernBERT's layer 0 has none there, an identity the reference skips).
+  embedding norm (ModernBERT's layer 0 has none there, an identity the reference skips; a
+  stacked leaf may hold that norm's row, unused, or leave it out: stacked_rows).
 - The vocabulary and every other architecture field stay the same (the reference refuses a
   different vocabulary size); the model sizes (SIZE_FIELDS) may only grow.
 """
@@ -48,6 +49,17 @@ def middle(new: int, old: int) -> np.ndarray:
 def layer_map(new: int, old: int) -> list[int]:
     """The old layer each new layer starts from (the reference's round(i * old / new))."""
     return [round(i * old / new) for i in range(new)]
+
+
+def stacked_rows(new_rows: int, old_rows: int, layers: Sequence[int], old_layers: int,
+                 first: int = 0) -> np.ndarray:
+    """The row of an old stacked leaf each row of the new one reads (-1: none, the old layer
+    has no such tensor). A leaf of n rows holds the last n layers (a pre-norm stack after an
+    embedding norm may leave out layer 0's attention norm); `first`: the old leaf's first
+    layer that has the tensor (1: its layer 0's row is there but unused)."""
+    new_first, old_first = len(layers) - new_rows, old_layers - old_rows
+    read = np.asarray(layers)[new_first:]
+    return np.where(read >= max(old_first, first), read - old_first, -1)
 
 
 def tile(x: np.ndarray, axes: Sequence[str | None], shape: tuple[int, ...],
@@ -121,10 +133,14 @@ def tiled(directory: str | os.PathLike, source_cfg: dict[str, Any], source: dict
     for k, target in traverse_util.flatten_dict(abstract_params).items():
         if k not in theirs or any(name in k for name in NOT_TILED):
             continue
-        x = tile(np.asarray(theirs[k]), axes[k], target.shape, layers).astype(target.dtype)
-        if skips_first_norm and "attention_norm" in k and axes[k][0] == "layers":
-            # the layers read from the old layer 0 (no norm there): a fresh norm's values
-            x[np.asarray(layers) == 0] = 1.0 if k[-1] == "scale" else 0.0
+        old = np.asarray(theirs[k])
+        rows = (stacked_rows(target.shape[0], old.shape[0], layers, source_cfg["num_layers"],
+                             first=int(skips_first_norm and "attention_norm" in k))
+                if axes[k][0] == "layers" else np.zeros(0, int))
+        x = tile(old, axes[k], target.shape, np.maximum(rows, 0)).astype(target.dtype)
+        if (rows < 0).any():  # a norm with no old tensor (layer 0's attention norm): fresh values
+            assert "norm" in "/".join(k), k
+            x[rows < 0] = 1.0 if k[-1] == "scale" else 0.0
         found[k] = jax.make_array_from_callback(target.shape, target.sharding,
                                                 lambda index, x=x: x[index])
     fresh = sorted("/".join(k) for k in traverse_util.flatten_dict(abstract_params) if k not in found)

@@ -110,9 +110,10 @@ def to_reference(params, cfg):
                          ("bert/encoder/final_norm/bias", "final_norm.bias")):
         if ours in flat:
             out[theirs] = flat[ours]
-    d = cfg["emb_dim"]
-    for i in range(cfg["num_layers"]):
-        layer = {k[len(enc):]: v[i] for k, v in flat.items() if k.startswith(enc)}
+    d, n = cfg["emb_dim"], cfg["num_layers"]
+    for i in range(n):  # a stacked leaf of fewer rows holds the last layers' (attention_norm)
+        layer = {k[len(enc):]: v[i - n + len(v)] for k, v in flat.items()
+                 if k.startswith(enc) and i - n + len(v) >= 0}
         p = f"encoder.layers.{i}."
         if i > 0:  # ModernBERT's layer 0 has no attention norm (an identity)
             out[p + "attn_norm.weight"] = layer["attention_norm/scale"]
@@ -206,3 +207,14 @@ def test_modernbert_large_tiles_from_base():
     assert list(tiling.middle(1024, 768)[[0, 127, 128, 895, 896, 1023]]) == [640, 767, 0, 767, 0, 127]
     with pytest.raises(ConfigError, match="use at most 43 layers"):
         tiling.check("base", base, {**large, "num_layers": 44})
+
+
+def test_stacked_leaves_with_and_without_layer_0s_attention_norm():
+    """A new layer reads layer_map's old layer from a stacked leaf of all layers or of the last
+    ones (a leaf may leave out layer 0's unused attention norm); an old layer without the tensor
+    reads none (-1), whether its row is absent or present but unused (first=1)."""
+    layers = tiling.layer_map(6, 3)  # [0, 0, 1, 2, 2, 2]
+    assert list(tiling.stacked_rows(6, 3, layers, 3)) == [0, 0, 1, 2, 2, 2]
+    assert list(tiling.stacked_rows(6, 3, layers, 3, first=1)) == [-1, -1, 1, 2, 2, 2]
+    assert list(tiling.stacked_rows(5, 2, layers, 3)) == [-1, 0, 1, 1, 1]  # layers 1.. of each
+    assert list(tiling.stacked_rows(5, 3, layers, 3, first=1)) == [-1, 1, 2, 2, 2]
