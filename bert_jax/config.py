@@ -436,8 +436,8 @@ def check_pretraining_data(data: PretrainingData, lengths: Sequence[int], model=
 
 
 def init_mode(config) -> str:
-    """config.init_mode, one of INIT_MODES ("exact" for a config saved before it existed)."""
-    mode = config.get("init_mode", "exact")
+    """config.init_mode, checked to be one of INIT_MODES."""
+    mode = config.init_mode
     if mode not in INIT_MODES:
         raise ConfigError(f"init_mode={mode!r}; choose one of {list(INIT_MODES)} (exact: load init_from "
                           f"as it is; tile_from_middle: grow it to a larger model, docs/modernbert.md)")
