@@ -38,6 +38,7 @@ from bert_jax.models.config import BertConfig
 from bert_jax.training import checkpoint
 
 SIZE_FIELDS = checkpoint.SIZE_FIELDS  # the fields tiling grows; the other architecture fields agree
+GROWS = ("embed", "mlp", "kv", "layers")  # the logical axes of the sizes (heads x kv as one)
 NOT_TILED = ("final_norm",)  # the reference leaves the new model's own (fresh) values
 
 
@@ -134,6 +135,12 @@ def tiled(directory: str | os.PathLike, source_cfg: dict[str, Any], source: dict
         if k not in theirs or any(name in k for name in NOT_TILED):
             continue
         old = np.asarray(theirs[k])
+        fixed = [i for i, name in enumerate(axes[k]) if name not in GROWS and name != "heads"
+                 and old.shape[i] != target.shape[i]]
+        if fixed:  # e.g. a classifier's labels: nothing to tile them from
+            raise ConfigError(f"init_from={directory} with init_mode=tile_from_middle: parameter "
+                              f"{'/'.join(k)} has shape {old.shape} in the checkpoint but "
+                              f"{target.shape} here; tiling grows only the {', '.join(GROWS)} axes")
         rows = (stacked_rows(target.shape[0], old.shape[0], layers, source_cfg["num_layers"],
                              first=int(skips_first_norm and "attention_norm" in k))
                 if axes[k][0] == "layers" else np.zeros(0, int))

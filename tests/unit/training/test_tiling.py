@@ -218,3 +218,13 @@ def test_stacked_leaves_with_and_without_layer_0s_attention_norm():
     assert list(tiling.stacked_rows(6, 3, layers, 3, first=1)) == [-1, -1, 1, 2, 2, 2]
     assert list(tiling.stacked_rows(5, 2, layers, 3)) == [-1, 0, 1, 1, 1]  # layers 1.. of each
     assert list(tiling.stacked_rows(5, 3, layers, 3, first=1)) == [-1, 1, 2, 2, 2]
+
+
+def test_an_axis_tiling_does_not_grow_is_refused():
+    """A classifier of 2 labels into one of 3: nothing to tile the labels from."""
+    small, large = (models.model_section("bert_classification", {
+        **models.modernbert_model_fields("tiny"), **sizes}, num_labels=n)
+        for sizes, n in ((SMALL, 2), (LARGE, 3)))
+    with pytest.raises(ConfigError, match=r"parameter classifier/bias has shape \(2,\) in the "
+                                          r"checkpoint but \(3,\) here; tiling grows only"):
+        tiling.tiled("src", small, fresh(small), large, fresh(large))
