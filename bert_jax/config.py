@@ -44,6 +44,8 @@ BATCH_AXES = ("data", "fsdp")  # the axes the examples of a batch are split over
 # data.instances: what a pretraining row holds (data/pretraining.py); pairs carry NSP labels
 INSTANCES = ("pairs", "packed", "full_rows")
 MLM_ONLY_DEFAULT = "packed"  # what an MLM-only (model.nsp=False) config chooses: docs/pretraining.md
+# init_mode: how init_from's weights become the model's (training/tiling.py, docs/modernbert.md)
+INIT_MODES = ("exact", "tile_from_middle")
 
 DEFAULT_AXIS_RULES = (
     ("batch", ("data", "fsdp")),
@@ -108,6 +110,9 @@ def training_defaults() -> ml_collections.ConfigDict:
     c.seed = 0  # parameter init, dropout and data order
     c.dtype = "float32"  # compute dtype: float32 | bfloat16 (params and optimizer stay float32)
     c.init_from = ""  # checkpoint dir (bert-jax convert output or workdir) to start from
+    # exact: init_from's weights as they are (its sizes unless set); tile_from_middle: a larger
+    # model of the config's sizes, each tensor tiled from the checkpoint's (ModernBERT-large from base)
+    c.init_mode = "exact"
 
     # The sections every run has: their keys, defaults and meanings are the records in specs.py.
     c.optimizer = section(OptimizerSpec)
@@ -316,6 +321,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     by optim.make_optimizer.)"""
     if config.dtype not in DTYPES:
         raise ConfigError(f"dtype={config.dtype!r}; choose one of {list(DTYPES)}")
+    init_mode(config)
     model_dtype = config.model.get("dtype")
     if model_dtype is not None and model_dtype != config.dtype:
         raise ConfigError(f"model.dtype={model_dtype!r} differs from dtype={config.dtype!r}: the "
@@ -446,6 +452,15 @@ def check_pretraining_data(data: PretrainingData, lengths: Sequence[int], model=
                     raise ConfigError(
                         f"{cap_key}={cap} is below {key}={rate} of {length_key}={length} "
                         f"({need} masked tokens a row); set {cap_key} >= {need}")
+
+
+def init_mode(config) -> str:
+    """config.init_mode, checked to be one of INIT_MODES."""
+    mode = config.init_mode
+    if mode not in INIT_MODES:
+        raise ConfigError(f"init_mode={mode!r}; choose one of {list(INIT_MODES)} (exact: load init_from "
+                          f"as it is; tile_from_middle: grow it to a larger model, docs/modernbert.md)")
+    return mode
 
 
 def model_config(config) -> dict:

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # From each model config field's `kind` (models/config.py). Model fields that must agree for
 # pretrained weights to fit (dropout, dtype, scan, heads may differ):
 ARCHITECTURE_FIELDS = fields_of_kind("architecture")
+# Those init_mode=tile_from_middle may grow (training/tiling.py); the others must agree there too.
+SIZE_FIELDS = ("emb_dim", "num_layers", "num_heads", "head_dim", "mlp_dim")
 # Fields that must agree for a training run to resume from a checkpoint: the model's
 # parameters (their shapes and tree) and what they compute.
 STATE_FIELDS = ("name", *ARCHITECTURE_FIELDS, *fields_of_kind("state"))
@@ -504,8 +506,10 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abs
     if diff:
         found = "; ".join(f"model.{k}: config {model_cfg[k]!r}, checkpoint {source_cfg[k]!r}" for k in diff)
         fix = " ".join(f"--config.model.{k}={source_cfg[k]}" for k in diff)
+        grow = (" (or --config.init_mode=tile_from_middle to tile its weights into this larger model)"
+                if all(k in SIZE_FIELDS and model_cfg[k] > source_cfg[k] for k in diff) else "")
         raise ConfigError(f"init_from={directory}: the checkpoint's model differs from this config "
-                          f"({found}); use the checkpoint's sizes: {fix}")
+                          f"({found}); use the checkpoint's sizes: {fix}{grow}")
     step, theirs = _params_metadata(directory)
     # Each model holds the encoder at its own path (the bare encoder at its root, task models
     # under `bert`): a checkpoint parameter under its encoder path moves to ours.

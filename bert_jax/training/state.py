@@ -19,8 +19,8 @@ import optax
 from flax import nnx
 
 from bert_jax import models, trees
-from bert_jax.config import model_config
-from bert_jax.training import checkpoint, sharding
+from bert_jax.config import ConfigError, init_mode, model_config
+from bert_jax.training import checkpoint, sharding, tiling
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +70,24 @@ def init_state(config, tx, state_sh, pretrained: dict | None = None) -> dict:
 def sizes_from_init(config, set_by_user: Collection[str] = ()):
     """`config` with the model's architecture fields (layers, width, heads, vocabulary, ...)
     taken from the config.init_from checkpoint, except those the user set (dotted keys such
-    as "model.num_layers"); a user-set field that differs is reported by `pretrained`."""
+    as "model.num_layers"); a user-set field that differs is reported by `pretrained`. With
+    init_mode=tile_from_middle the sizes (tiling.SIZE_FIELDS) are the config's, checked here."""
+    tile = init_mode(config) == "tile_from_middle"
     if not config.get("init_from"):
+        if tile:
+            raise ConfigError("init_mode=tile_from_middle grows the init_from checkpoint's weights, "
+                              "but init_from is empty: set --config.init_from=<a smaller run's "
+                              "workdir> (ModernBERT-large: a base run), or init_mode=exact")
         return config
     theirs = checkpoint.read_config(config.init_from)["model"]
     if theirs.get("name") in models.CONFIGS and config.model.name in models.CONFIGS:
         checkpoint.check_same_family(config.init_from, theirs, config.model)
     taken = {k: theirs[k] for k in checkpoint.ARCHITECTURE_FIELDS  # those both models read
              if k in theirs and k in config.model and f"model.{k}" not in set_by_user
-             and config.model[k] != theirs[k]}
+             and config.model[k] != theirs[k] and not (tile and k in tiling.SIZE_FIELDS)}
+    if tile:  # refused before anything is built
+        tiling.check(config.init_from, models.complete_model_config(theirs),
+                     models.complete_model_config({**config.model.to_dict(), **taken}))
     if not taken:
         return config
     config = config.copy_and_resolve_references()
@@ -89,11 +98,20 @@ def sizes_from_init(config, set_by_user: Collection[str] = ()):
 
 
 def pretrained(config, abstract_params, mesh) -> dict:
-    """The config.init_from weights that fit this model (task heads stay fresh);
-    `abstract_params` carry the target shardings."""
-    found, fresh, unused = checkpoint.load_pretrained(
-        config.init_from, model_config(config), abstract_params, mesh)
-    log.info(f"init_from {config.init_from}: {len(jax.tree.leaves(found))} tensors loaded"
+    """The config.init_from weights that fit this model (task heads stay fresh), or with
+    init_mode=tile_from_middle tiled to its sizes (tiling.py); `abstract_params` carry the
+    target shardings."""
+    if init_mode(config) == "tile_from_middle":
+        with jax.set_mesh(None):  # (see abstract_state) the source whole, on one device
+            source_cfg, source = load_model(config.init_from)
+        found, fresh, unused = tiling.tiled(config.init_from, source_cfg, nnx.to_pure_dict(
+            nnx.state(source, nnx.Param)), model_config(config), abstract_params)
+        how = "tiled from the middle"
+    else:
+        found, fresh, unused = checkpoint.load_pretrained(
+            config.init_from, model_config(config), abstract_params, mesh)
+        how = "loaded"
+    log.info(f"init_from {config.init_from}: {len(jax.tree.leaves(found))} tensors {how}"
              + (f"; freshly initialised: {', '.join(fresh)}" if fresh else "")
              + (f"; not used: {', '.join(unused)}" if unused else ""))
     return found

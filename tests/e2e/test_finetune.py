@@ -336,6 +336,7 @@ def test_task_configs_are_as_they_were(spec):
         for section, key, value in ADDED_SINCE:
             if section in config and (key in config[section] or section == "train"):
                 assert config[section].pop(key) == value(spec), (section, key)
+        assert config.pop("init_mode") == "exact"  # top-level key added since
         for section, key, then, now, changed in CHANGED_SINCE:
             if changed(spec) and section in config:
                 assert config[section][key] == now, (section, key)

@@ -312,7 +312,14 @@ CONFIG_CASES = [
     case("init-from-size-set-differs", "train --config configs/glue.py:sst2,tiny --workdir {tmp}/w "
          "--config.init_from={ckpt} --config.data.data_dir={tmp}/data --config.model.num_layers=3 "
          "--config.data.max_seq_length=16 --config.train.batch_size=8", 1, "model.num_layers",
-         "--config.model.num_layers=1", setup=glue()),
+         "--config.model.num_layers=1", "--config.init_mode=tile_from_middle", setup=glue()),
+    case("init-mode-unknown", PRETRAIN + " --config.init_mode=tile", 1, "init_mode='tile'",
+         "'exact', 'tile_from_middle'"),
+    case("init-mode-tile-without-init-from", PRETRAIN + " --config.init_mode=tile_from_middle", 1,
+         "init_from is empty", "--config.init_from=", "init_mode=exact"),
+    case("init-mode-tile-into-smaller", GLUE + " --config.init_from={ckpt} "
+         "--config.init_mode=tile_from_middle --config.model.mlp_dim=32", 1,
+         "model.mlp_dim=32 is smaller than the checkpoint's 64", "init_mode=exact", setup=glue()),
     # the command line itself
     case("no-command", "", 2, "usage"),
     case("unknown-command", "trian --config configs/bert_pretrain.py:tiny", 2, "'trian'", "train"),
