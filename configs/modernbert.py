@@ -28,8 +28,10 @@ Variants (`arg`):
          tokens, 64 rows of 8,192):
            bert-jax train --config configs/modernbert.py:base --workdir gs://BUCKET/modernbert \\
              --config.data.tokenizer=gs://BUCKET/tokenizer --config.data.train_files='gs://BUCKET/text/*'
-  large  28 x 1024 (395M), same flags; its published batches (616 and 624 rows at 8,192) split
-         only over 8 batch shards (or 1, 2, 4): a v5p-16 slice, mesh fsdp=8.
+  large  28 x 1024 (395M), same flags, plus --config.init_from=<a folder holding base's
+         pretrain-stage checkpoint>: its weights tiled from the middle into large's shapes
+         (init_mode=tile_from_middle, docs/modernbert.md); its published batches (616 and 624
+         rows at 8,192) split only over 8 batch shards (or 1, 2, 4): a v5p-16 slice, fsdp=8.
   tiny, mini, small, medium: miniatures with BERT's miniature shapes (FFN 1.5 x hidden) and an
          8,192-token vocabulary, sized for a CPU (docs/modernbert.md), one wsd schedule:
            bert-jax train --config configs/modernbert.py:tiny --workdir /tmp/modern_tiny \\
@@ -142,6 +144,9 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
         config.model.scan_layers = True
         if arg == "large":
             config.mesh.fsdp = 8
+            # Started from base's pretrain-stage checkpoint tiled to large's shapes (the
+            # published init_from_checkpoint, mode tile_weights_from_middle): --config.init_from
+            config.init_mode = "tile_from_middle"
         return config
     # The miniatures: a CPU-sized run (the BERT miniatures' data and steps, 30% masking).
     config.model.update(vocab_size=8192, max_len=8192)
