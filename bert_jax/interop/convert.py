@@ -251,6 +251,26 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
     return traverse_util.unflatten_dict(out, sep="/"), missing, unused
 
 
+def check_padding_row(weights: dict[str, np.ndarray], model_cfg: dict[str, Any],
+                      file_names: dict[str, str], config_file: object) -> None:
+    """Positions after the pad id (RoBERTa's: model.position_offset = pad id + 1) have the
+    pad id's row of the position table as their padding row, which the HF classes create
+    and keep at zero (nn.Embedding's padding_idx): an all-zero row elsewhere and not there is
+    a config.json whose pad_token_id does not belong to these weights (positions would be
+    shifted by the difference)."""
+    offset, name = model_cfg.get("position_offset", 0), "embeddings.position_embeddings.weight"
+    table = weights.get(name)
+    if not offset or table is None or table.ndim != 2:
+        return
+    zero = [i for i in range(table.shape[0]) if not np.any(table[i])]
+    if zero and offset - 1 not in zero:
+        raise ValueError(f"{config_file}: pad_token_id={offset - 1} makes row {offset - 1} of "
+                         f"{file_names.get(name, name)} the padding row, but the table's all-zero "
+                         f"(padding) row is {zero[0]}: the config's pad_token_id does not belong to "
+                         f"these weights; use the config.json that came with them "
+                         f"(pad_token_id={zero[0]})")
+
+
 def tf_checkpoint_prefix(source: Path) -> Path | None:
     """The checkpoint prefix of an original TF BERT source (the prefix itself, or a folder with
     bert_config.json and no config.json), or None for anything else."""
@@ -380,6 +400,7 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
                              f"config says vocab_size={model_cfg['vocab_size']}; use the "
                              f"{tokenizer.vocab_file.name} that came with the model")
         weights, file_names = family.from_hf(weights, name, model_cfg["num_layers"])
+        check_padding_row(weights, model_cfg, file_names, _config_file(origin))
         params, missing, unused = convert_hf_weights(weights, model_cfg, file_names=file_names)
         encoder = "".join(f"{k}/" for k in models.encoder_path(name))
         essential = [p for p in missing if p.startswith(encoder) and p.removeprefix(encoder) not in _POOLER]

@@ -913,6 +913,19 @@ def as_roberta_weights(folder: Path) -> None:
                                 metadata={"format": "pt"})
 
 
+def zero_position_row(row: int):
+    """A RoBERTa folder's position table with `row` all zeros: its padding row, as HF keeps it."""
+    def change(folder: Path) -> None:
+        import safetensors.numpy
+
+        tensors = safetensors.numpy.load_file(folder / "model.safetensors")
+        name = "roberta.embeddings.position_embeddings.weight"
+        tensors[name] = tensors[name].copy()
+        tensors[name][row] = 0.0
+        safetensors.numpy.save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return change
+
+
 def converted_roberta(**changes):
     """A setup converting a copy of the shared HF folder, as a RoBERTa with `changes` to its
     config.json, into tmp/rob."""
@@ -935,6 +948,11 @@ ROBERTA_CASES = [
          "a Unigram tokenizer", "byte-level BPE", "WordPiece",
          setup=copy_of("hf", hf_config(model_type="roberta"), remove("vocab.txt"),
                        replace("tokenizer.json", UNIGRAM_JSON))),
+    case("convert-roberta-pad-id-not-the-weights-padding-row", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: pad_token_id=0", "the table's all-zero (padding) row is 1",
+         "use the config.json that came with them (pad_token_id=1)",
+         setup=copy_of("hf", hf_config(model_type="roberta", pad_token_id=0), as_roberta_weights,
+                       zero_position_row(1))),
     case("export-roberta-pad-not-before-positions", "export {tmp}/rob hf:{tmp}/out", 1,
          "model.position_offset=3", "pad id + 1 = 1", "Hugging Face RoBERTa",
          setup=converted_roberta(pad_token_id=2)),
