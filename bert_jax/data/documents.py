@@ -20,6 +20,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from bert_jax import paths
 from bert_jax.data import pretraining
+from bert_jax.data import text as text_lib
 from bert_jax.paths import workdir_path
 
 Document = list[np.ndarray]
@@ -41,6 +42,12 @@ def expand(patterns: str, what: str = "") -> list[str]:
     return files
 
 
+def _shifted(error: UnicodeDecodeError, start: int) -> UnicodeDecodeError:
+    """`error` with its position counted from byte `start` (a line's first)."""
+    return UnicodeDecodeError(error.encoding, error.object[start:], error.start - start,
+                              error.end - start, error.reason)
+
+
 def read_lines(path: str | os.PathLike) -> list[str]:
     """The lines of a UTF-8 text file, plain or .gz (local or gs://), without line endings."""
     file = workdir_path(path)
@@ -57,8 +64,11 @@ def read_lines(path: str | os.PathLike) -> list[str]:
                          ".gz suffix if it is plain text") from None
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}: line {line} is not UTF-8 ({e.reason}); re-encode the file as "
-                         "UTF-8") from None
+        raise text_lib.not_text(path, line, data.split(b"\n")[line - 1],
+                                _shifted(e, data.rfind(b"\n", 0, e.start) + 1)) from None
+    if "\x00" in text:
+        line = text[:text.index("\x00")].count("\n") + 1
+        raise text_lib.not_text(path, line, data.split(b"\n")[line - 1])
     # split("\n"), not splitlines(): a stray \x85 or \u2028 inside a sentence must not shift
     # the line alignment with the other side.
     lines = text.split("\n")

@@ -14,16 +14,13 @@ a few documents. The original shuffles all instances before writing; a pipeline 
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import io
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
 
 import numpy as np
 
-from bert_jax import paths
+from bert_jax.data import text as text_lib
 from bert_jax.data.tokenizer import Tokenizer, pair_lengths
 
 TokenizedDocument = list[np.ndarray]  # int32 token ids per sentence; no empty sentences
@@ -57,29 +54,10 @@ def split_sentences(paragraph: str) -> list[str]:
     return sentences
 
 
-class _RemoteText(io.TextIOWrapper):
-    """Text over an object-store file (gzipped or not) that closes the object when closed."""
-
-    def __init__(self, raw, gz: bool):
-        self._raw = raw
-        super().__init__(gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw, encoding="utf-8",
-                         errors="replace")
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self._raw.close()
-
-
-def _open_text(path: str | Path) -> TextIO:
-    """A text stream over a plain or gzipped file (local or gs://); undecodable bytes become
-    U+FFFD."""
-    if paths.is_remote(path):
-        return _RemoteText(paths.path(path).open("rb"), gz=str(path).endswith(".gz"))
-    if str(path).endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+def _lines(path: str | Path) -> Iterator[str]:
+    """The lines of a plain or gzipped UTF-8 file (local or gs://); a line that is not UTF-8
+    text stops with data.text's one error naming it, as vocab's reader does."""
+    return text_lib.utf8_lines(str(path))
 
 
 def _blocks(lines: Iterable[str]) -> Iterator[list[str]]:
@@ -109,18 +87,18 @@ def iter_documents(path: str | Path, fmt: str = "sentences", *,
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} (data.text_format); choose one of {list(FORMATS)}")
-    with _open_text(path) as f:
-        if fmt == "sentences":
-            yield from _blocks(f)
-            return
-        doc: list[str] = []
-        for block in _blocks(f):
-            doc += split_sentences(" ".join(block))
-            if len(doc) >= doc_sentences and fmt == "paragraphs":
-                yield doc
-                doc = []
-        if doc:
+    f = _lines(path)
+    if fmt == "sentences":
+        yield from _blocks(f)
+        return
+    doc: list[str] = []
+    for block in _blocks(f):
+        doc += split_sentences(" ".join(block))
+        if len(doc) >= doc_sentences and fmt == "paragraphs":
             yield doc
+            doc = []
+    if doc:
+        yield doc
 
 
 def tokenize_document(sentences: Iterable[str], tokenizer: Tokenizer) -> TokenizedDocument:

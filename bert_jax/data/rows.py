@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bert_jax import paths
+from bert_jax.data import text
 
 log = logging.getLogger(__name__)
 
@@ -41,21 +42,21 @@ class BadRows:
 
 
 def not_utf8(path: str | os.PathLike, error: UnicodeDecodeError | None = None) -> ValueError:
-    """`<path>:<line>: not UTF-8: ...` for a file whose bytes do not decode, naming the first bad line."""
+    """text.not_text's error for a file whose bytes do not decode, naming the first bad line."""
     with paths.path(path).open("rb") as f:
         for line, raw in enumerate(f, 1):
             try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return ValueError(f"{path}:{line}: not UTF-8: found byte 0x{raw[e.start]:02x} at column "
-                                  f"{e.start + 1}, expected UTF-8 text; re-save the file as UTF-8 (e.g. "
-                                  f"`iconv -f latin1 -t utf-8`)")
+                text.decode_line(path, line, raw)
+            except ValueError as e:
+                return e
     return ValueError(f"{path}: not UTF-8 ({error}); re-save the file as UTF-8")
 
 
 @contextlib.contextmanager
 def utf8_errors(path: str | os.PathLike) -> Iterator[None]:
-    """Turns a UnicodeDecodeError while reading `path` into not_utf8's one-line error."""
+    """Turns a UnicodeDecodeError while reading `path` into not_utf8's one-line error, and
+    stops a binary or UTF-16 file before it is read (text.check_start)."""
+    text.check_start(path)
     try:
         yield
     except UnicodeDecodeError as e:

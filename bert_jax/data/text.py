@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import gzip
 import io
+import logging
+import os
 from collections.abc import Iterator
 
 from bert_jax import paths
+
+log = logging.getLogger(__name__)
 
 
 def text_lines(spec: str) -> Iterator[str]:
@@ -29,20 +33,80 @@ def text_lines(spec: str) -> Iterator[str]:
         yield from utf8_lines(path)
 
 
+def not_text(path: str | os.PathLike, number: int, raw: bytes,
+             error: UnicodeDecodeError | None = None) -> ValueError:
+    """The one error of every reader of text for line `number` of `path` (its bytes `raw`),
+    which is not UTF-8 text: what it looks like instead (UTF-16, binary, another 8-bit
+    encoding) and how to fix it."""
+    where = f"{path}:{number}"
+    halves = (raw[0::2], raw[1::2])
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or (
+            len(raw) >= 4 and any(h.count(0) >= 0.8 * len(h) for h in halves)):
+        return ValueError(f"{where}: UTF-16 text (a byte-order mark or a NUL byte beside each "
+                          f"letter), expected UTF-8; re-save the file as UTF-8 (e.g. `iconv -f "
+                          f"utf-16 -t utf-8`)")
+    if b"\x00" in raw or error is None:
+        return ValueError(f"{where}: a NUL byte: a binary file, not text; give UTF-8 text files "
+                          f"(plain or .gz)")
+    return ValueError(f"{where}: not UTF-8: found byte 0x{raw[error.start]:02x} at column "
+                      f"{error.start + 1}, expected UTF-8 text; re-save the file as UTF-8 (from "
+                      f"Latin-1 or Windows-1252: `iconv -f cp1252 -t utf-8`)")
+
+
+def decode_line(path: str | os.PathLike, number: int, raw: bytes) -> str:
+    """Line `number` of `path` as text: UTF-8 without NUL bytes, else not_text's error."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise not_text(path, number, raw, e) from None
+    if "\x00" in text:
+        raise not_text(path, number, raw)
+    return text
+
+
+def check_start(path: str | os.PathLike, size: int = 1 << 16) -> None:
+    """A binary or UTF-16 file stopped before a text-mode reader reads it: its first `size`
+    bytes hold a NUL byte or a UTF-16 byte-order mark (not_text names the line)."""
+    with paths.path(path).open("rb") as f:
+        head = f.read(size)
+    for number, line in enumerate(head.split(b"\n"), 1):
+        if b"\x00" in line or number == 1 and line.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise not_text(path, number, line)
+
+
+# A text corpus may hold a few stray bytes of another encoding (2 lines of 9,548 in one of the
+# Gutenberg books beside the repo): up to this share of its lines they become U+FFFD with one
+# warning (Google BERT's reader drops them); more, and the file is not UTF-8 text.
+STRAY_LINES = 0.01
+
+
 def utf8_lines(path: str) -> Iterator[str]:
     """The lines of a UTF-8 text file, plain or .gz (local or gs://), as text-mode reading gives
-    them; a byte that is not UTF-8 is an error naming the line, as the other readers' are (a
-    vocab learned from replacement characters would be silently wrong)."""
-    offset = 0
+    them: the one reader of text files for vocab, prepare and training. A binary or UTF-16
+    file stops at its first line that shows it (not_text); undecodable bytes on at most
+    STRAY_LINES of the lines are replaced with one warning naming the first, more stop too."""
+    bad: list[tuple[int, bytes, UnicodeDecodeError]] = []
+    number = 0
     with paths.path(path).open("rb") as raw, (gzip.open(raw) if path.endswith(".gz") else raw) as f:
         for number, line in enumerate(f, 1):
             try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}: line {number} (byte {offset + e.start}) is not UTF-8 "
-                                 f"({e.reason}); re-encode the file as UTF-8") from None
-            offset += len(line)
+                text = decode_line(path, number, line)
+            except ValueError:
+                if b"\x00" in line or number == 1 and line.startswith((b"\xff\xfe", b"\xfe\xff")):
+                    raise
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    bad.append((number, line, e))
+                text = line.decode("utf-8", errors="replace")
             if "\r" in text:  # \r\n and \r end lines, as in text mode
                 yield from io.StringIO(text, newline=None)
             else:
                 yield text
+    if not bad:
+        return
+    first = not_text(path, *bad[0])
+    if len(bad) > STRAY_LINES * number:
+        raise ValueError(f"{first} ({len(bad)} of its {number} lines are not UTF-8)")
+    log.warning(f"warning: {path}: {len(bad)} of {number} lines hold bytes that are not UTF-8, "
+                f"replaced by U+FFFD; the first: {str(first).removeprefix(f'{path}:')}")

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_jax import paths, specs
-from bert_jax.data.rows import BadRows, not_utf8
+from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import SP_SPACE, Tokenizer
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, reference_basic_tokenize
 from bert_jax.tasks.base import Task, register
@@ -70,13 +70,13 @@ def _field(obj: object, key: str, typ: type, where: str, path: Path) -> object:
 def _load_json(path: Path) -> list:
     """The file's "data" list (the articles)."""
     try:
-        with paths.open(path, encoding="utf-8") as f:
+        with utf8_errors(path), paths.open(path, encoding="utf-8") as f:
             doc = json.load(f)
-    except UnicodeDecodeError as e:
-        raise SquadFormatError(str(not_utf8(path, e))) from None
     except json.JSONDecodeError as e:
         raise SquadFormatError(f"{path}: not a SQuAD JSON file: {e.msg} at line {e.lineno} column "
                                f"{e.colno}; expected the JSON of a SQuAD release") from None
+    except ValueError as e:  # not UTF-8 text (utf8_errors names the line)
+        raise SquadFormatError(str(e)) from None
     return _field(doc, "data", list, "<top>", path)
 
 

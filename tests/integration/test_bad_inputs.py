@@ -671,14 +671,28 @@ VOCAB_CASES = [
     case("vocab-out-existing-spm", "vocab --input {tmp}/corpus/a.txt --out {tmp}/sp --size 50", 1,
          "{tmp}/sp already holds a vocab", "spm.model", setup=files(corpus__a_DOT_txt=CORPUS * 3,
                                                                      sp__spm_DOT_model=b"\x00")),
-    # binary input is refused like every other reader's, naming the line and its byte
+    # text that is not UTF-8 is refused as every other reader's (data/text.py not_text), naming
+    # the line, its byte and what the file looks like instead (a stray byte on at most 1% of the
+    # lines is replaced with a warning: tests/unit/data/test_text_files.py)
     case("vocab-input-non-utf8", "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50", 1,
-         "corpus/a.txt: line 3 (byte 35) is not UTF-8", "re-encode",
+         "corpus/a.txt:3: not UTF-8: found byte 0xff at column 5", "iconv -f cp1252",
+         "(1 of its 21 lines are not UTF-8)",
          setup=corpus(b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3)),
     case("vocab-input-non-utf8-sentencepiece", "vocab --input {tmp}/corpus/a.txt.gz --out {tmp}/v "
-         "--size 50 --type sentencepiece", 1, "a.txt.gz: line 3 (byte 35) is not UTF-8",
+         "--size 50 --type sentencepiece", 1, "a.txt.gz:3: not UTF-8: found byte 0xff",
          setup=files(corpus__a_DOT_txt_DOT_gz=gzip.compress(
              b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3))),
+    case("vocab-input-utf16", "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50", 1,
+         "corpus/a.txt:1: UTF-16 text", "iconv -f utf-16 -t utf-8",
+         setup=corpus((CORPUS * 3).encode("utf-16"))),
+    case("prepare-input-utf16", "prepare --config configs/bert_pretrain.py:tiny --out {tmp}/shards "
+         "--config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt", 1,
+         "corpus/a.txt:1: UTF-16 text", "iconv -f utf-16 -t utf-8",
+         setup=corpus((CORPUS * 3).encode("utf-16-le"))),
+    case("prepare-input-binary", "prepare --config configs/bert_pretrain.py:tiny --out {tmp}/shards "
+         "--config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt", 1,
+         "corpus/a.txt:1: a NUL byte: a binary file, not text",
+         setup=corpus(bytes(range(256)) * 4)),
 ]
 
 TRANSLATE = "translate --checkpoint {mt} --input {tmp}/src.txt --output {tmp}/out.txt"

@@ -1,0 +1,53 @@
+"""Every reader of text files decides the same way what is text (bert_jax/data/text.py): vocab,
+prepare and training read a corpus with one reader; the translation and task readers give
+the same error for a file that is not UTF-8 text."""
+
+import gzip
+import logging
+
+import pytest
+
+from bert_jax.data import documents, pretraining, rows, text
+from bert_jax.tasks import glue
+
+BOOK = b"".join(b"Line %d of the book. It goes on.\n" % i for i in range(300))
+
+
+def test_a_few_stray_bytes_are_replaced_with_one_warning_in_every_corpus_reader(tmp_path, caplog):
+    """One line in 300 with a Latin-1 byte (as two lines of a Gutenberg book beside the repo):
+    vocab's lines and the pretraining documents both read it, with U+FFFD, and one warning."""
+    path = tmp_path / "book.txt.gz"
+    path.write_bytes(gzip.compress(BOOK.replace(b"Line 7 of", b"Line 7 caf\xe9 of")))
+    with caplog.at_level(logging.WARNING):
+        lines = list(text.utf8_lines(str(path)))
+    assert len(lines) == 300 and lines[7] == "Line 7 caf\ufffd of the book. It goes on.\n"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"warning: {path}: 1 of 300 lines hold bytes that are not UTF-8, replaced by "
+                        "U+FFFD; the first: 8: not UTF-8: found byte 0xe9 at column 11, expected "
+                        "UTF-8 text; re-save the file as UTF-8 (from Latin-1 or Windows-1252: "
+                        "`iconv -f cp1252 -t utf-8`)"]
+    docs = list(pretraining.iter_documents(path, "sentences"))
+    assert sum(len(d) for d in docs) == 300 and "caf\ufffd" in docs[0][7]
+
+
+@pytest.mark.parametrize("content, says", [
+    (BOOK.replace(b"of the", b"of th\xe9"), "book.txt:1: not UTF-8: found byte 0xe9 at column 13"),
+    (BOOK.decode().encode("utf-16"), "book.txt:1: UTF-16 text"),
+    (BOOK.decode().encode("utf-16-be"), "book.txt:1: UTF-16 text"),
+    (BOOK[:100] + b"\x00\x01\x02binary", "book.txt:4: a NUL byte: a binary file, not text"),
+])
+def test_what_is_not_text_is_refused_by_every_reader(tmp_path, content, says):
+    path = tmp_path / "book.txt"
+    path.write_bytes(content)
+    readers = {"vocab": lambda: list(text.utf8_lines(str(path))),
+               "pretraining": lambda: list(pretraining.iter_documents(path, "sentences")),
+               "translation": lambda: documents.read_lines(path)}
+    for name, read in readers.items():
+        with pytest.raises(ValueError, match=rf"{tmp_path}/{says}") as e:
+            read()
+        assert "\n" not in str(e.value), name
+    tsv = tmp_path / "train.tsv"
+    tsv.write_bytes(b"sentence\tlabel\n" + content.replace(b"\n", b"\t1\n"))
+    with pytest.raises(ValueError, match="train.tsv:"):
+        glue.read_glue("sst2", str(tsv))
+    assert "UTF-16" in str(rows.not_utf8(path)) or "UTF-16" not in says
