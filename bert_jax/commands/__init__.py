@@ -61,10 +61,16 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "bert-jax launch --config configs/bert_pretrain.py:base --topology v3-32 --workdir gs://B/run",
         "             --name bert-base --zone europe-west4-a [--spot] [--keep] [--dry_run]")),
     Command("convert", interop.cmd_convert, ("head",), (
-        "bert-jax convert hf:<hf_dir>|tf:<tf_checkpoint> <out_dir> [--head bert_classification]",)),
+        "bert-jax convert hf:<hf_dir>|tf:<tf_checkpoint> <out_dir> [--head bert_classification]",
+        "bert-jax convert st:<sentence_transformers_dir> <out_dir>   (with its pooling)")),
     Command("export", interop.cmd_export, ("step",), (
         "bert-jax export <checkpoint_dir> hf:<out_dir> [--step N]   (a Hugging Face folder for "
-        "transformers)",)),
+        "transformers)",
+        "bert-jax export <checkpoint_dir> st:<out_dir>   (a sentence-transformers folder)")),
+    Command("embed", interop.cmd_embed, (
+        "checkpoint", "input", "output", "batch_size", "compilation_cache"), (
+        "bert-jax embed --checkpoint <dir> --input <txt> --output <npy>   (a vector per line)",),
+        compiles=True),
     Command("features", interop.cmd_features, (
         "checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
         "compilation_cache"), (

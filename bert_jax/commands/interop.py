@@ -24,9 +24,17 @@ def cmd_convert(args: list[str]) -> None:
     """Converts a public checkpoint into a bert_jax checkpoint directory."""
     from bert_jax.interop import convert
 
-    if len(args) != 2 or not args[0].startswith(("hf:", "tf:")):
-        raise app.UsageError("usage: bert-jax convert hf:<huggingface_dir> <out_dir>, or "
-                             "tf:<original TF checkpoint folder or prefix> <out_dir>")
+    if len(args) != 2 or not args[0].startswith(("hf:", "tf:", "st:")):
+        raise app.UsageError("usage: bert-jax convert hf:<huggingface_dir> <out_dir>, "
+                             "tf:<original TF checkpoint folder or prefix> <out_dir>, or "
+                             "st:<sentence-transformers folder> <out_dir>")
+    if args[0].startswith("st:"):
+        from bert_jax.interop import sentence_models
+
+        report = sentence_models.convert_st(args[0][3:], args[1])
+        print(f"converted {args[0]} -> {report['out']} as a sentence model "
+              f"({json.dumps(report['sentence'])})")
+        return
     report = convert.convert_hf(args[0][3:], args[1], HEAD.value)
     print(f"converted {args[0]} -> {report['out']} as {report['model']}")
     if report["missing"]:
@@ -39,11 +47,19 @@ def cmd_export(args: list[str]) -> None:
     """Writes a checkpoint (a convert output or a training workdir) as a Hugging Face folder."""
     from bert_jax.interop import export
 
-    if len(args) != 2 or not args[1].startswith("hf:"):
-        raise app.UsageError("usage: bert-jax export <checkpoint_dir> hf:<out_dir>")
+    if len(args) != 2 or not args[1].startswith(("hf:", "st:")):
+        raise app.UsageError("usage: bert-jax export <checkpoint_dir> hf:<out_dir> (or "
+                             "st:<out_dir>, a sentence-transformers folder)")
     if STEP.value != "latest" and not STEP.value.isdigit():
         raise app.UsageError(f"--step={STEP.value!r}: export takes latest or a step number")
     step = None if STEP.value == "latest" else int(STEP.value)
+    if args[1].startswith("st:"):
+        from bert_jax.interop import sentence_models
+
+        report = sentence_models.export_st(args[0], args[1][3:], step)
+        print(f"exported {args[0]} -> {report['out']} as a sentence-transformers folder "
+              f"({json.dumps(report['sentence'])})")
+        return
     report = export.export_hf(args[0], args[1][3:], step)
     print(f"exported {args[0]} -> {report['out']} as {report['architecture']}"
           + ("" if report["tokenizer"] else " (no tokenizer files)"))
@@ -62,3 +78,27 @@ def cmd_features(args: list[str]) -> None:
         require(OUTPUT, "features"), layers=layers, max_seq_length=MAX_SEQ_LENGTH.value,
         batch_size=8 if BATCH_SIZE.value is None else BATCH_SIZE.value)
     print(json.dumps({"lines": n, "output": OUTPUT.value, "layers": layers}))
+
+
+def cmd_embed(args: list[str]) -> None:
+    """Writes one sentence vector per input line (a .npy array [lines, hidden]), pooled as the
+    checkpoint's sentence_model.json says (`convert st:`; without one, the [CLS] vector)."""
+    import numpy as np
+
+    from bert_jax import paths
+    from bert_jax.data import text
+    from bert_jax.interop import sentence_models
+
+    source, output = require(CHECKPOINT, "embed"), require(OUTPUT, "embed")
+    if args:
+        raise app.UsageError(f"embed takes no arguments (got {args}); use --input and --output")
+    if not output.endswith(".npy"):
+        raise app.UsageError(f"--output={output}: embed writes a NumPy array; name it <file>.npy")
+    if paths.path(output).exists():
+        raise FileExistsError(f"--output={output}: already exists; embed never overwrites a file: "
+                              "choose a new --output (or remove that one)")
+    lines = [line.rstrip("\n") for line in text.utf8_lines(require(INPUT, "embed"))]
+    vectors = sentence_models.embed(source, lines, batch_size=BATCH_SIZE.value or 32)
+    with paths.path(output).open("wb") as f:
+        np.save(f, vectors)
+    print(json.dumps({"lines": len(lines), "output": output, "dim": int(vectors.shape[1])}))

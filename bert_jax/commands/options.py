@@ -12,12 +12,14 @@ HEAD = flags.DEFINE_string("head", None, "convert: our model name for the conver
                            "(default: from the checkpoint's architectures)")
 WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep, launch, average, plot: the "
                               "run directory (local or gs://; rerunning train resumes it)")
-CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, translate, attention: converted, "
+CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, embed, translate, attention: converted, "
                                  "averaged or training dir")
 INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "
-                            "(`A ||| B` for pairs); translate: source sentences, one per line")
-OUTPUT = flags.DEFINE_string("output", None, "features: output JSON-lines file; translate: "
-                             "output text file (one translation per input line)")
+                            "(`A ||| B` for pairs); embed: one sentence per line; translate: "
+                            "source sentences, one per line")
+OUTPUT = flags.DEFINE_string("output", None, "features: output JSON-lines file; embed: .npy "
+                             "file of the vectors; translate: output text file (one "
+                             "translation per input line)")
 BEAM = flags.DEFINE_integer("beam", None, "translate: beam size, 1 = greedy (default: the "
                             "run config's decode.beam_size)")
 ALPHA = flags.DEFINE_float("alpha", None, "translate: length penalty alpha (default: "
@@ -29,7 +31,8 @@ LAYERS = flags.DEFINE_string("layers", "-1,-2,-3,-4", "features: encoder layers 
 MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "features, attention: tokens per "
                                       "example (at most)")
 BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "features: examples per batch (default "
-                                  "8); translate: sentences per batch (default decode.batch_size)")
+                                  "8); embed: sentences per batch (default 32); translate: "
+                                  "sentences per batch (default decode.batch_size)")
 SEQ_LEN = flags.DEFINE_integer("seq_len", None, "info: sequence length for FLOPs "
                                "(default: config.data.max_seq_length)")
 OUT = flags.DEFINE_string("out", None, "vocab, prepare, average: output directory; plot, "

