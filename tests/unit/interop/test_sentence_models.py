@@ -120,3 +120,32 @@ def test_modules_bert_jax_does_not_reproduce_are_refused(tmp_path):
     (folder / "modules.json").unlink()
     with pytest.raises(FileNotFoundError, match="modules.json: missing; a sentence-transformers"):
         sentence_models.read_folder(folder)
+
+
+def test_a_modernbert_sentence_model_embeds_as_sentence_transformers_does(tmp_path):
+    """Another family: a random 3-layer ModernBERT (local attention, rope, pre-norm) under mean
+    pooling, written by sentence-transformers, converted and embedded."""
+    import transformers
+    from helpers import write_modernbert_tokenizer
+    from sentence_transformers import models as st_models
+
+    book = shared_data_dir() / "text" / "gutenberg" / "austen-emma.txt"
+    if not book.is_file():
+        pytest.skip(f"{book} is absent (the shared data beside the repo: its README)")
+    lines = [line.strip() for line in book.read_text(encoding="utf-8").splitlines() if line.strip()]
+    folder = write_modernbert_tokenizer(lines[:2000], tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    config = transformers.ModernBertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=48, local_attention=16, pad_token_id=tok.pad_token_id,
+        cls_token_id=tok.cls_token_id, sep_token_id=tok.sep_token_id,
+        bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
+    transformers.ModernBertModel(config).save_pretrained(folder)
+    st_dir = tmp_path / "st"
+    st.SentenceTransformer(modules=[st_models.Transformer(str(folder), max_seq_length=48),
+                                    st_models.Pooling(32, pooling_mode="mean")],
+                           device="cpu").save(str(st_dir))
+    sentence_models.convert_st(st_dir, tmp_path / "ours")
+    texts = lines[100:140]
+    np.testing.assert_allclose(sentence_models.embed(tmp_path / "ours", texts),
+                               reference(st_dir, texts), atol=1e-5)
