@@ -67,9 +67,17 @@ class Launch:
 
 
 def check_flags(name: str, zone: str, topology: str, max_restarts: int,
-                poll_seconds: float, any_zone: bool = False) -> None:
+                poll_seconds: float, any_zone: bool = False,
+                runtime_version: str | None = None) -> None:
     """The flags gcloud or the wait loop would reject or misuse, checked before anything runs
     (a dry run included)."""
+    # TPU VM software versions: lowercase letters, digits, dots and hyphens (tpu-ubuntu2204-base,
+    # v2-alpha-tpuv6e, tpu-vm-tf-2.16.1-pjrt); anything else fails only when the slice is queued.
+    if runtime_version is not None and not re.fullmatch(r"[a-z0-9](?:[-a-z0-9._]*[a-z0-9])?",
+                                                        runtime_version):
+        raise ValueError(f"--runtime_version={runtime_version!r}: a TPU VM software version is "
+                         f"lowercase letters, digits, dots and hyphens, e.g. "
+                         f"{RUNTIME['v5p']} (`gcloud compute tpus versions list` lists them)")
     # Cloud TPU names (node and queued resource ids), as the API's error states them.
     if not re.fullmatch(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?", name):
         raise ValueError(f"--name={name!r}: a Cloud TPU name is 1-63 lowercase letters, "

@@ -85,7 +85,8 @@ def cmd_launch(args: list[str]) -> None:
     config = require(CONFIG, "launch")
     topology, workdir = require(TOPOLOGY, "launch"), require(WORKDIR, "launch")
     name, zone = require(NAME, "launch"), require(ZONE, "launch")
-    launch.check_flags(name, zone, topology, MAX_RESTARTS.value, POLL.value, ANY_ZONE.value)
+    launch.check_flags(name, zone, topology, MAX_RESTARTS.value, POLL.value, ANY_ZONE.value,
+                       RUNTIME.value)
     if not workdir.startswith("gs://"):
         raise ValueError(f"--workdir={workdir}: the workers of a slice share a gs:// workdir "
                          "(checkpoints, logs); a local path would be one per worker")
