@@ -91,11 +91,11 @@ def test_scan_and_unrolled_layers_agree():
     np.testing.assert_allclose(outs[0], outs[1], atol=2e-5)
 
 
-@pytest.mark.parametrize("scan", [False, True])
-def test_the_first_layer_reads_the_normalised_embeddings(scan):
+def test_the_first_layer_reads_the_normalised_embeddings():
     """As ModernBERT's skip_first_prenorm (its layer 0's attn_norm is nn.Identity): the stack
-    holds no attention norm for layer 0, the first row is layer 1's and is read."""
-    model = models.create_model(modern(num_layers=3, scan_layers=scan))
+    holds no attention norm for layer 0, the first row is layer 1's and is read (scanned and
+    unrolled stacks agree: test_scan_and_unrolled_layers_agree)."""
+    model = models.create_model(modern(num_layers=3))
     assert model.encoder.layers.attention_norm.scale.shape == (2, 32)
     assert model.encoder.layers.mlp_norm.scale.shape == (3, 32)
     ids, mask = ids_and_mask()
@@ -103,7 +103,7 @@ def test_the_first_layer_reads_the_normalised_embeddings(scan):
     scale = model.encoder.layers.attention_norm.scale
     scale[...] = scale[...].at[0].set(5.0)  # layer 1's
     assert not np.allclose(run(model, ids, mask)["sequence_output"], before, atol=1e-3)
-    one = models.create_model(modern(num_layers=1, scan_layers=scan))  # no attention norm at all
+    one = models.create_model(modern(num_layers=1, scan_layers=True))  # no attention norm at all
     assert one.encoder.layers.attention_norm is None
     assert np.isfinite(run(one, ids, mask)["sequence_output"]).all()
 
@@ -258,24 +258,23 @@ def test_attention_output_dropout_drops_the_output_projection_elementwise():
     output with each element dropped (0) or scaled by 1 / (1 - 0.1), as torch's nn.Dropout
     after Wo; in evaluation (no rng) nothing is dropped."""
     block, x, masking = block_and_inputs()
-    attention = block.attention(block.attention_norm(x), block.attention_norm(x), masking)[0]
-    evaluated, _, _ = block(x, masking, layer=1)
-    np.testing.assert_allclose(evaluated - x, attention, atol=1e-6)
-    trained, _, _ = block(x, masking, rng=jax.random.key(3), layer=1)
-    ratio = np.asarray((trained - x) / attention)
+    layer = nnx.jit(lambda b, x, rng=None: b(x, masking, rng=rng, layer=1)[0])
+    attention = nnx.jit(lambda b, x: b.attention(b.attention_norm(x), b.attention_norm(x), masking)[0])
+    added = attention(block, x)
+    np.testing.assert_allclose(layer(block, x) - x, added, atol=1e-6)
+    ratio = np.asarray((layer(block, x, jax.random.key(3)) - x) / added)
     kept = np.isclose(ratio, 1 / 0.9, atol=1e-3)
     assert (kept | np.isclose(ratio, 0.0, atol=1e-6)).all()
     assert 0.05 < 1 - kept.mean() < 0.15  # about 10% dropped
     # The rate is the attention output's alone: at 0 nothing is dropped in training either.
     block, x, masking = block_and_inputs(attention_output_dropout_rate=0.0)
-    np.testing.assert_array_equal(block(x, masking, rng=jax.random.key(3), layer=1)[0],
-                                  block(x, masking, layer=1)[0])
+    np.testing.assert_array_equal(layer(block, x, jax.random.key(3)), layer(block, x))
 
 
 def test_bert_attention_output_dropout_is_dropout_rate_by_default():
     """BERT drops the attention output with its hidden dropout (HF BertSelfOutput's
     hidden_dropout_prob): the default (-1) is model.dropout_rate, bit for bit."""
-    fields = {**models.bert_model_fields("tiny"), "vocab_size": 101}
+    fields = {**models.bert_model_fields("tiny"), "vocab_size": 101, "num_layers": 1}
     assert fields["attention_output_dropout_rate"] == -1
     ids, mask = ids_and_mask()
     train = nnx.jit(lambda m: m(ids, attention_mask=mask, rng=jax.random.key(0))["sequence_output"])
