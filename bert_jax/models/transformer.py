@@ -126,10 +126,6 @@ class Block(nnx.Module):
         return constrain(x_BTD, "batch", "length", "embed"), new_cache, probs
 
 
-def _is_param(x) -> bool:
-    return isinstance(x, nnx.Param)
-
-
 class Stack(nnx.Module):
     """num_layers Blocks whose parameters are stacked on a leading 'layers' axis.
 
@@ -153,8 +149,9 @@ class Stack(nnx.Module):
         if self.first_norm_absent and num_layers == 1:
             self.layers.attention_norm = None
         elif self.first_norm_absent:
-            for var in jax.tree.leaves(self.layers.attention_norm, is_leaf=_is_param):
-                var.set_value(var.get_value()[1:])
+            for name in ("scale", "bias"):  # (LayerNorm's bias may be None, RMSNorm has none)
+                if (var := getattr(self.layers.attention_norm, name, None)) is not None:
+                    var.set_value(var.get_value()[1:])
         self.final_norm = layer_norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
         self.num_layers = num_layers
         self.scan = cfg.scan_layers

@@ -58,7 +58,7 @@ def target(saved: dict[str, tuple], abstract) -> tuple[Any, dict[str, Any]]:
             for leaf, x in d.items():
                 shape = saved.get(f"{at}/{leaf}")
                 if shape is not None and has_first_row((*names, leaf), shape, x.shape):
-                    changed[f"{at}/{leaf}"] = getattr(x, "sharding", None)
+                    changed[f"{at}/{leaf}"] = x.sharding
                     d[leaf] = jax.ShapeDtypeStruct(shape, x.dtype, sharding=_whole(x.sharding))
         elif names[-1:] == (STACK,) and NORM not in d and d:  # a one-layer stack's
             like = jax.tree.leaves(d)[0]
