@@ -58,6 +58,10 @@ def cmd_info(args: list[str]) -> None:
     for name, n in counts.items():
         print(f"{name:<{width}}  {n:>13,}  {100 * n / total:>5.1f}%")
     print(f"{'total':<{width}}  {total:>13,}  ({total / 1e6:.1f}M)")
+    if at := models.encoder_path(model_cfg["name"]):  # a task model: the count papers publish
+        encoder = sum(n for k, n in counts.items() if tuple(k.split("/")[:len(at)]) == at)
+        print(f"{'encoder':<{width}}  {encoder:>13,}  ({encoder / 1e6:.1f}M, {'/'.join(at)}/: "
+              "without the task head)")
     print(f"\nforward FLOPs per token at sequence length {seq_len} (training ~3x):")
     for name, value in models.flops_per_token(model_cfg, seq_len).items():
         print(f"  {name}: {value / 1e6:,.1f} MFLOPs")

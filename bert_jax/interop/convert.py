@@ -23,7 +23,7 @@ import glob
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +106,15 @@ _TF_SKIP = re.compile(r"(^|/)(adam_[mv]|Adam(_\d+)?|Momentum|global_step|beta[12
                       r"good_steps|loss_scale|save_counter)$|^_CHECKPOINTABLE_OBJECT_GRAPH$")
 
 
-def hf_names(model_name: str, paths: Iterable[str], num_layers: int, hf_encoder_prefix: str = ""
-             ) -> dict[str, list[str]]:
-    """{our parameter path: [HF tensor name, one per encoder layer for the stacked layers]};
-    HF encoder names carry `hf_encoder_prefix` ("bert." in HF task models)."""
+def hf_names(model_name: str, params: Mapping[str, Any], num_layers: int,
+             hf_encoder_prefix: str = "") -> dict[str, list[str]]:
+    """{our parameter path: [HF tensor name, one per row for the stacked layers]} of `params`
+    ({path: array or shape struct}); a stacked leaf of n < num_layers rows holds the last n
+    layers' (the first layer of a pre-norm stack after an embedding norm has no attention
+    norm). HF encoder names carry `hf_encoder_prefix` ("bert." in HF task models)."""
     ours_at = "".join(f"{k}/" for k in models.encoder_path(model_name))
     table = {}
-    for path in paths:
+    for path, value in params.items():
         if not path.startswith(ours_at):
             table[path] = [HEAD_NAMES[path]]
             continue
@@ -120,7 +122,7 @@ def hf_names(model_name: str, paths: Iterable[str], num_layers: int, hf_encoder_
         if rel.startswith("encoder/layers/"):
             module, leaf = rel.removeprefix("encoder/layers/").rsplit("/", 1)
             table[path] = [f"{hf_encoder_prefix}encoder.layer.{i}.{LAYER_NAMES[module]}.{_LEAF[leaf]}"
-                           for i in range(num_layers)]
+                           for i in range(num_layers - value.shape[0], num_layers)]
         else:
             table[path] = [hf_encoder_prefix + ENCODER_NAMES[rel]]
     return table

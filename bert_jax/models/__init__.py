@@ -124,8 +124,10 @@ def modernbert_model_fields(size: str) -> dict[str, Any]:
     to a multiple of 64), rope (theta 160k in global layers, 10k in local ones), GeGLU, pre-norm
     with bias-free LayerNorms (eps 1e-5) and linear layers, an embedding norm and a final norm,
     128-token local attention (64 each side) with a global layer every third, no token types,
-    no dropout, ModernBERT's task heads, masked LM only (HF's ModernBertConfig defaults), and
-    its training code's full_megatron initialisation."""
+    ModernBERT's task heads, masked LM only (HF's ModernBertConfig defaults); and from its
+    pretraining yamls (modernbert-base-pretrain.yaml): dropout 0.1 on the attention output
+    projection only (attn_out_dropout_prob; embed, mlp and attention probabilities 0.0) and
+    the full_megatron initialisation."""
     if size not in MODERNBERT_SIZES:
         raise ValueError(f"unknown ModernBERT size {size!r}; choose one of {sorted(MODERNBERT_SIZES)}")
     layers, hidden, mlp = MODERNBERT_SIZES[size]
@@ -136,7 +138,7 @@ def modernbert_model_fields(size: str) -> dict[str, Any]:
         activation="gelu", norm="pre", normalization="layernorm", norm_bias=False,
         use_bias=False, embedding_norm=True, layer_norm_eps=1e-5, attention_window=64,
         attention_global_every=3, dropout_rate=0.0, attention_dropout_rate=0.0,
-        task_head="modernbert", pooling="cls", use_pooler=False, nsp=False,
+        attention_output_dropout_rate=0.1, task_head="modernbert", pooling="cls", use_pooler=False, nsp=False,
         initializer="full_megatron", initializer_range=0.02, hf_family="modernbert"))
 
 

@@ -83,6 +83,9 @@ class ModelConfig:
     rope_local_theta: float = _field(0.0, "architecture")  # in local (windowed) layers; 0: rope_theta
     dropout_rate: float = _field(0.1, "run")  # embeddings, residual branches, heads
     attention_dropout_rate: float = _field(0.1, "run")  # on the attention probabilities
+    # On each attention sublayer's output (after its output projection, before the residual add:
+    # ModernBERT's attn_out_dropout_prob); -1: dropout_rate, as BERT's hidden dropout covers it.
+    attention_output_dropout_rate: float = _field(-1.0, "run")
     layer_norm_eps: float = _field(1e-12, "run")
     # BERT's | Vaswani's | ModernBERT's (by role: models/layers.py kernel_init)
     initializer: str = _field("truncated_normal", "run",
@@ -119,6 +122,9 @@ class ModelConfig:
         for name in ("dropout_rate", "attention_dropout_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be in [0, 1)")
+        if not (0.0 <= self.attention_output_dropout_rate < 1.0 or self.attention_output_dropout_rate == -1):
+            raise ValueError(f"model.attention_output_dropout_rate={self.attention_output_dropout_rate!r} "
+                             "must be in [0, 1), or -1 (model.dropout_rate's)")
         if self.rope_theta <= 0 or self.rope_local_theta < 0:
             bad = "rope_theta" if self.rope_theta <= 0 else "rope_local_theta"
             raise ValueError(f"model.{bad}={getattr(self, bad)!r}: rope's base must be > 0 "
@@ -132,6 +138,12 @@ class ModelConfig:
     def vocab_rows(self) -> int:
         """Rows of the token embedding table (and columns of the output logits)."""
         return self.vocab_size
+
+    @property
+    def attention_output_dropout(self) -> float:
+        """The dropout rate on the attention sublayers' outputs (-1: dropout_rate's)."""
+        rate = self.attention_output_dropout_rate
+        return self.dropout_rate if rate == -1 else rate
 
     @property
     def compute_dtype(self) -> Any:

@@ -54,9 +54,16 @@ class FeedForward(nnx.Module):
 Memory = tuple[Array, Masking]  # (encoded [B, S, D], the cross-attention Masking)
 
 
+def first_reads_embeddings(cfg: ModelConfig) -> bool:
+    """Pre-norm after an embedding norm (ModernBERT): the first layer's attention reads the
+    normalised embeddings as they are, without an attention norm of its own."""
+    return cfg.norm == "pre" and getattr(cfg, "embedding_norm", False)
+
+
 class Block(nnx.Module):
     """One Transformer layer: self-attention, optional cross-attention, FFN; each sublayer
-    wrapped in dropout + residual + LayerNorm (post-LN or pre-LN)."""
+    wrapped in dropout + residual + LayerNorm (post-LN or pre-LN). The attention sublayers'
+    dropout is model.attention_output_dropout_rate's, the FFN's model.dropout_rate's."""
 
     def __init__(self, cfg: ModelConfig, *, cross_attention: bool, rngs: nnx.Rngs):
         self.attention = Attention(cfg, rngs=rngs)
@@ -66,15 +73,14 @@ class Block(nnx.Module):
         self.mlp = FeedForward(cfg, rngs=rngs)
         self.mlp_norm = layer_norm(cfg, rngs=rngs)
         self.pre_norm = cfg.norm == "pre"
-        # Pre-norm after an embedding norm (ModernBERT): the first layer's attention reads the
-        # normalised embeddings as they are (its attention_norm is not used).
-        self.first_reads_embeddings = self.pre_norm and getattr(cfg, "embedding_norm", False)
+        self.first_reads_embeddings = first_reads_embeddings(cfg)
         self.dropout_rate = cfg.dropout_rate
+        self.attention_output_rate = cfg.attention_output_dropout
 
-    def _residual(self, x, norm, fn, rng):
+    def _residual(self, x, norm, fn, rng, rate):
         if self.pre_norm:
-            return x + dropout(fn(norm(x)), self.dropout_rate, rng)
-        return norm(x + dropout(fn(x), self.dropout_rate, rng))
+            return x + dropout(fn(norm(x)), rate, rng)
+        return norm(x + dropout(fn(x), rate, rng))
 
     def __call__(self, x_BTD: Array, masking: Masking, *, memory: Memory | None = None,
                  rng: Array | None = None, cache: Cache | None = None,
@@ -99,10 +105,12 @@ class Block(nnx.Module):
         attention_norm = self.attention_norm
         if self.first_reads_embeddings:
             def attention_norm(h):
+                if self.attention_norm is None:  # a one-layer stack: its layer is the first
+                    return h
                 if isinstance(layer, int):
                     return h if layer == 0 else self.attention_norm(h)
                 return jnp.where(layer == 0, h, self.attention_norm(h))
-        x_BTD = self._residual(x_BTD, attention_norm, self_attention, r[1])
+        x_BTD = self._residual(x_BTD, attention_norm, self_attention, r[1], self.attention_output_rate)
         if self.cross_attention is not None:
             encoded_BSD, cross_masking = memory
 
@@ -111,8 +119,9 @@ class Block(nnx.Module):
                     h, encoded_BSD, cross_masking, rng=r[2], return_probs=return_attention)
                 return out
 
-            x_BTD = self._residual(x_BTD, self.cross_attention_norm, cross_attention, r[3])
-        x_BTD = self._residual(x_BTD, self.mlp_norm, self.mlp, r[4])
+            x_BTD = self._residual(x_BTD, self.cross_attention_norm, cross_attention, r[3],
+                                   self.attention_output_rate)
+        x_BTD = self._residual(x_BTD, self.mlp_norm, self.mlp, r[4], self.dropout_rate)
         probs = {k: v for k, v in probs.items() if v is not None}
         return constrain(x_BTD, "batch", "length", "embed"), new_cache, probs
 
@@ -133,6 +142,16 @@ class Stack(nnx.Module):
             return Block(cfg, cross_attention=cross_attention, rngs=rngs)
 
         self.layers = make(rngs)
+        # The first layer reads the normalised embeddings (first_reads_embeddings): the stack
+        # holds the attention norms of layers 1.. only (none for one layer), and __call__ puts
+        # a placeholder row for layer 0 in front, which that layer does not read.
+        self.first_norm_absent = first_reads_embeddings(cfg)
+        if self.first_norm_absent and num_layers == 1:
+            self.layers.attention_norm = None
+        elif self.first_norm_absent:
+            for name in ("scale", "bias"):  # (LayerNorm's bias may be None, RMSNorm has none)
+                if (var := getattr(self.layers.attention_norm, name, None)) is not None:
+                    var.set_value(var.get_value()[1:])
         self.final_norm = layer_norm(cfg, rngs=rngs) if cfg.norm == "pre" else None
         self.num_layers = num_layers
         self.scan = cfg.scan_layers
@@ -147,6 +166,9 @@ class Stack(nnx.Module):
         return_hidden, and "attention" (and "cross_attention" in a
         decoder), every layer's probabilities [L, B, N, T, S], with return_attention."""
         graphdef, params = nnx.split(self.layers)
+        if self.first_norm_absent and self.num_layers > 1:
+            params["attention_norm"] = jax.tree.map(
+                lambda x: jnp.concatenate([jnp.ones_like(x[:1]), x]), params["attention_norm"])
         rngs_L = None if rng is None else jax.random.split(rng, self.num_layers)
 
         def body(h_BTD, xs, layer):

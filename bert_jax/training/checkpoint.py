@@ -25,7 +25,7 @@ from bert_jax import models, trees
 from bert_jax.config import ConfigError
 from bert_jax.models.config import fields_of_kind
 from bert_jax.paths import check_reachable, is_remote, workdir_path
-from bert_jax.training import integrity, sharding
+from bert_jax.training import integrity, old_layouts, sharding
 
 log = logging.getLogger(__name__)
 
@@ -246,18 +246,23 @@ def restore_params(directory: str | os.PathLike, abstract_params: dict,
             saved = mngr.item_metadata(step)["params"]
         except Exception:  # noqa: BLE001 (no metadata: the restore below reports the problem)
             saved = None
+        target, changed = abstract_params, {}
         if saved is not None:
-            diff = _shape_diff(_shapes(saved), _shapes(abstract_params))
+            target, changed = old_layouts.target(_shapes(saved), abstract_params)
+            diff = _shape_diff(_shapes(saved), _shapes(target))
             if diff:
                 raise ConfigError(f"{checkpoint_dir(directory)}/{step} holds a different model than "
                                   f"the config (param: checkpoint shape vs config shape: {diff}); "
                                   f"evaluate with the config stored with the checkpoint")
         _refuse_damaged(directory, step, ("params",), advice=advice)
-        args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
+        args = ocp.args.Composite(params=ocp.args.StandardRestore(target))
         try:
-            return mngr.restore(step, args=args)["params"]
+            restored = mngr.restore(step, args=args)["params"]
         except Exception as e:  # noqa: BLE001 (whatever Orbax raises, the files are not usable)
             error = _unreadable(directory, step, "params", e, advice or REREAD_ADVICE)
+        else:
+            old_layouts.say(f"{checkpoint_dir(directory)}/{step}", changed)
+            return old_layouts.today(restored, changed)
     _quiet_abandoned_reads()  # out of the except block, so the failed restore can be collected
     raise error
 
@@ -352,16 +357,22 @@ class TrainCheckpointer:
                 metadata = None
             if config is not None:
                 self._check_same_run(step, config)
+            at = {"params": abstract_params, "opt_state": abstract_opt_state}
+            changed: dict[str, dict] = {"params": {}, "opt_state": {}}
             if metadata is not None and metadata["params"] is not None:
-                self._check_fits(step, metadata, abstract_params, abstract_opt_state)
+                for k in at if metadata["opt_state"] is not None else ("params",):
+                    at[k], changed[k] = old_layouts.target(_shapes(metadata[k]), at[k])
+                self._check_fits(step, metadata, at["params"], at["opt_state"])
             try:
                 out = self.manager.restore(step, args=ocp.args.Composite(
-                    params=ocp.args.StandardRestore(abstract_params),
-                    opt_state=ocp.args.StandardRestore(abstract_opt_state),
-                    data=ocp.args.JsonRestore()))
-                return step, out["params"], out["opt_state"], dict(out["data"])
+                    params=ocp.args.StandardRestore(at["params"]),
+                    opt_state=ocp.args.StandardRestore(at["opt_state"]), data=ocp.args.JsonRestore()))
             except Exception as e:  # noqa: BLE001 (any failure here means: files not usable)
                 problem = f"{type(e).__name__}: {_first_line(e)}"
+            else:
+                old_layouts.say(f"{self.path}/{step}", *changed.values())
+                params, opt_state = (old_layouts.today(out[k], changed[k]) for k in at)
+                return step, params, opt_state, dict(out["data"])
             _quiet_abandoned_reads()
             self._set_aside(step, f"checkpoint {self.path / str(step)} cannot be restored ({problem})")
         unreadable = sorted(p.name for p in self.path.glob("*.unreadable")) if self.path.exists() else []
@@ -518,8 +529,9 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abs
     def rename(k: tuple[str, ...]) -> tuple[str, ...]:
         return ours_at + k[len(theirs_at):] if k[:len(theirs_at)] == theirs_at else k
     ours = traverse_util.flatten_dict(abstract_params)
-    for k, meta in theirs.items():
-        if rename(k) in ours and tuple(meta.shape) != ours[rename(k)].shape:
+    for k, meta in theirs.items():  # (restore_params reads an old layout: old_layouts)
+        if rename(k) in ours and tuple(meta.shape) != ours[rename(k)].shape and not (
+                old_layouts.has_first_row(k, meta.shape, ours[rename(k)].shape)):
             raise ConfigError(f"init_from={directory}: parameter {'/'.join(rename(k))} has shape "
                               f"{tuple(meta.shape)} in the checkpoint but {ours[rename(k)].shape} here")
     # Unused arrays (e.g. the MLM head) are read replicated and dropped.

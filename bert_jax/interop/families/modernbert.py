@@ -25,7 +25,7 @@ from bert_jax.interop.families.bert import (
 # BERT names of convert.py's tables, for both directions; {i}: the layer; a tuple: one fused tensor,
 # those BERT tensors concatenated along its first (output) axis (Wqkv: query, key, value; Wi:
 # the activated half, then the gate). Its layer 0 has no attn_norm (it reads the normalised
-# embeddings; ours has the stacked norm and does not use layer 0's).
+# embeddings), nor has ours (the stacked norm holds layers 1..: convert.hf_names).
 NAMES = {
     "embeddings.tok_embeddings.": "embeddings.word_embeddings.",
     "embeddings.norm.": "embeddings.LayerNorm.",
@@ -122,15 +122,11 @@ def _renames(model_name: str, num_layers: int) -> list[tuple[str, str | tuple[st
     return out + [(t, o, False) for t, o in HEAD_NAMES.get(model_name, {}).items()]
 
 
-# Layer 0's attention norm, which HF's ModernBERT has not (ours has it, unused: NAMES).
-_FIRST_ATTENTION_NORM = "encoder.layer.0.attention.output.LayerNorm."
-
-
 def modernbert_to_bert(weights: dict[str, np.ndarray], model_name: str, num_layers: int
                        ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """HF ModernBERT tensors under BERT's names, fused ones split (NAMES), for our
-    model `model_name`; and {BERT name: the checkpoint's name} for reports. Layer 0's attention
-    norm (unused) is the identity, the MLM bias zero where HF's decoder has none."""
+    model `model_name`; and {BERT name: the checkpoint's name} for reports. The MLM bias is
+    zero where HF's decoder has none."""
     renames = _renames(model_name, num_layers)
     out, shown = {}, {}
     for name, value in weights.items():
@@ -149,12 +145,6 @@ def modernbert_to_bert(weights: dict[str, np.ndarray], model_name: str, num_laye
                 break
         for k, v in (parts or {rel: value}).items():
             out[k], shown[k] = v, name
-    norm = out.get("embeddings.LayerNorm.weight")
-    if norm is not None and _FIRST_ATTENTION_NORM + "weight" not in out:
-        fills = {"weight": np.ones_like(norm), "bias": np.zeros_like(norm)}
-        for leaf in ("weight", "bias") if "embeddings.LayerNorm.bias" in out else ("weight",):
-            out[_FIRST_ATTENTION_NORM + leaf] = fills[leaf]
-            shown[_FIRST_ATTENTION_NORM + leaf] = "(none: HF's layer 0 has no attn_norm)"
     word = out.get("embeddings.word_embeddings.weight")
     if model_name == "bert_pretraining" and word is not None and "cls.predictions.bias" not in out:
         out["cls.predictions.bias"] = np.zeros(word.shape[0], np.float32)  # decoder_bias=false
@@ -167,7 +157,7 @@ def bert_to_modernbert(tensors: dict[str, np.ndarray], model_name: str, num_laye
     """The inverse of modernbert_to_bert, as HF's ModernBERT class of `model_name` names its
     tensors (the encoder's under `model.` in task models): BERT-named tensors renamed, fused."""
     prefix = "model." if models.encoder_path(model_name) else ""
-    left = {k: v for k, v in tensors.items() if not k.startswith(_FIRST_ATTENTION_NORM)}
+    left = dict(tensors)
     out = {}
     for theirs, ours, encoder in _renames(model_name, num_layers):
         parts = ours if isinstance(ours, tuple) else (ours,)
@@ -226,7 +216,10 @@ class ModernBert(Family):
             "layer_norm_eps": hf.get("norm_eps", 1e-5), "attention_window": window,
             "attention_global_every": every, "rope_theta": theta, "rope_local_theta": local_theta,
             "pooling": pooling, "dropout_rate": dropout,
+            # HF's attention_dropout drops both the probabilities and the output projection's
+            # output (ModernBertAttention's out_drop): ours are two fields.
             "attention_dropout_rate": hf.get("attention_dropout", 0.0),
+            "attention_output_dropout_rate": hf.get("attention_dropout", 0.0),
             "initializer_range": hf.get("initializer_range", 0.02), "num_labels": num_labels(hf)})
 
     def misfits(self, cfg: models.BertConfig, ids: dict[str, int]) -> list[str]:
@@ -247,7 +240,9 @@ class ModernBert(Family):
             "norm_eps": cfg.layer_norm_eps, "norm_bias": cfg.norm_bias,
             "attention_bias": cfg.use_bias, "mlp_bias": cfg.use_bias, "classifier_bias": cfg.use_bias,
             "decoder_bias": True, "embedding_dropout": cfg.dropout_rate, "mlp_dropout": cfg.dropout_rate,
-            "classifier_dropout": cfg.dropout_rate, "attention_dropout": cfg.attention_dropout_rate,
+            "classifier_dropout": cfg.dropout_rate,
+            # (one rate for both of ours: the larger, as dropout_rate is read from the largest)
+            "attention_dropout": max(cfg.attention_dropout_rate, cfg.attention_output_dropout),
             "local_attention": 2 * window if window else 128,  # (128: unused, every layer is global)
             "layer_types": kinds,
             "rope_parameters": {_GLOBAL: {"rope_type": "default", "rope_theta": theta},

@@ -191,6 +191,22 @@ def test_layer_patterns_convert_and_come_back(pattern, window, every, hf_tokeniz
     assert back["layer_types"] == transformers.ModernBertConfig(**cfg).layer_types
 
 
+def test_attention_dropout_maps_to_both_of_ours_and_back(hf_tokenizer):
+    """HF's attention_dropout drops the probabilities and, in ModernBertAttention, the output
+    projection's output (`self.out_drop = nn.Dropout(config.attention_dropout)`, applied to
+    `self.Wo(attn_output)`): it sets both of our rates, and export writes the larger of ours."""
+    cfg = modernbert_config(hf_tokenizer, attention_dropout=0.2, embedding_dropout=0.05).to_dict()
+    ours = convert.model_config_from_hf(cfg, "bert")
+    assert (ours["attention_dropout_rate"], ours["attention_output_dropout_rate"],
+            ours["dropout_rate"]) == (0.2, 0.2, 0.05)
+    ids = {"pad": 1, "cls": 2, "sep": 3}
+    assert convert.hf_config(ours, ids)["attention_dropout"] == 0.2
+    # ModernBERT's pretraining dropouts: 0.1 on the attention output only
+    recipe = models.model_section("bert", {**models.modernbert_model_fields("tiny"), **TINY})
+    back = convert.hf_config(recipe, ids)
+    assert (back["attention_dropout"], back["embedding_dropout"], back["mlp_dropout"]) == (0.1, 0.0, 0.0)
+
+
 def test_older_config_keys_and_real_defaults():
     """A config.json as ModernBERT-base's (transformers 4.48: global/local_rope_theta and
     global_attn_every_n_layers, no layer_types) gives ModernBERT-base's fields."""
@@ -204,7 +220,9 @@ def test_older_config_keys_and_real_defaults():
           "pad_token_id": 50283, "position_embedding_type": "absolute"}
     ours = convert.model_config_from_hf(hf)
     base = models.model_section("bert_pretraining", models.modernbert_model_fields("base"))
-    assert ours == base
+    # Its attention_dropout (0.0, left out here) for both attention dropouts; the pretraining
+    # yaml's attn_out_dropout_prob (0.1) is not in the config.json.
+    assert ours == {**base, "attention_output_dropout_rate": 0.0}
 
 
 @pytest.mark.parametrize("changes,says", [

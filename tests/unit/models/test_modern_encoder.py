@@ -5,6 +5,7 @@ Hugging Face's ModernBERT classes is tested through convert/export
 
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -36,11 +37,12 @@ def ids_and_mask(B=2, T=16, seed=0):
     return jnp.asarray(ids * mask), jnp.asarray(mask)
 
 
-@pytest.mark.parametrize("size,published", [("base", 149e6), ("large", 395e6)])
+# The released encoders' counts: transformers' ModernBertModel built from answerdotai/
+# ModernBERT-{base,large}'s config.json (sum of p.numel(); its layer 0 has no attn_norm).
+@pytest.mark.parametrize("size,published", [("base", 149_014_272), ("large", 394_781_696)])
 def test_modernbert_sizes_have_the_published_parameter_counts(size, published):
     model = models.abstract_model(models.model_section("bert", models.modernbert_model_fields(size)))
-    total = models.param_counts(model)["total"]
-    assert abs(total - published) / published < 0.005, total
+    assert models.param_counts(model)["total"] == published
 
 
 def test_vocab_rows_are_padded_to_the_multiple():
@@ -90,14 +92,20 @@ def test_scan_and_unrolled_layers_agree():
 
 
 def test_the_first_layer_reads_the_normalised_embeddings():
-    model = models.create_model(modern(num_layers=2))
+    """As ModernBERT's skip_first_prenorm (its layer 0's attn_norm is nn.Identity): the stack
+    holds no attention norm for layer 0, the first row is layer 1's and is read (scanned and
+    unrolled stacks agree: test_scan_and_unrolled_layers_agree)."""
+    model = models.create_model(modern(num_layers=3))
+    assert model.encoder.layers.attention_norm.scale.shape == (2, 32)
+    assert model.encoder.layers.mlp_norm.scale.shape == (3, 32)
     ids, mask = ids_and_mask()
     before = run(model, ids, mask)["sequence_output"]
     scale = model.encoder.layers.attention_norm.scale
-    scale[...] = scale[...].at[0].set(5.0)  # layer 0's: unused
-    np.testing.assert_allclose(run(model, ids, mask)["sequence_output"], before, atol=1e-6)
-    scale[...] = scale[...].at[1].set(5.0)  # layer 1's: used
+    scale[...] = scale[...].at[0].set(5.0)  # layer 1's
     assert not np.allclose(run(model, ids, mask)["sequence_output"], before, atol=1e-3)
+    one = models.create_model(modern(num_layers=1, scan_layers=True))  # no attention norm at all
+    assert one.encoder.layers.attention_norm is None
+    assert np.isfinite(run(one, ids, mask)["sequence_output"]).all()
 
 
 def test_switches_shape_the_parameters():
@@ -213,3 +221,65 @@ def test_bad_context_extension_phases(phases, message):
     bert = config_lib.load("configs/bert_pretrain.py:tiny", ["data.phases=((0,32,10,0,1000.0),)"])
     with pytest.raises(config_lib.ConfigError, match="without rope"):
         config_lib.check_phase_batches(bert, 1, 1)
+
+
+# ModernBERT's pretraining dropouts (AnswerDotAI/ModernBERT, pretraining_documentation,
+# yamls/modernbert/modernbert-{base,large}-pretrain.yaml): attn_out_dropout_prob 0.1 (the
+# attention's `out_drop(self.Wo(attn))`, src/bert_layers/attention.py, before the residual add
+# of layers.py's pre-norm layer); attention_probs, mlp and embed dropout 0.0.
+PUBLISHED_DROPOUT = {"attention_output_dropout_rate": 0.1, "attention_dropout_rate": 0.0,
+                     "dropout_rate": 0.0}
+
+
+def test_modernbert_dropouts_are_the_published_ones():
+    for size in ("base", "large"):
+        fields = models.modernbert_model_fields(size)
+        assert {k: fields[k] for k in PUBLISHED_DROPOUT} == PUBLISHED_DROPOUT
+
+
+def block_and_inputs(**changes):
+    """One pre-norm layer (not the first: it reads its attention norm) whose FFN adds nothing
+    (its output projection zero): the layer's output is x + dropout(attention output)."""
+    from bert_jax.models.masking import Masking
+    from bert_jax.models.transformer import Block
+
+    _, cfg = models.split_model_config(modern(**{"attention_window": 0, "attention_global_every": 0,
+                                                 **PUBLISHED_DROPOUT, **changes}))
+    with nnx.use_eager_sharding(False):  # (as models.create_model)
+        block = Block(cfg, cross_attention=False, rngs=nnx.Rngs(params=0))
+    block.mlp.wo.kernel[...] = jnp.zeros_like(block.mlp.wo.kernel[...])
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 16, 32)), jnp.float32)
+    seg, pos = jnp.ones((2, 16), jnp.int32), jnp.broadcast_to(jnp.arange(16), (2, 16))
+    return block, x, Masking(seg, seg, pos, pos)
+
+
+def test_attention_output_dropout_drops_the_output_projection_elementwise():
+    """With only the attention output rate > 0: in training the layer adds the attention
+    output with each element dropped (0) or scaled by 1 / (1 - 0.1), as torch's nn.Dropout
+    after Wo; in evaluation (no rng) nothing is dropped."""
+    block, x, masking = block_and_inputs()
+    layer = nnx.jit(lambda b, x, rng=None: b(x, masking, rng=rng, layer=1)[0])
+    attention = nnx.jit(lambda b, x: b.attention(b.attention_norm(x), b.attention_norm(x), masking)[0])
+    added = attention(block, x)
+    np.testing.assert_allclose(layer(block, x) - x, added, atol=1e-6)
+    ratio = np.asarray((layer(block, x, jax.random.key(3)) - x) / added)
+    kept = np.isclose(ratio, 1 / 0.9, atol=1e-3)
+    assert (kept | np.isclose(ratio, 0.0, atol=1e-6)).all()
+    assert 0.05 < 1 - kept.mean() < 0.15  # about 10% dropped
+    # The rate is the attention output's alone: at 0 nothing is dropped in training either.
+    block, x, masking = block_and_inputs(attention_output_dropout_rate=0.0)
+    np.testing.assert_array_equal(layer(block, x, jax.random.key(3)), layer(block, x))
+
+
+def test_bert_attention_output_dropout_is_dropout_rate_by_default():
+    """BERT drops the attention output with its hidden dropout (HF BertSelfOutput's
+    hidden_dropout_prob): the default (-1) is model.dropout_rate, bit for bit."""
+    fields = {**models.bert_model_fields("tiny"), "vocab_size": 101, "num_layers": 1}
+    assert fields["attention_output_dropout_rate"] == -1
+    ids, mask = ids_and_mask()
+    train = nnx.jit(lambda m: m(ids, attention_mask=mask, rng=jax.random.key(0))["sequence_output"])
+    outs = {rate: train(models.create_model(models.model_section("bert", fields,
+                                                                 attention_output_dropout_rate=rate)))
+            for rate in (-1.0, 0.1, 0.0)}
+    np.testing.assert_array_equal(outs[-1.0], outs[0.1])
+    assert not np.allclose(outs[-1.0], outs[0.0], atol=1e-3)

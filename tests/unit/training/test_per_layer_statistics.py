@@ -20,7 +20,8 @@ SHAPES = {  # a ModernBERT-like tree: stacked layers, q/k/v and GLU halves as se
     ("bert", "encoder", "layers", "attention", "key", "kernel"): (L, D, H, K),
     ("bert", "encoder", "layers", "attention", "value", "kernel"): (L, D, H, K),
     ("bert", "encoder", "layers", "attention", "out", "kernel"): (L, H, K, D),
-    ("bert", "encoder", "layers", "attention_norm", "scale"): (L, D),
+    # (layers 1..: the first layer reads the normalised embeddings, without an attention norm)
+    ("bert", "encoder", "layers", "attention_norm", "scale"): (L - 1, D),
     ("bert", "encoder", "layers", "mlp", "wi", "kernel"): (L, D, F),
     ("bert", "encoder", "layers", "mlp", "wi_gate", "kernel"): (L, D, F),
     ("bert", "encoder", "layers", "mlp", "wo", "kernel"): (L, F, D),
@@ -67,7 +68,7 @@ def reference_tensors() -> dict:
             out.setdefault(path, []).append((path, None))
             continue
         module = FUSED.get(path[-2], path[-2])
-        for layer in range(L):
+        for layer in range(SHAPES[path][0]):  # each row (a layer) its own tensor
             out.setdefault((*path[:-2], module, path[-1], layer), []).append((path, layer))
     return out
 
@@ -144,7 +145,7 @@ def test_lamb_trust_ratio_is_per_layer():
 
     def split(flat):  # each stacked leaf -> one variable per layer
         return {(*p, f"layer_{i}") if "layers" in p else p: (x[i] if "layers" in p else x)
-                for p, x in flat.items() for i in (range(L) if "layers" in p else [0])}
+                for p, x in flat.items() for i in (range(len(x)) if "layers" in p else [0])}
 
     mask = lambda t: jax.tree_util.tree_map_with_path(
         lambda p, _: any(getattr(k, "key", None) in ("kernel", "embedding") for k in p), t)
@@ -155,7 +156,7 @@ def test_lamb_trust_ratio_is_per_layer():
         updates, state = tx.update(tree(split(g)), state, params)
         params = optax.apply_updates(params, updates)
     for path in SHAPES:
-        for i in range(L) if "layers" in path else [None]:
+        for i in range(SHAPES[path][0]) if "layers" in path else [None]:
             want = leaf(params, (*path, f"layer_{i}") if i is not None else path)
             mine = leaf(got, path)[i] if i is not None else leaf(got, path)
             np.testing.assert_allclose(mine, want, rtol=1e-5, atol=1e-7, err_msg=f"{path} {i}")
