@@ -4,7 +4,8 @@ encoder recipe on the BERT family's switches (docs/modernbert.md).
 Model (models.modernbert_model_fields): rope (theta 160k global, 10k local), GeGLU, pre-norm
 with bias-free LayerNorms and linear layers, an embedding norm and a final norm, 128-token
 local attention with a global layer every third, no token types, vocabulary 50,368 (a
-multiple of 64), no dropout; masked LM only at 30% masking.
+multiple of 64), dropout 0.1 on the attention output only (attn_out_dropout_prob); masked LM
+only at 30% masking.
 
 base and large are the three published stages (AnswerDotAI/ModernBERT, branch
 pretraining_documentation, yamls/modernbert/modernbert-{base,large}-{pretrain,

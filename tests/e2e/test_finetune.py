@@ -313,6 +313,9 @@ SNAPSHOT = json.loads((FIXTURES / "finetune_configs.json").read_text())
 # model's own), schedule.stages (none: one schedule) and model.hf_family (the Hugging Face family
 # export writes: BERT's or ModernBERT's).
 ADDED_SINCE = (("train", "objective", lambda spec: ""), ("schedule", "stages", lambda spec: []),
+               # ModernBERT's own attention-output dropout; -1: dropout_rate, as BERT's
+               ("model", "attention_output_dropout_rate",
+                lambda spec: 0.1 if "modernbert" in spec else -1.0),
                ("model", "hf_family", lambda spec: "modernbert" if "modernbert" in spec else "bert"))
 # (section, key, value then, value now, the specs it changed in) changed on purpose since:
 # ModernBERT's own initialisation, full_megatron (its training code's).

@@ -157,11 +157,13 @@ PINNED = ["--config.train.steps=3", "--config.train.log_every=1", "--config.trai
 RUNS = {
     "bert_pretrain_tiny": ["configs/bert_pretrain.py:tiny", "--config.data.name=synthetic",
                            "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5"],
-    # (its initialisation as the code before: ModernBERT's full_megatron is issue 32's change)
+    # (its initialisation and dropout as the code before: ModernBERT's full_megatron and its
+    # attention-output dropout are issue 32's changes)
     "modernbert_tiny": ["configs/modernbert.py:tiny", "--config.data.name=synthetic",
                         "--config.data.instances=full_rows", "--config.data.max_seq_length=128",
                         "--config.data.max_predictions_per_seq=40", "--config.data.phases=()",
-                        "--config.model.initializer=truncated_normal"],
+                        "--config.model.initializer=truncated_normal",
+                        "--config.model.attention_output_dropout_rate=0.0"],
     "multi30k_synthetic": ["configs/multi30k.py", "--config.data.name=synthetic_translation",
                            "--config.data.max_seq_length=16", "--config.model.num_layers=1",
                            "--config.model.vocab_size=64"],
