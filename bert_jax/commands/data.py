@@ -10,14 +10,14 @@ from bert_jax.commands.options import CONFIG, INPUT, LOWERCASE, OUT, SIZE, SP_MO
 def cmd_vocab(args: list[str]) -> None:
     """Trains a WordPiece or SentencePiece vocabulary on text files or a TFDS dataset."""
     from bert_jax import paths
-    from bert_jax.data import text
+    from bert_jax.data import documents
     from bert_jax.data import tokenizer as tokenizer_lib
 
     out_dir = require(OUT, "vocab")
     if found := [n for n in tokenizer_lib.TOKENIZER_FILES if (paths.path(out_dir) / n).is_file()]:
         raise ValueError(f"--out {out_dir} already holds a vocab ({', '.join(found)}); give another "
                          "--out, or remove that folder to train a new vocab there")
-    out = tokenizer_lib.train_vocab(text.text_lines(require(INPUT, "vocab")), size=SIZE.value,
+    out = tokenizer_lib.train_vocab(documents.text_lines(require(INPUT, "vocab")), size=SIZE.value,
                                     kind=TYPE.value, out_dir=out_dir,
                                     lowercase=LOWERCASE.value, sp_model_type=SP_MODEL.value)
     tok = tokenizer_lib.load_tokenizer(out)

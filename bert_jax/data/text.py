@@ -1,5 +1,5 @@
-"""Lines of plain text for learning a vocabulary: UTF-8 files (plain or .gz, local or gs://)
-or the text fields of a TFDS dataset."""
+"""What is text: the one reader of UTF-8 text files (plain or .gz, local or gs://) for vocab,
+prepare and training, and the one error of every reader for a file that is not UTF-8 text."""
 
 from __future__ import annotations
 
@@ -12,25 +12,6 @@ from collections.abc import Iterator
 from bert_jax import paths
 
 log = logging.getLogger(__name__)
-
-
-def text_lines(spec: str) -> Iterator[str]:
-    """Lines of comma-separated file globs (plain or .gz), or of a TFDS dataset's fields
-    (tfds:name[:split[:field,field]], default field `text`; e.g. ...:train:en,de)."""
-    from bert_jax.data.documents import expand, tfds_source
-
-    if spec.startswith("tfds:"):
-        name, _, rest = spec[5:].partition(":")
-        split, _, fields = rest.partition(":")
-        source = tfds_source(name, split or "train", what=f"--input={spec}",
-                             data_dir_flag="$TFDS_DATA_DIR")
-        for i in range(len(source)):
-            for field in (fields or "text").split(","):
-                text = source[i][field]
-                yield from (text.decode() if isinstance(text, bytes) else text).splitlines()
-        return
-    for path in expand(spec, "--input"):
-        yield from utf8_lines(path)
 
 
 def not_text(path: str | os.PathLike, number: int, raw: bytes,

@@ -260,7 +260,7 @@ def check_padding_row(weights: dict[str, np.ndarray], model_cfg: dict[str, Any],
     and keep at zero (nn.Embedding's padding_idx): an all-zero row elsewhere and not there is
     a config.json whose pad_token_id does not belong to these weights (positions would be
     shifted by the difference)."""
-    offset, name = model_cfg.get("position_offset", 0), "embeddings.position_embeddings.weight"
+    offset, name = model_cfg["position_offset"], "embeddings.position_embeddings.weight"
     table = weights.get(name)
     if not offset or table is None or table.ndim != 2:
         return

@@ -341,7 +341,7 @@ def corpus(gcs_here, shared_data):
 def vocab(corpus):
     """gs://bucket/vocab: a WordPiece vocab of the corpus, written to the bucket."""
     from bert_jax.data import tokenizer as tokenizer_lib
-    from bert_jax.data.text import text_lines
+    from bert_jax.data.documents import text_lines
 
     return str(tokenizer_lib.train_vocab(text_lines(f"{corpus}/*"), size=1000, kind="wordpiece",
                                          out_dir=f"gs://{BUCKET}/vocab"))
