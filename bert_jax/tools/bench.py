@@ -446,17 +446,28 @@ def bench_restart(config: str, overrides: list[str], out_dir: str | None = None)
     first_run, resumed_off = root / "run", root / "run_cache_off"
     for d in (first_run, resumed_off):
         shutil.rmtree(d, ignore_errors=True)
-    rows = {"first run (empty cache)": _first_step(
-        [*argv, f"--compilation_cache={cache}"], first_run, 0, root / "first.log")}
+    def entries() -> dict[str, int]:
+        return ({f.name: f.stat().st_mtime_ns for f in cache.iterdir()} if cache.is_dir() else {})
+
+    def run(name: str, *args) -> None:
+        before = entries()
+        rows[name] = _first_step(*args)
+        # The programs this run compiled and wrote (a program loaded from the cache is not).
+        rows[name]["written"] = sorted(k for k, v in entries().items() if before.get(k) != v)
+
+    rows: dict[str, dict] = {}
+    run("first run (empty cache)", [*argv, f"--compilation_cache={cache}"], first_run, 0,
+        root / "first.log")
     saved = max(int(p.name) for p in (first_run / "checkpoints").iterdir() if p.name.isdigit())
     shutil.copytree(first_run, resumed_off)
-    rows["resumed, cache on"] = _first_step([*argv, f"--compilation_cache={cache}"], first_run,
-                                            saved, root / "resumed_cache_on.log")
-    rows["resumed, cache off"] = _first_step([*argv, "--compilation_cache=off"], resumed_off,
-                                             saved, root / "resumed_cache_off.log")
-    table = ["| run | to first step (s) | of which compile (s) | init (s) |", "|---|---:|---:|---:|"]
-    table += [f"| {name} | {r['first_step_s']} | {r['compile_s']} | {r['init_s']} |"
-              for name, r in rows.items()]
+    run("resumed, cache on", [*argv, f"--compilation_cache={cache}"], first_run, saved,
+        root / "resumed_cache_on.log")
+    run("resumed, cache off", [*argv, "--compilation_cache=off"], resumed_off, saved,
+        root / "resumed_cache_off.log")
+    table = ["| run | to first step (s) | of which compile (s) | init (s) | programs written to "
+             "the cache |", "|---|---:|---:|---:|---:|"]
+    table += [f"| {name} | {r['first_step_s']} | {r['compile_s']} | {r['init_s']} | "
+              f"{len(r['written'])} |" for name, r in rows.items()]
     return {"benchmark": "time to the first step, first run and resumed run",
             "config": config, "overrides": overrides, "resumed_from_step": saved, "runs": rows,
             "cache_bytes": sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()),

@@ -58,8 +58,11 @@ def test_restart_benchmark_resumes_from_the_cache(tmp_path):
     runs = r["runs"]
     assert list(runs) == ["first run (empty cache)", "resumed, cache on", "resumed, cache off"]
     assert r["resumed_from_step"] >= 1 and r["cache_bytes"] > 0
-    assert runs["resumed, cache on"]["compile_s"] < runs["resumed, cache off"]["compile_s"]
-    assert all(0 < row["compile_s"] < row["first_step_s"] for row in runs.values())
+    # What the cache did, not how fast (no timing): the first run wrote the train step, the
+    # resumed run with the cache loaded it (wrote no step program), the one without wrote none.
+    steps = [[n for n in row["written"] if n.startswith("jit_wrapped-")] for row in runs.values()]
+    assert steps[0] and not steps[1] and not steps[2], steps
+    assert all(0 < row["compile_s"] < row["first_step_s"] for row in runs.values())  # a part of it
     assert r["table"].count("\n") == 4
 
 
