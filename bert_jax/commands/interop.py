@@ -129,8 +129,9 @@ def cmd_eval_embeddings(args: list[str]) -> None:
     result: dict = {"checkpoint": source}
     if STS.value:
         s1, s2, gold = retrieval.read_sts(STS.value)
+        both = vectors(s1 + s2)  # one load and compilation for the two sides
         result["sts"] = {"pairs": len(gold), **retrieval.evaluate_sts(
-            vectors(s1), vectors(s2), gold, n=BOOTSTRAP.value)}
+            both[:len(s1)], both[len(s1):], gold, n=BOOTSTRAP.value)}
     for name, data in (("beir", BEIR.value), ("squad", SQUAD.value)):
         if not data:
             continue
