@@ -161,6 +161,10 @@ def test_beir_reader(tmp_path):
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n{"_id": "d1", "text": "b"}\n')
     with pytest.raises(ValueError, match=r"corpus.jsonl:2: field '_id': 'd1' twice"):
         retrieval.read_beir(tmp_path)
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq3\td1\t1\n")
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n')
+    with pytest.raises(ValueError, match=r"test.tsv:2: field 'query-id' 'q3' is not in queries"):
+        retrieval.read_beir(tmp_path)
     (tmp_path / "corpus.jsonl").write_text(json.dumps({"_id": "d1"}) + "\n")
     with pytest.raises(ValueError, match=r"corpus.jsonl:1: field 'text' missing"):
         retrieval.read_beir(tmp_path)
@@ -203,3 +207,13 @@ def test_the_command_scores_a_converted_model_as_sentence_transformers_does(mini
         precision_recall_at_k=list(retrieval.RECALL_AT), write_csv=False)(model)
     for name, value in ref.items():
         assert got["beir"][name.removeprefix("cosine_")] == pytest.approx(value, abs=1e-4), name
+
+
+def test_bootstrap_intervals_are_seeded_and_hold_the_estimate():
+    values = np.random.default_rng(0).normal(2.0, 1.0, 400)
+    ci = retrieval.bootstrap(lambda i: {"mean": values[i].mean()}, len(values), n=300, seed=1)
+    low, high = ci["mean"]
+    # The mean's standard error is 0.05: a 95% interval about 4 of them wide around it.
+    assert low < values.mean() < high and 0.1 < high - low < 0.3, (low, high)
+    assert retrieval.bootstrap(lambda i: {"mean": values[i].mean()}, len(values), n=300, seed=1) == ci
+    assert retrieval.bootstrap(lambda i: {"mean": values[i].mean()}, len(values), n=300, seed=2) != ci
