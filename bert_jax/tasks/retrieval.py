@@ -102,9 +102,9 @@ def retrieval_per_query(hits: np.ndarray, n_relevant: np.ndarray) -> dict[str, n
 def retrieval_metrics(query_emb: np.ndarray, corpus_emb: np.ndarray, corpus_ids: Sequence[str],
                       relevant: Sequence[set[str]]) -> dict[str, np.ndarray]:
     """Per-query metrics (arrays [Q]) of queries that each have at least one relevant id."""
-    if len(query_emb) != len(relevant) or any(not r for r in relevant):
+    if not relevant or len(query_emb) != len(relevant) or any(not r for r in relevant):
         raise ValueError(f"retrieval_metrics: {len(query_emb)} queries, {len(relevant)} sets of "
-                         "relevant ids; each query needs at least one")
+                         "relevant ids; each query needs at least one (and there must be a query)")
     if len(set(corpus_ids)) != len(corpus_ids) or len(corpus_ids) != len(corpus_emb):
         raise ValueError("retrieval_metrics: corpus ids must be unique, one per corpus embedding")
     width = max(ACCURACY_AT + RECALL_AT + MRR_AT + NDCG_AT + MAP_AT)
@@ -219,6 +219,9 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
                                  "queries.jsonl")
             if score > 0:
                 relevant.setdefault(cols[0], set()).add(cols[1])
+    if not relevant or not corpus:
+        raise ValueError(f"{qrels_file if corpus else root / 'corpus.jsonl'}: "
+                         f"{'no row with a score > 0' if corpus else 'no document'}: nothing to retrieve")
     return corpus, queries, relevant
 
 

@@ -161,8 +161,11 @@ def test_beir_reader(tmp_path):
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n{"_id": "d1", "text": "b"}\n')
     with pytest.raises(ValueError, match=r"corpus.jsonl:2: field '_id': 'd1' twice"):
         retrieval.read_beir(tmp_path)
-    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq3\td1\t1\n")
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq2\td2\t0\n")
+    with pytest.raises(ValueError, match=r"test.tsv: no row with a score > 0"):
+        retrieval.read_beir(tmp_path)
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq3\td1\t1\n")
     with pytest.raises(ValueError, match=r"test.tsv:2: field 'query-id' 'q3' is not in queries"):
         retrieval.read_beir(tmp_path)
     (tmp_path / "corpus.jsonl").write_text(json.dumps({"_id": "d1"}) + "\n")
