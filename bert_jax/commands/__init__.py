@@ -3,11 +3,11 @@ name, its function, the flags it reads, its usage lines, whether it compiles a m
 entry point (run) that parses the flags, loads --config with its overrides and dispatches
 through the table. The functions live by area: training (train, eval, average), sweep (its
 trials as processes), data (vocab, prepare), cloud (info, plan, launch), interop (convert,
-export, features), translate, viz (plot, attention); the flags they share in options. Adding
-a command is its function in one of those modules and one record here. It may import every
-part of the library (each command imports its modules when it runs, so a command does not
-pay for the others' imports); only the tools and the entry points (main, sweep, __main__)
-import it.
+export, features, embed, eval-embeddings), translate, viz (plot, attention); the flags they
+share in options. Adding a command is its function in one of those modules and one record
+here. It may import every part of the library (each command imports its modules when it runs,
+so a command does not pay for the others' imports); only the tools and the entry points
+(main, sweep, __main__) import it.
 """
 
 from __future__ import annotations
@@ -71,6 +71,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "checkpoint", "input", "output", "batch_size", "compilation_cache"), (
         "bert-jax embed --checkpoint <dir> --input <txt> --output <npy>   (a vector per line)",),
         compiles=True),
+    Command("eval-embeddings", interop.cmd_eval_embeddings, (
+        "checkpoint", "sts", "beir", "split", "squad", "bootstrap", "batch_size",
+        "compilation_cache"), (
+        "bert-jax eval-embeddings --checkpoint <dir> [--sts <STS-B tsv>] [--beir <folder> "
+        "[--split test]] [--squad <json>]",), compiles=True),
     Command("features", interop.cmd_features, (
         "checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
         "compilation_cache"), (

