@@ -286,7 +286,8 @@ def test_a_run_survives_transient_storage_faults_and_resumes_exactly():
     try:
         root, workdir = f"{BUCKET}/flaky", f"gs://{BUCKET}/flaky"
         train = ["train", f"--config={CONFIG}", f"--workdir={workdir}", *SMALL,
-                 "--config.train.steps=4", "--config.train.checkpoint_every=2"]
+                 "--config.train.steps=4", "--config.train.checkpoint_every=2",
+                 "--config.schedule.warmup_steps=1"]
         first = bert_jax(env, *train)
         assert faults.failed >= 10 and faults.delayed >= 10, vars(faults)
         reference = losses(fs, root)
