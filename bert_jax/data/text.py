@@ -71,15 +71,14 @@ def utf8_lines(path: str) -> Iterator[str]:
     with paths.path(path).open("rb") as raw, (gzip.open(raw) if path.endswith(".gz") else raw) as f:
         for number, line in enumerate(f, 1):
             try:
-                text = decode_line(path, number, line)
-            except ValueError:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as e:
                 if b"\x00" in line or number == 1 and line.startswith((b"\xff\xfe", b"\xfe\xff")):
-                    raise
-                try:
-                    line.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    bad.append((number, line, e))
+                    raise not_text(path, number, line, e) from None
+                bad.append((number, line, e))
                 text = line.decode("utf-8", errors="replace")
+            if "\x00" in text:
+                raise not_text(path, number, line)
             if "\r" in text:  # \r\n and \r end lines, as in text mode
                 yield from io.StringIO(text, newline=None)
             else:
