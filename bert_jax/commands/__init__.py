@@ -3,7 +3,7 @@ name, its function, the flags it reads, its usage lines, whether it compiles a m
 entry point (run) that parses the flags, loads --config with its overrides and dispatches
 through the table. The functions live by area: training (train, eval, average), sweep (its
 trials as processes), data (vocab, prepare), cloud (info, plan, launch), interop (convert,
-export, features, embed, eval-embeddings), translate, viz (plot, attention); the flags they
+export, features, embed, mine, eval-embeddings), translate, viz (plot, attention); the flags they
 share in options. Adding a command is its function in one of those modules and one record
 here. It may import every part of the library (each command imports its modules when it runs,
 so a command does not pay for the others' imports); only the tools and the entry points
@@ -71,6 +71,10 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "checkpoint", "input", "output", "batch_size", "compilation_cache"), (
         "bert-jax embed --checkpoint <dir> --input <txt> --output <npy>   (a vector per line)",),
         compiles=True),
+    Command("mine", interop.cmd_mine, (
+        "checkpoint", "input", "output", "negatives", "corpus", "batch_size", "compilation_cache"), (
+        "bert-jax mine --checkpoint <dir> --input <pair file> --output <jsonl> [--negatives 5] "
+        "[--corpus <txt>]",), compiles=True),
     Command("eval-embeddings", interop.cmd_eval_embeddings, (
         "checkpoint", "sts", "beir", "split", "squad", "bootstrap", "batch_size",
         "compilation_cache"), (

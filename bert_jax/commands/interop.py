@@ -1,5 +1,6 @@
-"""`bert-jax convert`, `export`, `features`, `embed` and `eval-embeddings`: public checkpoints
-in, Hugging Face folders out, contextual token vectors, sentence vectors and their scores."""
+"""`bert-jax convert`, `export`, `features`, `embed`, `mine` and `eval-embeddings`: public
+checkpoints in, Hugging Face folders out, contextual token vectors, sentence vectors, hard
+negatives mined with them and their scores."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from bert_jax.commands.options import (
     BEIR,
     BOOTSTRAP,
     CHECKPOINT,
+    CORPUS,
     HEAD,
     INPUT,
     LAYERS,
     MAX_SEQ_LENGTH,
+    NEGATIVES,
     OUTPUT,
     SPLIT,
     SQUAD,
@@ -107,6 +110,29 @@ def cmd_embed(args: list[str]) -> None:
     with paths.path(output).open("wb") as f:
         np.save(f, vectors)
     print(json.dumps({"lines": len(lines), "output": output, "dim": int(vectors.shape[1])}))
+
+
+def cmd_mine(args: list[str]) -> None:
+    """Writes the --input pair file again as JSON lines, each row with --negatives hard
+    negatives mined by the checkpoint's sentence vectors (data.num_negatives trains on them)."""
+    from bert_jax import paths
+    from bert_jax.data import text
+    from bert_jax.interop import sentence_models
+
+    source, output = require(CHECKPOINT, "mine"), require(OUTPUT, "mine")
+    if args:
+        raise app.UsageError(f"mine takes no arguments (got {args}); use --input and --output")
+    if paths.path(output).exists():
+        raise FileExistsError(f"--output={output}: already exists; mine never overwrites a file: "
+                              "choose a new --output (or remove that one)")
+    corpus = ([line.rstrip("\n") for line in text.utf8_lines(CORPUS.value) if line.strip()]
+              if CORPUS.value else None)
+    rows = sentence_models.mine_negatives(source, require(INPUT, "mine"), NEGATIVES.value,
+                                          corpus=corpus, batch_size=BATCH_SIZE.value or 32)
+    with paths.open(output, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    print(json.dumps({"rows": len(rows), "output": output,
+                      "negatives": min(len(r["negatives"]) for r in rows)}))
 
 
 def cmd_eval_embeddings(args: list[str]) -> None:

@@ -61,6 +61,9 @@ BEIR = flags.DEFINE_string("beir", None, "eval-embeddings: a BEIR folder (corpus
                            "queries.jsonl, qrels/<split>.tsv)")
 SQUAD = flags.DEFINE_string("squad", None, "eval-embeddings: a SQuAD json file as retrieval (a "
                             "question retrieves its paragraph)")
+NEGATIVES = flags.DEFINE_integer("negatives", 5, "mine: hard negatives written per query")
+CORPUS = flags.DEFINE_string("corpus", None, "mine: the passages to mine from, one per line "
+                             "(default: every document of the --input pair file)")
 BOOTSTRAP = flags.DEFINE_integer("bootstrap", 1000, "eval-embeddings: resamples of the 95% "
                                  "confidence intervals (seeded)")
 TOPOLOGY = flags.DEFINE_string("topology", None, "plan: a Cloud TPU slice, e.g. v3-32, v4-32, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -61,3 +62,21 @@ def utf8_errors(path: str | os.PathLike) -> Iterator[None]:
         yield
     except UnicodeDecodeError as e:
         raise not_utf8(path, e) from None
+
+
+def jsonl_rows(f: Any, bad: BadRows) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each non-blank line of a JSON-lines file; a line that is not a
+    JSON object is a bad row."""
+    for line, raw in enumerate(f, 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError as e:
+            bad.found(line, "line", raw.strip()[:60], f"a JSON object ({e.msg})")
+            continue
+        if not isinstance(row, dict):
+            bad.found(line, "line", type(row).__name__, "a JSON object")
+            continue
+        yield line, row
+

@@ -14,6 +14,7 @@ through convert.py's table, the one both directions share.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -168,14 +169,22 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
     ids = {"pad": tokenizer.pad_id} if tokenizer else {}
     if written:  # (RoBERTa's and ModernBERT's config.json name these too)
         ids.update(cls=tokenizer.cls_id, sep=tokenizer.sep_id)
+    _, model = state.load_model(source, step, model_cfg)
+    # A model HF has no class for (bert_embedding, whose sentence-transformers folder holds
+    # its encoder as the Transformer module): the encoder, bare.
+    bare = name not in family.architectures and bool(models.encoder_path(name))
+    if bare:
+        model = functools.reduce(getattr, models.encoder_path(name), model)
+        model_cfg = models.model_section("bert", {k: v for k, v in model_cfg.items() if k != "name"},
+                                         use_pooler=False)
+        name = "bert"
     config = hf_config(model_cfg, ids)
     architecture = config["architectures"][0]
-    if name == "bert" and not model_cfg["use_pooler"] and family.pooler:
+    if name == "bert" and not bare and not model_cfg["use_pooler"] and family.pooler:
         log.warning(f"warning: this encoder has no pooler; transformers' {architecture} will "
                     "initialise one (pooler_output is meaningless, last_hidden_state is exact)")
     if name == "bert_pretraining" and not family.nsp:
         log.warning(f"warning: {architecture} has no NSP head and no pooler; they are left out")
-    _, model = state.load_model(source, step, model_cfg)
     tensors = hf_state_dict(model_cfg, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     with paths.staged_output(out) as local:
         local.mkdir(parents=True, exist_ok=True)

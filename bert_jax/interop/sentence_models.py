@@ -114,7 +114,13 @@ def read_spec(checkpoint_dir: str | os.PathLike) -> SentenceSpec:
     """The checkpoint's sentence_model.json, or the defaults (the [CLS] vector) without one."""
     file = paths.path(checkpoint_dir) / SPEC_FILE
     if not file.is_file():
-        return SentenceSpec()
+        config = checkpoint.read_config(checkpoint_dir)
+        model = config["model"]
+        if "embedding_pooling" not in model:  # not a sentence model: the [CLS] vector
+            return SentenceSpec()
+        # a trained sentence model (training/contrastive.py) says how it pools in its config
+        length = int(config["data"]["max_seq_length"])
+        return SentenceSpec(model["embedding_pooling"], bool(model["normalize_embeddings"]), length)
     given = _json(file, "written by `bert-jax convert st:`")
     names = {f.name for f in dataclasses.fields(SentenceSpec)}
     if not isinstance(given, dict) or set(given) - names:
@@ -132,19 +138,7 @@ def convert_st(source: str | os.PathLike, out: str | os.PathLike) -> dict[str, A
     return {**report, "sentence": dataclasses.asdict(spec)}
 
 
-def pool(hidden_BTD: jax.Array, mask_BT: jax.Array, pooling: str, normalize: bool) -> jax.Array:
-    """Sentence vectors [B, D] of the last hidden states: sentence-transformers' Pooling (the
-    mean over the tokens the mask keeps; the max over them; the first token) and Normalize."""
-    mask = mask_BT[..., None].astype(hidden_BTD.dtype)
-    if pooling == "mean":
-        out = (hidden_BTD * mask).sum(1) / jnp.maximum(mask.sum(1), 1e-9)
-    elif pooling == "max":
-        out = jnp.where(mask > 0, hidden_BTD, -1e9).max(1)
-    else:
-        out = hidden_BTD[:, 0]
-    if normalize:  # torch.nn.functional.normalize: x / max(||x||, 1e-12)
-        out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
-    return out
+pool = models.sentence_pool
 
 
 # Rows are padded to a multiple of this many tokens: sentences sorted by length share a few
@@ -230,3 +224,34 @@ def export_st(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
     settings = {"max_seq_length": spec.max_seq_length, "do_lower_case": spec.do_lower_case}
     (root / "sentence_bert_config.json").write_text(json.dumps(settings, indent=2) + "\n")
     return {**report, "sentence": dataclasses.asdict(spec)}
+
+
+def mine_negatives(checkpoint_dir: str | os.PathLike, pairs_file: str | os.PathLike,
+                   k: int, *, corpus: Sequence[str] | None = None, batch_size: int = 32
+                   ) -> list[dict[str, Any]]:
+    """Hard negatives by the checkpoint's sentence vectors (sentence-transformers'
+    mine_hard_negatives without its margins): for each row of a pair file (queries with
+    positives), the k documents of `corpus` (default: every distinct positive and negative of
+    the file) closest to its query by cosine that are none of that query's positives. Rows
+    come back as {"query", "positive", "negatives"} in the file's order."""
+    from bert_jax.tasks import pairs, retrieval
+
+    rows = pairs.read_pairs(pairs_file)
+    if rows[0].score is not None:
+        raise ValueError(f"{pairs_file}: scored pairs; mining needs queries with their positives")
+    if k < 1:
+        raise ValueError(f"k={k}: mine at least one negative per query")
+    texts = list(dict.fromkeys(corpus if corpus is not None else
+                               [t for r in rows for t in (r.positive, *r.negatives)]))
+    positives: dict[str, set[str]] = {}
+    for r in rows:
+        positives.setdefault(r.query, set()).add(r.positive)
+    encoder = Encoder(checkpoint_dir)
+    queries = list(positives)
+    q, c = encoder.encode(queries, batch_size), encoder.encode(texts, batch_size)
+    width = min(len(texts), k + max(len(p) for p in positives.values()))
+    top = retrieval.rank(q, c, [f"{i:09d}" for i in range(len(texts))], width)
+    mined = {query: [texts[i] for i in row if texts[i] not in positives[query]][:k]
+             for query, row in zip(queries, top)}
+    return [{"query": r.query, "positive": r.positive, "negatives": mined[r.query]} for r in rows]
+

@@ -21,12 +21,14 @@ from flax import nnx
 from bert_jax import trees
 from bert_jax.models import attention, kernels
 from bert_jax.models.bert import (
+    BertForEmbedding,
     BertForMultipleChoice,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
+    sentence_pool,  # noqa: F401 (models.sentence_pool: sentence vectors' pooling)
 )
 from bert_jax.models.config import (
     BertConfig,
@@ -43,6 +45,7 @@ MODELS = {
     "bert_tagging": BertForTokenClassification,
     "bert_span": BertForQuestionAnswering,
     "bert_choice": BertForMultipleChoice,
+    "bert_embedding": BertForEmbedding,  # sentence vectors (training/contrastive.py)
     "transformer": EncoderDecoder,
     "decoder_lm": DecoderLM,
 }

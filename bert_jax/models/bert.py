@@ -6,6 +6,8 @@ Every task model holds the shared encoder as `.bert`, so a pretraining checkpoin
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from flax import nnx
 
@@ -86,6 +88,21 @@ def mean_pool(seq_BTD: Array, segment_ids_BT: Array, cls_index: Array | None) ->
     w_XT = (segment_ids_BT[rows] == segment[..., None]).astype(jnp.float32)
     total_XD = jnp.einsum("...t,...td->...d", w_XT, seq_BTD[rows].astype(jnp.float32))
     return (total_XD / jnp.maximum(w_XT.sum(-1, keepdims=True), 1.0)).astype(seq_BTD.dtype)
+
+
+def sentence_pool(hidden_BTD: Array, mask_BT: Array, pooling: str, normalize: bool) -> Array:
+    """Sentence vectors [B, D] of the last hidden states: sentence-transformers' Pooling (the
+    mean over the tokens the mask keeps; the max over them; the first token) and Normalize."""
+    mask = mask_BT[..., None].astype(hidden_BTD.dtype)
+    if pooling == "mean":
+        out = (hidden_BTD * mask).sum(1) / jnp.maximum(mask.sum(1), 1e-9)
+    elif pooling == "max":
+        out = jnp.where(mask > 0, hidden_BTD, -1e9).max(1)
+    else:
+        out = hidden_BTD[:, 0]
+    if normalize:  # torch.nn.functional.normalize: x / max(||x||, 1e-12)
+        out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+    return out
 
 
 class BertModel(nnx.Module):
@@ -292,3 +309,27 @@ class BertForMultipleChoice(BertTask):
         flat = {k: None if v is None else v.reshape(B * C, T) for k, v in inputs.items()}
         pooled = self.bert(input_ids.reshape(B * C, T), rng=r[0], **flat)["pooled_output"]
         return {"logits": self._classify(self.classifier, pooled, r[1]).reshape(B, C)}
+
+
+class BertForEmbedding(BertTask):
+    """Sentence embeddings: the encoder's last hidden states pooled over each text's real
+    tokens (cfg.embedding_pooling) and, with cfg.normalize_embeddings, L2-normalised, in
+    float32; with cfg.learn_scale, `log_scale`, the contrastive losses' learned similarity
+    scale (its log, starting at log cfg.similarity_scale, as CLIP's logit scale)."""
+
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
+        self.bert = BertModel(cfg, rngs=rngs, use_pooler=False)
+        self.pooling, self.normalize = cfg.embedding_pooling, cfg.normalize_embeddings
+        self.log_scale = (nnx.Param(jnp.full((), math.log(cfg.similarity_scale), jnp.float32),
+                                    out_sharding=()) if cfg.learn_scale else None)
+
+    def __call__(self, input_ids: Array, *, rng: Array | None = None, **inputs
+                 ) -> dict[str, Array]:
+        """Inputs of any shape [..., T] (queries [B, T], documents [B, N, T]): embeddings
+        [..., D]."""
+        *lead, T = input_ids.shape
+        flat = {k: v.reshape(-1, T) for k, v in inputs.items() if v is not None}
+        seq_XTD = self.bert(input_ids.reshape(-1, T), rng=rng, **flat)["sequence_output"]
+        mask_XT = flat.get("attention_mask", jnp.ones_like(seq_XTD[..., 0]))
+        vec_XD = sentence_pool(seq_XTD.astype(jnp.float32), mask_XT, self.pooling, self.normalize)
+        return {"embedding": vec_XD.reshape(*lead, -1)}

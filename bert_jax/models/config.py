@@ -187,12 +187,32 @@ class BertConfig(ModelConfig):
     nsp: bool = _field(True, "state", only=("bert_pretraining",))
     num_labels: int = _field(2, "state", least=1,  # 1 = regression
                              only=("bert_classification", "bert_tagging"))
+    # Sentence embeddings (bert_embedding; training/contrastive.py, docs/retrieval.md): the
+    # last hidden states pooled over the real tokens, optionally L2-normalised; the contrastive
+    # losses compare cosines times a scale, fixed, or learned from this value (learn_scale);
+    # matryoshka_dims: the losses also on these leading dimensions of the vectors (Kusupati et
+    # al. 2022), each renormalised.
+    embedding_pooling: str = _field("mean", "state", choices=("cls", "mean", "max"),
+                                    only=("bert_embedding",))
+    normalize_embeddings: bool = _field(True, "state", only=("bert_embedding",))
+    similarity_scale: float = _field(20.0, "run", only=("bert_embedding",))
+    learn_scale: bool = _field(False, "state", only=("bert_embedding",))
+    matryoshka_dims: tuple = _field((), "run", only=("bert_embedding",))
 
     def __post_init__(self):
         super().__post_init__()
         if self.position_offset >= self.max_len:
             raise ValueError(f"model.position_offset={self.position_offset} leaves no position of "
                              f"the max_len={self.max_len} table; it must be < max_len")
+        dims = tuple(int(d) for d in (self.matryoshka_dims or ()))  # JSON gives a list
+        object.__setattr__(self, "matryoshka_dims", dims)
+        if any(not 1 <= d <= self.emb_dim for d in dims) or len(set(dims)) != len(dims):
+            raise ValueError(f"model.matryoshka_dims={list(dims)}: distinct dimensions from 1 to "
+                             f"model.emb_dim={self.emb_dim} (e.g. {self.emb_dim}, "
+                             f"{self.emb_dim // 2}, {self.emb_dim // 4}); empty: the whole vector only")
+        if self.similarity_scale <= 0:
+            raise ValueError(f"model.similarity_scale={self.similarity_scale!r} must be > 0 "
+                             "(20 is sentence-transformers' default: a temperature of 0.05)")
         if self.pooling == "mean" and self.task_head == "bert":
             raise ValueError("model.pooling=mean pools for model.task_head=modernbert; BERT's tanh "
                              "pooler reads [CLS]: set model.task_head=modernbert or model.pooling=cls")

@@ -28,7 +28,7 @@ import ml_collections
 
 from bert_jax import config as config_lib
 from bert_jax.specs import TaskData
-from bert_jax.tasks import glue, ner, squad, swag  # noqa: F401 (each registers its task)
+from bert_jax.tasks import glue, ner, pairs, squad, swag  # noqa: F401 (each registers its task)
 from bert_jax.tasks.base import TASKS, Task, register, tokenizer_dir, tokenizer_source
 
 __all__ = ["TASKS", "Task", "TaskData", "register", "tokenizer_dir", "tokenizer_source", "finetune_defaults",

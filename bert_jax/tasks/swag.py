@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax import paths, specs
-from bert_jax.data.rows import BadRows, utf8_errors
+from bert_jax.data.rows import BadRows, jsonl_rows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.tasks import scoring
 from bert_jax.tasks.base import Task, register
@@ -34,22 +33,6 @@ class Example:
     start: str  # sent2, the ending's first words
     endings: tuple[str, str, str, str]
     label: int | None  # index of the true ending; None when unlabeled
-
-
-def _jsonl_rows(f: Any, bad: BadRows) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) of each non-blank line."""
-    for line, text in enumerate(f, 1):
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as e:
-            bad.found(line, "line", text.strip()[:60], f"a JSON object ({e.msg})")
-            continue
-        if not isinstance(row, dict):
-            bad.found(line, "line", type(row).__name__, "a JSON object")
-            continue
-        yield line, row
 
 
 def _csv_rows(f: Any, bad: BadRows) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -87,7 +70,7 @@ def read_swag(path: str | Path, *, skip_bad_rows: bool = False) -> list[Example]
     with utf8_errors(path), paths.open(path, encoding="utf-8-sig", newline="") as f:
         is_json = f.read(1) == "{"  # swagaf CSV starts with its header's empty index column name
         f.seek(0)
-        for i, (line, row) in enumerate((_jsonl_rows if is_json else _csv_rows)(f, bad)):
+        for i, (line, row) in enumerate((jsonl_rows if is_json else _csv_rows)(f, bad)):
             if missing := [k for k in _TEXT if not isinstance(row.get(k), str)]:
                 bad.found(line, f"field {missing[0]!r}", row.get(missing[0]), "a string")
                 continue

@@ -53,8 +53,10 @@ def _split_microbatches(x: Array, k: int, mesh) -> Array:
 
 def train_step(state: dict, batch: dict[str, Array], *, graphdef, objective, tx, schedule,
                accum: int, dropout_key: Array, mesh) -> tuple[dict, dict[str, Array]]:
-    """One optimizer step over the global batch (k accumulated microbatches when accum > 1).
-    Besides the loss and metrics it returns the batch's real `tokens` and model `flops`."""
+    """One optimizer step over the global batch (k accumulated microbatches when accum > 1;
+    an objective whose loss is one function of the whole batch, as the contrastive ones, takes
+    the k chunks itself: `chunked_value_and_grad`). Besides the loss and metrics it returns
+    the batch's real `tokens` and model `flops`."""
     params, step = state["params"], state["step"]
     rng = jax.random.fold_in(dropout_key, step)
     # Each loss term is normalised by its weight over the whole batch, so microbatch losses
@@ -66,7 +68,11 @@ def train_step(state: dict, batch: dict[str, Array], *, graphdef, objective, tx,
         return sum(terms[k] / denominators[k] for k in terms), metrics
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    if accum == 1:
+    whole_batch = getattr(objective, "chunked_value_and_grad", None)  # a loss of the whole batch
+    if accum > 1 and whole_batch:
+        micro = jax.tree.map(lambda x: _split_microbatches(x, accum, mesh), batch)
+        (loss, metrics), grads = whole_batch(graphdef, params, micro, rng, denominators)
+    elif accum == 1:
         (loss, metrics), grads = grad_fn(params, batch, jax.random.fold_in(rng, 0))
     else:
         micro = jax.tree.map(lambda x: _split_microbatches(x, accum, mesh), batch)

@@ -125,7 +125,8 @@ def test_checkpoint_field_lists_come_from_the_field_metadata():
         "scale_embeddings", "attention_window", "attention_global_every", "attention_pattern",
         "bigbird_block", "bigbird_window_blocks", "bigbird_global_blocks", "bigbird_random_blocks",
         "linformer_k",  # (and since: the local window and the patterns, what they compute)
-        "pooling", "nsp"}  # (and whether pretraining has the NSP head and its pooler)
+        "pooling", "nsp",  # (and whether pretraining has the NSP head and its pooler)
+        "embedding_pooling", "normalize_embeddings", "learn_scale"}  # (and sentence embeddings)
 
 
 def _changed(value, meta):
@@ -133,6 +134,8 @@ def _changed(value, meta):
         return next(c for c in meta["choices"] if c != value)
     if isinstance(value, bool):
         return not value
+    if isinstance(value, tuple):  # matryoshka_dims
+        return (1,)
     return value + 7 if isinstance(value, int) else value / 2  # +7: vocab_multiple 8 pads 30522
 
 

@@ -1,0 +1,227 @@
+"""Pairs of texts for sentence-embedding training (data.name=pairs, model.name=bert_embedding,
+training/contrastive.py): a query with its positive and optional hard negatives, or two
+sentences with a similarity score.
+
+Files (local or gs://), by their first character:
+- JSON lines: {"query" (or "anchor", "sentence1"), "positive" (or "sentence2"), optional
+  "negatives" (a list) or "negative", optional "score"}; a record per line;
+- a SQuAD JSON file: each question with its paragraph (SQuAD-train for training, SQuAD-dev
+  as a retrieval benchmark of 2,067 paragraphs);
+- TSV with a header naming the columns: query/anchor/sentence1, positive/sentence2, negative
+  columns (negative, negative_1, ...) and score; the GLUE STS-B files read as they are (scored
+  pairs), and the GLUE MRPC files as their paraphrases (Quality 1: the first sentence as the
+  query, the second as its positive).
+A row needs data.num_negatives negatives (the first ones are used when it has more).
+
+Scores: a file with scores is STS (Pearson and Spearman of the cosines, main metric
+spearman_cosine); one without is retrieval: every distinct document of the split is the
+corpus, each distinct query's relevant documents are its positives (nDCG@10, MRR@10,
+Recall@k, MAP@100 as sentence-transformers' InformationRetrievalEvaluator, main ndcg@10).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bert_jax import paths, specs
+from bert_jax.data.rows import BadRows, jsonl_rows, utf8_errors
+from bert_jax.tasks import retrieval, squad
+from bert_jax.tasks.base import Task, register
+
+QUERY_KEYS = ("query", "anchor", "sentence1")
+POSITIVE_KEYS = ("positive", "sentence2")
+
+
+class PairsFormatError(ValueError):
+    """A malformed pair row: names the file, line, field, what was found and expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    guid: str
+    query: str
+    positive: str
+    negatives: tuple[str, ...]
+    score: float | None  # scored pairs (STS); None: a query and its positive
+
+    @property
+    def label(self):  # what Task.labeled asks: every pair has its positive
+        return self.positive if self.score is None else self.score
+
+
+def _text(row: dict, keys: tuple[str, ...], line: int, bad: BadRows) -> str | None:
+    key = next((k for k in keys if k in row), keys[0])
+    value = row.get(key)
+    if not isinstance(value, str) or not value.strip():
+        bad.found(line, f"field {key!r}", value, "a non-empty string"
+                  + ("" if key in row else f" (one of the fields {', '.join(keys)})"))
+        return None
+    return value
+
+
+def _example(row: dict, line: int, guid: str, bad: BadRows, num_negatives: int) -> Example | None:
+    query, positive = _text(row, QUERY_KEYS, line, bad), _text(row, POSITIVE_KEYS, line, bad)
+    if query is None or positive is None:
+        return None
+    negatives = row.get("negatives", [row["negative"]] if "negative" in row else [])
+    if not isinstance(negatives, list) or not all(isinstance(n, str) and n.strip() for n in negatives):
+        bad.found(line, "field 'negatives'", negatives, "a list of non-empty strings")
+        return None
+    if len(negatives) < num_negatives:
+        bad.found(line, "negatives", f"{len(negatives)}", f"at least data.num_negatives="
+                  f"{num_negatives} (set it lower, or give each row that many)")
+        return None
+    score = row.get("score")
+    if score is not None:
+        try:
+            score = float(score)
+            if not np.isfinite(score):
+                raise ValueError
+        except (TypeError, ValueError):
+            bad.found(line, "field 'score'", row.get("score"), "a finite number")
+            return None
+    return Example(guid, query, positive, tuple(negatives[:num_negatives]), score)
+
+
+MRPC = ("Quality", "#1 String", "#2 String")  # the GLUE MRPC files' columns: paraphrases
+
+
+def _tsv_rows(f, path, bad: BadRows):
+    header = f.readline().rstrip("\r\n").split("\t")
+    if all(c in header for c in MRPC):  # the paraphrases (Quality 1) as query and positive
+        header = ["" if c == "Quality" else {"#1 String": "query", "#2 String": "positive"}.get(c, f"_{c}")
+                  for c in header]
+    if not any(k in header for k in QUERY_KEYS) or not any(k in header for k in POSITIVE_KEYS):
+        raise PairsFormatError(
+            f"{path}:1: header {header[:8]}: expected a header naming the columns "
+            f"({'/'.join(QUERY_KEYS)}, {'/'.join(POSITIVE_KEYS)}, optional negative_1.. and score)")
+    negative_cols = [c for c in header if c == "negative" or c.startswith("negative_")]
+    for line, text in enumerate(f, 2):
+        if not text.strip():
+            continue
+        cols = text.rstrip("\r\n").split("\t")
+        if len(cols) != len(header):
+            bad.found(line, "row", f"{len(cols)} columns", f"{len(header)} as the header")
+            continue
+        row = dict(zip(header, cols))
+        if row.pop("", "1") != "1":  # an MRPC pair that is not a paraphrase
+            continue
+        row["negatives"] = [row.pop(c) for c in negative_cols]
+        if "score" in row and row["score"] == "":
+            row.pop("score")
+        yield line, row
+
+
+def read_pairs(path, *, num_negatives: int = 0, skip_bad_rows: bool = False) -> list[Example]:
+    """The examples of a pair file (the module docstring's formats)."""
+    path = paths.path(path)
+    bad = BadRows(path, skip_bad_rows, PairsFormatError)
+    with utf8_errors(path), paths.open(path, encoding="utf-8-sig") as f:
+        head = f.read(4096)
+        f.seek(0)
+        if head.lstrip().startswith("{") and '"paragraphs"' in head:
+            return _squad_pairs(path, num_negatives)
+        rows = jsonl_rows(f, bad) if head.lstrip().startswith("{") else _tsv_rows(f, path, bad)
+        out = [e for line, row in rows
+               if (e := _example(row, line, f"{path.stem}-{line}", bad, num_negatives))]
+    bad.warn("read_pairs", f"{bad.count} malformed row(s) of {path}")
+    if out and len({e.score is None for e in out}) > 1:
+        raise PairsFormatError(f"{path}: some rows have a score and some not; a file is either "
+                               "scored pairs (every row's score) or queries with positives")
+    return out
+
+
+def _squad_pairs(path, num_negatives: int) -> list[Example]:
+    if num_negatives:
+        raise PairsFormatError(f"{path}: a SQuAD file has no hard negatives; set "
+                               "--config.data.num_negatives=0 (mine some with a pair file)")
+    out = []
+    for article in squad._load_json(path):
+        for para in article["paragraphs"]:
+            out.extend(Example(qa["id"], qa["question"], para["context"], (), None)
+                       for qa in para["qas"])
+    return out
+
+
+@register
+class PairsTask(Task):
+    """Sentence-embedding pairs: STS or retrieval metrics of the split's embeddings."""
+
+    name = "pairs"
+    file_kind = "a pair file (JSON lines, TSV with a header, or SQuAD JSON)"
+
+    @dataclasses.dataclass(frozen=True)
+    class Data(specs.TaskData):
+        pack: bool = False  # a text is a whole row
+        num_negatives: int = specs.valid(0, ">= 0")  # hard negatives per query in a batch
+
+    @property
+    def main_metric(self) -> str:
+        """By the dev file's kind (scored pairs: STS), else by the loss (cosent: STS)."""
+        if self.data.dev_file:
+            return "spearman_cosine" if self.scored("dev") else "ndcg@10"
+        return "spearman_cosine" if self.config.train.objective == "cosent" else "ndcg@10"
+
+    def scored(self, split: str) -> bool:
+        return self.examples(split)[0].score is not None
+
+    def read(self, path, training: bool = False) -> list[Example]:
+        return read_pairs(path, num_negatives=self.data.num_negatives if training else 0,
+                          skip_bad_rows=self.data.skip_bad_rows)
+
+    def encode(self, examples, training: bool) -> tuple[dict[str, np.ndarray], Any]:
+        tok, T = self.tokenizer, self.data.max_seq_length
+        rows = lambda texts: tok.pair_rows(tok.encode_batch(texts), [None] * len(texts), T)  # noqa: E731
+        query = rows([e.query for e in examples])
+        N = 1 + len(examples[0].negatives)
+        docs = rows([d for e in examples for d in (e.positive, *e.negatives)])
+        features = {**{f"query_{k}": v for k, v in query.items()},
+                    **{f"document_{k}": v.reshape(len(examples), N, T) for k, v in docs.items()}}
+        if examples[0].score is not None:
+            features["score"] = np.array([e.score for e in examples], np.float32)
+        return features, None
+
+    def _corpus(self, split: str, outputs) -> tuple[np.ndarray, np.ndarray, list[str], list[set[str]]]:
+        """(query vectors, corpus vectors, corpus ids, relevant ids per query): every distinct
+        document text of the split once, every distinct query once with all its positives."""
+        examples = self.examples(split)
+        doc_ids: dict[str, str] = {}
+        doc_rows: list[tuple[int, int]] = []
+        queries: dict[str, tuple[int, set[str]]] = {}
+        for i, e in enumerate(examples):
+            for j, text in enumerate((e.positive, *e.negatives)):
+                if text not in doc_ids:
+                    doc_ids[text] = f"d{len(doc_ids)}"
+                    doc_rows.append((i, j))
+            queries.setdefault(e.query, (i, set()))[1].add(doc_ids[e.positive])
+        emb = outputs["document"]
+        corpus = np.stack([emb[i, j] for i, j in doc_rows])
+        rows = [i for i, _ in queries.values()]
+        return (outputs["query"][rows], corpus, list(doc_ids.values()),
+                [rel for _, rel in queries.values()])
+
+    def score(self, split: str, outputs) -> dict[str, float]:
+        examples = self.examples(split)
+        if self.scored(split):
+            values = retrieval.sts_metrics(outputs["query"],
+                                           outputs["document"][:, 0],
+                                           [e.score for e in examples])
+        else:
+            per_query = retrieval.retrieval_metrics(*self._corpus(split, outputs))
+            values = {k: v.mean() for k, v in per_query.items()}
+        return {k: float(v) for k, v in values.items()}
+
+    def write_predictions(self, split: str, outputs, out_dir: Path) -> list:
+        """<stem>_scores.tsv: each pair's cosine (and its gold score, for scored pairs)."""
+        out = paths.path(out_dir) / f"{self.path(split).stem}_scores.tsv"
+        q = retrieval._unit(outputs["query"])
+        d = retrieval._unit(outputs["document"][:, 0])
+        with paths.open(out, "w", encoding="utf-8") as f:
+            f.write("guid\tcosine\tscore\n")
+            for e, c in zip(self.examples(split), (q * d).sum(-1)):
+                f.write(f"{e.guid}\t{c:.6f}\t{'' if e.score is None else e.score}\n")
+        return [out]

@@ -1,0 +1,133 @@
+"""A sentence-embedding model trained through the command line (configs/embeddings.py: the
+pairs task, the contrastive objectives), evaluated by its retrieval or STS metrics, and
+exported to a sentence-transformers folder that encodes as our checkpoint does."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from bert_jax.interop import sentence_models
+from bert_jax.tasks import pairs, retrieval
+
+st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is not installed "
+                         "(pyproject's [test] extras)")
+
+
+@pytest.fixture(scope="module")
+def pair_files(tmp_path_factory, shared_data):
+    """From the real STS-B files: close pairs (score >= 4) as query and positive, with another
+    pair's sentence as a hard negative (train); dev as retrieval pairs and as scored pairs."""
+    out = tmp_path_factory.mktemp("pairs")
+    s1, s2, score = retrieval.read_sts(shared_data / "glue" / "STS-B" / "train.tsv")
+    close = [(a, b) for a, b, s in zip(s1, s2, score) if s >= 4][:96]
+    rng = random.Random(0)
+    with open(out / "train.jsonl", "w") as f:
+        for a, b in close:
+            f.write(json.dumps({"anchor": a, "positive": b,
+                                "negatives": [rng.choice(close)[1]]}) + "\n")
+    d1, d2, dscore = retrieval.read_sts(shared_data / "glue" / "STS-B" / "dev.tsv")
+    with open(out / "dev.tsv", "w") as f:
+        f.write("query\tpositive\n")
+        f.writelines(f"{a}\t{b}\n" for a, b, s in zip(d1, d2, dscore) if s >= 4)
+    with open(out / "sts_dev.jsonl", "w") as f:
+        f.writelines(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n"
+                     for a, b, s in list(zip(d1, d2, dscore))[:64])
+    return out
+
+
+def _train(cli, workdir, vocab, files, *args):
+    return cli(["train", "--config", "configs/embeddings.py:contrastive,tiny", f"--workdir={workdir}",
+                f"--config.data.tokenizer={vocab.parent}", f"--config.data.data_dir={files}",
+                "--config.data.train_file=train.jsonl", "--config.data.dev_file=dev.tsv",
+                "--config.model.vocab_size=1500", "--config.model.num_layers=1",
+                "--config.data.max_seq_length=32", "--config.train.batch_size=16",
+                "--config.train.steps=4", "--config.train.checkpoint_every=4", *args])
+
+
+def test_contrastive_training_evaluates_retrieval_and_exports_a_sentence_transformers_folder(
+        cli, tmp_path, wordpiece_vocab, pair_files):
+    code, out, err = _train(cli, tmp_path / "run", wordpiece_vocab, pair_files,
+                            "--config.data.num_negatives=1", "--config.train.grad_accum_steps=2")
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    n_dev = len(pairs.read_pairs(pair_files / "dev.tsv"))
+    assert n_dev > 100
+    for key in ("eval/ndcg@10", "eval/mrr@10", "eval/recall@100", "eval/map@100", "eval/loss"):
+        assert np.isfinite(summary["eval"][key]), key
+    assert 0 < summary["eval"]["eval/ndcg@10"] <= 1
+    assert summary["metrics"]["similarity_scale"] == 20.0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("contrastive_accuracy" in r for r in rows)
+
+    # The scored dev file: STS metrics, spearman_cosine the main one.
+    code, out, err = cli(["eval", "--config", "configs/embeddings.py:contrastive,tiny",
+                          f"--workdir={tmp_path / 'run'}", "--step=latest",
+                          f"--split={pair_files / 'sts_dev.jsonl'}"])
+    assert code == 0, err
+    assert "spearman_cosine" in out and "pearson_cosine" in out, out
+
+    # Exported: sentence-transformers loads the folder and encodes as our checkpoint does.
+    code, _, err = cli(["export", str(tmp_path / "run"), f"st:{tmp_path / 'st'}"])
+    assert code == 0, err
+    texts = [line.split("\t")[0] for line in (pair_files / "dev.tsv").read_text().splitlines()[1:21]]
+    ours = sentence_models.embed(tmp_path / "run", texts)
+    theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts)
+    cos = (ours * theirs).sum(-1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(theirs, axis=-1)
+    assert cos.min() >= 0.99999, cos.min()
+
+    # Hard negatives mined with the trained model: each query's nearest non-positive documents.
+    mined = tmp_path / "mined.jsonl"
+    code, out, err = cli(["mine", f"--checkpoint={tmp_path / 'run'}",
+                          f"--input={pair_files / 'dev.tsv'}", f"--output={mined}", "--negatives=2"])
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"rows": n_dev, "output": str(mined), "negatives": 2}
+    rows = pairs.read_pairs(mined, num_negatives=2)
+    docs = list(dict.fromkeys(r.positive for r in rows))
+    positives = {}
+    for r in rows:
+        positives.setdefault(r.query, set()).add(r.positive)
+    q = sentence_models.embed(tmp_path / "run", [r.query for r in rows[:10]])
+    d = sentence_models.embed(tmp_path / "run", docs)
+    for r, scores in zip(rows, q @ d.T):  # (normalised vectors: dot = cosine)
+        nearest = [docs[i] for i in np.argsort(-scores) if docs[i] not in positives[r.query]]
+        assert r.negatives == tuple(nearest[:2])
+    code, _, err = cli(["mine", f"--checkpoint={tmp_path / 'run'}",
+                        f"--input={pair_files / 'dev.tsv'}", f"--output={mined}"])
+    assert code != 0 and "already exists" in err
+
+
+def test_pair_files_refuse_bad_rows_naming_file_line_and_field(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "a", "positive": "b"}\n{"query": "c"}\n')
+    with pytest.raises(pairs.PairsFormatError, match=r"bad.jsonl:2: field 'positive': found None, "
+                                                     r"expected a non-empty string"):
+        pairs.read_pairs(bad)
+    bad.write_text('{"query": "a", "positive": "b", "negatives": ["x"]}\n')
+    with pytest.raises(pairs.PairsFormatError, match=r"bad.jsonl:1: negatives: found '1', expected "
+                                                     r"at least data.num_negatives=2"):
+        pairs.read_pairs(bad, num_negatives=2)
+    bad.write_text('{"query": "a", "positive": "b", "score": 1}\n{"query": "a", "positive": "c"}\n')
+    with pytest.raises(pairs.PairsFormatError, match="some rows have a score and some not"):
+        pairs.read_pairs(bad)
+    tsv = tmp_path / "bad.tsv"
+    tsv.write_text("a\tb\nx\ty\n")
+    with pytest.raises(pairs.PairsFormatError, match=r"bad.tsv:1: header \['a', 'b'\]: expected a header"):
+        pairs.read_pairs(tsv)
+    tsv.write_text("query\tpositive\tscore\nx\ty\tlots\n")
+    with pytest.raises(pairs.PairsFormatError, match=r"bad.tsv:2: field 'score': found 'lots'"):
+        pairs.read_pairs(tsv)
+
+
+def test_the_data_beside_the_repo_reads_as_pairs(shared_data):
+    """STS-B as scored pairs, MRPC's paraphrases as queries with positives, SQuAD's questions
+    with their paragraphs (dev: 2,067 distinct paragraphs, the retrieval corpus)."""
+    sts = pairs.read_pairs(shared_data / "glue" / "STS-B" / "dev.tsv")
+    assert len(sts) == 1500 and sts[0].score == 5.0
+    mrpc = pairs.read_pairs(shared_data / "glue" / "MRPC" / "dev.tsv")
+    lines = (shared_data / "glue" / "MRPC" / "dev.tsv").read_text("utf-8-sig").splitlines()[1:]
+    assert len(mrpc) == sum(line.startswith("1\t") for line in lines) == 279
+    assert mrpc[0].score is None and mrpc[0].positive == lines[0].split("\t")[4]
+    squad = pairs.read_pairs(shared_data / "squad" / "dev-v1.1.json")
+    assert len(squad) == 10570 and len({e.positive for e in squad}) == 2067
