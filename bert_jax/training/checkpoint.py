@@ -205,13 +205,32 @@ def verify(step_dir: epath.Path, items: tuple[str, ...] | None = None, collectiv
     return verified
 
 
+def _say_unfinished(step_dir: epath.Path, verified: bool) -> None:
+    """Before a step's params are restored: one warning line for
+    a step that lacks the marks of a finished Orbax save (copied in part, renamed from a
+    temporary folder, written by another tool). It is read, as Orbax reads it (Orbax only
+    logs the missing file): a missing or truncated array file is still an error when read,
+    and refusing would leave a whole checkpoint of an older Orbax unusable."""
+    sign = integrity.unfinished(step_dir)
+    if sign is None or jax.process_index() != 0:
+        return
+    proof = (f"its files match its {integrity.MANIFEST}" if verified else
+             f"nothing shows that its save finished (it has no {integrity.MANIFEST} either)")
+    log.warning(f"warning: checkpoint {step_dir} {sign}: it was copied in part, saved by another "
+                f"tool or an older Orbax, or its save did not finish; {proof}. Using it; if it is "
+                f"not the checkpoint you meant, use another step or a complete copy of it")
+
+
 def _refuse_damaged(directory, step: int, items: tuple[str, ...], collective: bool = True,
                     advice: str | None = None) -> None:
     """verify() for a command that reads a checkpoint (eval, average, export...): a damaged one
-    is an error that says what to do (`advice`, the command's own, else the usual flags)."""
+    is an error that says what to do (`advice`, the command's own, else the usual flags);
+    before its params are read, an unfinished-looking one is a warning line."""
     step_dir = checkpoint_dir(directory) / str(step)
     try:
-        verify(step_dir, items, collective)
+        verified = verify(step_dir, items, collective)
+        if "params" in items:
+            _say_unfinished(step_dir, verified)
     except integrity.DamagedCheckpoint as e:
         raise integrity.DamagedCheckpoint(step_dir, f"{e.details}; not used: " + (
             advice or "restore the folder from a copy, or use other checkpoints (eval --step, "
@@ -344,9 +363,11 @@ class TrainCheckpointer:
         steps = sorted(self.manager.all_steps(), reverse=True)
         for step in steps:
             try:
-                if not verify(self.path / str(step)):
+                verified = verify(self.path / str(step))
+                if not verified:
                     log.info(f"checkpoint {self.path / str(step)} has no {integrity.MANIFEST} (saved "
                              f"before checksums were written): restoring it unverified")
+                _say_unfinished(self.path / str(step), verified)
             except integrity.DamagedCheckpoint as e:
                 self._set_aside(step, f"checkpoint {self.path / str(step)} cannot be restored, it is "
                                       f"damaged: {e.details}")

@@ -29,7 +29,7 @@ from bert_jax import config as config_lib
 from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import convert, export
-from bert_jax.training import checkpoint, train
+from bert_jax.training import checkpoint, sharding, state, train
 
 WORDS = ("the a an cat dog sat on mat hello world good bad movie is was what who where when "
          "why how film it this that and or not very").split()
@@ -1176,6 +1176,51 @@ def test_a_damaged_checkpoint_is_one_line_in_a_real_process(shared, tmp_path):
     assert proc.returncode == 1
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"bert-jax eval: error: {tmp_path}/run/checkpoints/2: its params cannot be read")
+
+
+def test_a_step_that_looks_unfinished_is_named_by_every_command_that_restores(shared, cli, tmp_path,
+                                                                               caplog):
+    # Orbax reads a step without _CHECKPOINT_METADATA (an older Orbax or another tool wrote
+    # none; a partial copy lacks it too) and only logs that the file is missing: each command
+    # that restores one says so in one warning line, and reads it (exit 0).
+    run = tmp_path / "run"
+    shutil.copytree(shared["run"], run)
+    (run / "checkpoints" / "1" / "_CHECKPOINT_METADATA").unlink()
+    (run / "checkpoints" / "1" / "checksums.json").unlink()  # nor written by this project's save
+    never_committed = run / "checkpoints" / "2" / "_CHECKPOINT_METADATA"  # as a renamed tmp folder
+    never_committed.write_text(json.dumps({"init_timestamp_nsecs": 1}))
+    write(tmp_path / "in.txt", "the cat sat\n")
+    step1 = (f"checkpoint {run}/checkpoints/1 has no _CHECKPOINT_METADATA (every Orbax save writes "
+             "one): it was copied in part, saved by another tool or an older Orbax, or its save did "
+             "not finish; nothing shows that its save finished (it has no checksums.json either)")
+    step2 = (f"checkpoint {run}/checkpoints/2 was never committed (its _CHECKPOINT_METADATA has no "
+             "commit time): it was copied in part, saved by another tool or an older Orbax, or its "
+             "save did not finish; its files match its checksums.json")
+    commands = [
+        (f"eval --workdir {run} --step 1", [step1]),
+        (f"export {run} hf:{tmp_path}/hf", [step2]),
+        (f"average --workdir {run} --last 2 --out {tmp_path}/avg", [step1, step2]),
+        (f"features --checkpoint {run} --input {tmp_path}/in.txt --output {tmp_path}/o.jsonl "
+         "--layers=-1", [step2]),
+    ]
+    for argv, says in commands:
+        code, _, err = cli(shlex.split(argv))
+        lines = err.splitlines()
+        assert code == 0 and len(lines) == len(says), err
+        for line, start in zip(lines, says):
+            assert line.startswith(f"warning: {start}. Using it; ") and "another step" in line, line
+    # init_from: the newest step
+    config = state.sizes_from_init(config_lib.load(str(REPO / "configs/glue.py:sst2,tiny"),
+                                                   [f"init_from={run}"]))
+    mesh = sharding.make_mesh(config.mesh)
+    _, abstract, state_sh = state.abstract_state(config, mesh)
+    caplog.clear()  # (the commands' lines above)
+    with caplog.at_level("WARNING", logger="bert_jax"):
+        found = state.pretrained(config, state.with_shardings(abstract["params"], state_sh["params"]),
+                                 mesh)
+    assert "embeddings" in found["bert"]
+    [said] = [r.getMessage() for r in caplog.records if r.name.startswith("bert_jax")]
+    assert said.startswith(f"warning: {step2}. Using it; ")
 
 
 def test_translate_checks_flags_and_output_before_the_model_and_keeps_an_output(shared, cli, tmp_path,
