@@ -30,6 +30,7 @@ from bert_jax.data.wordpiece import (
     WordPieceTokenizer,
     load_vocab,  # noqa: F401  (the tokenizer API's: tokenizer.load_vocab)
     load_wordpiece_vocab,
+    tokenizer_json,
     vocab_file,
 )
 
@@ -552,7 +553,7 @@ class _ByteLevelBPE(Tokenizer):
         self._prefix_space = hf.get("add_prefix_space", False)
         if (directory / BPE_JSON).is_file():
             source = directory / BPE_JSON
-            self._tok = tok = HFTokenizer.from_str(source.read_text("utf-8"))
+            self._tok = tok = tokenizer_json(source)
             if not isinstance(tok.model, tokenizer_models.BPE):
                 raise ValueError(f"{source}: a {type(tok.model).__name__} tokenizer; {BPE_JSON} is read "
                                  "with byte-level BPE (RoBERTa, ModernBERT) or BERT's WordPiece")

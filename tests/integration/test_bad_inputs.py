@@ -979,6 +979,45 @@ ROBERTA_CASES = [
          "--config.model.position_offset=2", 2, "position_offset", "'transformer'", "does not read"),
 ]
 
+
+def tokenizer_json_only(content: str):
+    """A setup: a copy of the converted checkpoint whose only tokenizer file is a tokenizer.json
+    holding `content`."""
+    return copy_of("ckpt", lambda d: [f.unlink() for f in d.iterdir()
+                                      if f.is_file() and f.name in tokenizer_lib.TOKENIZER_FILES],
+                   replace("tokenizer.json", content))
+
+
+def roberta_tokenizer_json(content: str):
+    """A setup: a copy of the HF folder as a RoBERTa whose tokenizer is a tokenizer.json holding
+    `content`."""
+    return copy_of("hf", hf_config(model_type="roberta"), as_roberta_weights, remove("vocab.txt"),
+                   replace("tokenizer.json", content))
+
+
+TOKENIZER_JSON_CASES = [
+    # a tokenizer.json that is not one, in an HF folder (convert) or a checkpoint: the file and
+    # what to do, never the tokenizers library's bare message
+    case("convert-tokenizer-json-not-json", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         "not valid JSON", "the model's own tokenizer.json", setup=roberta_tokenizer_json("{oops")),
+    case("convert-tokenizer-json-a-list", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         "expected an object", "the model's own tokenizer.json",
+         setup=copy_of("hf", remove("vocab.txt"), replace("tokenizer.json", "[1, 2]"))),
+    case("convert-tokenizer-json-no-model", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         'no "model" object', "the model's own tokenizer.json",
+         setup=roberta_tokenizer_json('{"version": "1.0", "model": 3}')),
+    case("convert-tokenizer-json-bpe-unreadable", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         "a BPE tokenizer.json the tokenizers library cannot read", "the model's own tokenizer.json",
+         setup=roberta_tokenizer_json('{"model": {"type": "BPE", "vocab": [1], "merges": 3}}')),
+    case("features-checkpoint-tokenizer-json-not-json", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
+         "ckpt/tokenizer.json", "not valid JSON", "the model's own tokenizer.json",
+         setup=lambda t, c: (tokenizer_json_only("\x00\x01 not json")(t, c), features_input()(t, c))),
+    case("features-checkpoint-tokenizer-json-unreadable", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
+         "ckpt/tokenizer.json", "tokenizers library cannot read",
+         setup=lambda t, c: (tokenizer_json_only('{"model": {"type": "Nope"}}')(t, c),
+                             features_input()(t, c))),
+]
+
 MLM_ONLY = PRETRAIN + " --config.model.nsp=false --config.data.instances=full_rows"
 MLM_ONLY_CASES = [
     # masked LM only: the model's head and the data's rows must agree, and the
@@ -1073,7 +1112,7 @@ CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES
          + SWEEP_TRIAL_CASES + AVERAGE_CASES + RUN_VALUE_CASES + TFDS_CASES + PLOT_CASES + INFO_CASES
          + PREPARE_CASES + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + MODERN_OPTIM_CASES
          + ROBERTA_CASES + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM_ONLY_CASES
-         + MODERN_ENCODER_CASES)
+         + MODERN_ENCODER_CASES + TOKENIZER_JSON_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -1293,6 +1332,7 @@ def test_the_table_covers_every_area():
              "modern optimizer": MODERN_OPTIM_CASES, "RoBERTa": ROBERTA_CASES,
              "attention patterns": PATTERN_CASES, "attention on GPU": ATTENTION_GPU_CASES,
              "ModernBERT in and out": MODERNBERT_HF_CASES,
-             "MLM only": MLM_ONLY_CASES, "modern encoder": MODERN_ENCODER_CASES}
+             "MLM only": MLM_ONLY_CASES, "modern encoder": MODERN_ENCODER_CASES,
+             "tokenizer.json": TOKENIZER_JSON_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)
