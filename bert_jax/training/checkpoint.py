@@ -24,7 +24,7 @@ from bert_jax import log as log_lib
 from bert_jax import models, trees
 from bert_jax.config import ConfigError
 from bert_jax.models.config import fields_of_kind
-from bert_jax.paths import check_reachable, is_remote, workdir_path
+from bert_jax.paths import check_output, check_reachable, workdir_path
 from bert_jax.training import integrity, old_layouts, sharding
 
 log = logging.getLogger(__name__)
@@ -56,14 +56,8 @@ def check_writable(workdir: str | os.PathLike) -> None:
     in the workdir and in its checkpoints/ (a read-only checkpoints/ would otherwise be found
     at the first save, after the compile and the first steps). One line if not."""
     check_reachable(workdir)
+    check_output(workdir, "--workdir", "folder")  # a file where it must be: no permission would help
     root = workdir_path(workdir)
-    for part in [] if is_remote(workdir) else [root, *root.parents]:
-        if part.is_file():  # a file where a folder must be: no permission would help
-            where = "is a file" if part == root else f"is inside {part}, a file"
-            raise NotADirectoryError(f"the workdir {root} {where}, not a folder; choose another "
-                                     "--workdir")
-        if part.exists():
-            break
     for folder, name in ((root, "the workdir"), (root / "checkpoints", "the checkpoints folder")):
         probe = folder / f".write-check.{jax.process_index()}.{os.getpid()}"
         try:

@@ -604,7 +604,7 @@ TF_WITHOUT_INDEX = files(tf__bert_config_DOT_json="{}", tf__vocab_DOT_txt="[PAD]
 EXPORT_CASES = [
     case("features-output-exists", FEATURES, 1, "--output={tmp}/out.jsonl", "already exists",
          "new --output", setup=files(in_DOT_txt="the cat sat\n", out_DOT_jsonl="earlier\n")),
-    case("features-output-is-a-folder", FEATURES, 1, "--output={tmp}/out.jsonl", "already exists",
+    case("features-output-is-a-folder", FEATURES, 1, "--output={tmp}/out.jsonl is a directory, not a file",
          setup=files(in_DOT_txt="the cat sat\n", out_DOT_jsonl__x="x")),
     case("features-translation-checkpoint", FEATURES.replace("{ckpt}", "{tmp}/mt"), 1,
          "--checkpoint={tmp}/mt", "'transformer'", "encoder-decoder", "BERT encoder checkpoint",
@@ -1018,6 +1018,45 @@ TOKENIZER_JSON_CASES = [
                              features_input()(t, c))),
 ]
 
+A_FILE = files(f="a file", in_DOT_txt="the cat sat\n", corpus__a_DOT_txt=CORPUS * 3)
+A_FOLDER = files(d_DOT_npy__x="x", d_DOT_png__x="x", in_DOT_txt="the cat sat\n")
+OUTPUT_PATH_CASES = [
+    # every output the user names (paths.check_output, from the command table or convert's and
+    # export's <out_dir>): a file where a folder must be written, or a folder where a file must
+    # be, named before anything is read or computed
+    case("convert-out-is-a-file", "convert hf:{hf} {tmp}/f", 1, "<out_dir>={tmp}/f is a file, not a "
+         "folder", "choose another <out_dir>", setup=A_FILE),
+    case("convert-out-inside-a-file", "convert hf:{hf} {tmp}/f/out", 1,
+         "<out_dir>={tmp}/f/out is inside {tmp}/f, a file", setup=A_FILE),
+    case("convert-source-miswritten-url", "convert hf:GS://b/hf {tmp}/out", 2, "<source>=GS://b/hf",
+         "gs://b/hf"),
+    case("convert-out-empty", "convert hf:{hf} ''", 2, "<out_dir> is empty"),
+    case("export-out-is-a-file", "export {run} hf:{tmp}/f", 1, "<out_dir>={tmp}/f is a file",
+         setup=A_FILE),
+    case("export-st-out-inside-a-file", "export {run} st:{tmp}/f/st", 1,
+         "<out_dir>={tmp}/f/st is inside {tmp}/f, a file", setup=A_FILE),
+    case("export-source-other-scheme", "export s3://b/run hf:{tmp}/out", 2, "<source>=s3://b/run",
+         "s3://"),
+    case("vocab-out-is-a-file", "vocab --input {tmp}/corpus/a.txt --out {tmp}/f --size 50", 1,
+         "--out={tmp}/f is a file, not a folder", "choose another --out", setup=A_FILE),
+    case("prepare-out-inside-a-file", "prepare --config configs/bert_pretrain.py:tiny --out "
+         "{tmp}/f/shards --config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt",
+         1, "--out={tmp}/f/shards is inside {tmp}/f, a file", setup=A_FILE),
+    case("average-out-is-a-file", "average --workdir {run} --last 2 --out {tmp}/f", 1,
+         "--out={tmp}/f is a file, not a folder", setup=A_FILE),
+    case("sweep-workdir-is-a-file", "sweep --config configs/sweeps/glue.py:mrpc --workdir {tmp}/f", 1,
+         "--workdir={tmp}/f is a file", setup=A_FILE),
+    case("embed-output-is-a-folder", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/d.npy", 1, "--output={tmp}/d.npy is a directory, not a file", "choose another --output",
+         setup=A_FOLDER),
+    case("embed-output-inside-a-file", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/f/v.npy", 1, "--output={tmp}/f/v.npy is inside {tmp}/f, a file", setup=A_FILE),
+    case("plot-out-is-a-folder", "plot --workdir {run} --out {tmp}/d.png", 1,
+         "--out={tmp}/d.png is a directory, not a file", setup=A_FOLDER),
+    case("attention-out-inside-a-file", "attention --checkpoint {ckpt} --text 'the cat' --out "
+         "{tmp}/f/a.png", 1, "--out={tmp}/f/a.png is inside {tmp}/f, a file", setup=A_FILE),
+]
+
 MLM_ONLY = PRETRAIN + " --config.model.nsp=false --config.data.instances=full_rows"
 MLM_ONLY_CASES = [
     # masked LM only: the model's head and the data's rows must agree, and the
@@ -1112,7 +1151,7 @@ CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES
          + SWEEP_TRIAL_CASES + AVERAGE_CASES + RUN_VALUE_CASES + TFDS_CASES + PLOT_CASES + INFO_CASES
          + PREPARE_CASES + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + MODERN_OPTIM_CASES
          + ROBERTA_CASES + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM_ONLY_CASES
-         + MODERN_ENCODER_CASES + TOKENIZER_JSON_CASES)
+         + MODERN_ENCODER_CASES + TOKENIZER_JSON_CASES + OUTPUT_PATH_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -1333,6 +1372,6 @@ def test_the_table_covers_every_area():
              "attention patterns": PATTERN_CASES, "attention on GPU": ATTENTION_GPU_CASES,
              "ModernBERT in and out": MODERNBERT_HF_CASES,
              "MLM only": MLM_ONLY_CASES, "modern encoder": MODERN_ENCODER_CASES,
-             "tokenizer.json": TOKENIZER_JSON_CASES}
+             "tokenizer.json": TOKENIZER_JSON_CASES, "output paths": OUTPUT_PATH_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

@@ -65,7 +65,7 @@ def test_a_lock_left_by_a_dead_run_is_taken_over(tmp_path):
 
 def test_a_workdir_inside_a_file_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("not a folder")
-    with pytest.raises(OSError, match=r"the workdir .*/file/run is inside .*/file, a file, not a folder"):
+    with pytest.raises(OSError, match=r"--workdir=.*/file/run is inside .*/file, a file; choose another"):
         train.train_and_evaluate(small(), str(tmp_path / "file" / "run"))
 
 
