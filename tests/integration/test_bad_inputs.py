@@ -995,6 +995,16 @@ def roberta_tokenizer_json(content: str):
                    replace("tokenizer.json", content))
 
 
+def roberta_bpe_files(vocab_json: str, merges: str | bytes):
+    """A setup: a copy of the HF folder as a RoBERTa whose tokenizer is vocab.json + merges.txt."""
+    return copy_of("hf", hf_config(model_type="roberta"), as_roberta_weights, remove("vocab.txt"),
+                   remove("tokenizer.json"), replace("vocab.json", vocab_json),
+                   replace("merges.txt", merges))
+
+
+BPE_VOCAB = json.dumps({t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "a", "b", "ab"])})
+
+
 TOKENIZER_JSON_CASES = [
     # a tokenizer.json that is not one, in an HF folder (convert) or a checkpoint: the file and
     # what to do, never the tokenizers library's bare message
@@ -1009,6 +1019,18 @@ TOKENIZER_JSON_CASES = [
     case("convert-tokenizer-json-bpe-unreadable", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
          "a BPE tokenizer.json the tokenizers library cannot read", "the model's own tokenizer.json",
          setup=roberta_tokenizer_json('{"model": {"type": "BPE", "vocab": [1], "merges": 3}}')),
+    # and byte-level BPE's other pair of files (vocab.json + merges.txt), whose faults the
+    # tokenizers library reports as a TypeError or a Rust panic
+    case("convert-bpe-vocab-id-not-an-integer", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/vocab.json",
+         "token 'a' has the id 'zero', not an integer >= 0", "the model's own",
+         setup=roberta_bpe_files('{"<s>": 0, "a": "zero"}', "#version: 0.2\n")),
+    case("convert-bpe-merge-not-a-pair", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/merges.txt:3",
+         "'a b ab' is not a merge", setup=roberta_bpe_files(BPE_VOCAB, "#version: 0.2\na b\na b ab\n")),
+    case("convert-bpe-merge-outside-the-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/merges.txt:2",
+         "the merge 'b a' needs 'ba'", "hf/vocab.json lacks", "not of one tokenizer",
+         setup=roberta_bpe_files(BPE_VOCAB, "#version: 0.2\nb a\n")),
+    case("convert-bpe-merges-not-utf8", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/merges.txt:2",
+         "not UTF-8", setup=roberta_bpe_files(BPE_VOCAB, b"#version: 0.2\na \xff\n")),
     case("features-checkpoint-tokenizer-json-not-json", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
          "ckpt/tokenizer.json", "not valid JSON", "the model's own tokenizer.json",
          setup=lambda t, c: (tokenizer_json_only("\x00\x01 not json")(t, c), features_input()(t, c))),
