@@ -488,6 +488,14 @@ CHECKPOINT_CASES = [
     case("eval-pretraining-config-on-finetuned", "eval --workdir {ft} --config configs/bert_pretrain.py:tiny "
          "--config.data.name=synthetic", 1, "bert_classification", "bert_pretraining", "leave out --config"),
     case("export-step-missing", "export {run} hf:{tmp}/hf --step 9", 1, "no step 9", "[1, 2]"),
+    # a step folder that holds no checkpoint of ours: empty (a save that made only its folder),
+    # or another tool's layout
+    case("eval-step-folder-empty", "eval --workdir {tmp}/run", 1, "run/checkpoints/3: its config cannot "
+         "be read", "use another --step", setup=copy_of("run", lambda d: (d / "checkpoints" / "3").mkdir())),
+    case("export-step-folder-foreign", "export {tmp}/run hf:{tmp}/out", 1,
+         "run/checkpoints/3: its config cannot be read", "the checkpoint is damaged",
+         setup=copy_of("run", lambda d: shutil.copytree(d / "checkpoints" / "2" / "params",
+                                                         d / "checkpoints" / "3"))),
     case("features-corrupted-checkpoint", "features --checkpoint {tmp}/run --input {tmp}/in.txt "
          "--output {tmp}/o.jsonl --layers=-1", 1, "run/checkpoints/2", setup=lambda t, c: (
              copy_of("run", corrupt_params)(t, c), features_input()(t, c))),
