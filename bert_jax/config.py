@@ -45,7 +45,7 @@ BATCH_AXES = ("data", "fsdp")  # the axes the examples of a batch are split over
 INSTANCES = ("pairs", "packed", "full_rows")
 MLM_ONLY_DEFAULT = "packed"  # what an MLM-only (model.nsp=False) config chooses: docs/pretraining.md
 # init_mode: how init_from's weights become the model's (training/tiling.py, docs/modernbert.md)
-INIT_MODES = ("exact", "tile_from_middle")
+INIT_MODES = ("exact", "tile_from_middle", "transplant")
 
 DEFAULT_AXIS_RULES = (
     ("batch", ("data", "fsdp")),
@@ -111,7 +111,9 @@ def training_defaults() -> ml_collections.ConfigDict:
     c.dtype = "float32"  # compute dtype: float32 | bfloat16 (params and optimizer stay float32)
     c.init_from = ""  # checkpoint dir (bert-jax convert output or workdir) to start from
     # exact: init_from's weights as they are (its sizes unless set); tile_from_middle: a larger
-    # model of the config's sizes, each tensor tiled from the checkpoint's (ModernBERT-large from base)
+    # model of the config's sizes, each tensor tiled from the checkpoint's (ModernBERT-large from base);
+    # transplant: the config's model, with each checkpoint tensor of the same name and shape, any
+    # family (a partial start: the rest trained from scratch, both listed)
     c.init_mode = "exact"
 
     # The sections every run has: their keys, defaults and meanings are the records in specs.py.
@@ -459,7 +461,8 @@ def init_mode(config) -> str:
     mode = config.init_mode
     if mode not in INIT_MODES:
         raise ConfigError(f"init_mode={mode!r}; choose one of {list(INIT_MODES)} (exact: load init_from "
-                          f"as it is; tile_from_middle: grow it to a larger model, docs/modernbert.md)")
+                          f"as it is; tile_from_middle: grow it to a larger model, docs/modernbert.md; "
+                          f"transplant: take its tensors that fit, docs/finetuning.md)")
     return mode
 
 

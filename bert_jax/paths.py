@@ -57,6 +57,25 @@ def check_given(value: str, what: str) -> None:
                      "a local path or a gs:// URL")
 
 
+def check_output(value: str | os.PathLike, what: str, kind: str) -> None:
+    """An output the user gave (`what`: its flag or argument, e.g. "--out"), a `kind` "folder"
+    or "file" to be written: a local file where the folder must be (the path itself or a folder
+    above it), or a folder where the file must be, is an error naming it, before anything is
+    computed. (An object store has no such clash: gs:// passes.)"""
+    if is_remote(value):
+        return
+    given = Path(value)
+    if kind == "file" and given.is_dir():
+        raise IsADirectoryError(f"{what}={value} is a directory, not a file; choose another {what} "
+                                "(a file name)")
+    for part in ([given] if kind == "folder" else []) + list(given.absolute().parents):
+        if part.is_file():
+            where = "is a file, not a folder" if part == given else f"is inside {part}, a file"
+            raise NotADirectoryError(f"{what}={value} {where}; choose another {what}")
+        if part.exists():
+            return
+
+
 def is_remote(path: str | os.PathLike) -> bool:
     """True for an object-store URL such as gs://bucket/run."""
     return "://" in str(path)

@@ -34,22 +34,27 @@ class Command:
     flags: tuple[str, ...]  # the flags it reads, for `bert-jax <name> --help`
     usage: tuple[str, ...]  # its usage lines, for --help
     compiles: bool = False  # compiles a model: uses the persistent compilation cache
+    # The path flags it writes to, each "folder" or "file" (paths.check_output).
+    writes: tuple[tuple[str, str], ...] = ()
 
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("train", training.cmd_train, ("config", "workdir", "compilation_cache"), (
         "bert-jax train --config configs/bert_pretrain.py:tiny --workdir <dir> "
-        "[--config.train.steps=100]",), compiles=True),
+        "[--config.train.steps=100]",), compiles=True, writes=(("workdir", "folder"),)),
     Command("eval", training.cmd_eval, ("workdir", "config", "step", "split", "compilation_cache"), (
         "bert-jax eval --workdir <dir> [--config <file>] [--step latest|best|all|N]",
         "             [--split dev|test|<file>]   (fine-tuning: <dir>/eval/step_N/, other splits "
         "<dir>/eval/<split>/)"), compiles=True),
     Command("sweep", sweep.cmd_sweep, ("config", "workdir", "print_commands"), (
-        "bert-jax sweep --config configs/sweeps/glue.py:mrpc --workdir <dir> [--print_commands]",)),
+        "bert-jax sweep --config configs/sweeps/glue.py:mrpc --workdir <dir> [--print_commands]",),
+        writes=(("workdir", "folder"),)),
     Command("vocab", data.cmd_vocab, ("input", "size", "type", "sp_model_type", "lowercase", "out"), (
-        "bert-jax vocab --input 'books/*.txt' --size 8192 --type wordpiece --out <dir>",)),
+        "bert-jax vocab --input 'books/*.txt' --size 8192 --type wordpiece --out <dir>",),
+        writes=(("out", "folder"),)),
     Command("prepare", data.cmd_prepare, ("config", "out"), (
-        "bert-jax prepare --config configs/bert_pretrain.py:base --out <dir>   (array_record shards)",)),
+        "bert-jax prepare --config configs/bert_pretrain.py:base --out <dir>   (array_record shards)",),
+        writes=(("out", "folder"),)),
     Command("info", cloud.cmd_info, ("config", "seq_len"), (
         "bert-jax info --config configs/bert_pretrain.py:base [--config.dtype=bfloat16]",)),
     Command("plan", cloud.cmd_plan, ("config", "topology", "slices", "mfu", "json"), (
@@ -70,11 +75,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("embed", interop.cmd_embed, (
         "checkpoint", "input", "output", "batch_size", "compilation_cache"), (
         "bert-jax embed --checkpoint <dir> --input <txt> --output <npy>   (a vector per line)",),
-        compiles=True),
+        compiles=True, writes=(("output", "file"),)),
     Command("mine", interop.cmd_mine, (
         "checkpoint", "input", "output", "negatives", "corpus", "batch_size", "compilation_cache"), (
         "bert-jax mine --checkpoint <dir> --input <pair file> --output <jsonl> [--negatives 5] "
-        "[--corpus <txt>]",), compiles=True),
+        "[--corpus <txt>]",), compiles=True, writes=(("output", "file"),)),
     Command("eval-embeddings", interop.cmd_eval_embeddings, (
         "checkpoint", "sts", "beir", "split", "squad", "bootstrap", "batch_size",
         "compilation_cache"), (
@@ -84,24 +89,26 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
         "compilation_cache"), (
         "bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]",),
-        compiles=True),
+        compiles=True, writes=(("output", "file"),)),
     Command("translate", translate.cmd_translate, (
         "checkpoint", "input", "output", "beam", "alpha", "reference", "batch_size",
         "compilation_cache"), (
         "bert-jax translate --checkpoint <dir> --input <txt> --output <txt> [--beam 4 --alpha 0.6]",
-        "             [--reference <txt>]   (prints sacreBLEU against the reference)"), compiles=True),
+        "             [--reference <txt>]   (prints sacreBLEU against the reference)"), compiles=True,
+        writes=(("output", "file"),)),
     Command("average", training.cmd_average, ("workdir", "last", "out"), (
-        "bert-jax average --workdir <dir> --last 5 --out <dir>   (a checkpoint of the mean weights)",)),
+        "bert-jax average --workdir <dir> --last 5 --out <dir>   (a checkpoint of the mean weights)",),
+        writes=(("out", "folder"),)),
     Command("plot", viz.cmd_plot, ("workdir", "out", "x", "smoothing"), (
         "bert-jax plot --workdir <dir> [<dir> ...] [--out curves.png|.svg] [--x step|time|tokens]",
         "             [--smoothing 0.6]   (default out: <first dir>/plots/metrics.png, data in .csv "
-        "beside)")),
+        "beside)"), writes=(("out", "file"),)),
     Command("attention", viz.cmd_attention, (
         "checkpoint", "text", "pair", "out", "layer", "head_index", "step", "max_seq_length",
         "compilation_cache"), (
         "bert-jax attention --checkpoint <dir> --text \"...\" [--pair \"...\"] [--out a.png|a.html]",
         "             [--layer -1 --head_index 0]   (default: <dir>/plots/attention.png and .html;",
-        "             data in .json)"), compiles=True),
+        "             data in .json)"), compiles=True, writes=(("out", "file"),)),
 )}
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 
@@ -142,7 +149,8 @@ PATH_FLAGS = ("workdir", "checkpoint", "input", "output", "reference", "out", "c
 
 def check_path_flags(command: Command) -> None:
     """Each path flag `command` reads, as given (paths.check_given; --compilation_cache's auto
-    and off are not paths): a bad one is a bad flag."""
+    and off are not paths): a bad one is a bad flag. Then each one it writes: a file where a
+    folder must be, or the reverse (paths.check_output), is an error found on the disk."""
     for name in command.flags:
         value = flags.FLAGS[name].value if name in PATH_FLAGS else None
         if value is not None and not (name == "compilation_cache" and value in ("auto", "off")):
@@ -150,6 +158,9 @@ def check_path_flags(command: Command) -> None:
                 paths.check_given(value, f"--{name}")
             except ValueError as e:
                 raise app.UsageError(str(e)) from None
+    for name, kind in command.writes:
+        if flags.FLAGS[name].value is not None:
+            paths.check_output(flags.FLAGS[name].value, f"--{name}", kind)
 
 
 def _one_line(error: BaseException) -> str:

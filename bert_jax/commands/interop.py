@@ -8,6 +8,7 @@ import json
 
 from absl import app
 
+from bert_jax import paths
 from bert_jax.commands.options import (
     BATCH_SIZE,
     BEIR,
@@ -28,6 +29,17 @@ from bert_jax.commands.options import (
 )
 
 
+def _check_arguments(source: str, out: str) -> None:
+    """convert's and export's two paths, as the command table checks path flags: a bad one is
+    a bad argument, an <out_dir> that is a file (or inside one) an error."""
+    for value, what in ((source, "<source>"), (out, "<out_dir>")):
+        try:
+            paths.check_given(value, what)
+        except ValueError as e:
+            raise app.UsageError(str(e)) from None
+    paths.check_output(out, "<out_dir>", "folder")
+
+
 def cmd_convert(args: list[str]) -> None:
     """Converts a public checkpoint into a bert_jax checkpoint directory."""
     from bert_jax.interop import convert
@@ -36,6 +48,7 @@ def cmd_convert(args: list[str]) -> None:
         raise app.UsageError("usage: bert-jax convert hf:<huggingface_dir> <out_dir>, "
                              "tf:<original TF checkpoint folder or prefix> <out_dir>, or "
                              "st:<sentence-transformers folder> <out_dir>")
+    _check_arguments(args[0][3:], args[1])
     if args[0].startswith("st:"):
         from bert_jax.interop import sentence_models
 
@@ -58,6 +71,7 @@ def cmd_export(args: list[str]) -> None:
     if len(args) != 2 or not args[1].startswith(("hf:", "st:")):
         raise app.UsageError("usage: bert-jax export <checkpoint_dir> hf:<out_dir> (or "
                              "st:<out_dir>, a sentence-transformers folder)")
+    _check_arguments(args[0], args[1][3:])
     if STEP.value != "latest" and not STEP.value.isdigit():
         raise app.UsageError(f"--step={STEP.value!r}: export takes latest or a step number")
     step = None if STEP.value == "latest" else int(STEP.value)

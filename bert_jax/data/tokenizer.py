@@ -22,6 +22,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models as tokenizer_models
 
 from bert_jax import paths
+from bert_jax.data.rows import utf8_errors
 from bert_jax.data.wordpiece import (
     CONFIG_NAME,
     JSON_NAME,
@@ -30,6 +31,7 @@ from bert_jax.data.wordpiece import (
     WordPieceTokenizer,
     load_vocab,  # noqa: F401  (the tokenizer API's: tokenizer.load_vocab)
     load_wordpiece_vocab,
+    tokenizer_json,
     vocab_file,
 )
 
@@ -552,7 +554,7 @@ class _ByteLevelBPE(Tokenizer):
         self._prefix_space = hf.get("add_prefix_space", False)
         if (directory / BPE_JSON).is_file():
             source = directory / BPE_JSON
-            self._tok = tok = HFTokenizer.from_str(source.read_text("utf-8"))
+            self._tok = tok = tokenizer_json(source)
             if not isinstance(tok.model, tokenizer_models.BPE):
                 raise ValueError(f"{source}: a {type(tok.model).__name__} tokenizer; {BPE_JSON} is read "
                                  "with byte-level BPE (RoBERTa, ModernBERT) or BERT's WordPiece")
@@ -568,10 +570,12 @@ class _ByteLevelBPE(Tokenizer):
                 raise FileNotFoundError(f"{source}: not found; a byte-level BPE tokenizer is "
                                         f"{BPE_VOCAB} + {BPE_MERGES} (or {BPE_JSON})")
             vocab = _json_or_empty(source)
+            bad = [t for t, i in vocab.items() if type(i) is not int or i < 0]
+            if bad:
+                raise ValueError(f"{source}: token {bad[0]!r} has the id {vocab[bad[0]]!r}, not an "
+                                 f"integer >= 0 (a {BPE_VOCAB} maps each token to its id); {REFETCH}")
             specials = self._specials(hf, vocab)
-            merges = [tuple(line.split(" ")) for line in
-                      (directory / BPE_MERGES).read_text("utf-8").splitlines()
-                      if line and not line.startswith("#version")]
+            merges = _merges(directory / BPE_MERGES, vocab)
             self._tok = tok = HFTokenizer(tokenizer_models.BPE(
                 vocab, merges, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=self._prefix_space)
@@ -642,6 +646,28 @@ def _same_dir(a, b) -> bool:
     if paths.is_remote(a) or paths.is_remote(b):
         return str(a).rstrip("/") == str(b).rstrip("/")
     return Path(a).resolve() == Path(b).resolve()
+
+
+REFETCH = "replace the tokenizer files with the model's own (download or copy them again)"
+
+
+def _merges(path: Path, vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """merges.txt's pairs, in order (its '#version' line aside): a line that is not two tokens
+    of `vocab` whose join is one too (else the tokenizers library panics) is an error naming it."""
+    with utf8_errors(path):
+        lines = path.read_text("utf-8").splitlines()
+    pairs = [(number, tuple(line.split(" "))) for number, line in enumerate(lines, 1)
+             if line and not line.startswith("#version")]
+    for number, pair in pairs:
+        if len(pair) != 2:
+            raise ValueError(f"{path}:{number}: {' '.join(pair)[:60]!r} is not a merge (two tokens "
+                             f"separated by one space); {REFETCH}")
+        missing = [t for t in (*pair, "".join(pair)) if t not in vocab]
+        if missing:
+            raise ValueError(f"{path}:{number}: the merge {' '.join(pair)!r} needs {missing[0]!r}, "
+                             f"which {path.with_name(BPE_VOCAB)} lacks: the two files are not of "
+                             f"one tokenizer; {REFETCH}")
+    return [pair for _, pair in pairs]
 
 
 def _json_or_empty(path: Path) -> dict:

@@ -34,6 +34,34 @@ def load_vocab(path: str | Path) -> list[str]:
         return [line.rstrip("\n") for line in f.readlines()]
 
 
+# What to do with a tokenizer.json that cannot be read, wherever it is (an HF folder, a checkpoint).
+JSON_ADVICE = ("replace it with the model's own tokenizer.json (download or copy it again), or "
+               "remove it where the folder has the model's other tokenizer files")
+
+
+def tokenizer_json_state(path: str | Path) -> dict:
+    """A tokenizer.json's content (local or gs://): a file that is not JSON, or has no tokenizer
+    model with a type, is a ValueError naming it and what to do."""
+    state = paths.read_json(path, JSON_ADVICE)
+    model = state.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("type"), str):
+        raise ValueError(f"{path}: not a tokenizer.json (no \"model\" object with a \"type\" such as "
+                         f"BPE or WordPiece); {JSON_ADVICE}")
+    return state
+
+
+def tokenizer_json(path: str | Path) -> Tokenizer:
+    """The tokenizers library's Tokenizer in a tokenizer.json: one it cannot build is a
+    ValueError naming the file and what to do, rather than the library's bare Exception."""
+    state = tokenizer_json_state(path)
+    try:
+        return Tokenizer.from_str(json.dumps(state))
+    except Exception as e:  # noqa: BLE001 (the Rust library raises a bare Exception)
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        raise ValueError(f"{path}: a {state['model']['type']} tokenizer.json the tokenizers library "
+                         f"cannot read ({reason}); {JSON_ADVICE}") from None
+
+
 def read_tokenizer_json(path: str | Path) -> list[str]:
     """The vocab (by id) of a fast tokenizer's tokenizer.json with a BERT WordPiece model: what
     transformers 5 saves for a BERT (no vocab.txt). Its normaliser is not read: transformers
@@ -41,11 +69,8 @@ def read_tokenizer_json(path: str | Path) -> list[str]:
     tokenize_chinese_chars, as from_pretrained_dir does. What BertTokenizer's vocab cannot
     state is an error naming it."""
     path = paths.path(path)
-    try:
-        state = json.loads(path.read_text("utf-8"))
-        model = state["model"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a tokenizer.json ({type(e).__name__}: {e})") from None
+    state = tokenizer_json_state(path)
+    model = state["model"]
     if model.get("type") != "WordPiece":
         raise ValueError(f"{path}: a {model.get('type')} model, not WordPiece")
     odd = {k: model.get(k) for k, want in (("continuing_subword_prefix", "##"), ("unk_token", "[UNK]"),

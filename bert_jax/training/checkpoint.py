@@ -24,7 +24,7 @@ from bert_jax import log as log_lib
 from bert_jax import models, trees
 from bert_jax.config import ConfigError
 from bert_jax.models.config import fields_of_kind
-from bert_jax.paths import check_reachable, is_remote, workdir_path
+from bert_jax.paths import check_output, check_reachable, workdir_path
 from bert_jax.training import integrity, old_layouts, sharding
 
 log = logging.getLogger(__name__)
@@ -56,14 +56,8 @@ def check_writable(workdir: str | os.PathLike) -> None:
     in the workdir and in its checkpoints/ (a read-only checkpoints/ would otherwise be found
     at the first save, after the compile and the first steps). One line if not."""
     check_reachable(workdir)
+    check_output(workdir, "--workdir", "folder")  # a file where it must be: no permission would help
     root = workdir_path(workdir)
-    for part in [] if is_remote(workdir) else [root, *root.parents]:
-        if part.is_file():  # a file where a folder must be: no permission would help
-            where = "is a file" if part == root else f"is inside {part}, a file"
-            raise NotADirectoryError(f"the workdir {root} {where}, not a folder; choose another "
-                                     "--workdir")
-        if part.exists():
-            break
     for folder, name in ((root, "the workdir"), (root / "checkpoints", "the checkpoints folder")):
         probe = folder / f".write-check.{jax.process_index()}.{os.getpid()}"
         try:
@@ -205,13 +199,32 @@ def verify(step_dir: epath.Path, items: tuple[str, ...] | None = None, collectiv
     return verified
 
 
+def _say_unfinished(step_dir: epath.Path, verified: bool) -> None:
+    """Before a step's params are restored: one warning line for
+    a step that lacks the marks of a finished Orbax save (copied in part, renamed from a
+    temporary folder, written by another tool). It is read, as Orbax reads it (Orbax only
+    logs the missing file): a missing or truncated array file is still an error when read,
+    and refusing would leave a whole checkpoint of an older Orbax unusable."""
+    sign = integrity.unfinished(step_dir)
+    if sign is None or jax.process_index() != 0:
+        return
+    proof = (f"its files match its {integrity.MANIFEST}" if verified else
+             f"nothing shows that its save finished (it has no {integrity.MANIFEST} either)")
+    log.warning(f"warning: checkpoint {step_dir} {sign}: it was copied in part, saved by another "
+                f"tool or an older Orbax, or its save did not finish; {proof}. Using it; if it is "
+                f"not the checkpoint you meant, use another step or a complete copy of it")
+
+
 def _refuse_damaged(directory, step: int, items: tuple[str, ...], collective: bool = True,
                     advice: str | None = None) -> None:
     """verify() for a command that reads a checkpoint (eval, average, export...): a damaged one
-    is an error that says what to do (`advice`, the command's own, else the usual flags)."""
+    is an error that says what to do (`advice`, the command's own, else the usual flags);
+    before its params are read, an unfinished-looking one is a warning line."""
     step_dir = checkpoint_dir(directory) / str(step)
     try:
-        verify(step_dir, items, collective)
+        verified = verify(step_dir, items, collective)
+        if "params" in items:
+            _say_unfinished(step_dir, verified)
     except integrity.DamagedCheckpoint as e:
         raise integrity.DamagedCheckpoint(step_dir, f"{e.details}; not used: " + (
             advice or "restore the folder from a copy, or use other checkpoints (eval --step, "
@@ -344,9 +357,11 @@ class TrainCheckpointer:
         steps = sorted(self.manager.all_steps(), reverse=True)
         for step in steps:
             try:
-                if not verify(self.path / str(step)):
+                verified = verify(self.path / str(step))
+                if not verified:
                     log.info(f"checkpoint {self.path / str(step)} has no {integrity.MANIFEST} (saved "
                              f"before checksums were written): restoring it unverified")
+                _say_unfinished(self.path / str(step), verified)
             except integrity.DamagedCheckpoint as e:
                 self._set_aside(step, f"checkpoint {self.path / str(step)} cannot be restored, it is "
                                       f"damaged: {e.details}")
@@ -489,31 +504,53 @@ def _params_metadata(directory: str | os.PathLike) -> tuple[int, dict[tuple[str,
     return step, {trees.key_names(path): x for path, x in leaves}
 
 
+# How a model reads its token embeddings and positions, each with the value of a family that has
+# no such field (no token-type table, no norm after the embeddings, no scaling, no offset).
+EMBEDDING_FIELDS = {"positions": None, "position_offset": 0, "type_vocab_size": 0,
+                    "embedding_norm": False, "scale_embeddings": False}
+TRANSPLANT = "--config.init_mode=transplant"
+
+
 def check_same_family(directory: str | os.PathLike, theirs: dict[str, Any], ours: dict[str, Any]
                       ) -> None:
-    """init_from `directory` (holding model section `theirs`) for a model `ours` of the same
-    family only: another family's tensors may share our names, not what they compute."""
+    """init_from `directory` (holding model section `theirs`) for a model `ours` of another
+    family only where it reads embeddings and positions the same way (EMBEDDING_FIELDS): else
+    an error naming what differs and the opt-in to a partial start (init_mode=transplant)."""
     theirs_family, ours_family = (models.CONFIGS[c["name"]].family for c in (theirs, ours))
-    if theirs_family != ours_family:
+    if theirs_family == ours_family:
+        return
+    theirs, ours = (models.complete_model_config(c) for c in (theirs, ours))
+    differ = {k: (theirs.get(k, none), ours.get(k, none)) for k, none in EMBEDDING_FIELDS.items()}
+    differ = {k: v for k, v in differ.items() if v[0] != v[1]}
+    if differ:
+        def said(value, config: dict, k: str) -> str:  # a field the family lacks: "none"
+            return repr(value) if k in config else "none"
+        found = "; ".join(f"model.{k}: {said(a, theirs, k)} in the checkpoint, {said(b, ours, k)} here"
+                          for k, (a, b) in differ.items())
         raise ConfigError(f"init_from={directory}: holds a {theirs['name']!r} model ({theirs_family} "
                           f"family), but this config trains {ours['name']!r} ({ours_family} "
-                          f"family), which reads embeddings and positions its own way; start from "
-                          f"a {ours_family} checkpoint (or none)")
+                          f"family), which reads embeddings and positions another way ({found}); "
+                          f"start from a {ours_family} checkpoint (or none), or pass {TRANSPLANT} "
+                          f"to take only its tensors whose names and shapes match (the rest "
+                          f"trained from scratch)")
 
 
 def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abstract_params: dict,
-                    mesh) -> tuple[dict, list[str], list[str]]:
+                    mesh, transplant: bool = False) -> tuple[dict, list[str], list[str]]:
     """Weights for `config.init_from`: every parameter of our model (`abstract_params`: shapes
     with target shardings) that the checkpoint in `directory` (a `bert-jax convert` output or a
     training workdir) also has, restored sharded onto `mesh`. Returns (params found, our
     parameters not found (fresh heads), checkpoint parameters not used). A differing
-    architecture is a ConfigError naming the fields."""
+    architecture is a ConfigError naming the fields; with `transplant` (init_mode=transplant)
+    any family and sizes, a tensor of another shape left unused, and only a checkpoint with no
+    tensor of our names and shapes is an error."""
     # Stored configs may leave out fields at their defaults; compare the fields both models read.
     source_cfg = models.complete_model_config(read_config(directory)["model"])
     model_cfg = models.complete_model_config(model_cfg)
-    check_same_family(directory, source_cfg, model_cfg)
+    if not transplant:
+        check_same_family(directory, source_cfg, model_cfg)
     diff = [k for k in ARCHITECTURE_FIELDS if k in model_cfg and k in source_cfg
-            and model_cfg[k] != source_cfg[k]]
+            and model_cfg[k] != source_cfg[k] and not transplant]
     if diff:
         found = "; ".join(f"model.{k}: config {model_cfg[k]!r}, checkpoint {source_cfg[k]!r}" for k in diff)
         fix = " ".join(f"--config.model.{k}={source_cfg[k]}" for k in diff)
@@ -529,16 +566,27 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abs
     def rename(k: tuple[str, ...]) -> tuple[str, ...]:
         return ours_at + k[len(theirs_at):] if k[:len(theirs_at)] == theirs_at else k
     ours = traverse_util.flatten_dict(abstract_params)
+    other_shape = set()  # init_mode=transplant: tensors of our names but not our shapes, unused
     for k, meta in theirs.items():  # (restore_params reads an old layout: old_layouts)
         if rename(k) in ours and tuple(meta.shape) != ours[rename(k)].shape and not (
                 old_layouts.has_first_row(k, meta.shape, ours[rename(k)].shape)):
-            raise ConfigError(f"init_from={directory}: parameter {'/'.join(rename(k))} has shape "
-                              f"{tuple(meta.shape)} in the checkpoint but {ours[rename(k)].shape} here")
+            if not transplant:
+                raise ConfigError(f"init_from={directory}: parameter {'/'.join(rename(k))} has shape "
+                                  f"{tuple(meta.shape)} in the checkpoint but {ours[rename(k)].shape} here")
+            other_shape.add(k)
+
+    def taken(k: tuple[str, ...]) -> bool:
+        return rename(k) in ours and k not in other_shape
+    if transplant and not any(map(taken, theirs)):
+        raise ConfigError(f"init_from={directory} with init_mode=transplant: none of its tensors "
+                          f"has a name and shape of this model's, so nothing would be taken; "
+                          f"start from another checkpoint (or none)")
     # Unused arrays (e.g. the MLM head) are read replicated and dropped.
-    target = traverse_util.unflatten_dict({k: ours[rename(k)] if rename(k) in ours else jax.ShapeDtypeStruct(
+    target = traverse_util.unflatten_dict({k: ours[rename(k)] if taken(k) else jax.ShapeDtypeStruct(
         tuple(m.shape), m.dtype, sharding=sharding.replicated(mesh)) for k, m in theirs.items()})
     source = traverse_util.flatten_dict(restore_params(directory, target, step))
-    found = {rename(k): v for k, v in source.items() if rename(k) in ours}
+    found = {rename(k): v for k, v in source.items() if taken(k)}
     fresh = sorted("/".join(k) for k in ours if k not in found)
-    unused = sorted("/".join(k) for k in theirs if rename(k) not in ours)
+    unused = sorted("/".join(k) + (f" (shape {tuple(theirs[k].shape)})" if k in other_shape else "")
+                    for k in theirs if not taken(k))
     return traverse_util.unflatten_dict(found), fresh, unused

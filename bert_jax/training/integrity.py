@@ -13,10 +13,13 @@ from collections.abc import Sequence
 from etils import epath
 
 MANIFEST = "checksums.json"
+# Orbax's own record of a step (ocp _STEP_METADATA_FILENAME): made when the save starts, given
+# the commit time when it is committed.
+ORBAX_METADATA = "_CHECKPOINT_METADATA"
 # Not covered: the list itself, and what Orbax writes after it when it commits the step (its
 # timestamp in the step's metadata; the commit marker on object stores, without which Orbax
 # skips the step).
-_NOT_COVERED = {MANIFEST, "_CHECKPOINT_METADATA", "commit_success.txt"}
+_NOT_COVERED = {MANIFEST, ORBAX_METADATA, "commit_success.txt"}
 _CHUNK = 16 << 20  # zlib.crc32 runs at ~3 GB/s: reading, not hashing, is the cost
 
 
@@ -56,6 +59,22 @@ def write(step_dir: epath.Path) -> None:
         size, crc = _crc32(step_dir / rel)
         files[rel] = {"size": size, "crc32": crc}
     (step_dir / MANIFEST).write_text(json.dumps({"algorithm": "crc32", "files": files}, indent=1) + "\n")
+
+
+def unfinished(step_dir: epath.Path) -> str | None:
+    """What says that the step was not written by a finished Orbax save ('has no
+    _CHECKPOINT_METADATA', ...), None when its metadata holds a commit time. Orbax itself
+    restores such a step (an older Orbax, or another tool, wrote no metadata), logging
+    only that the file is missing."""
+    try:
+        metadata = json.loads((step_dir / ORBAX_METADATA).read_text())
+    except FileNotFoundError:
+        return f"has no {ORBAX_METADATA} (every Orbax save writes one)"
+    except (OSError, ValueError) as e:
+        return f"has an unreadable {ORBAX_METADATA} ({type(e).__name__})"
+    if not isinstance(metadata, dict) or not metadata.get("commit_timestamp_nsecs"):
+        return f"was never committed (its {ORBAX_METADATA} has no commit time)"
+    return None
 
 
 def verify(step_dir: epath.Path, items: Sequence[str] | None = None) -> bool:

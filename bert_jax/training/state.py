@@ -71,13 +71,20 @@ def sizes_from_init(config, set_by_user: Collection[str] = ()):
     """`config` with the model's architecture fields (layers, width, heads, vocabulary, ...)
     taken from the config.init_from checkpoint, except those the user set (dotted keys such
     as "model.num_layers"); a user-set field that differs is reported by `pretrained`. With
-    init_mode=tile_from_middle the sizes (tiling.SIZE_FIELDS) are the config's, checked here."""
+    init_mode=tile_from_middle the sizes (tiling.SIZE_FIELDS) are the config's, checked here;
+    with init_mode=transplant the whole model is the config's."""
     tile = init_mode(config) == "tile_from_middle"
     if not config.get("init_from"):
         if tile:
             raise ConfigError("init_mode=tile_from_middle grows the init_from checkpoint's weights, "
                               "but init_from is empty: set --config.init_from=<a smaller run's "
                               "workdir> (ModernBERT-large: a base run), or init_mode=exact")
+        if init_mode(config) == "transplant":
+            raise ConfigError("init_mode=transplant takes the init_from checkpoint's tensors that "
+                              "fit, but init_from is empty: set --config.init_from=<checkpoint>, or "
+                              "init_mode=exact")
+        return config
+    if init_mode(config) == "transplant":  # the config's model as written: nothing taken
         return config
     theirs = checkpoint.read_config(config.init_from)["model"]
     if theirs.get("name") in models.CONFIGS and config.model.name in models.CONFIGS:
@@ -108,9 +115,10 @@ def pretrained(config, abstract_params, mesh) -> dict:
             nnx.state(source, nnx.Param)), model_config(config), abstract_params)
         how = "tiled from the middle"
     else:
+        transplant = init_mode(config) == "transplant"
         found, fresh, unused = checkpoint.load_pretrained(
-            config.init_from, model_config(config), abstract_params, mesh)
-        how = "loaded"
+            config.init_from, model_config(config), abstract_params, mesh, transplant)
+        how = "transplanted (init_mode=transplant)" if transplant else "loaded"
     log.info(f"init_from {config.init_from}: {len(jax.tree.leaves(found))} tensors {how}"
              + (f"; freshly initialised: {', '.join(fresh)}" if fresh else "")
              + (f"; not used: {', '.join(unused)}" if unused else ""))

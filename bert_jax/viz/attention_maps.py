@@ -91,7 +91,11 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
             return found["encoder"]
 
         probs = run(params, jnp.asarray([enc.input_ids]), jnp.asarray([enc.token_type_ids]))
-        out["maps"]["self-attention"] = _map(enc.tokens, enc.tokens, probs)
+        if fields.attention_pattern == "linformer":  # its keys are projections, not the tokens
+            projections = [f"proj {j}" for j in range(probs.shape[-1])]
+            out["maps"]["self-attention"] = _map(enc.tokens, projections, probs, LINFORMER_KEYS)
+        else:
+            out["maps"]["self-attention"] = _map(enc.tokens, enc.tokens, probs)
         out["default_map"] = "self-attention"
     elif seq2seq:
         ids = tokenizer.encode(text)
@@ -142,9 +146,22 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
     return out
 
 
-def _map(queries: list[str], keys: list[str], probs_LBNTS) -> dict[str, Any]:
+KEY_AXIS = "key (attended to)"
+# Linformer attends to linformer_k learned mixes of every token's key and value
+# (models/attention.py), so its key axis names projections, never tokens.
+LINFORMER_KEYS = "linformer projection (a learned mix of every token's key)"
+
+
+def _map(queries: list[str], keys: list[str], probs_LBNTS, key_axis: str = KEY_AXIS
+         ) -> dict[str, Any]:
+    """One map's labels and probabilities [L, N, T, S]; labels that do not match the axes
+    they name are an error, not a picture that mislabels them."""
     probs = np.asarray(probs_LBNTS, np.float32)[:, 0]  # the one input: [L, N, T, S]
-    return {"queries": list(queries), "keys": list(keys), "probs": probs}
+    if probs.shape[-2:] != (len(queries), len(keys)):
+        raise ValueError(f"attention maps of {probs.shape[-2]} queries x {probs.shape[-1]} keys "
+                         f"cannot be labelled with {len(queries)} x {len(keys)} names; this "
+                         "model's attention is not one the picture can show")
+    return {"queries": list(queries), "keys": list(keys), "key_axis": key_axis, "probs": probs}
 
 
 def figure(result: dict[str, Any], *, layer: int = -1, head: int = 0, map_name: str | None = None):
@@ -192,7 +209,7 @@ def figure(result: dict[str, Any], *, layer: int = -1, head: int = 0, map_name: 
     im = big.imshow(probs[layer, head], cmap="Blues", vmin=0, interpolation="nearest")
     big.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
     big.set_yticks(range(len(queries)), queries, fontsize=8)
-    big.set_xlabel("key (attended to)")
+    big.set_xlabel(m.get("key_axis", KEY_AXIS))
     big.set_ylabel("query (attending)")
     big.set_title(f"layer {layer}, head {head}", fontsize=10)
     right.colorbar(im, ax=big, fraction=0.046, pad=0.02, label="attention probability")
@@ -220,6 +237,7 @@ def data_json(result: dict[str, Any], decimals: int = 4) -> dict[str, Any]:
     """The result as JSON-ready data (probabilities rounded to `decimals`)."""
     return {**{k: v for k, v in result.items() if k != "maps"},
             "maps": {name: {"queries": m["queries"], "keys": m["keys"],
+                            "key_axis": m.get("key_axis", KEY_AXIS),
                             "shape": ["layer", "head", "query", "key"],
                             "probs": np.round(m["probs"].astype(np.float64), decimals).tolist()}
                      for name, m in result["maps"].items()}}
@@ -266,8 +284,9 @@ def attention(checkpoint_dir: str, text: str, pair: str | None = None, *, out: s
     result = compute(checkpoint_dir, text, pair, step=step, max_len=max_len, layer=layer, head=head)
     default = str(workdir_path(checkpoint_dir) / "plots" / "attention")
     outs = [out] if out else [default + ".png", default + ".html"]
-    report: dict[str, Any] = {"model": result["model"], "maps": list(result["maps"]),
-                              "tokens": result["maps"][result["default_map"]]["keys"]}
+    shown = result["maps"][result["default_map"]]
+    tokens = shown["keys"] if shown.get("key_axis", KEY_AXIS) == KEY_AXIS else shown["queries"]
+    report: dict[str, Any] = {"model": result["model"], "maps": list(result["maps"]), "tokens": tokens}
     if "translation" in result:
         report["translation"] = result["translation"]
     for path in outs:

@@ -29,7 +29,7 @@ from bert_jax import config as config_lib
 from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import convert, export
-from bert_jax.training import checkpoint, train
+from bert_jax.training import checkpoint, sharding, state, train
 
 WORDS = ("the a an cat dog sat on mat hello world good bad movie is was what who where when "
          "why how film it this that and or not very").split()
@@ -488,6 +488,14 @@ CHECKPOINT_CASES = [
     case("eval-pretraining-config-on-finetuned", "eval --workdir {ft} --config configs/bert_pretrain.py:tiny "
          "--config.data.name=synthetic", 1, "bert_classification", "bert_pretraining", "leave out --config"),
     case("export-step-missing", "export {run} hf:{tmp}/hf --step 9", 1, "no step 9", "[1, 2]"),
+    # a step folder that holds no checkpoint of ours: empty (a save that made only its folder),
+    # or another tool's layout
+    case("eval-step-folder-empty", "eval --workdir {tmp}/run", 1, "run/checkpoints/3: its config cannot "
+         "be read", "use another --step", setup=copy_of("run", lambda d: (d / "checkpoints" / "3").mkdir())),
+    case("export-step-folder-foreign", "export {tmp}/run hf:{tmp}/out", 1,
+         "run/checkpoints/3: its config cannot be read", "the checkpoint is damaged",
+         setup=copy_of("run", lambda d: shutil.copytree(d / "checkpoints" / "2" / "params",
+                                                         d / "checkpoints" / "3"))),
     case("features-corrupted-checkpoint", "features --checkpoint {tmp}/run --input {tmp}/in.txt "
          "--output {tmp}/o.jsonl --layers=-1", 1, "run/checkpoints/2", setup=lambda t, c: (
              copy_of("run", corrupt_params)(t, c), features_input()(t, c))),
@@ -604,7 +612,7 @@ TF_WITHOUT_INDEX = files(tf__bert_config_DOT_json="{}", tf__vocab_DOT_txt="[PAD]
 EXPORT_CASES = [
     case("features-output-exists", FEATURES, 1, "--output={tmp}/out.jsonl", "already exists",
          "new --output", setup=files(in_DOT_txt="the cat sat\n", out_DOT_jsonl="earlier\n")),
-    case("features-output-is-a-folder", FEATURES, 1, "--output={tmp}/out.jsonl", "already exists",
+    case("features-output-is-a-folder", FEATURES, 1, "--output={tmp}/out.jsonl is a directory, not a file",
          setup=files(in_DOT_txt="the cat sat\n", out_DOT_jsonl__x="x")),
     case("features-translation-checkpoint", FEATURES.replace("{ckpt}", "{tmp}/mt"), 1,
          "--checkpoint={tmp}/mt", "'transformer'", "encoder-decoder", "BERT encoder checkpoint",
@@ -979,6 +987,106 @@ ROBERTA_CASES = [
          "--config.model.position_offset=2", 2, "position_offset", "'transformer'", "does not read"),
 ]
 
+
+def tokenizer_json_only(content: str):
+    """A setup: a copy of the converted checkpoint whose only tokenizer file is a tokenizer.json
+    holding `content`."""
+    return copy_of("ckpt", lambda d: [f.unlink() for f in d.iterdir()
+                                      if f.is_file() and f.name in tokenizer_lib.TOKENIZER_FILES],
+                   replace("tokenizer.json", content))
+
+
+def roberta_tokenizer_json(content: str):
+    """A setup: a copy of the HF folder as a RoBERTa whose tokenizer is a tokenizer.json holding
+    `content`."""
+    return copy_of("hf", hf_config(model_type="roberta"), as_roberta_weights, remove("vocab.txt"),
+                   replace("tokenizer.json", content))
+
+
+def roberta_bpe_files(vocab_json: str, merges: str | bytes):
+    """A setup: a copy of the HF folder as a RoBERTa whose tokenizer is vocab.json + merges.txt."""
+    return copy_of("hf", hf_config(model_type="roberta"), as_roberta_weights, remove("vocab.txt"),
+                   remove("tokenizer.json"), replace("vocab.json", vocab_json),
+                   replace("merges.txt", merges))
+
+
+BPE_VOCAB = json.dumps({t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "a", "b", "ab"])})
+
+
+TOKENIZER_JSON_CASES = [
+    # a tokenizer.json that is not one, in an HF folder (convert) or a checkpoint: the file and
+    # what to do, never the tokenizers library's bare message
+    case("convert-tokenizer-json-not-json", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         "not valid JSON", "the model's own tokenizer.json", setup=roberta_tokenizer_json("{oops")),
+    case("convert-tokenizer-json-a-list", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         "expected an object", "the model's own tokenizer.json",
+         setup=copy_of("hf", remove("vocab.txt"), replace("tokenizer.json", "[1, 2]"))),
+    case("convert-tokenizer-json-no-model", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         'no "model" object', "the model's own tokenizer.json",
+         setup=roberta_tokenizer_json('{"version": "1.0", "model": 3}')),
+    case("convert-tokenizer-json-bpe-unreadable", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
+         "a BPE tokenizer.json the tokenizers library cannot read", "the model's own tokenizer.json",
+         setup=roberta_tokenizer_json('{"model": {"type": "BPE", "vocab": [1], "merges": 3}}')),
+    # and byte-level BPE's other pair of files (vocab.json + merges.txt), whose faults the
+    # tokenizers library reports as a TypeError or a Rust panic
+    case("convert-bpe-vocab-id-not-an-integer", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/vocab.json",
+         "token 'a' has the id 'zero', not an integer >= 0", "the model's own",
+         setup=roberta_bpe_files('{"<s>": 0, "a": "zero"}', "#version: 0.2\n")),
+    case("convert-bpe-merge-not-a-pair", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/merges.txt:3",
+         "'a b ab' is not a merge", setup=roberta_bpe_files(BPE_VOCAB, "#version: 0.2\na b\na b ab\n")),
+    case("convert-bpe-merge-outside-the-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/merges.txt:2",
+         "the merge 'b a' needs 'ba'", "hf/vocab.json lacks", "not of one tokenizer",
+         setup=roberta_bpe_files(BPE_VOCAB, "#version: 0.2\nb a\n")),
+    case("convert-bpe-merges-not-utf8", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/merges.txt:2",
+         "not UTF-8", setup=roberta_bpe_files(BPE_VOCAB, b"#version: 0.2\na \xff\n")),
+    case("features-checkpoint-tokenizer-json-not-json", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
+         "ckpt/tokenizer.json", "not valid JSON", "the model's own tokenizer.json",
+         setup=lambda t, c: (tokenizer_json_only("\x00\x01 not json")(t, c), features_input()(t, c))),
+    case("features-checkpoint-tokenizer-json-unreadable", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
+         "ckpt/tokenizer.json", "tokenizers library cannot read",
+         setup=lambda t, c: (tokenizer_json_only('{"model": {"type": "Nope"}}')(t, c),
+                             features_input()(t, c))),
+]
+
+A_FILE = files(f="a file", in_DOT_txt="the cat sat\n", corpus__a_DOT_txt=CORPUS * 3)
+A_FOLDER = files(d_DOT_npy__x="x", d_DOT_png__x="x", in_DOT_txt="the cat sat\n")
+OUTPUT_PATH_CASES = [
+    # every output the user names (paths.check_output, from the command table or convert's and
+    # export's <out_dir>): a file where a folder must be written, or a folder where a file must
+    # be, named before anything is read or computed
+    case("convert-out-is-a-file", "convert hf:{hf} {tmp}/f", 1, "<out_dir>={tmp}/f is a file, not a "
+         "folder", "choose another <out_dir>", setup=A_FILE),
+    case("convert-out-inside-a-file", "convert hf:{hf} {tmp}/f/out", 1,
+         "<out_dir>={tmp}/f/out is inside {tmp}/f, a file", setup=A_FILE),
+    case("convert-source-miswritten-url", "convert hf:GS://b/hf {tmp}/out", 2, "<source>=GS://b/hf",
+         "gs://b/hf"),
+    case("convert-out-empty", "convert hf:{hf} ''", 2, "<out_dir> is empty"),
+    case("export-out-is-a-file", "export {run} hf:{tmp}/f", 1, "<out_dir>={tmp}/f is a file",
+         setup=A_FILE),
+    case("export-st-out-inside-a-file", "export {run} st:{tmp}/f/st", 1,
+         "<out_dir>={tmp}/f/st is inside {tmp}/f, a file", setup=A_FILE),
+    case("export-source-other-scheme", "export s3://b/run hf:{tmp}/out", 2, "<source>=s3://b/run",
+         "s3://"),
+    case("vocab-out-is-a-file", "vocab --input {tmp}/corpus/a.txt --out {tmp}/f --size 50", 1,
+         "--out={tmp}/f is a file, not a folder", "choose another --out", setup=A_FILE),
+    case("prepare-out-inside-a-file", "prepare --config configs/bert_pretrain.py:tiny --out "
+         "{tmp}/f/shards --config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt",
+         1, "--out={tmp}/f/shards is inside {tmp}/f, a file", setup=A_FILE),
+    case("average-out-is-a-file", "average --workdir {run} --last 2 --out {tmp}/f", 1,
+         "--out={tmp}/f is a file, not a folder", setup=A_FILE),
+    case("sweep-workdir-is-a-file", "sweep --config configs/sweeps/glue.py:mrpc --workdir {tmp}/f", 1,
+         "--workdir={tmp}/f is a file", setup=A_FILE),
+    case("embed-output-is-a-folder", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/d.npy", 1, "--output={tmp}/d.npy is a directory, not a file", "choose another --output",
+         setup=A_FOLDER),
+    case("embed-output-inside-a-file", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/f/v.npy", 1, "--output={tmp}/f/v.npy is inside {tmp}/f, a file", setup=A_FILE),
+    case("plot-out-is-a-folder", "plot --workdir {run} --out {tmp}/d.png", 1,
+         "--out={tmp}/d.png is a directory, not a file", setup=A_FOLDER),
+    case("attention-out-inside-a-file", "attention --checkpoint {ckpt} --text 'the cat' --out "
+         "{tmp}/f/a.png", 1, "--out={tmp}/f/a.png is inside {tmp}/f, a file", setup=A_FILE),
+]
+
 MLM_ONLY = PRETRAIN + " --config.model.nsp=false --config.data.instances=full_rows"
 MLM_ONLY_CASES = [
     # masked LM only: the model's head and the data's rows must agree, and the
@@ -1073,7 +1181,7 @@ CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES
          + SWEEP_TRIAL_CASES + AVERAGE_CASES + RUN_VALUE_CASES + TFDS_CASES + PLOT_CASES + INFO_CASES
          + PREPARE_CASES + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + MODERN_OPTIM_CASES
          + ROBERTA_CASES + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM_ONLY_CASES
-         + MODERN_ENCODER_CASES)
+         + MODERN_ENCODER_CASES + TOKENIZER_JSON_CASES + OUTPUT_PATH_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -1178,6 +1286,51 @@ def test_a_damaged_checkpoint_is_one_line_in_a_real_process(shared, tmp_path):
     assert line.startswith(f"bert-jax eval: error: {tmp_path}/run/checkpoints/2: its params cannot be read")
 
 
+def test_a_step_that_looks_unfinished_is_named_by_every_command_that_restores(shared, cli, tmp_path,
+                                                                               caplog):
+    # Orbax reads a step without _CHECKPOINT_METADATA (an older Orbax or another tool wrote
+    # none; a partial copy lacks it too) and only logs that the file is missing: each command
+    # that restores one says so in one warning line, and reads it (exit 0).
+    run = tmp_path / "run"
+    shutil.copytree(shared["run"], run)
+    (run / "checkpoints" / "1" / "_CHECKPOINT_METADATA").unlink()
+    (run / "checkpoints" / "1" / "checksums.json").unlink()  # nor written by this project's save
+    never_committed = run / "checkpoints" / "2" / "_CHECKPOINT_METADATA"  # as a renamed tmp folder
+    never_committed.write_text(json.dumps({"init_timestamp_nsecs": 1}))
+    write(tmp_path / "in.txt", "the cat sat\n")
+    step1 = (f"checkpoint {run}/checkpoints/1 has no _CHECKPOINT_METADATA (every Orbax save writes "
+             "one): it was copied in part, saved by another tool or an older Orbax, or its save did "
+             "not finish; nothing shows that its save finished (it has no checksums.json either)")
+    step2 = (f"checkpoint {run}/checkpoints/2 was never committed (its _CHECKPOINT_METADATA has no "
+             "commit time): it was copied in part, saved by another tool or an older Orbax, or its "
+             "save did not finish; its files match its checksums.json")
+    commands = [
+        (f"eval --workdir {run} --step 1", [step1]),
+        (f"export {run} hf:{tmp_path}/hf", [step2]),
+        (f"average --workdir {run} --last 2 --out {tmp_path}/avg", [step1, step2]),
+        (f"features --checkpoint {run} --input {tmp_path}/in.txt --output {tmp_path}/o.jsonl "
+         "--layers=-1", [step2]),
+    ]
+    for argv, says in commands:
+        code, _, err = cli(shlex.split(argv))
+        lines = err.splitlines()
+        assert code == 0 and len(lines) == len(says), err
+        for line, start in zip(lines, says):
+            assert line.startswith(f"warning: {start}. Using it; ") and "another step" in line, line
+    # init_from: the newest step
+    config = state.sizes_from_init(config_lib.load(str(REPO / "configs/glue.py:sst2,tiny"),
+                                                   [f"init_from={run}"]))
+    mesh = sharding.make_mesh(config.mesh)
+    _, abstract, state_sh = state.abstract_state(config, mesh)
+    caplog.clear()  # (the commands' lines above)
+    with caplog.at_level("WARNING", logger="bert_jax"):
+        found = state.pretrained(config, state.with_shardings(abstract["params"], state_sh["params"]),
+                                 mesh)
+    assert "embeddings" in found["bert"]
+    [said] = [r.getMessage() for r in caplog.records if r.name.startswith("bert_jax")]
+    assert said.startswith(f"warning: {step2}. Using it; ")
+
+
 def test_translate_checks_flags_and_output_before_the_model_and_keeps_an_output(shared, cli, tmp_path,
                                                                                monkeypatch):
     from bert_jax.training import state
@@ -1248,6 +1401,7 @@ def test_the_table_covers_every_area():
              "modern optimizer": MODERN_OPTIM_CASES, "RoBERTa": ROBERTA_CASES,
              "attention patterns": PATTERN_CASES, "attention on GPU": ATTENTION_GPU_CASES,
              "ModernBERT in and out": MODERNBERT_HF_CASES,
-             "MLM only": MLM_ONLY_CASES, "modern encoder": MODERN_ENCODER_CASES}
+             "MLM only": MLM_ONLY_CASES, "modern encoder": MODERN_ENCODER_CASES,
+             "tokenizer.json": TOKENIZER_JSON_CASES, "output paths": OUTPUT_PATH_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

@@ -65,7 +65,7 @@ def test_a_lock_left_by_a_dead_run_is_taken_over(tmp_path):
 
 def test_a_workdir_inside_a_file_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("not a folder")
-    with pytest.raises(OSError, match=r"the workdir .*/file/run is inside .*/file, a file, not a folder"):
+    with pytest.raises(OSError, match=r"--workdir=.*/file/run is inside .*/file, a file; choose another"):
         train.train_and_evaluate(small(), str(tmp_path / "file" / "run"))
 
 
@@ -287,13 +287,16 @@ def test_a_damaged_checkpoint_is_set_aside_and_refused_by_name(trained, tmp_path
     assert not (tmp_path / "eval").exists()
     [result] = evaluate.evaluate_checkpoints(None, str(tmp_path), "2")  # the good one still reads
     assert math.isfinite(result["eval/loss"])
-    # Training sets it aside, as an unreadable one, and resumes from the one before.
+    # Training sets it aside, as an unreadable one, and resumes from the one before (which,
+    # without Orbax's _CHECKPOINT_METADATA, as copied in part, it names and uses).
+    (tmp_path / "checkpoints" / "2" / "_CHECKPOINT_METADATA").unlink()
     code, out, err = cli(["train", f"--config={CONFIG}", f"--workdir={tmp_path}",
                           *[f"--config.{o}" for o in (*SMALL, "train.steps=6", "train.checkpoint_every=2",
                                                         "train.eval_every=100")]])
     assert code == 0, err
     assert f"warning: {where} cannot be restored, it is damaged: {why}" in err, err
     assert f"renamed to {tmp_path}/checkpoints/4.unreadable, trying the previous one" in err, err
+    assert f"warning: checkpoint {tmp_path}/checkpoints/2 has no _CHECKPOINT_METADATA" in err, err
     assert f"resumed from {tmp_path}/checkpoints/2" in out
     assert steps_on_disk(tmp_path) == ["2", "4", "4.unreadable", "6"]
 

@@ -77,10 +77,10 @@ def tokenizer_dir(english_lines, tmp_path_factory):
                                      out_dir=tmp_path_factory.mktemp("pic_vocab"))
 
 
-def saved_model(tmp_path, name, tokenizer_dir):
-    """A checkpoint folder of a fresh tiny `name` model with the tokenizer beside it."""
+def saved_model(tmp_path, name, tokenizer_dir, **fields):
+    """A checkpoint folder of a fresh tiny `name` model (with `fields`) with the tokenizer beside it."""
     tok = tokenizer_lib.load_tokenizer(tokenizer_dir)
-    cfg = tiny(name, vocab_size=tok.vocab_size)
+    cfg = tiny(name, vocab_size=tok.vocab_size, **fields)
     params = nnx.to_pure_dict(nnx.state(models.create_model(cfg), nnx.Param))
     checkpoint.save_params(tmp_path, 1, params, {"model": cfg})
     tok.save(tmp_path)
@@ -116,6 +116,27 @@ def test_attention_command_writes_figure_html_and_data(cli, tmp_path, tokenizer_
     code, _, err = cli(["attention", f"--checkpoint={ckpt}", "--text=Hi.", "--head_index=4",
                         f"--out={tmp_path / 'bad.png'}"])
     assert code == 1 and "--head_index=4 is out of range for 4 heads" in err
+
+
+def test_attention_of_linformer_labels_its_keys_as_projections(tmp_path, tokenizer_dir):
+    # Its keys are linformer_k learned mixes of every token, never tokens: labelled as such
+    # (they once carried the first token names, on 4 columns for a longer input).
+    from bert_jax.viz import attention_maps
+
+    ckpt = saved_model(tmp_path, "bert_classification", tokenizer_dir, attention_pattern="linformer",
+                       linformer_k=4)
+    report = attention_maps.attention(str(ckpt), "The cat sat on the warm mat today.",
+                                      out=str(tmp_path / "lin.svg"))
+    m = json.loads((tmp_path / "lin.json").read_text())["maps"]["self-attention"]
+    assert m["keys"] == ["proj 0", "proj 1", "proj 2", "proj 3"] and len(m["queries"]) > 4
+    assert m["key_axis"].startswith("linformer projection")
+    assert np.asarray(m["probs"]).shape[-2:] == (len(m["queries"]), 4)
+    assert report["tokens"] == m["queries"] and report["tokens"][0] == "[CLS]"
+    svg = (tmp_path / "lin.svg").read_text()
+    assert "linformer projection" in svg and "proj 3" in svg
+    # Names that do not fit the axes they label are refused, not drawn.
+    with pytest.raises(ValueError, match="4 keys cannot be labelled with 3 x 2 names"):
+        attention_maps._map(["a", "b", "c"], ["a", "b"], np.zeros((1, 1, 2, 3, 4)))
 
 
 def test_attention_of_a_translation_shows_cross_attention(tmp_path, tokenizer_dir):
