@@ -84,3 +84,20 @@ LATE_IMPORTS = {
     ("bert_jax/config.py", "bert_jax.tasks"):
         "config.finetune_defaults forwards to the tasks' own, for users' config files that call it",
 }
+
+
+def assert_stopped_and_resumed_run_matches(config, tmp_path):
+    """config(steps): a run config saving every 3 steps, its lr independent of train.steps.
+    Six steps straight through and three then three more (resumed) log the same losses."""
+    from bert_jax.training import metrics, train
+
+    c = config(6)
+    c.train.update(eval_every=0, eval_steps=1, log_every=1, checkpoint_every=3)
+    train.train_and_evaluate(c, str(tmp_path / "full"))
+    for steps in (3, 6):  # the second resumes at 3
+        c = config(steps)
+        c.train.update(eval_every=0, eval_steps=1, log_every=1, checkpoint_every=3)
+        train.train_and_evaluate(c, str(tmp_path / "part"))
+    losses = [{r["step"]: r["loss"] for r in metrics.read_metrics(tmp_path / run / "metrics.jsonl")
+               if "loss" in r} for run in ("full", "part")]
+    assert losses[0] == losses[1] and len(losses[0]) == 6

@@ -349,7 +349,7 @@ def test_task_configs_are_as_they_were(spec):
 
 
 def test_unknown_task_names_the_registered_ones():
-    with pytest.raises(config_lib.ConfigError, match="'glu'.*choose glue, ner, squad or swag"):
+    with pytest.raises(config_lib.ConfigError, match="'glu'.*choose glue, ner, squad, pairs or swag"):
         tasks.finetune_defaults("glu")
 
 

@@ -7,7 +7,9 @@ import random
 
 import numpy as np
 import pytest
+from helpers import REPO, assert_stopped_and_resumed_run_matches
 
+from bert_jax import config as config_lib
 from bert_jax.interop import sentence_models
 from bert_jax.tasks import pairs, retrieval
 
@@ -131,3 +133,21 @@ def test_the_data_beside_the_repo_reads_as_pairs(shared_data):
     assert mrpc[0].score is None and mrpc[0].positive == lines[0].split("\t")[4]
     squad = pairs.read_pairs(shared_data / "squad" / "dev-v1.1.json")
     assert len(squad) == 10570 and len({e.positive for e in squad}) == 2067
+
+
+@pytest.mark.slow  # three short runs
+def test_a_contrastive_run_with_gradcache_resumes_exactly(tmp_path, wordpiece_vocab, pair_files):
+    """Hard negatives, GradCache in 2 chunks: stopped at step 3 and resumed, the run logs the
+    losses of the run that went straight through (the pairs' order restored)."""
+    def config(steps):
+        c = config_lib.load(f"{REPO}/configs/embeddings.py:contrastive,tiny", [
+            f"data.tokenizer={wordpiece_vocab.parent}", f"data.data_dir={pair_files}",
+            "data.train_file=train.jsonl", "data.dev_file=dev.tsv", "data.num_negatives=1",
+            "model.vocab_size=1500", "model.num_layers=1", "data.max_seq_length=32",
+            "train.batch_size=16", "train.grad_accum_steps=2"])
+        c.train.update(steps=steps, epochs=0.0)
+        c.schedule.update(name="constant", warmup_steps=0, warmup_fraction=0.0)
+        return c
+
+    assert_stopped_and_resumed_run_matches(config, tmp_path)
+

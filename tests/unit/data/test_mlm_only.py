@@ -6,6 +6,7 @@ dynamic masking, every source (text, array_record shards, TFDS) and a short trai
 import numpy as np
 import pytest
 import test_pretraining_pipeline as nsp_tests
+from helpers import assert_stopped_and_resumed_run_matches
 
 from bert_jax import config as config_lib
 from bert_jax.data import documents, sources
@@ -274,21 +275,6 @@ def test_the_model_has_no_nsp_head_or_pooler():
     with_nsp = models.abstract_model(config_lib.model_config(cfg))
     assert with_nsp.nsp is not None and with_nsp.bert.pooler is not None
     assert set(nnx.eval_shape(lambda m: m(ids), with_nsp)) == {"mlm_logits", "nsp_logits"}
-
-
-def assert_stopped_and_resumed_run_matches(config, tmp_path):
-    """config(steps): a run config saving every 3 steps, its lr independent of train.steps.
-    Six steps straight through and three then three more (resumed) log the same losses."""
-    c = config(6)
-    c.train.update(eval_every=0, eval_steps=1, log_every=1, checkpoint_every=3)
-    train.train_and_evaluate(c, str(tmp_path / "full"))
-    for steps in (3, 6):  # the second resumes at 3
-        c = config(steps)
-        c.train.update(eval_every=0, eval_steps=1, log_every=1, checkpoint_every=3)
-        train.train_and_evaluate(c, str(tmp_path / "part"))
-    losses = [{r["step"]: r["loss"] for r in metrics.read_metrics(tmp_path / run / "metrics.jsonl")
-               if "loss" in r} for run in ("full", "part")]
-    assert losses[0] == losses[1] and len(losses[0]) == 6
 
 
 @pytest.mark.slow  # three short runs
