@@ -232,11 +232,14 @@ def mine_negatives(checkpoint_dir: str | os.PathLike, pairs_file: str | os.PathL
     """Hard negatives by the checkpoint's sentence vectors (sentence-transformers'
     mine_hard_negatives without its margins): for each row of a pair file (queries with
     positives), the k documents of `corpus` (default: every distinct positive and negative of
-    the file) closest to its query by cosine that are none of that query's positives. Rows
+    the file) closest to its query by cosine that are none of that query's positives nor the
+    query itself (fewer when the corpus has fewer). Rows
     come back as {"query", "positive", "negatives"} in the file's order."""
     from bert_jax.tasks import pairs, retrieval
 
     rows = pairs.read_pairs(pairs_file)
+    if not rows:
+        raise ValueError(f"{pairs_file}: no pairs to mine for")
     if rows[0].score is not None:
         raise ValueError(f"{pairs_file}: scored pairs; mining needs queries with their positives")
     if k < 1:
@@ -249,9 +252,10 @@ def mine_negatives(checkpoint_dir: str | os.PathLike, pairs_file: str | os.PathL
     encoder = Encoder(checkpoint_dir)
     queries = list(positives)
     q, c = encoder.encode(queries, batch_size), encoder.encode(texts, batch_size)
-    width = min(len(texts), k + max(len(p) for p in positives.values()))
+    # k, plus room for the query's positives and its own text, which may be in the corpus
+    width = min(len(texts), k + 1 + max(len(p) for p in positives.values()))
     top = retrieval.rank(q, c, [f"{i:09d}" for i in range(len(texts))], width)
-    mined = {query: [texts[i] for i in row if texts[i] not in positives[query]][:k]
+    mined = {query: [texts[i] for i in row if texts[i] not in positives[query] and texts[i] != query][:k]
              for query, row in zip(queries, top)}
     return [{"query": r.query, "positive": r.positive, "negatives": mined[r.query]} for r in rows]
 

@@ -11,10 +11,10 @@ Files (local or gs://), by their first character:
   columns (negative, negative_1, ...) and score; the GLUE STS-B files read as they are (scored
   pairs), and the GLUE MRPC files as their paraphrases (Quality 1: the first sentence as the
   query, the second as its positive).
-A row needs data.num_negatives negatives (the first ones are used when it has more).
+A training row needs data.num_negatives negatives (the first ones are used when it has more).
 
 Scores: a file with scores is STS (Pearson and Spearman of the cosines, main metric
-spearman_cosine); one without is retrieval: every distinct document of the split is the
+spearman_cosine); one without is retrieval: every distinct positive of the split is the
 corpus, each distinct query's relevant documents are its positives (nDCG@10, MRR@10,
 Recall@k, MAP@100 as sentence-transformers' InformationRetrievalEvaluator, main ndcg@10).
 """
@@ -84,7 +84,7 @@ def _example(row: dict, line: int, guid: str, bad: BadRows, num_negatives: int) 
         except (TypeError, ValueError):
             bad.found(line, "field 'score'", row.get("score"), "a finite number")
             return None
-    return Example(guid, query, positive, tuple(negatives[:num_negatives]), score)
+    return Example(guid, query, positive, tuple(negatives), score)
 
 
 MRPC = ("Quality", "#1 String", "#2 String")  # the GLUE MRPC files' columns: paraphrases
@@ -93,7 +93,7 @@ MRPC = ("Quality", "#1 String", "#2 String")  # the GLUE MRPC files' columns: pa
 def _tsv_rows(f, path, bad: BadRows):
     header = f.readline().rstrip("\r\n").split("\t")
     if all(c in header for c in MRPC):  # the paraphrases (Quality 1) as query and positive
-        header = ["" if c == "Quality" else {"#1 String": "query", "#2 String": "positive"}.get(c, f"_{c}")
+        header = [{"Quality": "_quality", "#1 String": "query", "#2 String": "positive"}.get(c, f"_{c}")
                   for c in header]
     if not any(k in header for k in QUERY_KEYS) or not any(k in header for k in POSITIVE_KEYS):
         raise PairsFormatError(
@@ -108,7 +108,7 @@ def _tsv_rows(f, path, bad: BadRows):
             bad.found(line, "row", f"{len(cols)} columns", f"{len(header)} as the header")
             continue
         row = dict(zip(header, cols))
-        if row.pop("", "1") != "1":  # an MRPC pair that is not a paraphrase
+        if row.pop("_quality", "1") != "1":  # an MRPC pair that is not a paraphrase
             continue
         row["negatives"] = [row.pop(c) for c in negative_cols]
         if "score" in row and row["score"] == "":
@@ -174,32 +174,32 @@ class PairsTask(Task):
                           skip_bad_rows=self.data.skip_bad_rows)
 
     def encode(self, examples, training: bool) -> tuple[dict[str, np.ndarray], Any]:
+        """Queries [N, T] and documents [N, 1 + k, T]: the positive, then (training) the first
+        k = data.num_negatives hard negatives; evaluation embeds the positives only."""
         tok, T = self.tokenizer, self.data.max_seq_length
         rows = lambda texts: tok.pair_rows(tok.encode_batch(texts), [None] * len(texts), T)  # noqa: E731
         query = rows([e.query for e in examples])
-        N = 1 + len(examples[0].negatives)
-        docs = rows([d for e in examples for d in (e.positive, *e.negatives)])
-        features = {**{f"query_{k}": v for k, v in query.items()},
-                    **{f"document_{k}": v.reshape(len(examples), N, T) for k, v in docs.items()}}
+        k = self.data.num_negatives if training else 0
+        docs = rows([d for e in examples for d in (e.positive, *e.negatives[:k])])
+        features = {**{f"query_{key}": v for key, v in query.items()},
+                    **{f"document_{key}": v.reshape(len(examples), 1 + k, T) for key, v in docs.items()}}
         if examples[0].score is not None:
             features["score"] = np.array([e.score for e in examples], np.float32)
         return features, None
 
     def _corpus(self, split: str, outputs) -> tuple[np.ndarray, np.ndarray, list[str], list[set[str]]]:
         """(query vectors, corpus vectors, corpus ids, relevant ids per query): every distinct
-        document text of the split once, every distinct query once with all its positives."""
+        positive of the split once, every distinct query once with all its positives."""
         examples = self.examples(split)
         doc_ids: dict[str, str] = {}
-        doc_rows: list[tuple[int, int]] = []
+        doc_rows: list[int] = []
         queries: dict[str, tuple[int, set[str]]] = {}
         for i, e in enumerate(examples):
-            for j, text in enumerate((e.positive, *e.negatives)):
-                if text not in doc_ids:
-                    doc_ids[text] = f"d{len(doc_ids)}"
-                    doc_rows.append((i, j))
+            if e.positive not in doc_ids:
+                doc_ids[e.positive] = f"d{len(doc_ids)}"
+                doc_rows.append(i)
             queries.setdefault(e.query, (i, set()))[1].add(doc_ids[e.positive])
-        emb = outputs["document"]
-        corpus = np.stack([emb[i, j] for i, j in doc_rows])
+        corpus = outputs["document"][doc_rows, 0]
         rows = [i for i, _ in queries.values()]
         return (outputs["query"][rows], corpus, list(doc_ids.values()),
                 [rel for _, rel in queries.values()])

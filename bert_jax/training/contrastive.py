@@ -41,23 +41,43 @@ def _unit(x: Array) -> Array:
     return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def info_nce(q_BD: Array, d_BND: Array, w_B: Array, scale: Array, symmetric: bool
+def text_keys(ids: Array) -> Array:
+    """A number per text from its token ids [..., T] -> [...]: equal texts get equal numbers,
+    different ones almost never (a hash mod 2**32), so a text repeated in a batch is found."""
+    weights = jnp.arange(1, ids.shape[-1] + 1, dtype=jnp.uint32) * jnp.uint32(2654435761)
+    return jnp.sum(ids.astype(jnp.uint32) * weights, axis=-1, dtype=jnp.uint32)
+
+
+def info_nce(q_BD: Array, d_BND: Array, w_B: Array, scale: Array, symmetric: bool,
+             query_keys: Array | None = None, document_keys: Array | None = None
              ) -> tuple[Array, Array]:
     """(summed loss, number of queries whose positive scores highest) of the multiple-negatives
     ranking loss: each query against every document of the batch (the positives and the hard
     negatives of all queries), its own positive the label; symmetric: the mean of that and each
-    positive against every query. Padding examples (w = 0) neither count nor compete."""
+    positive against every query. Padding examples (w = 0) neither count nor compete. With the
+    texts' keys (text_keys [B], [B, N]), a document equal to a query's positive is not its
+    negative, nor (symmetric) a query equal to a positive's query, or whose positive equals it:
+    sentence-transformers leaves such batches to its NoDuplicatesBatchSampler, while SQuAD's
+    questions share paragraphs."""
     B, N, _ = d_BND.shape
     q, d = _unit(q_BD), _unit(d_BND.reshape(B * N, -1))
     live = jnp.repeat(w_B > 0, N)  # [B*N] documents that compete
-    logits = jnp.where(live[None, :], scale * (q @ d.T), -jnp.inf)  # [B, B*N]
     target = jnp.arange(B) * N
+    logits = jnp.where(live[None, :], scale * (q @ d.T), -jnp.inf)  # [B, B*N]
+    if document_keys is not None:
+        flat = document_keys.reshape(B * N)
+        copy = (flat[None, :] == flat[target][:, None]) & (jnp.arange(B * N)[None, :] != target[:, None])
+        logits = jnp.where(copy, -jnp.inf, logits)
     logp = jax.nn.log_softmax(logits, axis=-1)
     ce_B = -logp[jnp.arange(B), target]
     others = jnp.where(jnp.arange(B * N)[None, :] == target[:, None], -jnp.inf, logits)
     ok_B = (logits[jnp.arange(B), target] > others.max(-1)).astype(jnp.float32)
     if symmetric:  # each positive against every query
         back = jnp.where((w_B > 0)[None, :], scale * (d[target] @ q.T), -jnp.inf)  # [B, B]
+        if query_keys is not None and document_keys is not None:
+            pos = document_keys.reshape(B * N)[target]
+            same = (query_keys[None, :] == query_keys[:, None]) | (pos[None, :] == pos[:, None])
+            back = jnp.where(same & ~jnp.eye(B, dtype=bool), -jnp.inf, back)
         ce_B = (ce_B - jax.nn.log_softmax(back, axis=-1)[jnp.arange(B), jnp.arange(B)]) / 2
     return jnp.sum(jnp.where(w_B > 0, ce_B, 0.0) * w_B), jnp.sum(ok_B * w_B)
 
@@ -184,7 +204,9 @@ class _Contrastive(objectives.Objective):
     def forward_from(self, vecs: dict[str, Array], model: nnx.Module) -> dict[str, Array]:
         """forward's outputs from embeddings already computed (GradCache's second step)."""
         log_scale = getattr(model, "log_scale", None)
-        scale = jnp.exp(log_scale[...]) if log_scale is not None else jnp.float32(self.scale)
+        # a learned scale stays at most 100, as CLIP's logit scale
+        scale = (jnp.exp(jnp.minimum(log_scale[...], jnp.log(100.0))) if log_scale is not None
+                 else jnp.float32(self.scale))
         # one per example, as evaluation keeps every output by example
         return {**vecs, "scale": jnp.broadcast_to(scale, vecs["query"].shape[:1])}
 
@@ -198,7 +220,9 @@ class MultipleNegativesRanking(_Contrastive):
     symmetric = False
 
     def loss_at(self, q_BD, d_BND, scale, batch, w_B):
-        loss, ok = info_nce(q_BD, d_BND, w_B, scale, self.symmetric)
+        keys = {f"{side}_keys": text_keys(batch[f"{side}_input_ids"]) for side in _SIDES
+                if f"{side}_input_ids" in batch}
+        loss, ok = info_nce(q_BD, d_BND, w_B, scale, self.symmetric, **keys)
         return loss, {"contrastive_accuracy": (ok, jnp.sum(w_B))}
 
 

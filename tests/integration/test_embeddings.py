@@ -93,7 +93,8 @@ def test_contrastive_training_evaluates_retrieval_and_exports_a_sentence_transfo
     q = sentence_models.embed(tmp_path / "run", [r.query for r in rows[:10]])
     d = sentence_models.embed(tmp_path / "run", docs)
     for r, scores in zip(rows, q @ d.T):  # (normalised vectors: dot = cosine)
-        nearest = [docs[i] for i in np.argsort(-scores) if docs[i] not in positives[r.query]]
+        nearest = [docs[i] for i in np.argsort(-scores)
+                   if docs[i] not in positives[r.query] and docs[i] != r.query]
         assert r.negatives == tuple(nearest[:2])
     code, _, err = cli(["mine", f"--checkpoint={tmp_path / 'run'}",
                         f"--input={pair_files / 'dev.tsv'}", f"--output={mined}"])
@@ -117,6 +118,11 @@ def test_pair_files_refuse_bad_rows_naming_file_line_and_field(tmp_path):
     tsv.write_text("a\tb\nx\ty\n")
     with pytest.raises(pairs.PairsFormatError, match=r"bad.tsv:1: header \['a', 'b'\]: expected a header"):
         pairs.read_pairs(tsv)
+    # pandas' to_csv(sep="\t"): an unnamed index column; every row is kept, every negative read
+    tsv.write_text("\tquery\tpositive\n0\tqa\tpa\n1\tqb\tpb\n2\tqc\tpc\n")
+    assert [e.query for e in pairs.read_pairs(tsv)] == ["qa", "qb", "qc"]
+    bad.write_text('{"query": "a", "positive": "b", "negatives": ["x", "y"]}\n')
+    assert pairs.read_pairs(bad)[0].negatives == ("x", "y")
     tsv.write_text("query\tpositive\tscore\nx\ty\tlots\n")
     with pytest.raises(pairs.PairsFormatError, match=r"bad.tsv:2: field 'score': found 'lots'"):
         pairs.read_pairs(tsv)

@@ -54,6 +54,30 @@ def test_padding_examples_neither_count_nor_compete():
                                contrastive.cosent(q[:4], d[:4, 0], score[:4], w[:4], 20.0), rtol=1e-6)
 
 
+def test_a_document_equal_to_a_querys_positive_is_not_its_negative():
+    """Queries 0 and 1 share their positive (as SQuAD's questions share paragraphs): neither
+    counts the other's copy as a negative; the symmetric direction neither counts the other query."""
+    q, d = _embeddings(B=4, N=2)
+    d[1, 0] = d[0, 0]
+    ids = RNG.integers(4, 64, (4, 3, 6))
+    ids[1, 1] = ids[0, 1]  # [query, positive, negative] token ids
+    keys = {"query_keys": contrastive.text_keys(ids[:, 0]),
+            "document_keys": contrastive.text_keys(ids[:, 1:])}
+    w = np.ones(4, np.float32)
+    logits = np.array(20.0 * contrastive._unit(q) @ contrastive._unit(d.reshape(8, -1)).T)
+    logits[0, 2] = logits[1, 0] = -np.inf  # the copies of each one's positive
+    expected = sum(-(logits[i, 2 * i] - np.logaddexp.reduce(logits[i])) for i in range(4))
+    got, ok = contrastive.info_nce(q, d, w, 20.0, False, **keys)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    plain, _ = contrastive.info_nce(q, d, w, 20.0, False)
+    assert plain > got  # without the keys the copy competes
+    back = np.array(20.0 * contrastive._unit(d[:, 0]) @ contrastive._unit(q).T)
+    back[0, 1] = back[1, 0] = -np.inf
+    backward = sum(-(back[i, i] - np.logaddexp.reduce(back[i])) for i in range(4))
+    sym, _ = contrastive.info_nce(q, d, w, 20.0, True, **keys)
+    np.testing.assert_allclose(sym, (expected + backward) / 2, rtol=1e-5)
+
+
 def test_cosent_and_matryoshka_equal_sentence_transformers():
     q, d = _embeddings(B=8, N=1)
     score = RNG.uniform(0, 5, len(q)).astype(np.float32)
