@@ -12,14 +12,14 @@ HEAD = flags.DEFINE_string("head", None, "convert: our model name for the conver
                            "(default: from the checkpoint's architectures)")
 WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep, launch, average, plot: the "
                               "run directory (local or gs://; rerunning train resumes it)")
-CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, embed, eval-embeddings, translate, "
-                                 "attention: converted, "
-                                 "averaged or training dir")
+CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, embed, mine, eval-embeddings, "
+                                 "translate, attention: converted, averaged or training dir")
 INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "
-                            "(`A ||| B` for pairs); embed: one sentence per line; translate: "
-                            "source sentences, one per line")
+                            "(`A ||| B` for pairs); embed: one sentence per line; mine: a pair "
+                            "file (docs/retrieval.md); translate: source sentences, one per line")
 OUTPUT = flags.DEFINE_string("output", None, "features: output JSON-lines file; embed: .npy "
-                             "file of the vectors; translate: output text file (one "
+                             "file of the vectors; mine: the pairs with their negatives (JSON "
+                             "lines); translate: output text file (one "
                              "translation per input line)")
 BEAM = flags.DEFINE_integer("beam", None, "translate: beam size, 1 = greedy (default: the "
                             "run config's decode.beam_size)")
@@ -63,7 +63,7 @@ SQUAD = flags.DEFINE_string("squad", None, "eval-embeddings: a SQuAD json file a
                             "question retrieves its paragraph)")
 NEGATIVES = flags.DEFINE_integer("negatives", 5, "mine: hard negatives written per query")
 CORPUS = flags.DEFINE_string("corpus", None, "mine: the passages to mine from, one per line "
-                             "(default: every document of the --input pair file)")
+                             "(default: every positive and negative of the --input pair file)")
 BOOTSTRAP = flags.DEFINE_integer("bootstrap", 1000, "eval-embeddings: resamples of the 95% "
                                  "confidence intervals (seeded)")
 TOPOLOGY = flags.DEFINE_string("topology", None, "plan: a Cloud TPU slice, e.g. v3-32, v4-32, "
