@@ -177,7 +177,10 @@ class PairsTask(Task):
         """Queries [N, T] and documents [N, 1 + k, T]: the positive, then (training) the first
         k = data.num_negatives hard negatives; evaluation embeds the positives only."""
         tok, T = self.tokenizer, self.data.max_seq_length
-        rows = lambda texts: tok.pair_rows(tok.encode_batch(texts), [None] * len(texts), T)  # noqa: E731
+
+        def rows(texts: list[str]) -> dict[str, np.ndarray]:  # [CLS] text [SEP], padded to T
+            return tok.pair_rows(tok.encode_batch(texts), [None] * len(texts), T)
+
         query = rows([e.query for e in examples])
         k = self.data.num_negatives if training else 0
         docs = rows([d for e in examples for d in (e.positive, *e.negatives[:k])])

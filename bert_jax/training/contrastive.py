@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from bert_jax import specs
+from bert_jax import models, specs
 from bert_jax.training import objectives
 
 Array = jax.Array
@@ -100,9 +100,9 @@ class _Contrastive(objectives.Objective):
 
     def __init__(self, model_cfg: Mapping[str, Any]):
         super().__init__(model_cfg)
-        full = int(self.model_cfg["emb_dim"])
-        self.dims = tuple(self.model_cfg.get("matryoshka_dims") or ()) or (full,)
-        self.scale = float(self.model_cfg.get("similarity_scale", 20.0))
+        cfg = models.split_model_config(model_cfg)[1]  # the typed fields, defaults from there
+        self.dims = cfg.matryoshka_dims or (cfg.emb_dim,)
+        self.scale = cfg.similarity_scale
 
     def documents(self, config) -> int:
         """Documents per query in a training batch: the positive and data.num_negatives."""
