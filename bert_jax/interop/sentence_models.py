@@ -146,6 +146,20 @@ pool = models.sentence_pool
 BUCKET = 16
 
 
+def vector_fn(encoder: nnx.Module, spec: SentenceSpec):
+    """(vectors, state): `vectors(state, input_ids, token_type_ids, attention_mask)` is the
+    jitted [B, D] sentence vectors of `encoder` (its state split off) pooled as `spec` says."""
+    graphdef, state = nnx.split(encoder)
+
+    @jax.jit
+    def vectors(state, input_ids, token_type_ids, attention_mask):
+        out = nnx.merge(graphdef, state)(input_ids, token_type_ids, attention_mask,
+                                         return_hidden=True)
+        return pool(out["hidden_states"][-1], attention_mask, spec.pooling, spec.normalize)
+
+    return vectors, state
+
+
 class Encoder:
     """A checkpoint's encoder and SentenceSpec (`spec` instead, if given), loaded once:
     `encode(sentences)` gives their [N, D] float32 vectors."""
@@ -161,17 +175,9 @@ class Encoder:
         self.tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
         _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)
         encoder = functools.reduce(getattr, models.encoder_path(name), model)
-        graphdef, self.state = nnx.split(encoder)
+        self.vectors, self.state = vector_fn(encoder, spec)
         self.dim = fields.emb_dim
         self.limit = min(spec.max_seq_length, fields.max_positions or spec.max_seq_length)
-
-        @jax.jit
-        def vectors(state, input_ids, token_type_ids, attention_mask):
-            out = nnx.merge(graphdef, state)(input_ids, token_type_ids, attention_mask,
-                                             return_hidden=True)
-            return pool(out["hidden_states"][-1], attention_mask, spec.pooling, spec.normalize)
-
-        self.vectors = vectors
 
     def encode(self, sentences: Sequence[str], batch_size: int = 32) -> np.ndarray:
         """[N, D] vectors, in the order given. Batches of sentences of similar length (sorted),

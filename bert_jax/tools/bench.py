@@ -62,6 +62,13 @@
       on the same CPU: texts/s after a warm-up pass, load and first-pass seconds, the smallest
       cosine between the two.
 
+  python -m bert_jax.tools.bench device [--out bench_device.json] [--sections ...] [--smoke]
+      The GPU measurements as one short run (about 8 minutes on one H100; docs/speed.md#on-a-gpu):
+      xla against cuDNN attention on padded and packed rows (tokens/s, error against f32),
+      BERT-Base and ModernBERT-base train steps in bf16 at 512 and 1,024 tokens (tokens/s,
+      MFU), sentence-vector texts/s. Writes the JSON (each section as it finishes) and a
+      markdown table beside it. --smoke: miniature shapes, seconds on any machine.
+
   python -m bert_jax.tools.bench restart [--config configs/bert_pretrain.py:tiny] [--config.x=v ...]
       Time to the first step of a training run and of its resumed run, with JAX's persistent
       compilation cache and without: `bert-jax train` (synthetic data, log every step) is
@@ -574,7 +581,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["data", "multi30k", "model", "restart", "long",
-                                         "attention", "longdoc", "pretrain", "embed"])
+                                         "attention", "longdoc", "pretrain", "embed", "device"])
     parser.add_argument("--lengths", default="512,2048,8192", help="attention: sequence lengths")
     parser.add_argument("--topologies", default="v5litepod-8,v5p-8", help="attention: TPU slices")
     parser.add_argument("--kernels", default="xla,splash", help="attention: kernels planned")
@@ -589,7 +596,13 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=20, help="pretrain: steps between checkpoints")
     parser.add_argument("--size", default="mini", help="pretrain: the miniature size")
     parser.add_argument("--finetune_steps", type=int, default=250)
-    parser.add_argument("--out", default="bench_model.json", help="model: results file")
+    parser.add_argument("--out", default=None, help="model: results file (default "
+                        "bench_model.json); device: the JSON file, its table beside it as .md "
+                        "(default bench_device.json)")
+    parser.add_argument("--sections", default="attention,train,embed,peer", help="device: "
+                        "which to measure (each added to --out, keeping the others there)")
+    parser.add_argument("--smoke", action="store_true", help="device: miniature shapes, seconds "
+                        "on any machine (the tool's own test)")
     parser.add_argument("--workdir", default=None, help="multi30k: run directory (default "
                         "runs/multi30k_bench); long, longdoc, pretrain: their runs (default "
                         "runs/long_bench, runs/longdoc_bench, runs/pretrain_bench); "
@@ -628,6 +641,17 @@ def main() -> None:
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.what == "device":
+        from bert_jax.tools import devicebench
+
+        out = Path(args.out or "bench_device.json")
+        sections = tuple(x for x in args.sections.split(",") if x)
+        unknown = sorted(set(sections) - set(devicebench.SECTIONS))
+        if unknown:
+            parser.error(f"--sections: {unknown[0]!r}; choose from {','.join(devicebench.SECTIONS)}")
+        print(devicebench.table(devicebench.run(out, smoke=args.smoke, sections=sections)))
+        print(f"(all results: {out}; table: {out.with_suffix('.md')})")
+        return
     if args.what == "embed":
         result = bench_embed(args.workdir or "runs/embed_bench")
         print(result["table"])
@@ -649,9 +673,9 @@ def main() -> None:
         results = modelbench.bench_model(
             peers_python=None if args.peers == "none" else args.peers,
             data_dir=Path(args.glue) if args.glue else shared / "glue", steps=args.steps or 10,
-            finetune_steps=args.finetune_steps, out=Path(args.out))
+            finetune_steps=args.finetune_steps, out=Path(args.out or "bench_model.json"))
         print(results["table"])
-        print(f"(all results: {args.out})")
+        print(f"(all results: {args.out or 'bench_model.json'})")
         return
     print(json.dumps(bench_data(args.text, args.seconds)))
 

@@ -79,13 +79,22 @@ def pretrain_step(shape: str | tuple, dtype: str, steps: int, warmup: int = 2, s
         f"data.max_seq_length={seq}", "data.max_predictions_per_seq=20",
         f"train.batch_size={batch}", f"model.vocab_size={vocab_size}", "mesh.data=-1",
         *PEERS_OPTIMIZER])
+    return time_train_step(config, full_length_batch(batch, seq, config.model.vocab_size),
+                           steps, warmup)
+
+
+def time_train_step(config, batch_np: dict, steps: int, warmup: int = 2) -> dict:
+    """The real train step of `config` (train.jit_train_step) on one fixed global batch:
+    tokens/s and MFU over `steps` timed steps after `warmup`, and the compile's seconds."""
+    setup.check(config, platform=setup.platform(), devices=jax.device_count(), processes=1,
+                reads_data=False)
     engine = setup.build(config, sharding.make_mesh(config.mesh))
     mesh = engine.mesh
     with jax.set_mesh(mesh):
         train_state = state.init_state(config, engine.tx, engine.state_sh)
         step_fn = train.jit_train_step(config, engine.graphdef, engine.objective, engine.tx,
                                        engine.schedule, mesh, engine.state_sh)
-        batch = sharding.global_batch(full_length_batch(batch, seq, config.model.vocab_size), mesh, 1)
+        batch = sharding.global_batch(batch_np, mesh, 1)
         t0 = time.perf_counter()
         step_fn = step_fn.lower(train_state, batch).compile()
         compile_s = time.perf_counter() - t0

@@ -301,3 +301,75 @@ def test_bench_pretrain_runs_the_three_recipes_and_fine_tunes_them(tiny_corpus, 
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["summary"]["target_loss"] == pytest.approx(max(best), abs=1e-3)
     assert (tmp_path / "result.md").read_text().startswith("| step |")
+
+
+def test_ragged_layout_gives_each_document_its_offset_and_length():
+    from bert_jax.tools import devicebench
+
+    seg = np.array([[1, 1, 2, 2, 2, 3, 0, 0], [5, 5, 5, 5, 7, 7, 7, 7]], np.int32)
+    offsets, lengths = devicebench.ragged_layout(seg, 3)
+    assert np.asarray(offsets).tolist() == [[0, 2, 5, -1], [0, 4, -1, -1]]
+    assert np.asarray(lengths).tolist() == [[2, 3, 1], [4, 4, -1]]
+
+
+def test_device_bench_batches_are_what_the_objectives_train_on():
+    from bert_jax.tools import devicebench
+    from bert_jax.training import objectives
+
+    for name in devicebench.MODELS:
+        config = devicebench.train_config(name, 128, "xla", 8, smoke=True)
+        batch = devicebench.pretraining_batch(config, docs_per_row=3)
+        spec = objectives.for_config(config).batch_spec(config)
+        assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
+            k: (s.shape, s.dtype) for k, s in spec.items()}
+        if "segment_ids" in batch:  # packed: 3 documents filling each row, positions restart
+            for seg, pos in zip(batch["segment_ids"], batch["positions"], strict=True):
+                assert sorted(set(seg.tolist())) == [1, 2, 3] and np.all(np.diff(seg) >= 0)
+                starts = np.flatnonzero(np.diff(seg)) + 1
+                assert pos[0] == 0 and np.all(pos[starts] == 0)
+        assert np.all(batch["masked_lm_positions"] < 128) and batch["input_ids"].max() < (
+            config.model.vocab_size)
+
+
+def test_every_device_bench_variant_is_a_valid_modernbert_run():
+    from bert_jax.tools import devicebench
+    from bert_jax.training import setup
+
+    for label, changes in devicebench.VARIANTS.items():
+        config = devicebench.train_config("modernbert-base", 1024, "xla", 16, smoke=False,
+                                          extra=tuple(c for c in changes if c[0] != "@"))
+        setup.check(config, platform="gpu", devices=1, processes=1, reads_data=False)
+        assert config.model.scan_layers == ("scan_layers=false" not in str(changes)), label
+
+
+@pytest.mark.slow  # every section's compiles at miniature shapes (about a minute on 2 cores)
+def test_device_bench_smoke_measures_every_section_and_names_what_needs_a_gpu(tmp_path, monkeypatch):
+    from bert_jax.tools import devicebench
+
+    # two of the variants (their configs: the test above): the published run and a cuDNN one
+    first, *_, last = devicebench.VARIANTS.items()
+    monkeypatch.setattr(devicebench, "VARIANTS", dict([first, last]))
+    out = tmp_path / "device.json"
+    devicebench.run(out, smoke=True, sections=("embed",))
+    r = devicebench.run(out, smoke=True, sections=("attention", "train", "variants", "peer"))
+    assert json.loads(out.read_text()) == r and "embed" in r  # the earlier section is kept
+    cpu = "needs a GPU; this machine computes on cpu"
+    for row in r["attention"]:
+        if row["kernel"] == "xla":  # bf16 against the f32 reference: rounding, not a bug
+            assert row["tokens_per_s"] > 0 and max(row["max_rel_error"].values()) < 0.05, row
+        else:
+            assert row["skipped"] == cpu
+    assert {row["layout"] for row in r["attention"] if "layout" in row} == {"padded", "packed"}
+    timed = [row for row in r["train"] + r["variants"] if "tokens_per_s" in row]
+    assert len(timed) == 2 + len(devicebench.VARIANTS) - 1, r
+    assert all(np.isfinite(row["loss"]) and row["mfu"] > 0 for row in timed)
+    skipped = [row["skipped"] for row in r["train"] + r["variants"] if "skipped" in row]
+    assert cpu in skipped and any("bidirectional local windows" in s for s in skipped)
+    assert r["embed"][0]["texts_per_s"] > 0
+    if "tokens_per_s" in r["peer"][0]:  # this environment's transformers has ModernBERT
+        assert "x |" in out.with_suffix(".md").read_text().split("ModernBERT-base train step, bf16 |")[1]
+    else:
+        assert r["peer"][0]["skipped"].startswith("no PyTorch")
+    table = out.with_suffix(".md").read_text()
+    for header in ("attention layer", "train step", "sentence vectors", "one change"):
+        assert header in table
