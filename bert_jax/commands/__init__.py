@@ -73,7 +73,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "transformers)",
         "bert-jax export <checkpoint_dir> st:<out_dir>   (a sentence-transformers folder)")),
     Command("embed", interop.cmd_embed, (
-        "checkpoint", "input", "output", "batch_size", "compilation_cache"), (
+        "checkpoint", "input", "output", "pooling", "batch_size", "compilation_cache"), (
         "bert-jax embed --checkpoint <dir> --input <txt> --output <npy>   (a vector per line)",),
         compiles=True, writes=(("output", "file"),)),
     Command("mine", interop.cmd_mine, (
@@ -81,10 +81,12 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "bert-jax mine --checkpoint <dir> --input <pair file> --output <jsonl> [--negatives 5] "
         "[--corpus <txt>]",), compiles=True, writes=(("output", "file"),)),
     Command("eval-embeddings", interop.cmd_eval_embeddings, (
-        "checkpoint", "sts", "beir", "split", "squad", "bootstrap", "batch_size",
+        "checkpoint", "sts", "beir", "split", "squad", "bm25", "pooling", "bootstrap", "batch_size",
         "compilation_cache"), (
         "bert-jax eval-embeddings --checkpoint <dir> [--sts <STS-B tsv>] [--beir <folder> "
-        "[--split test]] [--squad <json>]",), compiles=True),
+        "[--split test]] [--squad <json>] [--bm25]",
+        "bert-jax eval-embeddings --bm25 --squad <json>   (BM25's retrieval scores alone)"),
+        compiles=True),
     Command("features", interop.cmd_features, (
         "checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
         "compilation_cache"), (

@@ -12,6 +12,7 @@ from bert_jax import paths
 from bert_jax.commands.options import (
     BATCH_SIZE,
     BEIR,
+    BM25,
     BOOTSTRAP,
     CHECKPOINT,
     CORPUS,
@@ -21,6 +22,7 @@ from bert_jax.commands.options import (
     MAX_SEQ_LENGTH,
     NEGATIVES,
     OUTPUT,
+    POOLING,
     SPLIT,
     SQUAD,
     STEP,
@@ -120,7 +122,8 @@ def cmd_embed(args: list[str]) -> None:
         raise FileExistsError(f"--output={output}: already exists; embed never overwrites a file: "
                               "choose a new --output (or remove that one)")
     lines = [line.rstrip("\n") for line in text.utf8_lines(require(INPUT, "embed"))]
-    vectors = sentence_models.embed(source, lines, batch_size=BATCH_SIZE.value or 32)
+    vectors = sentence_models.embed(source, lines, batch_size=BATCH_SIZE.value or 32,
+                                    spec=_sentence_spec(source))
     with paths.path(output).open("wb") as f:
         np.save(f, vectors)
     print(json.dumps({"lines": len(lines), "output": output, "dim": int(vectors.shape[1])}))
@@ -149,22 +152,40 @@ def cmd_mine(args: list[str]) -> None:
                       "negatives": min(len(r["negatives"]) for r in rows)}))
 
 
+def _sentence_spec(source: str):
+    """The checkpoint's SentenceSpec with --pooling's pooling, or None (its own) without it."""
+    import dataclasses
+
+    from bert_jax.interop import sentence_models
+
+    if POOLING.value is None:
+        return None
+    return dataclasses.replace(sentence_models.read_spec(source), pooling=POOLING.value)
+
+
 def cmd_eval_embeddings(args: list[str]) -> None:
     """Prints one JSON line: the checkpoint's sentence vectors scored on STS (Pearson and
     Spearman of cosine) and on retrieval (nDCG@10, MRR@10, recall, MAP@100, ...), each with a
-    seeded 95% bootstrap interval, as sentence-transformers' evaluators compute them."""
+    seeded 95% bootstrap interval, as sentence-transformers' evaluators compute them; --bm25
+    adds BM25's rankings of the same retrieval sets (<set>_bm25), the lexical baseline."""
     import numpy as np
 
     from bert_jax.interop import sentence_models
     from bert_jax.tasks import retrieval
 
-    source = require(CHECKPOINT, "eval-embeddings")
+    source = CHECKPOINT.value
     if args or not (STS.value or BEIR.value or SQUAD.value):
         raise app.UsageError("eval-embeddings takes no arguments and needs --sts, --beir or --squad "
                              f"(got {args})")
+    if source is None and not BM25.value:
+        raise app.UsageError("eval-embeddings needs --checkpoint (or --bm25 alone: BM25's "
+                             "retrieval scores)")
+    if source is None and STS.value:
+        raise app.UsageError("--sts needs --checkpoint: BM25 scores retrieval, not sentence pairs")
 
     def vectors(texts: list[str]) -> np.ndarray:
-        return sentence_models.embed(source, texts, batch_size=BATCH_SIZE.value or 32)
+        return sentence_models.embed(source, texts, batch_size=BATCH_SIZE.value or 32,
+                                     spec=_sentence_spec(source))
 
     result: dict = {"checkpoint": source}
     if STS.value:
@@ -179,7 +200,14 @@ def cmd_eval_embeddings(args: list[str]) -> None:
                                      if name == "beir" else retrieval.squad_retrieval(data))
         asked = [q for q in queries if relevant.get(q)]
         ids = list(corpus)
-        result[name] = {"queries": len(asked), "corpus": len(ids), **retrieval.evaluate_retrieval(
-            vectors([queries[q] for q in asked]), vectors([corpus[c] for c in ids]), ids,
-            [relevant[q] for q in asked], n=BOOTSTRAP.value)}
+        size = {"queries": len(asked), "corpus": len(ids)}
+        wanted = [relevant[q] for q in asked]
+        if source is not None:
+            result[name] = {**size, **retrieval.evaluate_retrieval(
+                vectors([queries[q] for q in asked]), vectors([corpus[c] for c in ids]), ids,
+                wanted, n=BOOTSTRAP.value)}
+        if BM25.value:
+            result[f"{name}_bm25"] = {**size, **retrieval.evaluate_bm25(
+                [queries[q] for q in asked], [corpus[c] for c in ids], ids, wanted,
+                n=BOOTSTRAP.value)}
     print(json.dumps(result))

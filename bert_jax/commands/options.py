@@ -64,6 +64,11 @@ SQUAD = flags.DEFINE_string("squad", None, "eval-embeddings: a SQuAD json file a
 NEGATIVES = flags.DEFINE_integer("negatives", 5, "mine: hard negatives written per query")
 CORPUS = flags.DEFINE_string("corpus", None, "mine: the passages to mine from, one per line "
                              "(default: every positive and negative of the --input pair file)")
+POOLING = flags.DEFINE_enum("pooling", None, ["cls", "mean", "max"], "embed, eval-embeddings: "
+                            "pool the last hidden states this way instead of as the checkpoint "
+                            "says (a pretraining checkpoint: the [CLS] vector)")
+BM25 = flags.DEFINE_boolean("bm25", False, "eval-embeddings: also rank the retrieval sets by "
+                            "BM25 (the bm25s package; without --checkpoint: BM25 only)")
 BOOTSTRAP = flags.DEFINE_integer("bootstrap", 1000, "eval-embeddings: resamples of the 95% "
                                  "confidence intervals (seeded)")
 TOPOLOGY = flags.DEFINE_string("topology", None, "plan: a Cloud TPU slice, e.g. v3-32, v4-32, "

@@ -13,6 +13,7 @@ still counts in recall's and nDCG's denominators, as there.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -26,6 +27,7 @@ from bert_jax.tasks import glue, scoring, squad
 ACCURACY_AT = (1, 3, 5, 10)
 RECALL_AT = (1, 3, 5, 10, 100)
 MRR_AT, NDCG_AT, MAP_AT = (10,), (10,), (100,)
+RANK_DEPTH = max(ACCURACY_AT + RECALL_AT + MRR_AT + NDCG_AT + MAP_AT)  # documents ranked per query
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -56,15 +58,23 @@ def rank(query_emb: np.ndarray, corpus_emb: np.ndarray, corpus_ids: Sequence[str
     """[Q, min(k, N)] corpus indices of each query's top k by cosine, ties by ascending id."""
     query_emb, corpus_emb = np.asarray(query_emb), np.asarray(corpus_emb)
     _check_rows(query_emb, corpus_emb, "rank")
+    corpus = _unit(corpus_emb)
+    return rank_by(lambda start, stop: _unit(query_emb[start:stop]) @ corpus.T, len(query_emb),
+                   corpus_ids, k, chunk)
+
+
+def rank_by(scores_of: Callable[[int, int], np.ndarray], n_queries: int, corpus_ids: Sequence[str],
+            k: int, chunk: int = 1024) -> np.ndarray:
+    """[Q, min(k, N)] corpus indices of each query's top k by `scores_of(start, stop)` (the
+    [stop - start, N] scores of those queries against the corpus), ties by ascending id."""
     k = min(k, len(corpus_ids))
     if k < 1:
         raise ValueError("rank: an empty corpus, or k < 1")
     by_id = np.empty(len(corpus_ids), np.int64)  # each document's place in ascending id order
     by_id[sorted(range(len(corpus_ids)), key=corpus_ids.__getitem__)] = np.arange(len(corpus_ids))
-    corpus = _unit(corpus_emb)
-    out = np.zeros((len(query_emb), k), np.int64)
-    for start in range(0, len(query_emb), chunk):
-        scores = _unit(query_emb[start:start + chunk]) @ corpus.T
+    out = np.zeros((n_queries, k), np.int64)
+    for start in range(0, n_queries, chunk):
+        scores = scores_of(start, min(start + chunk, n_queries))
         # Every document scoring at least the k-th best score is a candidate (ties included), then
         # the candidates sort by (-score, id).
         kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
@@ -74,11 +84,32 @@ def rank(query_emb: np.ndarray, corpus_emb: np.ndarray, corpus_ids: Sequence[str
     return out
 
 
+def bm25_scores(corpus_texts: Sequence[str]) -> Callable[[Sequence[str]], np.ndarray]:
+    """BM25 of the corpus (the maintained `bm25s` package: Lucene's variant, k1 = 1.5, b = 0.75,
+    lowercased words of 2+ letters or digits, English stop words removed, no stemming): a
+    function of query texts giving their [Q, N] scores. A query of stop words only scores 0."""
+    try:
+        import bm25s
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # its "Building index" lines
+    except ImportError:
+        raise ImportError("BM25 needs the bm25s package: pip install 'bert_jax[retrieval]' "
+                          "(or pip install bm25s)") from None
+    index = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
+    index.index(bm25s.tokenize(list(corpus_texts), stopwords="en", show_progress=False),
+                show_progress=False)
+    n = len(corpus_texts)
+
+    def scores(queries: Sequence[str]) -> np.ndarray:
+        tokens = bm25s.tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
+        return np.stack([index.get_scores(t) if t else np.zeros(n, np.float32) for t in tokens])
+    return scores
+
+
 def retrieval_per_query(hits: np.ndarray, n_relevant: np.ndarray) -> dict[str, np.ndarray]:
     """Each query's metrics from `hits` [Q, K] (is the r-th ranked document relevant) and its
     count of relevant documents, with InformationRetrievalEvaluator's formulas."""
     hits, n_rel = np.asarray(hits, bool), np.asarray(n_relevant, np.float64)
-    width = max(ACCURACY_AT + RECALL_AT + MRR_AT + NDCG_AT + MAP_AT)
+    width = RANK_DEPTH
     hits = np.pad(hits, [(0, 0), (0, max(0, width - hits.shape[1]))])  # a corpus under k documents
     discount = 1 / np.log2(np.arange(width) + 2)
     out = {}
@@ -107,8 +138,12 @@ def retrieval_metrics(query_emb: np.ndarray, corpus_emb: np.ndarray, corpus_ids:
                          "relevant ids; each query needs at least one (and there must be a query)")
     if len(set(corpus_ids)) != len(corpus_ids) or len(corpus_ids) != len(corpus_emb):
         raise ValueError("retrieval_metrics: corpus ids must be unique, one per corpus embedding")
-    width = max(ACCURACY_AT + RECALL_AT + MRR_AT + NDCG_AT + MAP_AT)
-    top = rank(query_emb, corpus_emb, corpus_ids, width)
+    return ranking_metrics(rank(query_emb, corpus_emb, corpus_ids, RANK_DEPTH), corpus_ids, relevant)
+
+
+def ranking_metrics(top: np.ndarray, corpus_ids: Sequence[str], relevant: Sequence[set[str]]
+                    ) -> dict[str, np.ndarray]:
+    """Per-query metrics of rankings `top` ([Q, K] corpus indices, best first)."""
     hits = np.array([[corpus_ids[i] in rel for i in row] for row, rel in zip(top, relevant)], bool)
     return retrieval_per_query(hits.reshape(len(top), -1), np.array([len(r) for r in relevant]))
 
@@ -150,10 +185,29 @@ def evaluate_retrieval(query_emb: np.ndarray, corpus_emb: np.ndarray, corpus_ids
                        relevant: Sequence[set[str]], *, n: int = 1000, seed: int = 0
                        ) -> dict[str, float | list[float]]:
     """The means of retrieval_metrics with bootstrap intervals over the queries."""
-    per_query = retrieval_metrics(query_emb, corpus_emb, corpus_ids, relevant)
+    return _with_bootstrap(retrieval_metrics(query_emb, corpus_emb, corpus_ids, relevant), n, seed)
+
+
+def evaluate_bm25(queries: Sequence[str], corpus: Sequence[str], corpus_ids: Sequence[str],
+                  relevant: Sequence[set[str]], *, n: int = 1000, seed: int = 0
+                  ) -> dict[str, float | list[float]]:
+    """evaluate_retrieval's metrics and intervals of BM25's rankings (bm25_scores)."""
+    if not relevant or len(queries) != len(relevant) or any(not r for r in relevant):
+        raise ValueError(f"evaluate_bm25: {len(queries)} queries, {len(relevant)} sets of relevant "
+                         "ids; each query needs at least one (and there must be a query)")
+    scores = bm25_scores(corpus)
+    top = rank_by(lambda start, stop: scores(queries[start:stop]), len(queries), corpus_ids,
+                  RANK_DEPTH)
+    return _with_bootstrap(ranking_metrics(top, corpus_ids, relevant), n, seed)
+
+
+def _with_bootstrap(per_query: dict[str, np.ndarray], n: int, seed: int
+                    ) -> dict[str, float | list[float]]:
+    """The means of per-query metrics with bootstrap intervals over the queries."""
     values = {name: v.mean() for name, v in per_query.items()}
+    n_queries = len(next(iter(per_query.values())))
     intervals = bootstrap(lambda i: {name: v[i].mean() for name, v in per_query.items()},
-                          len(relevant), n=n, seed=seed)
+                          n_queries, n=n, seed=seed)
     return with_intervals(values, intervals)
 
 

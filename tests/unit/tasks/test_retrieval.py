@@ -210,6 +210,15 @@ def test_the_command_scores_a_converted_model_as_sentence_transformers_does(mini
         precision_recall_at_k=list(retrieval.RECALL_AT), write_csv=False)(model)
     for name, value in ref.items():
         assert got["beir"][name.removeprefix("cosine_")] == pytest.approx(value, abs=1e-4), name
+    # --pooling: the [CLS] vector (normalised, as the folder's Normalize) instead of the mean
+    texts = s1[:3]
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    code, _, err = cli(["embed", f"--checkpoint={out}", f"--input={tmp_path / 'texts.txt'}",
+                        f"--output={tmp_path / 'cls.npy'}", "--pooling=cls"])
+    assert code == 0, err
+    tokens = model.encode(texts, output_value="token_embeddings")
+    want = np.stack([t[0].numpy() / np.linalg.norm(t[0].numpy()) for t in tokens])
+    np.testing.assert_allclose(np.load(tmp_path / "cls.npy"), want, atol=2e-5)
 
 
 def test_bootstrap_intervals_are_seeded_and_hold_the_estimate():
@@ -220,3 +229,61 @@ def test_bootstrap_intervals_are_seeded_and_hold_the_estimate():
     assert low < values.mean() < high and 0.1 < high - low < 0.3, (low, high)
     assert retrieval.bootstrap(lambda i: {"mean": values[i].mean()}, len(values), n=300, seed=1) == ci
     assert retrieval.bootstrap(lambda i: {"mean": values[i].mean()}, len(values), n=300, seed=2) != ci
+
+
+def _lucene_bm25(query: list[str], docs: list[list[str]], k1: float = 1.5, b: float = 0.75):
+    """BM25 as Lucene scores it (no (k1 + 1) factor; idf = ln(1 + (N - df + 0.5) / (df + 0.5))),
+    written out here from the formula, for each document."""
+    n, avgdl = len(docs), sum(map(len, docs)) / len(docs)
+    out = []
+    for doc in docs:
+        score = 0.0
+        for term in set(query):
+            df, tf = sum(term in d for d in docs), doc.count(term)
+            if df and tf:
+                idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+                score += idf * tf / (tf + k1 * (1 - b + b * len(doc) / avgdl))
+        out.append(score)
+    return np.array(out)
+
+
+def test_bm25_scores_are_lucenes_formula_without_stop_words():
+    pytest.importorskip("bm25s")
+    docs = ["Cats chase mice, and mice fear cats.", "Dogs chase cats.", "Parrots talk; dogs bark",
+            "A quiet library of books"]
+    words = [[w for w in d.lower().replace(",", " ").replace(".", " ").replace(";", " ").split()
+              if w not in ("and", "a", "of")] for d in docs]  # the English stop words among them
+    scores = retrieval.bm25_scores(docs)(["dogs chase cats", "The library!", "of and a", "zebra"])
+    for got, query in zip(scores, (["dogs", "chase", "cats"], ["library"]), strict=False):
+        np.testing.assert_allclose(got, _lucene_bm25(query, words), rtol=1e-5)
+    assert not scores[2].any() and not scores[3].any()  # stop words only; an unknown word
+
+
+def test_bm25_retrieval_ranks_by_its_scores_and_breaks_ties_by_id():
+    pytest.importorskip("bm25s")
+    corpus = {"d2": "the red fox jumps", "d1": "a red fox sleeps", "d3": "green turtles swim"}
+    got = retrieval.evaluate_bm25(["red fox", "turtles", "sleeps fox"], list(corpus.values()),
+                                  list(corpus), [{"d1"}, {"d3"}, {"d1"}], n=20)
+    # "red fox": d1 and d2 tie (same words, same length): d1 first by id; the others at rank 1.
+    assert got["accuracy@1"] == 1.0 and got["mrr@10"] == 1.0
+    got = retrieval.evaluate_bm25(["red fox"], list(corpus.values()), list(corpus), [{"d2"}], n=20)
+    assert got["mrr@10"] == 0.5 and got["recall@3"] == 1.0
+
+
+def test_eval_embeddings_scores_bm25_alone_and_refuses_what_bm25_cannot_score(tmp_path, cli):
+    pytest.importorskip("bm25s")
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [
+        {"context": "The Eiffel tower is in Paris.", "qas": [
+            {"id": "q1", "question": "Where is the Eiffel tower?", "answers": []}]},
+        {"context": "Turtles swim in the green sea.", "qas": [
+            {"id": "q2", "question": "What do turtles do in the sea?", "answers": []}]}]}]}))
+    code, stdout, err = cli(["eval-embeddings", "--bm25", f"--squad={squad}", "--bootstrap=10"])
+    assert code == 0, err
+    got = json.loads(stdout.splitlines()[-1])
+    assert got["squad_bm25"]["queries"] == 2 and got["squad_bm25"]["ndcg@10"] == 1.0
+    assert "squad" not in got
+    code, _, err = cli(["eval-embeddings", f"--squad={squad}"])
+    assert code != 0 and "needs --checkpoint (or --bm25" in err
+    code, _, err = cli(["eval-embeddings", "--bm25", f"--squad={squad}", f"--sts={squad}"])
+    assert code != 0 and "--sts needs --checkpoint" in err
