@@ -62,6 +62,12 @@
       on the same CPU: texts/s after a warm-up pass, load and first-pass seconds, the smallest
       cosine between the two.
 
+  python -m bert_jax.tools.bench modernbert [--shapes mini,base] [--lengths 128,1024]
+            [--dtypes float32,bfloat16] [--repeats 5] [--steps 3] [--out bench_modernbert.json]
+      Our ModernBERT train step beside HF's ModernBertForMaskedLM in PyTorch (sdpa, eager,
+      sdpa + torch.compile) on this machine, same rows and masked positions, runs interleaved;
+      each ratio's median and range over the repeats (docs/speed.md#modernbert-beside-hf).
+
   python -m bert_jax.tools.bench device [--out bench_device.json] [--sections ...] [--smoke]
       The GPU measurements as one short run (about 8 minutes on one H100; docs/speed.md#on-a-gpu):
       xla against cuDNN attention on padded and packed rows (tokens/s, error against f32),
@@ -496,7 +502,7 @@ def attention_main(args, overrides: list[str]) -> dict:
     def split(text: str) -> list[str]:
         return [x for x in text.split(",") if x]
 
-    lengths = [int(x) for x in split(args.lengths)]
+    lengths = [int(x) for x in split(args.lengths or "512,2048,8192")]
     unknown = [p for p in split(args.patterns) if p not in ATTENTION_PATTERNS]
     if unknown:
         raise SystemExit(f"--patterns: {unknown[0]!r}; choose from {', '.join(ATTENTION_PATTERNS)}")
@@ -581,8 +587,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["data", "multi30k", "model", "restart", "long",
-                                         "attention", "longdoc", "pretrain", "embed", "device"])
-    parser.add_argument("--lengths", default="512,2048,8192", help="attention: sequence lengths")
+                                         "attention", "longdoc", "pretrain", "embed", "device",
+                                         "modernbert"])
+    parser.add_argument("--lengths", default=None, help="attention: sequence lengths (default "
+                        "512,2048,8192); modernbert: tokens per row (default 128,1024)")
     parser.add_argument("--topologies", default="v5litepod-8,v5p-8", help="attention: TPU slices")
     parser.add_argument("--kernels", default="xla,splash", help="attention: kernels planned")
     parser.add_argument("--patterns", default="full,local,bigbird",
@@ -599,6 +607,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="model: results file (default "
                         "bench_model.json); device: the JSON file, its table beside it as .md "
                         "(default bench_device.json)")
+    parser.add_argument("--shapes", default="mini,base", help="modernbert: of mini, base")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="modernbert: compute dtypes")
+    parser.add_argument("--repeats", type=int, default=5, help="modernbert: interleaved runs")
     parser.add_argument("--sections", default="attention,train,embed,peer", help="device: "
                         "which to measure (each added to --out, keeping the others there)")
     parser.add_argument("--smoke", action="store_true", help="device: miniature shapes, seconds "
@@ -641,6 +652,22 @@ def main() -> None:
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.what == "modernbert":
+        from bert_jax.tools import modernbench
+
+        out = Path(args.out or "bench_modernbert.json")
+        lengths = [int(x) for x in (args.lengths or "128,1024").split(",")]
+        results = []
+        for shape in args.shapes.split(","):
+            for dtype in args.dtypes.split(","):
+                for length in lengths:
+                    results.append(modernbench.compare(shape, length, dtype, repeats=args.repeats,
+                                                       steps=args.steps or 3))
+                    out.write_text(json.dumps(results, indent=1))
+                    print(json.dumps(results[-1]), flush=True)
+        print(modernbench.table(results))
+        print(f"(all results: {out})")
+        return
     if args.what == "device":
         from bert_jax.tools import devicebench
 

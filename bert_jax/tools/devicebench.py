@@ -9,7 +9,9 @@ limit keeps what it finished):
              (`cudnn`, each row one sequence then padding) and on packed rows (several
              documents per row, segment ids: our cudnn kernel refuses them, so this row calls
              cuDNN's ragged layout directly, jax's private fused_attention_stablehlo API, as an
-             experiment), at 512, 1,024 and 8,192 tokens per row; tokens/s and the largest
+             experiment; `cudnn_ragged_any`: the same with room for a document per token, the
+             bound a kernel that cannot know the packing ahead would pass), at 512, 1,024 and
+             8,192 tokens per row; tokens/s and the largest
              difference from an f32 xla reference (output and each gradient, relative to the
              reference's largest value).
   train      the real train step (train.jit_train_step) of BERT-Base (MLM + NSP, unpacked
@@ -232,6 +234,10 @@ def attention_fns(masking: Masking, segment_ids, docs: int) -> dict[str, Callabl
         cudnn = kernel_registry.get("cudnn")
         fns["cudnn"] = lambda q, k, v: cudnn(q, k, v, masking)[0]
         fns["cudnn_ragged"] = lambda q, k, v: ragged_cudnn(q, k, v, segment_ids, docs)
+        # a bound that holds for any packing (a document per token at most): what a kernel
+        # that cannot know the documents per row ahead would pass
+        fns["cudnn_ragged_any"] = lambda q, k, v: ragged_cudnn(q, k, v, segment_ids,
+                                                               segment_ids.shape[1])
     return fns
 
 
@@ -251,7 +257,7 @@ def attention_rows(plan: dict, heads: int = 12, head_dim: int = 64) -> list[dict
             fns = attention_fns(Masking(seg, seg, pos, pos), seg, plan["docs_per_row"])
             reference = jax.jit(functools.partial(_forward_and_grads, fns["xla"]))(q, k, v)
             for name, fn in fns.items():
-                if (name == "cudnn_ragged") != (layout == "packed") and name != "xla":
+                if name.startswith("cudnn_ragged") != (layout == "packed") and name != "xla":
                     continue  # cudnn takes each row as one sequence; ragged is for packed rows
                 row = {"layout": layout, "tokens_per_row": length, "rows": B, "kernel": name}
                 row |= guarded(functools.partial(_time_attention, fn, (q, k, v), seg, reference,
@@ -331,58 +337,25 @@ def embed_rows(plan: dict, smoke: bool) -> list[dict]:
 
 
 def peer_rows(plan: dict, smoke: bool) -> list[dict]:
-    """HF transformers' ModernBertForMaskedLM (PyTorch, sdpa attention, bf16 autocast, AdamW,
-    logits at the masked positions only: sparse_prediction) at our ModernBERT rows' shapes, ids
-    and masked positions, its config made by our export (families.get("modernbert")); each row
-    one sequence (its sdpa path has no segment ids), so it does the same matmuls as ours."""
+    """HF transformers' ModernBertForMaskedLM (modernbench.HFModernBert: PyTorch, sdpa
+    attention, bf16 autocast, AdamW, logits at the masked positions only) at our ModernBERT
+    rows' shapes, ids and masked positions; each row one sequence (its sdpa path has no segment
+    ids), so it does the same matmuls as ours."""
     try:
-        import torch
-        import transformers
+        import torch  # noqa: F401 -- only whether it is here
+        import transformers  # noqa: F401
     except ImportError as e:
         return [_said({"skipped": f"no PyTorch/transformers here ({e})"})]
-    from bert_jax.interop import families
+    from bert_jax.tools.modernbench import HFModernBert
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for length in plan["lengths"]:
         def measure(length=length):
             config = train_config("modernbert-base", length, "xla", train_rows_at(plan, length), smoke)
-            batch = pretraining_batch(config, plan["docs_per_row"])
-            cfg = models.split_model_config(config_lib.model_config(config))[1]
-            hf = families.get("modernbert").config_to_hf("bert_pretraining", cfg,
-                                                         {"pad": 0, "cls": 1, "sep": 2})
-            hf_config = transformers.ModernBertConfig(**{k: v for k, v in hf.items()
-                                                         if k != "architectures"})
-            hf_config.sparse_prediction = True
-            hf_config._attn_implementation = "sdpa"
-            model = transformers.ModernBertForMaskedLM(hf_config).to(device)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            ids = torch.as_tensor(batch["input_ids"], dtype=torch.long, device=device)
-            labels = torch.full_like(ids, -100)
-            at = torch.as_tensor(batch["masked_lm_positions"], dtype=torch.long, device=device)
-            labels.scatter_(1, at, torch.as_tensor(batch["masked_lm_ids"], dtype=torch.long,
-                                                   device=device))
-            mask = torch.ones_like(ids)
-
-            def step():
-                with torch.autocast(device, dtype=torch.bfloat16):
-                    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                return loss
-
-            for _ in range(2):
-                step()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(plan["steps"]):
-                loss = step()
-            float(loss)  # waits for the last step
-            seconds = (time.perf_counter() - t0) / plan["steps"]
-            return {"tokens_per_s": ids.numel() / seconds, "step_s": seconds,
-                    "torch": torch.__version__, "transformers": transformers.__version__}
+            peer = HFModernBert(config, pretraining_batch(config, plan["docs_per_row"]))
+            peer.run(2)
+            seconds = peer.run(plan["steps"]) / plan["steps"]
+            return {"tokens_per_s": peer.tokens / seconds, "step_s": seconds, **peer.versions}
         rows.append(_said({"model": "HF ModernBertForMaskedLM (sdpa)", "tokens_per_row": length,
                            "rows": train_rows_at(plan, length), **guarded(measure)}))
     return rows

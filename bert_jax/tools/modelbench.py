@@ -83,34 +83,46 @@ def pretrain_step(shape: str | tuple, dtype: str, steps: int, warmup: int = 2, s
                            steps, warmup)
 
 
+class OurStep:
+    """The real train step of `config` (train.jit_train_step), compiled for one fixed global
+    batch and run on demand: `run(steps)` gives their seconds, `metrics` the last step's."""
+
+    def __init__(self, config, batch_np: dict):
+        setup.check(config, platform=setup.platform(), devices=jax.device_count(), processes=1,
+                    reads_data=False)
+        engine = setup.build(config, sharding.make_mesh(config.mesh))
+        self.mesh = engine.mesh
+        with jax.set_mesh(self.mesh):
+            self.state = state.init_state(config, engine.tx, engine.state_sh)
+            step_fn = train.jit_train_step(config, engine.graphdef, engine.objective, engine.tx,
+                                           engine.schedule, self.mesh, engine.state_sh)
+            self.batch = sharding.global_batch(batch_np, self.mesh, 1)
+            t0 = time.perf_counter()
+            self.step_fn = step_fn.lower(self.state, self.batch).compile()
+            self.compile_s = time.perf_counter() - t0
+        self.metrics: dict = {}
+
+    def run(self, steps: int) -> float:
+        with jax.set_mesh(self.mesh):
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                self.state, metrics = self.step_fn(self.state, self.batch)
+            self.metrics = jax.device_get(metrics)
+            return time.perf_counter() - t0
+
+
 def time_train_step(config, batch_np: dict, steps: int, warmup: int = 2) -> dict:
     """The real train step of `config` (train.jit_train_step) on one fixed global batch:
     tokens/s and MFU over `steps` timed steps after `warmup`, and the compile's seconds."""
-    setup.check(config, platform=setup.platform(), devices=jax.device_count(), processes=1,
-                reads_data=False)
-    engine = setup.build(config, sharding.make_mesh(config.mesh))
-    mesh = engine.mesh
-    with jax.set_mesh(mesh):
-        train_state = state.init_state(config, engine.tx, engine.state_sh)
-        step_fn = train.jit_train_step(config, engine.graphdef, engine.objective, engine.tx,
-                                       engine.schedule, mesh, engine.state_sh)
-        batch = sharding.global_batch(batch_np, mesh, 1)
-        t0 = time.perf_counter()
-        step_fn = step_fn.lower(train_state, batch).compile()
-        compile_s = time.perf_counter() - t0
-        for _ in range(warmup):
-            train_state, metrics = step_fn(train_state, batch)
-        jax.block_until_ready(metrics)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            train_state, metrics = step_fn(train_state, batch)
-        metrics = jax.device_get(metrics)
-        seconds = time.perf_counter() - t0
+    ours = OurStep(config, batch_np)
+    ours.run(warmup)
+    seconds = ours.run(steps)
+    metrics = ours.metrics
     peak, source = peak_flops_per_device()
     devices = 1 if jax.devices()[0].platform == "cpu" else jax.device_count()
     return {"tokens_per_s": float(metrics["tokens"]) * steps / seconds,
             "step_s": seconds / steps, "mfu": mfu(float(metrics["flops"]), seconds / steps, devices, peak),
-            "peak_flops": peak, "peak_source": source, "compile_s": compile_s,
+            "peak_flops": peak, "peak_source": source, "compile_s": ours.compile_s,
             "loss": float(metrics["loss"])}
 
 

@@ -373,3 +373,16 @@ def test_device_bench_smoke_measures_every_section_and_names_what_needs_a_gpu(tm
     table = out.with_suffix(".md").read_text()
     for header in ("attention layer", "train step", "sentence vectors", "one change"):
         assert header in table
+
+
+def test_modernbert_bench_interleaves_ours_and_hf_and_reports_each_ratio():
+    pytest.importorskip("torch")
+    from bert_jax.tools import devicebench, modernbench
+
+    r = modernbench.compare("mini", 128, "float32", variants=("sdpa",), repeats=2, steps=1,
+                            extra=(*devicebench.SMOKE_MODEL, "model.attention_window=16"))
+    assert r["rows"] == 4096 // 128 and set(r["tokens_per_s"]) == {"ours", "sdpa"}
+    q = r["ratios"]["sdpa"]
+    assert 0 < q["min"] <= q["median"] <= q["max"]
+    row = modernbench.table([r]).splitlines()[-1]
+    assert row.startswith("| mini | 128 | 32 | float32 |") and f"{q['median']:.2f}x" in row
