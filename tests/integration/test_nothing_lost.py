@@ -53,14 +53,16 @@ def test_a_busy_workdir_stops_at_once_naming_the_other_run(tmp_path):
     assert steps_on_disk(tmp_path) == []
 
 
-def test_a_lock_left_by_a_dead_run_is_taken_over(tmp_path):
+def test_a_lock_left_by_a_dead_run_is_taken_over(trained, tmp_path):
+    # The run `trained` made, its lock left by a process that is gone: the rerun takes the lock
+    # over (train_and_evaluate holds it from its start), resumes at step 4 and lets it go.
+    shutil.copytree(trained, tmp_path / "run")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     holder = {"pid": dead.pid, "host": socket.gethostname(), "since": "2026-11-23 10:00:00"}
-    (tmp_path / paths.LOCK_NAME).write_text(json.dumps(holder))
-    # small() as is: the run `trained` makes, so its programs come from the compilation cache
-    summary = train.train_and_evaluate(small(), str(tmp_path))
-    assert summary["step"] == 4 and not (tmp_path / paths.LOCK_NAME).exists()
+    (tmp_path / "run" / paths.LOCK_NAME).write_text(json.dumps(holder))
+    summary = train.train_and_evaluate(small(), str(tmp_path / "run"))
+    assert summary["step"] == 4 and not (tmp_path / "run" / paths.LOCK_NAME).exists()
 
 
 def test_a_workdir_inside_a_file_is_one_clear_error(tmp_path):

@@ -44,9 +44,9 @@ def reference(folder, texts) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("st") / "minilm"
-    report = sentence_models.convert_st(PUBLISHED, out)
+def converted(converted_minilm):
+    """PUBLISHED converted by sentence_models.convert_st (once a session: conftest.py)."""
+    out, report = converted_minilm
     assert report["sentence"] == {"pooling": "mean", "normalize": True, "max_seq_length": 256,
                                   "do_lower_case": False}
     return out

@@ -173,13 +173,13 @@ def test_beir_reader(tmp_path):
         retrieval.read_beir(tmp_path)
 
 
-def test_the_command_scores_a_converted_model_as_sentence_transformers_does(minilm, tmp_path, cli):
-    """`bert-jax eval-embeddings` on the converted all-MiniLM-L6-v2 (our embed) against the
-    evaluators on SentenceTransformer itself: STS-B dev's first 100 pairs, and a BEIR folder of
-    60 SQuAD dev questions over their 30 paragraphs."""
-    from bert_jax.interop import sentence_models
-
-    st, model, folder = minilm
+def test_the_command_scores_a_converted_model_as_sentence_transformers_does(minilm, converted_minilm,
+                                                                             tmp_path, cli):
+    """`bert-jax eval-embeddings` on the converted all-MiniLM-L6-v2 (our embed; converted once a
+    session, conftest.py) against the evaluators on SentenceTransformer itself: STS-B dev's
+    first 100 pairs, and a BEIR folder of 60 SQuAD dev questions over their 30 paragraphs."""
+    st, model, _ = minilm
+    out, _ = converted_minilm
     sts = _data("glue", "STS-B", "dev.tsv")
     (tmp_path / "sts.tsv").write_text("".join(sts.read_text("utf-8").splitlines(True)[:101]))
     corpus, queries, relevant = retrieval.squad_retrieval(_data("squad", "dev-v1.1.json"))
@@ -193,8 +193,6 @@ def test_the_command_scores_a_converted_model_as_sentence_transformers_does(mini
                                                 for q in asked))
     (beir / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
         f"{q}\t{c}\t1\n" for q in asked for c in relevant[q]))
-    out = tmp_path / "minilm"
-    sentence_models.convert_st(folder, out)
     code, stdout, err = cli(["eval-embeddings", f"--checkpoint={out}", f"--sts={tmp_path / 'sts.tsv'}",
                              f"--beir={beir}", "--split=dev", "--bootstrap=50"])
     assert code == 0, err
