@@ -253,6 +253,43 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
     return traverse_util.unflatten_dict(out, sep="/"), missing, unused
 
 
+# Sizes config.json states that a tensor's shape shows: (BERT's tensor name, axis, our model
+# field, config.json's key).
+EVIDENCE = (
+    ("embeddings.word_embeddings.weight", 0, "vocab_size", "vocab_size"),
+    ("embeddings.word_embeddings.weight", 1, "emb_dim", "hidden_size"),
+    ("embeddings.position_embeddings.weight", 0, "max_len", "max_position_embeddings"),
+    ("embeddings.token_type_embeddings.weight", 0, "type_vocab_size", "type_vocab_size"),
+    ("encoder.layer.0.intermediate.dense.weight", 0, "mlp_dim", "intermediate_size"),
+)
+# A layer's index in any family's tensor names (BERT's and RoBERTa's encoder.layer.{i}.,
+# ModernBERT's layers.{i}.).
+_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def check_config_sizes(weights: dict[str, np.ndarray], model_cfg: dict[str, Any],
+                       file_names: dict[str, str], config_file: object) -> None:
+    """config.json's sizes against the tensors' shapes (`weights` under BERT's names,
+    `file_names`: {BERT name: the checkpoint's name} of every tensor in the checkpoint), and
+    its layer count against the layers the tensors hold: a contradiction is a ValueError
+    naming both sides."""
+    def refuse(said: str, shown: str) -> ValueError:
+        return ValueError(f"{config_file}: {said} but {shown}; the config does not belong to these "
+                          "weights: use the config.json that came with them")
+
+    for name, axis, field, key in EVIDENCE:
+        tensor = weights.get(name)
+        if tensor is None or tensor.ndim != 2 or tensor.shape[axis] == model_cfg[field]:
+            continue
+        raise refuse(f"{key}={model_cfg[field]}", f"{file_names.get(name, name)} has shape "
+                     f"{tuple(tensor.shape)} ({tensor.shape[axis]} {'rows' if axis == 0 else 'columns'})")
+    layers = {int(m.group(1)) for n in file_names.values() if (m := _LAYER.search(n))}
+    if layers and max(layers) + 1 != model_cfg["num_layers"]:
+        count = max(layers) + 1
+        raise refuse(f"num_hidden_layers={model_cfg['num_layers']}", f"the weights hold {count} "
+                     f"layer{'s' if count > 1 else ''} (0 to {count - 1})")
+
+
 def check_padding_row(weights: dict[str, np.ndarray], model_cfg: dict[str, Any],
                       file_names: dict[str, str], config_file: object) -> None:
     """Positions after the pad id (RoBERTa's: model.position_offset = pad id + 1) have the
@@ -262,9 +299,16 @@ def check_padding_row(weights: dict[str, np.ndarray], model_cfg: dict[str, Any],
     shifted by the difference)."""
     offset, name = model_cfg["position_offset"], "embeddings.position_embeddings.weight"
     table = weights.get(name)
-    if not offset or table is None or table.ndim != 2:
+    if table is None or table.ndim != 2:
         return
     zero = [i for i in range(table.shape[0]) if not np.any(table[i])]
+    if not offset:  # positions from row 0: a padding row marks a table read after a pad id
+        if len(zero) == 1 and table.shape[0] > 1:
+            raise ValueError(f"{config_file}: model_type={model_cfg['hf_family']!r} reads positions "
+                             f"from row 0 of {file_names.get(name, name)}, but its row {zero[0]} is "
+                             f"all zero: a padding row, as a RoBERTa's (positions after pad_token_id="
+                             f"{zero[0]}); use the config.json that came with these weights")
+        return
     if zero and offset - 1 not in zero:
         raise ValueError(f"{config_file}: pad_token_id={offset - 1} makes row {offset - 1} of "
                          f"{file_names.get(name, name)} the padding row, but the table's all-zero "
@@ -401,7 +445,11 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
             raise ValueError(f"{tokenizer.vocab_file} has {tokenizer.vocab_size} tokens but the model "
                              f"config says vocab_size={model_cfg['vocab_size']}; use the "
                              f"{tokenizer.vocab_file.name} that came with the model")
+        in_file = list(weights)
         weights, file_names = family.from_hf(weights, name, model_cfg["num_layers"])
+        # (the tensors from_hf did not take too: a layer past the config's count)
+        check_config_sizes(weights, model_cfg, {**{n: n for n in in_file}, **file_names},
+                           _config_file(origin))
         check_padding_row(weights, model_cfg, file_names, _config_file(origin))
         params, missing, unused = convert_hf_weights(weights, model_cfg, file_names=file_names)
         encoder = "".join(f"{k}/" for k in models.encoder_path(name))

@@ -126,6 +126,20 @@ def copy_of(name: str, *then: Callable[[Path], None]):
     return setup
 
 
+def bare_weights(folder: Path) -> None:
+    """The folder's tensors without the `bert.` prefix (as a bare encoder's: no family's names)."""
+    import safetensors.numpy
+
+    tensors = safetensors.numpy.load_file(folder / "model.safetensors")
+    safetensors.numpy.save_file({k.removeprefix("bert."): v for k, v in tensors.items()},
+                                folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def cut_short(name: str, by: int):
+    """A change cutting the folder's file `name` short by `by` bytes (a download stopped early)."""
+    return lambda folder: (folder / name).write_bytes((folder / name).read_bytes()[:-by])
+
+
 def hf_config(**changes):
     def change(folder: Path) -> None:
         cfg = json.loads((folder / "config.json").read_text())
@@ -529,10 +543,30 @@ CONVERT_CASES = [
          setup=copy_of("hf", remove("model.safetensors"), replace("pytorch_model.bin", b"not a zip"))),
     case("convert-bad-index", "convert hf:{tmp}/hf {tmp}/out", 1, "model.safetensors.index.json",
          setup=copy_of("hf", remove("model.safetensors"), replace("model.safetensors.index.json", "{}"))),
-    case("convert-wrong-shapes", "convert hf:{tmp}/hf {tmp}/out", 1, "shape", "config",
+    case("convert-safetensors-cut-short", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/model.safetensors: not a valid safetensors file", "the file is cut short",
+         "download the model's files again", setup=copy_of("hf", cut_short("model.safetensors", 100))),
+    case("convert-safetensors-header-length-past-the-end", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/model.safetensors: not a valid safetensors file", "its header length says",
+         setup=copy_of("hf", lambda d: (d / "model.safetensors").write_bytes(
+             b"\xff" * 8 + (d / "model.safetensors").read_bytes()[8:]))),
+    # config.json's sizes against the tensors' shapes: both sides named
+    case("convert-wrong-shapes", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/config.json: intermediate_size=48",
+         "encoder.layer.0.intermediate.dense.weight has shape (64, 32)", "use the config.json",
          setup=copy_of("hf", hf_config(intermediate_size=48))),
-    case("convert-wrong-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "shape",
+    case("convert-wrong-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json: vocab_size=300",
+         "word_embeddings.weight has shape (128, 32) (128 rows)",
          setup=copy_of("hf", hf_config(vocab_size=300))),
+    case("convert-positions-not-the-table", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: max_position_embeddings=1024", "bert.embeddings.position_embeddings.weight has shape",
+         setup=copy_of("hf", hf_config(max_position_embeddings=1024))),
+    case("convert-segments-not-the-table", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: type_vocab_size=1",
+         "bert.embeddings.token_type_embeddings.weight has shape (2, 32) (2 rows)",
+         setup=copy_of("hf", hf_config(type_vocab_size=1))),
+    case("convert-fewer-layers-than-the-weights", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: num_hidden_layers=2 but the weights hold 1 layer (0 to 0)",
+         setup=copy_of("hf", hf_config(num_hidden_layers=2))),
     case("convert-vocab-bigger-than-model", "convert hf:{tmp}/hf {tmp}/out", 1, "vocab.txt", "vocab_size",
          setup=copy_of("hf", replace("vocab.txt", "\n".join(
              ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(200)]) + "\n"))),
@@ -938,13 +972,14 @@ def as_roberta_weights(folder: Path) -> None:
                                 metadata={"format": "pt"})
 
 
-def zero_position_row(row: int):
-    """A RoBERTa folder's position table with `row` all zeros: its padding row, as HF keeps it."""
+def zero_position_row(row: int, prefix: str = "roberta."):
+    """A folder's position table (under `prefix`) with `row` all zeros: a RoBERTa's padding row,
+    as HF keeps it."""
     def change(folder: Path) -> None:
         import safetensors.numpy
 
         tensors = safetensors.numpy.load_file(folder / "model.safetensors")
-        name = "roberta.embeddings.position_embeddings.weight"
+        name = prefix + "embeddings.position_embeddings.weight"
         tensors[name] = tensors[name].copy()
         tensors[name][row] = 0.0
         safetensors.numpy.save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
@@ -978,6 +1013,13 @@ ROBERTA_CASES = [
          "use the config.json that came with them (pad_token_id=1)",
          setup=copy_of("hf", hf_config(model_type="roberta", pad_token_id=0), as_roberta_weights,
                        zero_position_row(1))),
+    case("convert-roberta-positions-labelled-bert", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: model_type='bert' reads positions from row 0",
+         "row 1 is all zero", "pad_token_id=1", setup=copy_of("hf", bare_weights, zero_position_row(1, ""))),
+    case("convert-roberta-table-shorter-than-its-config", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: max_position_embeddings=514", "roberta.embeddings.position_embeddings.weight",
+         setup=copy_of("hf", hf_config(model_type="roberta", max_position_embeddings=514),
+                       as_roberta_weights)),
     case("export-roberta-pad-not-before-positions", "export {tmp}/rob hf:{tmp}/out", 1,
          "model.position_offset=3", "pad id + 1 = 1", "Hugging Face RoBERTa",
          setup=converted_roberta(pad_token_id=2)),
