@@ -73,7 +73,8 @@ def cmd_plan(args: list[str]) -> None:
     against its HBM, whether it fits, model FLOPs per step and the projected run time."""
     from bert_jax.cloud import plan
 
-    result = plan.plan(require(CONFIG, "plan"), require(TOPOLOGY, "plan"), SLICES.value, MFU.value)
+    result = plan.plan(require(CONFIG, "plan"), require(TOPOLOGY, "plan"), SLICES.value, MFU.value,
+                       set_by_user=LoadedConfig.set_by_user())
     print(json.dumps(result, indent=1) if JSON.value else plan.format_plan(result))
     if not result["fits"]:
         sys.exit(1)
@@ -85,6 +86,7 @@ def cmd_launch(args: list[str]) -> None:
     <workdir>/logs, re-queues and resumes after preemption, and deletes the capacity at the
     end (see launch/README.md)."""
     from bert_jax.cloud import bringup, launch, plan
+    from bert_jax.training import state
 
     config = require(CONFIG, "launch")
     topology, workdir = require(TOPOLOGY, "launch"), require(WORKDIR, "launch")
@@ -100,6 +102,8 @@ def cmd_launch(args: list[str]) -> None:
         raise app.UsageError(str(e)) from None
     # Before compiling or renting anything: what would make the workers fail.
     launch.check_worker_paths(config, ROOT)
+    planned = launch.as_on_workers(config, ROOT)  # (init_from inside the repository: from here)
+    state.check_set_sizes(planned, LoadedConfig.set_by_user())
     python = bringup.check_python(PYTHON.value or bringup.default_python())
     src = launch.check_source(ROOT, src, DRY_RUN.value)
     bringup.check_workdir(workdir, DRY_RUN.value)
@@ -110,7 +114,7 @@ def cmd_launch(args: list[str]) -> None:
     if SKIP_PLAN.value:
         print("warning: --skip_plan: the config was not compiled for the slice", file=sys.stderr)
     else:
-        result = plan.plan(config, topology)
+        result = plan.plan(planned, topology, set_by_user=LoadedConfig.set_by_user())
         print(plan.format_plan(result))
         if not result["fits"]:
             raise ValueError(f"the config does not fit {topology} (plan above); refusing to launch")

@@ -857,6 +857,15 @@ LAUNCH_CASES = [
          "--zone=mars-north1-a", "v4 zones: us-central2-b"),
     case("launch-zone-of-another-generation", LAUNCH.replace("us-central2-b", "europe-west4-a"), 1,
          "--zone=europe-west4-a", "no v4 TPUs", "us-central2-b"),
+    # a model size init_from's checkpoint decides, set to another value: training would refuse it
+    # only when loading the weights, on the slice
+    case("plan-size-init-from-decides", "plan --config configs/glue.py:sst2,tiny --topology v5litepod-8 "
+         "--config.init_from={run} --config.model.num_layers=3", 1, "--config.model.num_layers=3",
+         "the init_from checkpoint in {run} decides model.num_layers (1)", "drop it"),
+    case("launch-size-init-from-decides", LAUNCH.replace("bert_pretrain.py:tiny", "glue.py:sst2,tiny")
+         + " --config.data.data_dir=gs://b/glue --config.init_from=tests/fixtures/bert_tiny_a208b4f "
+         "--config.model.emb_dim=64 --config.model.head_dim=32 --skip_plan", 1, "--config.model.emb_dim=64",
+         "decides model.emb_dim (32)"),
     case("launch-max-restarts-negative", LAUNCH + " --max_restarts=-1", 1, "--max_restarts=-1", ">= 0"),
     case("launch-poll-seconds-zero", LAUNCH + " --poll_seconds 0", 1, "--poll_seconds=0.0", "> 0"),
     case("launch-poll-seconds-nan", LAUNCH + " --poll_seconds nan", 1, "--poll_seconds=nan"),
