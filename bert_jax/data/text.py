@@ -17,9 +17,16 @@ log = logging.getLogger(__name__)
 def not_text(path: str | os.PathLike, number: int, raw: bytes,
              error: UnicodeDecodeError | None = None) -> ValueError:
     """The one error of every reader of text for line `number` of `path` (its bytes `raw`),
-    which is not UTF-8 text: what it looks like instead (UTF-16, binary, another 8-bit
+    which is not UTF-8 text: what it looks like instead (UTF-32, UTF-16, binary, another 8-bit
     encoding) and how to fix it."""
     where = f"{path}:{number}"
+    # UTF-32 first: its byte-order mark starts as UTF-16's, and 3 of every 4 bytes are NUL
+    quarters = [raw[i::4] for i in range(4)]
+    if raw.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")) or (
+            len(raw) >= 8 and sum(q.count(0) >= 0.8 * len(q) for q in quarters) >= 3):
+        return ValueError(f"{where}: UTF-32 text (a byte-order mark or three NUL bytes beside each "
+                          f"letter), expected UTF-8; re-save the file as UTF-8 (e.g. `iconv -f "
+                          f"utf-32 -t utf-8`)")
     halves = (raw[0::2], raw[1::2])
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or (
             len(raw) >= 4 and any(h.count(0) >= 0.8 * len(h) for h in halves)):

@@ -706,6 +706,11 @@ SWEEP_CASES = [
     case("sweep-without-workdir", "sweep --config configs/sweeps/glue.py:mrpc", 2, "--workdir"),
 ]
 
+VOCAB_TEXT = "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50"
+PREPARE_TEXT = ("prepare --config configs/bert_pretrain.py:tiny --out {tmp}/shards "
+                "--config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt")
+NOT_UTF8 = b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3
+
 VOCAB_CASES = [
     # `bert-jax vocab`: an existing vocab is never overwritten (the shared one is in the snapshot)
     case("vocab-out-existing-vocab", "vocab --input {tmp}/corpus/a.txt --out {vocab} --size 50", 1,
@@ -716,23 +721,33 @@ VOCAB_CASES = [
     # text that is not UTF-8 is refused as every other reader's (data/text.py not_text), naming
     # the line, its byte and what the file looks like instead (a stray byte on at most 1% of the
     # lines is replaced with a warning: tests/unit/data/test_text_files.py)
-    case("vocab-input-non-utf8", "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50", 1,
+    case("vocab-input-non-utf8", VOCAB_TEXT, 1,
          "corpus/a.txt:3: not UTF-8: found byte 0xff at column 5", "iconv -f cp1252",
-         "(1 of its 21 lines are not UTF-8)",
-         setup=corpus(b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3)),
+         "(1 of its 21 lines are not UTF-8)", setup=corpus(NOT_UTF8)),
     case("vocab-input-non-utf8-sentencepiece", "vocab --input {tmp}/corpus/a.txt.gz --out {tmp}/v "
          "--size 50 --type sentencepiece", 1, "a.txt.gz:3: not UTF-8: found byte 0xff",
-         setup=files(corpus__a_DOT_txt_DOT_gz=gzip.compress(
-             b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3))),
-    case("vocab-input-utf16", "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50", 1,
+         setup=files(corpus__a_DOT_txt_DOT_gz=gzip.compress(NOT_UTF8))),
+    case("vocab-input-utf16", VOCAB_TEXT, 1,
          "corpus/a.txt:1: UTF-16 text", "iconv -f utf-16 -t utf-8",
          setup=corpus((CORPUS * 3).encode("utf-16"))),
-    case("prepare-input-utf16", "prepare --config configs/bert_pretrain.py:tiny --out {tmp}/shards "
-         "--config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt", 1,
+    case("prepare-input-utf16", PREPARE_TEXT, 1,
          "corpus/a.txt:1: UTF-16 text", "iconv -f utf-16 -t utf-8",
          setup=corpus((CORPUS * 3).encode("utf-16-le"))),
-    case("prepare-input-binary", "prepare --config configs/bert_pretrain.py:tiny --out {tmp}/shards "
-         "--config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt", 1,
+    # every command that reads text refuses what vocab refuses, naming the encoding it sees
+    case("prepare-input-non-utf8", PREPARE_TEXT, 1,
+         "corpus/a.txt:3: not UTF-8: found byte 0xff at column 5", "iconv -f cp1252",
+         setup=corpus(NOT_UTF8)),
+    case("vocab-input-utf32", VOCAB_TEXT, 1,
+         "corpus/a.txt:1: UTF-32 text", "iconv -f utf-32 -t utf-8",
+         setup=corpus((CORPUS * 3).encode("utf-32"))),
+    case("prepare-input-utf32-no-mark", PREPARE_TEXT, 1,
+         "corpus/a.txt:1: UTF-32 text", "iconv -f utf-32 -t utf-8",
+         setup=corpus((CORPUS * 3).encode("utf-32-le"))),
+    case("vocab-input-empty", VOCAB_TEXT, 1,
+         "--input={tmp}/corpus/a.txt: no text to train on (empty, or blank lines only)", setup=corpus("")),
+    case("vocab-input-blank-lines", VOCAB_TEXT + " --type sentencepiece", 1,
+         "--input={tmp}/corpus/a.txt: no text to train on", setup=corpus("\n  \n\t\n")),
+    case("prepare-input-binary", PREPARE_TEXT, 1,
          "corpus/a.txt:1: a NUL byte: a binary file, not text",
          setup=corpus(bytes(range(256)) * 4)),
 ]

@@ -34,6 +34,8 @@ def test_a_few_stray_bytes_are_replaced_with_one_warning_in_every_corpus_reader(
     (BOOK.replace(b"of the", b"of th\xe9"), "book.txt:1: not UTF-8: found byte 0xe9 at column 13"),
     (BOOK.decode().encode("utf-16"), "book.txt:1: UTF-16 text"),
     (BOOK.decode().encode("utf-16-be"), "book.txt:1: UTF-16 text"),
+    (BOOK.decode().encode("utf-32"), "book.txt:1: UTF-32 text.*iconv -f utf-32"),
+    (BOOK.decode().encode("utf-32-be"), "book.txt:1: UTF-32 text"),
     (BOOK[:100] + b"\x00\x01\x02binary", "book.txt:4: a NUL byte: a binary file, not text"),
 ])
 def test_what_is_not_text_is_refused_by_every_reader(tmp_path, content, says):
@@ -50,4 +52,5 @@ def test_what_is_not_text_is_refused_by_every_reader(tmp_path, content, says):
     tsv.write_bytes(b"sentence\tlabel\n" + content.replace(b"\n", b"\t1\n"))
     with pytest.raises(ValueError, match="train.tsv:"):
         glue.read_glue("sst2", str(tsv))
-    assert "UTF-16" in str(rows.not_utf8(path)) or "UTF-16" not in says
+    for encoding in ("UTF-16", "UTF-32"):
+        assert encoding in str(rows.not_utf8(path)) or encoding not in says
