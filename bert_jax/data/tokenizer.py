@@ -798,5 +798,10 @@ def load_hf_tokenizer(directory: str | Path, prefer: Kind = "wordpiece") -> Toke
     kinds = _kinds_found(directory)
     if "bpe" in kinds and (kinds == ["bpe"] or prefer == "bpe"):
         return _ByteLevelBPE(directory)
+    if not kinds and prefer == "bpe":  # (WordPiece's reader would ask for a vocab.txt)
+        half = f" ({BPE_VOCAB} is here without {BPE_MERGES})" if (directory / BPE_VOCAB).is_file() else ""
+        raise FileNotFoundError(f"{directory}: no tokenizer files; this model's byte-level BPE "
+                                f"tokenizer is {BPE_JSON}, or {BPE_VOCAB} and {BPE_MERGES}{half}: copy "
+                                "them from the model's repository")
     return _WordPiece(directory, _json_or_empty(directory / CONFIG_NAME).get("do_lower_case", True),
                       final_sigma=False)

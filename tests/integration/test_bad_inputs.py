@@ -930,24 +930,24 @@ PATTERN_CASES = [
 
 CUDNN = PRETRAIN + " --config.model.attention_kernel=cudnn --config.model.attention_dropout_rate=0 "
 ATTENTION_GPU_CASES = [
-    # the cudnn kernel (models/attention.py): refused on this CPU machine, and what its masks
-    # cannot express, before anything compiles
+    # the cudnn kernel (models/attention.py) on a machine without a GPU: the platform is named
+    # first, whatever else cuDNN would refuse (its dropout, float32, packed rows, patterns:
+    # tests/unit/models/test_cudnn.py), before anything compiles
     case("cudnn-on-cpu", CUDNN + "--config.dtype=bfloat16", 1,
          "model.attention_kernel=cudnn needs a GPU", "not cpu", "model.attention_kernel=xla"),
-    case("cudnn-with-attention-dropout", PRETRAIN + " --config.model.attention_kernel=cudnn "
-         "--config.dtype=bfloat16", 1, "model.attention_dropout_rate=0.1 with "
-         "model.attention_kernel=cudnn", "set model.attention_dropout_rate=0"),
-    case("cudnn-in-float32", CUDNN, 1, "dtype=float32 with model.attention_kernel=cudnn",
-         "--config.dtype=bfloat16"),
-    case("cudnn-with-packed-rows", CUDNN + "--config.dtype=bfloat16 --config.data.pack=true", 1,
-         "model.attention_kernel=cudnn with data.pack=True", "set data.pack=False"),
-    case("cudnn-with-bigbird", CUDNN + "--config.dtype=bfloat16 "
+    case("cudnn-with-attention-dropout-on-cpu", PRETRAIN + " --config.model.attention_kernel=cudnn "
+         "--config.dtype=bfloat16", 1, "model.attention_kernel=cudnn needs a GPU", "not cpu"),
+    case("cudnn-in-float32-on-cpu", CUDNN, 1, "model.attention_kernel=cudnn needs a GPU", "not cpu"),
+    case("cudnn-with-packed-rows-on-cpu", CUDNN + "--config.dtype=bfloat16 --config.data.pack=true", 1,
+         "model.attention_kernel=cudnn needs a GPU", "not cpu"),
+    case("cudnn-with-bigbird-on-cpu", CUDNN + "--config.dtype=bfloat16 "
          "--config.model.attention_pattern=bigbird --config.model.bigbird_block=4", 1,
-         "model.attention_pattern=bigbird with model.attention_kernel=cudnn",
-         "model.attention_kernel=xla"),
-    case("cudnn-bidirectional-window", CUDNN + "--config.dtype=bfloat16 "
-         "--config.model.attention_window=4", 1,
-         "model.attention_window=4 with model.attention_kernel=cudnn", "causal only"),
+         "model.attention_kernel=cudnn needs a GPU", "not cpu"),
+    case("cudnn-bidirectional-window-on-cpu", CUDNN + "--config.dtype=bfloat16 "
+         "--config.model.attention_window=4", 1, "model.attention_kernel=cudnn needs a GPU", "not cpu"),
+    case("cudnn-with-attention-dropout-on-tpu", "plan --config configs/bert_pretrain.py:tiny "
+         "--topology v5litepod-8 --config.model.attention_kernel=cudnn", 1,
+         "model.attention_kernel=cudnn needs a GPU", "not tpu", "model.attention_kernel=xla (or splash)"),
 ]
 
 OPTIM_CASES = [
@@ -1103,6 +1103,19 @@ TOKENIZER_JSON_CASES = [
     case("convert-bpe-merge-outside-the-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/merges.txt:2",
          "the merge 'b a' needs 'ba'", "hf/vocab.json lacks", "not of one tokenizer",
          setup=roberta_bpe_files(BPE_VOCAB, "#version: 0.2\nb a\n")),
+    # a folder of a BPE family (RoBERTa, ModernBERT) without its tokenizer: its own files named
+    case("convert-roberta-no-tokenizer", "convert hf:{tmp}/hf {tmp}/out", 1, "hf: no tokenizer files",
+         "byte-level BPE tokenizer is tokenizer.json, or vocab.json and merges.txt",
+         setup=copy_of("hf", hf_config(model_type="roberta"), as_roberta_weights, remove("vocab.txt"),
+                       remove("tokenizer.json"))),
+    case("convert-roberta-vocab-json-without-merges", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf: no tokenizer files", "(vocab.json is here without merges.txt)",
+         setup=copy_of("hf", hf_config(model_type="roberta"), as_roberta_weights, remove("vocab.txt"),
+                       remove("tokenizer.json"), replace("vocab.json", BPE_VOCAB))),
+    case("convert-modernbert-no-tokenizer", "convert hf:{tmp}/hf {tmp}/out", 1, "hf: no tokenizer files",
+         "tokenizer.json, or vocab.json and merges.txt",
+         setup=copy_of("hf", hf_config(model_type="modernbert"), remove("vocab.txt"),
+                       remove("tokenizer.json"))),
     case("convert-bpe-merges-not-utf8", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/merges.txt:2",
          "not UTF-8", setup=roberta_bpe_files(BPE_VOCAB, b"#version: 0.2\na \xff\n")),
     case("features-checkpoint-tokenizer-json-not-json", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
