@@ -218,6 +218,7 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
     checkpoint lacks (left freshly initialised), `unused` the tensors nothing took.
     `file_names`: the checkpoint's name of each tensor, for errors and reports."""
     shown = {k: (file_names or {}).get(k, k) for k in weights}
+    kinds = {k: np.asarray(v).dtype for k, v in weights.items()}
     weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
     broken = [(shown[k], int(np.size(v) - np.isfinite(v).sum())) for k, v in weights.items()
               if not np.isfinite(v).all()]
@@ -231,6 +232,12 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
     table = hf_names(model_cfg["name"], flat, model_cfg["num_layers"])
     if "mlm/bias" in flat and "cls.predictions.bias" not in weights:
         table["mlm/bias"] = ["cls.predictions.decoder.bias"]  # older checkpoints keep it there
+    # Integer weights are a quantized checkpoint's (int8 and scales): as numbers they are not the
+    # model's (the integer buffers beside the weights, e.g. position_ids, are no parameter's).
+    if whole := [n for names in table.values() for n in names if n in kinds and kinds[n].kind in "iub"]:
+        raise ValueError(f"tensor {shown[whole[0]]} is {kinds[whole[0]]}, not floating point: a "
+                         "quantized checkpoint, whose integers are not the model's weights; convert "
+                         "the model's unquantized (float32, float16 or bfloat16) weights")
     used, missing, out = set(), [], {}
     for path, value in flat.items():
         names = table[path]

@@ -135,6 +135,17 @@ def bare_weights(folder: Path) -> None:
                                 folder / "model.safetensors", metadata={"format": "pt"})
 
 
+def as_int8(tensor: str):
+    """A change storing the folder's `tensor` as int8 (as a quantized checkpoint holds weights)."""
+    def change(folder: Path) -> None:
+        import safetensors.numpy
+
+        tensors = safetensors.numpy.load_file(folder / "model.safetensors")
+        tensors[tensor] = (tensors[tensor] * 100).astype("int8")
+        safetensors.numpy.save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return change
+
+
 def cut_short(name: str, by: int):
     """A change cutting the folder's file `name` short by `by` bytes (a download stopped early)."""
     return lambda folder: (folder / name).write_bytes((folder / name).read_bytes()[:-by])
@@ -550,6 +561,10 @@ CONVERT_CASES = [
          "hf/model.safetensors: not a valid safetensors file", "its header length says",
          setup=copy_of("hf", lambda d: (d / "model.safetensors").write_bytes(
              b"\xff" * 8 + (d / "model.safetensors").read_bytes()[8:]))),
+    case("convert-quantized-weights", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "tensor bert.encoder.layer.0.attention.self.query.weight is int8, not floating point",
+         "quantized checkpoint",
+         setup=copy_of("hf", as_int8("bert.encoder.layer.0.attention.self.query.weight"))),
     # config.json's sizes against the tensors' shapes: both sides named
     case("convert-wrong-shapes", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/config.json: intermediate_size=48",
          "encoder.layer.0.intermediate.dense.weight has shape (64, 32)", "use the config.json",
