@@ -54,3 +54,23 @@ def test_what_is_not_text_is_refused_by_every_reader(tmp_path, content, says):
         glue.read_glue("sst2", str(tsv))
     for encoding in ("UTF-16", "UTF-32"):
         assert encoding in str(rows.not_utf8(path)) or encoding not in says
+
+
+@pytest.mark.parametrize("line, encoding, says", [
+    ("Ceci est un café très élégant, où l'on mange des crêpes.", "cp1252",
+     "(from Latin-1 or Windows-1252: `iconv -f cp1252 -t utf-8`)"),
+    ("Größe und Maß: schön", "latin1", "(from Latin-1 or Windows-1252"),
+    ("これは日本語のテキストです。", "shift_jis", "(it decodes as shift_jis"),
+    ("这是中文文本。北京是一个大城市。", "gbk", "gbk"),
+    ("한국어 텍스트입니다.", "euc_kr", "euc_kr"),
+    ("Это русский текст. Москва большой город.", "cp1251", "8-bit encoding of another alphabet: Cyrillic"),
+    ("Αυτό είναι ελληνικό κείμενο", "cp1253", "8-bit encoding of another alphabet"),
+])
+def test_text_of_another_encoding_is_named_by_what_its_bytes_look_like(tmp_path, line, encoding, says):
+    path = tmp_path / "book.txt"
+    path.write_bytes(b"the cat sat.\n" * 6 + (line + "\n").encode(encoding) * 200)
+    with pytest.raises(ValueError) as e:
+        list(text.utf8_lines(str(path)))
+    assert str(e.value).startswith(f"{path}:7: not UTF-8") and says in str(e.value), str(e.value)
+    if "East Asian" in str(e.value) or "alphabet" in str(e.value):
+        assert "cp1252" not in str(e.value)
