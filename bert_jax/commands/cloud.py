@@ -85,6 +85,7 @@ def cmd_launch(args: list[str]) -> None:
     sets up every worker at a pinned commit, trains with one log per worker under
     <workdir>/logs, re-queues and resumes after preemption, and deletes the capacity at the
     end (see launch/README.md)."""
+    from bert_jax import config as config_lib
     from bert_jax.cloud import bringup, launch, plan
     from bert_jax.training import state
 
@@ -106,7 +107,10 @@ def cmd_launch(args: list[str]) -> None:
     state.check_set_sizes(planned, LoadedConfig.set_by_user())
     python = bringup.check_python(PYTHON.value or bringup.default_python())
     src = launch.check_source(ROOT, src, DRY_RUN.value)
-    bringup.check_workdir(workdir, DRY_RUN.value)
+    # The config the workers train with (init_from's sizes where none are set), as a resume
+    # compares it with a checkpoint already in the workdir.
+    trained = state.sizes_from_init(config_lib.complete(planned), LoadedConfig.set_by_user())
+    bringup.check_workdir(workdir, DRY_RUN.value, json.loads(trained.to_json()))
     pins, notes = bringup.lock(ROOT / "pyproject.toml")
     print(bringup.describe(python, pins))
     for note in notes:

@@ -69,3 +69,28 @@ def test_real_runtime_versions_pass(version):
 def test_a_runtime_version_gcloud_would_reject_is_refused(version):
     with pytest.raises(ValueError, match=r"--runtime_version=.*lowercase letters, digits, dots and hyphens"):
         launch.check_flags("bert-1", "us-central2-b", "v4-8", 0, 30.0, runtime_version=version)
+
+
+def test_a_workdir_holding_another_runs_checkpoint_is_refused_before_renting(tmp_path):
+    import json
+    import shutil
+
+    from helpers import FIXTURES
+
+    from bert_jax.cloud import bringup
+    from bert_jax.config import ConfigError
+    from bert_jax.training import checkpoint
+
+    run = tmp_path / "run"
+    bringup.check_workdir(str(run), dry_run=False, config={"model": {"name": "bert"}})  # none yet
+    shutil.copytree(FIXTURES / "bert_tiny_a208b4f", run, dirs_exist_ok=True)
+    own = checkpoint.read_config(run)
+    bringup.check_workdir(str(run), dry_run=False, config=own)
+    with pytest.raises(ConfigError) as e:
+        bringup.check_workdir(str(run), dry_run=False,
+                              config={**own, "model": {**own["model"], "num_layers": 3}})
+    assert str(e.value).startswith(f"checkpoint {run}/checkpoints/2 holds a different model than "
+                                   "this config (model.num_layers: 1 in the checkpoint, 3 here)")
+    other = json.loads(config_lib.load(str(REPO / "configs/bert_pretrain.py:tiny")).to_json())
+    with pytest.raises(ConfigError, match="model.emb_dim: 32 in the checkpoint, 128 here"):
+        bringup.check_workdir(str(run), dry_run=False, config=other)
