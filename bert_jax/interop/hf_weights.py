@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
 import pickle
+import re
 import struct
 import zipfile
 from pathlib import Path
@@ -84,6 +86,25 @@ def load_hf_weights(model_dir: str | os.PathLike) -> dict[str, np.ndarray]:
             return _load_sharded(path, _load_safetensors if "safetensors" in name else _load_torch_zip)
         return _load_safetensors(path) if name.endswith(".safetensors") else _load_torch_zip(path)
     raise FileNotFoundError(f"No weights in {model_dir}: looked for {', '.join(WEIGHT_FILES)}")
+
+
+def check_download(path: Path) -> None:
+    """A weights file of a Hugging Face cache snapshot links to blobs/<the SHA-256 of its bytes>
+    (large files are stored in Git LFS, named by their hash): bytes that differ from that
+    name (damaged on disk, or written over) are a ValueError naming the file, before any is
+    read; other files have no recorded hash and pass."""
+    blob = path.resolve()
+    if not path.is_symlink() or blob.parent.name != "blobs" or not re.fullmatch(r"[0-9a-f]{64}",
+                                                                                 blob.name):
+        return
+    digest = hashlib.sha256()
+    with open(blob, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    if digest.hexdigest() != blob.name:
+        raise ValueError(f"{path}: its bytes differ from the SHA-256 its download recorded (the "
+                         f"blob's name, {blob}): the file is damaged; download the model again "
+                         "(huggingface-cli download <model> --force-download)")
 
 
 def _load_sharded(index_path: Path, load_one) -> dict[str, np.ndarray]:
@@ -175,6 +196,7 @@ def check_safetensors(path: Path) -> tuple[dict[str, Any], int]:
 def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
     """Load a .safetensors file (its header checked first); our own parser where this
     safetensors release lacks bf16."""
+    check_download(path)
     check_safetensors(path)
     try:
         return safetensors.numpy.load_file(path)
@@ -286,6 +308,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 def _load_torch_zip(path: Path) -> dict[str, np.ndarray]:
     """Load a torch.save zip archive (torch>=1.6) as numpy, refusing any non-state-dict pickle."""
+    check_download(path)
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as f:
             legacy = f.read(1) == b"\x80"  # a bare pickle stream: the pre-1.6 torch.save format

@@ -392,3 +392,24 @@ def test_a_sharded_index_naming_a_missing_or_outside_shard_is_one_line(tmp_path)
     index.write_text(json.dumps({"weight_map": {"w": 3}}))
     with pytest.raises(ValueError, match="not a valid sharded-checkpoint index"):
         load_hf_weights(tmp_path)
+
+
+def test_a_cached_file_whose_bytes_differ_from_its_recorded_hash_is_refused(tmp_path):
+    import hashlib
+
+    entry = _cache_entry(tmp_path, ["1111"], ref="1111")
+    blobs = entry / "blobs"
+    good = (blobs / "abc").read_bytes()
+    sha = hashlib.sha256(good).hexdigest()  # as the hub names a Git LFS file's blob
+    (blobs / sha).write_bytes(good)
+    link = entry / "snapshots" / "1111" / "model.safetensors"
+    link.unlink()
+    link.symlink_to(f"../../blobs/{sha}")
+    assert load_hf_weights(link.parent)["w"].tolist() == [0, 1, 2]
+    # the same length, the header intact, a value written over: only the hash shows it
+    (blobs / sha).write_bytes(good[:-4] + np.float32(7).tobytes())
+    with pytest.raises(ValueError) as e:
+        load_hf_weights(link.parent)
+    assert str(e.value).startswith(f"{link}: its bytes differ from the SHA-256 its download "
+                                   f"recorded (the blob's name, {blobs / sha})")
+    assert "download the model again" in str(e.value)
