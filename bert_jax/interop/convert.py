@@ -458,7 +458,10 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
         check_config_sizes(weights, model_cfg, {**{n: n for n in in_file}, **file_names},
                            _config_file(origin))
         check_padding_row(weights, model_cfg, file_names, _config_file(origin))
-        params, missing, unused = convert_hf_weights(weights, model_cfg, file_names=file_names)
+        try:
+            params, missing, unused = convert_hf_weights(weights, model_cfg, file_names=file_names)
+        except ValueError as e:  # (it names the tensor: say whose)
+            raise ValueError(f"{origin[3:]}: {e}") from None
         encoder = "".join(f"{k}/" for k in models.encoder_path(name))
         essential = [p for p in missing if p.startswith(encoder) and p.removeprefix(encoder) not in _POOLER]
         if essential:

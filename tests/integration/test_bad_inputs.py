@@ -562,7 +562,7 @@ CONVERT_CASES = [
          setup=copy_of("hf", lambda d: (d / "model.safetensors").write_bytes(
              b"\xff" * 8 + (d / "model.safetensors").read_bytes()[8:]))),
     case("convert-quantized-weights", "convert hf:{tmp}/hf {tmp}/out", 1,
-         "tensor bert.encoder.layer.0.attention.self.query.weight is int8, not floating point",
+         "{tmp}/hf: tensor bert.encoder.layer.0.attention.self.query.weight is int8, not floating point",
          "quantized checkpoint",
          setup=copy_of("hf", as_int8("bert.encoder.layer.0.attention.self.query.weight"))),
     # config.json's sizes against the tensors' shapes: both sides named
