@@ -151,6 +151,16 @@ def hf_config(model_cfg: dict[str, Any], special_ids: dict[str, int] | None = No
     return family.config_to_hf(name, cfg, ids)
 
 
+def architectures(hf: dict[str, Any]) -> list[str]:
+    """config.json's architectures (HF class names); not a list of names is a ValueError."""
+    archs = hf.get("architectures") or []
+    if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ValueError(f"config.json: architectures={archs!r}, expected a list of Hugging Face "
+                         'class names, e.g. ["BertForMaskedLM"]; use the config.json that came with '
+                         "the weights")
+    return archs
+
+
 def choose_head(hf: dict[str, Any], names: Iterable[str], name: str | None = None) -> str:
     """Our model name: `name` if given, else config.json's architecture, else what the tensor
     `names` (normalised) hold: an unknown or absent architecture does not stop a conversion."""
@@ -158,7 +168,7 @@ def choose_head(hf: dict[str, Any], names: Iterable[str], name: str | None = Non
         if name not in BERT_MODELS:
             raise ValueError(f"--head={name!r}; choose one of {sorted(BERT_MODELS)}")
         return name
-    archs, known = hf.get("architectures") or [], families.architectures()
+    archs, known = architectures(hf), families.architectures()
     if archs and archs[0] in known:
         return known[archs[0]]
     names = set(names)
@@ -434,6 +444,7 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
             origin = origin[:3] + str(source) + origin[3 + len(str(local)):]
         try:
             family = families.for_model_type(hf_cfg.get("model_type", "bert"))
+            architectures(hf_cfg)  # (choose_head reads them)
         except ValueError as e:
             raise ValueError(f"{origin[3:]}: {e}") from None
         names = {family.normalise(k): k for k in weights}
