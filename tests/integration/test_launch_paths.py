@@ -94,3 +94,17 @@ def test_a_workdir_holding_another_runs_checkpoint_is_refused_before_renting(tmp
     other = json.loads(config_lib.load(str(REPO / "configs/bert_pretrain.py:tiny")).to_json())
     with pytest.raises(ConfigError, match="model.emb_dim: 32 in the checkpoint, 128 here"):
         bringup.check_workdir(str(run), dry_run=False, config=other)
+
+
+def test_a_dry_run_reads_no_gs_init_from(cli, monkeypatch):
+    from bert_jax.training import checkpoint
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a dry run read a checkpoint")
+    monkeypatch.setattr(checkpoint, "read_config", no_network)
+    code, _, err = cli(["launch", "--config", "configs/glue.py:sst2,tiny", "--topology", "v4-8",
+                        "--workdir", "gs://b/run", "--name", "bert-tiny", "--zone", "us-central2-b",
+                        "--repo", "https://example.org/bert_jax.git", "--dry_run", "--skip_plan",
+                        "--config.data.data_dir=gs://b/glue", "--config.init_from=gs://b/bert"])
+    assert code == 0, err
+    assert "warning: dry run: init_from=gs://b/bert is not read (no network)" in err
