@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from bert_jax import paths
+from bert_jax.training import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +205,9 @@ def check_config(root: Path, relpath: str, commit: str) -> None:
                              f"the workers run: commit it (and push) and launch again")
 
 
-def check_workdir(workdir: str, dry_run: bool) -> None:
-    """The workdir accepts writes and deletes (checkpoints are written and pruned there)."""
+def check_workdir(workdir: str, dry_run: bool, config: dict | None = None) -> None:
+    """The workdir accepts writes and deletes (checkpoints are written and pruned there), and
+    a checkpoint already there is one run config `config` (as JSON) resumes."""
     if dry_run:
         log.info(f"dry run: a launch checks here that {workdir} is writable (a probe object "
                  f"written and deleted)")
@@ -221,3 +223,5 @@ def check_workdir(workdir: str, dry_run: bool) -> None:
         raise PreflightError(f"cannot write to the workdir {workdir} ({type(e).__name__}: "
                              f"{said}): check the bucket exists and that your account (and the "
                              f"TPU VMs' service account) may write and delete objects there") from None
+    if config is not None:  # (the workers would refuse it at their resume, on the slice)
+        checkpoint.check_resumes(workdir, config)

@@ -73,7 +73,7 @@ def check_flags(name: str, zone: str, topology: str, max_restarts: int,
     (a dry run included)."""
     # TPU VM software versions: lowercase letters, digits, dots and hyphens (tpu-ubuntu2204-base,
     # v2-alpha-tpuv6e, tpu-vm-tf-2.16.1-pjrt); anything else fails only when the slice is queued.
-    if runtime_version is not None and not re.fullmatch(r"[a-z0-9](?:[-a-z0-9._]*[a-z0-9])?",
+    if runtime_version is not None and not re.fullmatch(r"[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?",
                                                         runtime_version):
         raise ValueError(f"--runtime_version={runtime_version!r}: a TPU VM software version is "
                          f"lowercase letters, digits, dots and hyphens, e.g. "
@@ -119,6 +119,16 @@ def check_worker_paths(config, root: Path) -> None:
             raise ValueError(f"{key}={value}: the slice's workers cannot read this machine's disk; "
                              "copy it to gs:// (gcloud storage cp -r) and give that path, or keep it "
                              "inside the repository (committed) and give it relative to the repository")
+
+
+def as_on_workers(config, root: Path):
+    """`config` with an init_from inside the repository (relative to it, as the workers read it)
+    as its path under `root`, for reading it here."""
+    if not config.init_from or config.init_from.startswith("gs://"):
+        return config
+    config = config.copy_and_resolve_references()
+    config.init_from = str(root / config.init_from)
+    return config
 
 
 class Gcloud:

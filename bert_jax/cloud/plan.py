@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from collections.abc import Collection
 from typing import Any
 
 import jax
@@ -26,7 +27,7 @@ from bert_jax import models, specs, tasks
 from bert_jax.cloud import tpu
 from bert_jax.cloud.tpu import GiB
 from bert_jax.models import attention
-from bert_jax.training import evaluate, setup, sharding, train
+from bert_jax.training import evaluate, setup, sharding, state, train
 
 
 @dataclasses.dataclass
@@ -52,12 +53,19 @@ class Step:
 
 
 def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
-         evaluation: bool = True) -> dict[str, Any]:
+         evaluation: bool = True, set_by_user: Collection[str] = (), read_init: bool = True
+         ) -> dict[str, Any]:
     """The plan of `config` on `slices` x `topology`, as a JSON-ready dict (`evaluation=False`:
-    the train steps only, one compile fewer)."""
+    the train steps only, one compile fewer); with config.init_from (unless not `read_init`: a
+    dry run's gs:// one), of the model training will build: the checkpoint's sizes where the
+    user (`set_by_user`: dotted keys) set none, and a size set to another value than the
+    checkpoint's refused."""
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu={mfu}: a fraction of the chip's peak, in (0, 1]")
     config = config_lib.complete(config)
+    if read_init:
+        state.check_set_sizes(config, set_by_user)
+        config = state.sizes_from_init(config, set_by_user)
     sl = tpu.parse(topology, slices)
     devices = tpu.compile_only_devices(sl)
     setup.check(config, platform="tpu", devices=len(devices), processes=sl.hosts, reads_data=False)

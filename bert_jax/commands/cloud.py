@@ -73,7 +73,8 @@ def cmd_plan(args: list[str]) -> None:
     against its HBM, whether it fits, model FLOPs per step and the projected run time."""
     from bert_jax.cloud import plan
 
-    result = plan.plan(require(CONFIG, "plan"), require(TOPOLOGY, "plan"), SLICES.value, MFU.value)
+    result = plan.plan(require(CONFIG, "plan"), require(TOPOLOGY, "plan"), SLICES.value, MFU.value,
+                       set_by_user=LoadedConfig.set_by_user())
     print(json.dumps(result, indent=1) if JSON.value else plan.format_plan(result))
     if not result["fits"]:
         sys.exit(1)
@@ -84,7 +85,10 @@ def cmd_launch(args: list[str]) -> None:
     sets up every worker at a pinned commit, trains with one log per worker under
     <workdir>/logs, re-queues and resumes after preemption, and deletes the capacity at the
     end (see launch/README.md)."""
+    from bert_jax import config as config_lib
+    from bert_jax import paths
     from bert_jax.cloud import bringup, launch, plan
+    from bert_jax.training import state
 
     config = require(CONFIG, "launch")
     topology, workdir = require(TOPOLOGY, "launch"), require(WORKDIR, "launch")
@@ -100,9 +104,22 @@ def cmd_launch(args: list[str]) -> None:
         raise app.UsageError(str(e)) from None
     # Before compiling or renting anything: what would make the workers fail.
     launch.check_worker_paths(config, ROOT)
+    planned = launch.as_on_workers(config, ROOT)  # (init_from inside the repository: from here)
+    # A dry run touches no network: a gs:// init_from is not read (the plan: the config's sizes).
+    read_init = not (DRY_RUN.value and paths.is_remote(planned.init_from))
+    if read_init:
+        state.check_set_sizes(planned, LoadedConfig.set_by_user())
+    else:
+        print(f"warning: dry run: init_from={planned.init_from} is not read (no network): the "
+              "plan has the config's sizes; a launch reads it and refuses sizes that differ",
+              file=sys.stderr)
     python = bringup.check_python(PYTHON.value or bringup.default_python())
     src = launch.check_source(ROOT, src, DRY_RUN.value)
-    bringup.check_workdir(workdir, DRY_RUN.value)
+    # The config the workers train with (init_from's sizes where none are set), as a resume
+    # compares it with a checkpoint already in the workdir (not in a dry run: no network).
+    trained = None if DRY_RUN.value else json.loads(state.sizes_from_init(
+        config_lib.complete(planned), LoadedConfig.set_by_user()).to_json())
+    bringup.check_workdir(workdir, DRY_RUN.value, trained)
     pins, notes = bringup.lock(ROOT / "pyproject.toml")
     print(bringup.describe(python, pins))
     for note in notes:
@@ -110,7 +127,8 @@ def cmd_launch(args: list[str]) -> None:
     if SKIP_PLAN.value:
         print("warning: --skip_plan: the config was not compiled for the slice", file=sys.stderr)
     else:
-        result = plan.plan(config, topology)
+        result = plan.plan(planned, topology, set_by_user=LoadedConfig.set_by_user(),
+                           read_init=read_init)
         print(plan.format_plan(result))
         if not result["fits"]:
             raise ValueError(f"the config does not fit {topology} (plan above); refusing to launch")

@@ -17,9 +17,10 @@ def cmd_vocab(args: list[str]) -> None:
     if found := [n for n in tokenizer_lib.TOKENIZER_FILES if (paths.path(out_dir) / n).is_file()]:
         raise ValueError(f"--out {out_dir} already holds a vocab ({', '.join(found)}); give another "
                          "--out, or remove that folder to train a new vocab there")
-    out = tokenizer_lib.train_vocab(documents.text_lines(require(INPUT, "vocab")), size=SIZE.value,
-                                    kind=TYPE.value, out_dir=out_dir,
-                                    lowercase=LOWERCASE.value, sp_model_type=SP_MODEL.value)
+    spec = require(INPUT, "vocab")
+    out = tokenizer_lib.train_vocab(documents.text_lines(spec), size=SIZE.value, kind=TYPE.value,
+                                    out_dir=out_dir, lowercase=LOWERCASE.value,
+                                    sp_model_type=SP_MODEL.value, source=f"--input={spec}")
     tok = tokenizer_lib.load_tokenizer(out)
     print(json.dumps({"out": str(out), "kind": tok.kind, "vocab_size": tok.vocab_size}))
 

@@ -7,6 +7,7 @@ import gzip
 import io
 import logging
 import os
+import re
 from collections.abc import Iterator
 
 from bert_jax import paths
@@ -14,12 +15,31 @@ from bert_jax import paths
 log = logging.getLogger(__name__)
 
 
+# Multi-byte encodings of East Asian text, tried on a line that is not UTF-8.
+MULTI_BYTE = ("shift_jis", "gbk", "euc_kr", "big5")
+
+
+def _decodes(raw: bytes, encoding: str) -> bool:
+    try:
+        raw.decode(encoding)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def not_text(path: str | os.PathLike, number: int, raw: bytes,
              error: UnicodeDecodeError | None = None) -> ValueError:
     """The one error of every reader of text for line `number` of `path` (its bytes `raw`),
-    which is not UTF-8 text: what it looks like instead (UTF-16, binary, another 8-bit
+    which is not UTF-8 text: what it looks like instead (UTF-32, UTF-16, binary, another 8-bit
     encoding) and how to fix it."""
     where = f"{path}:{number}"
+    # UTF-32 first: its byte-order mark starts as UTF-16's, and 3 of every 4 bytes are NUL
+    quarters = [raw[i::4] for i in range(4)]
+    if raw.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")) or (
+            len(raw) >= 8 and sum(q.count(0) >= 0.8 * len(q) for q in quarters) >= 3):
+        return ValueError(f"{where}: UTF-32 text (a byte-order mark or three NUL bytes beside each "
+                          f"letter), expected UTF-8; re-save the file as UTF-8 (e.g. `iconv -f "
+                          f"utf-32 -t utf-8`)")
     halves = (raw[0::2], raw[1::2])
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or (
             len(raw) >= 4 and any(h.count(0) >= 0.8 * len(h) for h in halves)):
@@ -29,9 +49,23 @@ def not_text(path: str | os.PathLike, number: int, raw: bytes,
     if b"\x00" in raw or error is None:
         return ValueError(f"{where}: a NUL byte: a binary file, not text; give UTF-8 text files "
                           f"(plain or .gz)")
-    return ValueError(f"{where}: not UTF-8: found byte 0x{raw[error.start]:02x} at column "
-                      f"{error.start + 1}, expected UTF-8 text; re-save the file as UTF-8 (from "
-                      f"Latin-1 or Windows-1252: `iconv -f cp1252 -t utf-8`)")
+    found = (f"{where}: not UTF-8: found byte 0x{raw[error.start]:02x} at column {error.start + 1}, "
+             f"expected UTF-8 text; re-save the file as UTF-8")
+    # Bytes beyond ASCII: most of an East Asian text's, in the pairs of a multi-byte encoding
+    # (which then decodes the line); another alphabet's (Cyrillic, Greek) make whole words; a
+    # Latin 8-bit encoding's stand alone among ASCII letters ("caf\xe9").
+    high = sum(b >= 0x80 for b in raw)
+    if high >= 4 and high >= 0.5 * len(raw.replace(b" ", b"").strip()):
+        fits = [e for e in MULTI_BYTE if _decodes(raw, e)]
+        if fits:
+            return ValueError(f"{found} (it decodes as {', '.join(fits)}: an East Asian multi-byte "
+                              f"encoding; `uchardet` names which, then `iconv -f <it> -t utf-8`)")
+    runs = [len(run) for run in re.findall(rb"[\x80-\xff]+", raw)]
+    if high >= 4 and sum(n for n in runs if n >= 2) >= 0.8 * high:
+        return ValueError(f"{found} (it looks like an 8-bit encoding of another alphabet: Cyrillic "
+                          f"`iconv -f cp1251 -t utf-8` or koi8-r, Greek cp1253; `uchardet` names "
+                          f"the encoding)")
+    return ValueError(f"{found} (from Latin-1 or Windows-1252: `iconv -f cp1252 -t utf-8`)")
 
 
 def decode_line(path: str | os.PathLike, number: int, raw: bytes) -> str:

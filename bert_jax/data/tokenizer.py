@@ -45,14 +45,16 @@ BPE_JSON, BPE_VOCAB, BPE_MERGES = JSON_NAME, "vocab.json", "merges.txt"
 Kind = Literal["wordpiece", "sentencepiece", "bpe"]
 
 
-def _text_lines(inputs: Iterable[str]) -> Iterator[str]:
-    """The non-blank lines, with at least one checked up front (trainers fail obscurely on none)."""
+def _text_lines(inputs: Iterable[str], source: str) -> Iterator[str]:
+    """The non-blank lines, with at least one checked up front (trainers fail obscurely on
+    none); `source` names the inputs in that error."""
     if isinstance(inputs, str | Path):  # iterating a path or a str would train on its characters
         raise TypeError(f"train_vocab: inputs must be an iterable of text lines, got {inputs!r}")
     lines = (line for line in inputs if line.strip())
     first = next(lines, None)
     if first is None:
-        raise ValueError("train_vocab: no text to train on (inputs are empty or all blank)")
+        raise ValueError(f"{source}: no text to train on (empty, or blank lines only); give text "
+                         "to learn the vocabulary from")
     return itertools.chain([first], lines)
 
 
@@ -175,10 +177,11 @@ def _train_sentencepiece(lines: Iterator[str], size: int, out_dir: Path, lowerca
 
 def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | Path,
                 lowercase: bool = True, sp_model_type: Literal["unigram", "bpe"] = "unigram",
-                **options: bool) -> Path:
+                source: str = "train_vocab: inputs", **options: bool) -> Path:
     """Trains a vocab of at most `size` tokens on text lines into out_dir (local or gs://: written
     locally, then uploaded); returns out_dir. WordPiece `options` (final_sigma,
-    keep_special_tokens; see WordPieceTokenizer) are stored for load_tokenizer."""
+    keep_special_tokens; see WordPieceTokenizer) are stored for load_tokenizer; `source` names
+    the inputs in errors (the command's flag)."""
     if kind not in ("wordpiece", "sentencepiece"):
         raise ValueError(f"train_vocab: kind={kind!r}, expected 'wordpiece' or 'sentencepiece'")
     if sp_model_type not in ("unigram", "bpe"):
@@ -189,7 +192,7 @@ def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | 
     if size <= len(SPECIAL_TOKENS):
         raise ValueError(f"train_vocab: size={size} leaves no room beside the special tokens "
                          f"{' '.join(SPECIAL_TOKENS)}")
-    lines = _text_lines(inputs)
+    lines = _text_lines(inputs, source)
     with paths.staged_output(out_dir) as local:
         fresh = not local.exists()
         local.mkdir(parents=True, exist_ok=True)
@@ -795,5 +798,10 @@ def load_hf_tokenizer(directory: str | Path, prefer: Kind = "wordpiece") -> Toke
     kinds = _kinds_found(directory)
     if "bpe" in kinds and (kinds == ["bpe"] or prefer == "bpe"):
         return _ByteLevelBPE(directory)
+    if not kinds and prefer == "bpe":  # (WordPiece's reader would ask for a vocab.txt)
+        half = f" ({BPE_VOCAB} is here without {BPE_MERGES})" if (directory / BPE_VOCAB).is_file() else ""
+        raise FileNotFoundError(f"{directory}: no tokenizer files; this model's byte-level BPE "
+                                f"tokenizer is {BPE_JSON}, or {BPE_VOCAB} and {BPE_MERGES}{half}: copy "
+                                "them from the model's repository")
     return _WordPiece(directory, _json_or_empty(directory / CONFIG_NAME).get("do_lower_case", True),
                       final_sigma=False)

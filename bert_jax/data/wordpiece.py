@@ -281,6 +281,17 @@ class WordPieceTokenizer:
             config = json.loads(config_path.read_text("utf-8")) if config_path.is_file() else {}
         except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
             raise ValueError(f"{config_path}: not valid JSON ({e}); fix the file or remove it") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path}: a JSON {type(config).__name__}, expected an object of "
+                             "tokenizer options; fix the file or remove it")
+        # Switches HF's BertTokenizer reads as booleans (strip_accents: null too, "as lowercase")
+        for key, value in config.items():
+            if key not in ("do_lower_case", "strip_accents", "tokenize_chinese_chars",
+                           "do_basic_tokenize") or isinstance(value, bool):
+                continue
+            if not (key == "strip_accents" and value is None):
+                raise ValueError(f"{config_path}: {key}={value!r}, expected true or false; fix the "
+                                 "file or remove it")
         if not config.get("do_basic_tokenize", True):
             raise ValueError(f"{config_path}: do_basic_tokenize=false is not supported")
         source = vocab_file(directory)

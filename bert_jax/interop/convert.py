@@ -151,6 +151,16 @@ def hf_config(model_cfg: dict[str, Any], special_ids: dict[str, int] | None = No
     return family.config_to_hf(name, cfg, ids)
 
 
+def architectures(hf: dict[str, Any]) -> list[str]:
+    """config.json's architectures (HF class names); not a list of names is a ValueError."""
+    archs = hf.get("architectures") or []
+    if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ValueError(f"config.json: architectures={archs!r}, expected a list of Hugging Face "
+                         'class names, e.g. ["BertForMaskedLM"]; use the config.json that came with '
+                         "the weights")
+    return archs
+
+
 def choose_head(hf: dict[str, Any], names: Iterable[str], name: str | None = None) -> str:
     """Our model name: `name` if given, else config.json's architecture, else what the tensor
     `names` (normalised) hold: an unknown or absent architecture does not stop a conversion."""
@@ -158,7 +168,7 @@ def choose_head(hf: dict[str, Any], names: Iterable[str], name: str | None = Non
         if name not in BERT_MODELS:
             raise ValueError(f"--head={name!r}; choose one of {sorted(BERT_MODELS)}")
         return name
-    archs, known = hf.get("architectures") or [], families.architectures()
+    archs, known = architectures(hf), families.architectures()
     if archs and archs[0] in known:
         return known[archs[0]]
     names = set(names)
@@ -218,6 +228,7 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
     checkpoint lacks (left freshly initialised), `unused` the tensors nothing took.
     `file_names`: the checkpoint's name of each tensor, for errors and reports."""
     shown = {k: (file_names or {}).get(k, k) for k in weights}
+    kinds = {k: np.asarray(v).dtype for k, v in weights.items()}
     weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
     broken = [(shown[k], int(np.size(v) - np.isfinite(v).sum())) for k, v in weights.items()
               if not np.isfinite(v).all()]
@@ -231,6 +242,12 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
     table = hf_names(model_cfg["name"], flat, model_cfg["num_layers"])
     if "mlm/bias" in flat and "cls.predictions.bias" not in weights:
         table["mlm/bias"] = ["cls.predictions.decoder.bias"]  # older checkpoints keep it there
+    # Integer weights are a quantized checkpoint's (int8 and scales): as numbers they are not the
+    # model's (the integer buffers beside the weights, e.g. position_ids, are no parameter's).
+    if whole := [n for names in table.values() for n in names if n in kinds and kinds[n].kind in "iub"]:
+        raise ValueError(f"tensor {shown[whole[0]]} is {kinds[whole[0]]}, not floating point: a "
+                         "quantized checkpoint, whose integers are not the model's weights; convert "
+                         "the model's unquantized (float32, float16 or bfloat16) weights")
     used, missing, out = set(), [], {}
     for path, value in flat.items():
         names = table[path]
@@ -253,6 +270,43 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
     return traverse_util.unflatten_dict(out, sep="/"), missing, unused
 
 
+# Sizes config.json states that a tensor's shape shows: (BERT's tensor name, axis, our model
+# field, config.json's key).
+EVIDENCE = (
+    ("embeddings.word_embeddings.weight", 0, "vocab_size", "vocab_size"),
+    ("embeddings.word_embeddings.weight", 1, "emb_dim", "hidden_size"),
+    ("embeddings.position_embeddings.weight", 0, "max_len", "max_position_embeddings"),
+    ("embeddings.token_type_embeddings.weight", 0, "type_vocab_size", "type_vocab_size"),
+    ("encoder.layer.0.intermediate.dense.weight", 0, "mlp_dim", "intermediate_size"),
+)
+# A layer's index in any family's tensor names (BERT's and RoBERTa's encoder.layer.{i}.,
+# ModernBERT's layers.{i}.).
+_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def check_config_sizes(weights: dict[str, np.ndarray], model_cfg: dict[str, Any],
+                       file_names: dict[str, str], config_file: object) -> None:
+    """config.json's sizes against the tensors' shapes (`weights` under BERT's names,
+    `file_names`: {BERT name: the checkpoint's name} of every tensor in the checkpoint), and
+    its layer count against the layers the tensors hold: a contradiction is a ValueError
+    naming both sides."""
+    def refuse(said: str, shown: str) -> ValueError:
+        return ValueError(f"{config_file}: {said} but {shown}; the config does not belong to these "
+                          "weights: use the config.json that came with them")
+
+    for name, axis, field, key in EVIDENCE:
+        tensor = weights.get(name)
+        if tensor is None or tensor.ndim != 2 or tensor.shape[axis] == model_cfg[field]:
+            continue
+        raise refuse(f"{key}={model_cfg[field]}", f"{file_names.get(name, name)} has shape "
+                     f"{tuple(tensor.shape)} ({tensor.shape[axis]} {'rows' if axis == 0 else 'columns'})")
+    layers = {int(m.group(1)) for n in file_names.values() if (m := _LAYER.search(n))}
+    if layers and max(layers) + 1 != model_cfg["num_layers"]:
+        count = max(layers) + 1
+        raise refuse(f"num_hidden_layers={model_cfg['num_layers']}", f"the weights hold {count} "
+                     f"layer{'s' if count > 1 else ''} (0 to {count - 1})")
+
+
 def check_padding_row(weights: dict[str, np.ndarray], model_cfg: dict[str, Any],
                       file_names: dict[str, str], config_file: object) -> None:
     """Positions after the pad id (RoBERTa's: model.position_offset = pad id + 1) have the
@@ -262,9 +316,16 @@ def check_padding_row(weights: dict[str, np.ndarray], model_cfg: dict[str, Any],
     shifted by the difference)."""
     offset, name = model_cfg["position_offset"], "embeddings.position_embeddings.weight"
     table = weights.get(name)
-    if not offset or table is None or table.ndim != 2:
+    if table is None or table.ndim != 2:
         return
     zero = [i for i in range(table.shape[0]) if not np.any(table[i])]
+    if not offset:  # positions from row 0: a padding row marks a table read after a pad id
+        if len(zero) == 1 and table.shape[0] > 1:
+            raise ValueError(f"{config_file}: model_type={model_cfg['hf_family']!r} reads positions "
+                             f"from row 0 of {file_names.get(name, name)}, but its row {zero[0]} is "
+                             f"all zero: a padding row, as a RoBERTa's (positions after pad_token_id="
+                             f"{zero[0]}); use the config.json that came with these weights")
+        return
     if zero and offset - 1 not in zero:
         raise ValueError(f"{config_file}: pad_token_id={offset - 1} makes row {offset - 1} of "
                          f"{file_names.get(name, name)} the padding row, but the table's all-zero "
@@ -383,6 +444,7 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
             origin = origin[:3] + str(source) + origin[3 + len(str(local)):]
         try:
             family = families.for_model_type(hf_cfg.get("model_type", "bert"))
+            architectures(hf_cfg)  # (choose_head reads them)
         except ValueError as e:
             raise ValueError(f"{origin[3:]}: {e}") from None
         names = {family.normalise(k): k for k in weights}
@@ -401,9 +463,16 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
             raise ValueError(f"{tokenizer.vocab_file} has {tokenizer.vocab_size} tokens but the model "
                              f"config says vocab_size={model_cfg['vocab_size']}; use the "
                              f"{tokenizer.vocab_file.name} that came with the model")
+        in_file = list(weights)
         weights, file_names = family.from_hf(weights, name, model_cfg["num_layers"])
+        # (the tensors from_hf did not take too: a layer past the config's count)
+        check_config_sizes(weights, model_cfg, {**{n: n for n in in_file}, **file_names},
+                           _config_file(origin))
         check_padding_row(weights, model_cfg, file_names, _config_file(origin))
-        params, missing, unused = convert_hf_weights(weights, model_cfg, file_names=file_names)
+        try:
+            params, missing, unused = convert_hf_weights(weights, model_cfg, file_names=file_names)
+        except ValueError as e:  # (it names the tensor: say whose)
+            raise ValueError(f"{origin[3:]}: {e}") from None
         encoder = "".join(f"{k}/" for k in models.encoder_path(name))
         essential = [p for p in missing if p.startswith(encoder) and p.removeprefix(encoder) not in _POOLER]
         if essential:

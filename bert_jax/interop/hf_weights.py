@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
 import pickle
+import re
 import struct
 import zipfile
 from pathlib import Path
@@ -86,53 +88,138 @@ def load_hf_weights(model_dir: str | os.PathLike) -> dict[str, np.ndarray]:
     raise FileNotFoundError(f"No weights in {model_dir}: looked for {', '.join(WEIGHT_FILES)}")
 
 
+def check_download(path: Path) -> None:
+    """A weights file of a Hugging Face cache snapshot links to blobs/<the SHA-256 of its bytes>
+    (large files are stored in Git LFS, named by their hash): bytes that differ from that
+    name (damaged on disk, or written over) are a ValueError naming the file, before any is
+    read; other files have no recorded hash and pass."""
+    blob = path.resolve()
+    if not path.is_symlink() or blob.parent.name != "blobs" or not re.fullmatch(r"[0-9a-f]{64}",
+                                                                                 blob.name):
+        return
+    digest = hashlib.sha256()
+    with open(blob, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    if digest.hexdigest() != blob.name:
+        raise ValueError(f"{path}: its bytes differ from the SHA-256 its download recorded (the "
+                         f"blob's name, {blob}): the file is damaged; download the model again "
+                         "(huggingface-cli download <model> --force-download)")
+
+
 def _load_sharded(index_path: Path, load_one) -> dict[str, np.ndarray]:
     """Load every shard listed in an HF *.index.json weight_map and check all names arrived."""
     try:
         weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
-    except (ValueError, KeyError, TypeError) as e:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise TypeError("weight_map is not {tensor name: shard file}")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{index_path}: not a valid sharded-checkpoint index ({e})") from e
     out: dict[str, np.ndarray] = {}
     for shard in sorted(set(weight_map.values())):
-        out.update(load_one(index_path.parent / shard))
+        path = index_path.parent / shard
+        # A shard is a file beside the index: a path elsewhere is not one (nor read).
+        if Path(shard).name != shard or not path.is_file():
+            raise FileNotFoundError(f"{index_path}: lists shard {shard!r}, which is not a file in "
+                                    f"{index_path.parent}; download the model's files again")
+        out.update(load_one(path))
     missing = sorted(set(weight_map) - set(out))
     if missing:
         raise ValueError(f"{index_path}: tensors listed in weight_map but absent from shards: {missing[:5]}")
     return out
 
 
+# Bytes per element of every dtype the safetensors format defines.
+_SAFETENSORS_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
+                      "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def check_safetensors(path: Path) -> tuple[dict[str, Any], int]:
+    """(header, where its data starts) of safetensors file `path`, checked before any tensor is
+    read: the header's length against the file's, its JSON, and each tensor's dtype and shape
+    against its byte range, the ranges tiling the data exactly (none outside it, overlapping or
+    leaving bytes to no tensor). Anything else is a ValueError naming the file and the fault."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{path}: not a valid safetensors file: {what}; the file is damaged or "
+                          "not a safetensors file: download the model's files again")
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise bad(f"{size} bytes, shorter than the 8-byte header length it starts with")
+        (n,) = struct.unpack("<Q", prefix)
+        if not 2 <= n <= size - 8:
+            raise bad(f"its header length says {n} bytes but {size - 8} follow it")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise bad(f"its {n}-byte header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise bad(f"its header is a JSON {type(header).__name__}, not an object")
+    data, spans = size - 8 - n, []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not (isinstance(info, dict) and {"dtype", "shape", "data_offsets"} <= set(info)):
+            raise bad(f"tensor {name!r} has no dtype, shape and data_offsets")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in _SAFETENSORS_SIZES:
+            raise bad(f"tensor {name!r} has dtype {dtype!r}, which safetensors does not define")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise bad(f"tensor {name!r} has shape {shape!r}, not a list of sizes")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):
+            raise bad(f"tensor {name!r} has data_offsets {offsets!r}, not [start, end]")
+        start, end = offsets
+        if end > data:
+            raise bad(f"tensor {name!r} ends at byte {end} of the data, which has {data} bytes "
+                      "(the file is cut short)")
+        need = int(np.prod(shape, dtype=np.int64)) * _SAFETENSORS_SIZES[dtype]
+        if end - start != need:
+            raise bad(f"tensor {name!r} is {dtype} {shape} ({need} bytes) but its byte range "
+                      f"[{start}, {end}) holds {end - start}")
+        spans.append((start, end, name))
+    at, last = 0, None
+    for start, end, name in sorted(spans):
+        if start < at:
+            raise bad(f"tensors {last!r} and {name!r} overlap (bytes {start} to {at} of the data)")
+        if start > at:
+            raise bad(f"bytes {at} to {start} of the data belong to no tensor")
+        at, last = end, name
+    if at != data:
+        raise bad(f"bytes {at} to {data} of the data belong to no tensor")
+    return header, 8 + n
+
+
 def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Load a .safetensors file; fall back to our own parser if this safetensors lacks bf16."""
+    """Load a .safetensors file (its header checked first); our own parser where this
+    safetensors release lacks bf16."""
+    check_download(path)
+    check_safetensors(path)
     try:
         return safetensors.numpy.load_file(path)
     except (TypeError, ValueError, KeyError, safetensors.SafetensorError):
-        # Old safetensors releases map dtypes via np.dtype("bfloat16"), which numpy rejects;
-        # our parser also turns a corrupt file into a ValueError that names it.
+        # Old safetensors releases map dtypes via np.dtype("bfloat16"), which numpy rejects.
         return _read_safetensors_raw(path)
 
 
 def _read_safetensors_raw(path: Path) -> dict[str, np.ndarray]:
-    """Parse safetensors by hand: u64-LE header length, JSON header, then raw little-endian bytes."""
-    data = Path(path).read_bytes()
-    try:
-        (n,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8:8 + n])
-    except (struct.error, ValueError) as e:
-        raise ValueError(f"{path}: not a safetensors file ({e})") from e
-    body = memoryview(data)[8 + n:]
+    """Parse safetensors by hand (header checked: check_safetensors), then raw little-endian bytes."""
+    header, begin = check_safetensors(path)
+    body = memoryview(Path(path).read_bytes())[begin:]
     out = {}
-    try:
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            if info["dtype"] not in _SAFETENSORS_DTYPES:
-                raise ValueError(f"tensor {name!r} has unsupported dtype {info['dtype']}")
-            dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]]).newbyteorder("<")
-            start, end = info["data_offsets"]
-            arr = np.frombuffer(body[start:end], dtype=dtype).reshape(info["shape"])
-            out[name] = arr.astype(dtype.newbyteorder("="), copy=True)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path}: malformed safetensors file ({e})") from e
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which this "
+                             f"converter does not read ({', '.join(_SAFETENSORS_DTYPES)})")
+        dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]]).newbyteorder("<")
+        start, end = info["data_offsets"]
+        arr = np.frombuffer(body[start:end], dtype=dtype).reshape(info["shape"])
+        out[name] = arr.astype(dtype.newbyteorder("="), copy=True)
     return out
 
 
@@ -221,6 +308,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 def _load_torch_zip(path: Path) -> dict[str, np.ndarray]:
     """Load a torch.save zip archive (torch>=1.6) as numpy, refusing any non-state-dict pickle."""
+    check_download(path)
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as f:
             legacy = f.read(1) == b"\x80"  # a bare pickle stream: the pre-1.6 torch.save format

@@ -48,6 +48,15 @@ POSITIONS = ("learned", "sinusoidal", "rope")
 HF_FAMILIES = ("bert", "roberta", "modernbert")
 
 
+# A field's declared type: the values it takes, and how a message names them.
+_KINDS = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "float": (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+}
+
+
 def _field(default: Any, kind: str, *, flops: bool = False, choices: tuple | None = None,
            least: int | None = None, only: tuple[str, ...] | None = None) -> Any:
     """A config field with its metadata (see the module docstring)."""
@@ -109,6 +118,9 @@ class ModelConfig:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             value, meta = getattr(self, f.name), f.metadata
+            # (a value read from a JSON file, e.g. convert's config.json, has whatever type it has)
+            if f.type in _KINDS and not _KINDS[f.type][0](value):
+                raise ValueError(f"model.{f.name}={value!r}: expected {_KINDS[f.type][1]}")
             if meta["choices"] is not None and value not in meta["choices"]:
                 raise ValueError(f"model.{f.name}={value!r}; choose one of {meta['choices']}")
             if isinstance(value, float) and not math.isfinite(value):

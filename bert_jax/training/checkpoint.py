@@ -408,28 +408,13 @@ class TrainCheckpointer:
         self.manager.reload()
 
     def _check_same_run(self, step: int, config: dict) -> None:
-        """The stored config of checkpoint `step` against this run's: a changed model or
-        optimizer is the user's change (an error naming it), not a corrupt checkpoint."""
+        """The stored config of checkpoint `step` against this run's (refuse_other_run)."""
         try:
             args = ocp.args.Composite(config=ocp.args.JsonRestore())
             stored = self.manager.restore(step, args=args)["config"]
         except Exception:  # noqa: BLE001 (no readable config: restore decides below)
             return
-        where = f"{self.path}/{step}"
-        model_diff = changed_fields(stored.get("model", {}), config.get("model", {}), STATE_FIELDS,
-                                    "model.")
-        if model_diff:
-            raise ConfigError(f"checkpoint {where} holds a different model than this config "
-                              f"({model_diff}); train in a new --workdir, or use the config "
-                              f"stored in {where}/config")
-        opt_diff = changed_fields(stored.get("optimizer", {}), config.get("optimizer", {}), ("name",),
-                                  "optimizer.")
-        if opt_diff:
-            # E.g. a run saved with adamw, the BERT configs' default before adam_weight_decay.
-            raise ConfigError(f"checkpoint {where}: its optimizer state does not fit the optimizer "
-                              f"of this config ({opt_diff}); to resume it pass "
-                              f"--config.optimizer.name={stored['optimizer']['name']}, or train "
-                              f"in a new --workdir")
+        refuse_other_run(f"{self.path}/{step}", stored, config)
 
     def _check_fits(self, step: int, metadata, abstract_params, abstract_opt_state) -> None:
         """A readable checkpoint whose arrays do not match the config is the user's config
@@ -493,6 +478,38 @@ class TrainCheckpointer:
             self.close()
 
 
+
+
+def refuse_other_run(where: str, stored: dict, config: dict) -> None:
+    """Run config `config` against the one stored with checkpoint `where` (`stored`) that it
+    would resume: a changed model or optimizer is the user's change (an error naming it), not
+    a corrupt checkpoint."""
+    model_diff = changed_fields(stored.get("model", {}), config.get("model", {}), STATE_FIELDS,
+                                "model.")
+    if model_diff:
+        raise ConfigError(f"checkpoint {where} holds a different model than this config "
+                          f"({model_diff}); train in a new --workdir, or use the config "
+                          f"stored in {where}/config")
+    opt_diff = changed_fields(stored.get("optimizer", {}), config.get("optimizer", {}), ("name",),
+                              "optimizer.")
+    if opt_diff:
+        # E.g. a run saved with adamw, the BERT configs' default before adam_weight_decay.
+        raise ConfigError(f"checkpoint {where}: its optimizer state does not fit the optimizer "
+                          f"of this config ({opt_diff}); to resume it pass "
+                          f"--config.optimizer.name={stored['optimizer']['name']}, or train "
+                          f"in a new --workdir")
+
+
+def check_resumes(workdir: str | os.PathLike, config: dict) -> None:
+    """Before a run is started elsewhere (launch, before renting a slice): the latest
+    checkpoint in `workdir`, if any, is one run config `config` resumes (refuse_other_run, as
+    the run's resume checks it)."""
+    if not checkpoint_dir(workdir).is_dir():
+        return
+    with manager(workdir, read_only=True) as mngr:
+        step = mngr.latest_step()
+    if step is not None:
+        refuse_other_run(f"{checkpoint_dir(workdir)}/{step}", read_config(workdir, step), config)
 
 
 def _params_metadata(directory: str | os.PathLike) -> tuple[int, dict[tuple[str, ...], Any]]:

@@ -33,15 +33,21 @@ def model_spec(config) -> models.ModelConfig:
 
 def check(config, *, platform: str, devices: int, processes: int, training: bool = True,
           reads_data: bool = True) -> None:
-    """Every check of `config` that needs no compile, in one order: the config's values, mesh
-    and batch divisibility (config.validate, attention's refusals included), whether the
-    attention kernel runs on `platform` ('cpu', 'gpu', 'tpu'), then (a training run that
-    `reads_data`; plan reads none) whether its TFDS data is prepared."""
-    config_lib.validate(config, devices, processes, training=training)
+    """Every check of `config` that needs no compile, in one order: whether the attention
+    kernel runs on `platform` ('cpu', 'gpu', 'tpu'; first: on another platform the kernel's
+    other refusals, e.g. cuDNN's of dropout, are beside the point), the config's values, mesh
+    and batch divisibility (config.validate, attention's refusals included), then (a training
+    run that `reads_data`; plan reads none) whether its TFDS data is prepared."""
     try:
-        attention.check_platform(model_spec(config).attention_kernel, platform)
+        kernel = model_spec(config).attention_kernel
+    except config_lib.ConfigError:
+        kernel = None  # a model section that does not resolve: validate names what is wrong
+    try:
+        if kernel is not None:
+            attention.check_platform(kernel, platform)
     except ValueError as e:
         raise config_lib.ConfigError(str(e)) from None
+    config_lib.validate(config, devices, processes, training=training)
     if training and reads_data:
         pipelines.check_source(config)
 

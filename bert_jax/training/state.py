@@ -104,6 +104,27 @@ def sizes_from_init(config, set_by_user: Collection[str] = ()):
     return config
 
 
+def check_set_sizes(config, set_by_user: Collection[str]) -> None:
+    """A model key the user set (`set_by_user`: dotted keys) to another value than the
+    config.init_from checkpoint's, where that checkpoint decides it, is a ConfigError naming
+    the key and both values. Training refuses it only when it loads the weights (`pretrained`),
+    after compiling; plan and launch, which load none, ask here first."""
+    if not config.get("init_from") or init_mode(config) == "transplant":
+        return
+    tile = init_mode(config) == "tile_from_middle"
+    theirs = models.complete_model_config(checkpoint.read_config(config.init_from)["model"])
+    ours = models.complete_model_config(model_config(config))
+    differ = [k for k in checkpoint.ARCHITECTURE_FIELDS
+              if f"model.{k}" in set_by_user and k in theirs and k in ours and ours[k] != theirs[k]
+              and not (tile and k in tiling.SIZE_FIELDS)]
+    if differ:
+        key = differ[0]
+        raise ConfigError(
+            f"--config.model.{key}={ours[key]}: the init_from checkpoint in {config.init_from} "
+            f"decides model.{key} ({theirs[key]!r}), so training would refuse the flag when it loads "
+            "the weights; drop it (or --config.init_mode=transplant to take only the tensors that fit)")
+
+
 def pretrained(config, abstract_params, mesh) -> dict:
     """The config.init_from weights that fit this model (task heads stay fresh), or with
     init_mode=tile_from_middle tiled to its sizes (tiling.py); `abstract_params` carry the

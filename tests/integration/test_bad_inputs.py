@@ -126,6 +126,31 @@ def copy_of(name: str, *then: Callable[[Path], None]):
     return setup
 
 
+def bare_weights(folder: Path) -> None:
+    """The folder's tensors without the `bert.` prefix (as a bare encoder's: no family's names)."""
+    import safetensors.numpy
+
+    tensors = safetensors.numpy.load_file(folder / "model.safetensors")
+    safetensors.numpy.save_file({k.removeprefix("bert."): v for k, v in tensors.items()},
+                                folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def as_int8(tensor: str):
+    """A change storing the folder's `tensor` as int8 (as a quantized checkpoint holds weights)."""
+    def change(folder: Path) -> None:
+        import safetensors.numpy
+
+        tensors = safetensors.numpy.load_file(folder / "model.safetensors")
+        tensors[tensor] = (tensors[tensor] * 100).astype("int8")
+        safetensors.numpy.save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return change
+
+
+def cut_short(name: str, by: int):
+    """A change cutting the folder's file `name` short by `by` bytes (a download stopped early)."""
+    return lambda folder: (folder / name).write_bytes((folder / name).read_bytes()[:-by])
+
+
 def hf_config(**changes):
     def change(folder: Path) -> None:
         cfg = json.loads((folder / "config.json").read_text())
@@ -517,6 +542,12 @@ CONVERT_CASES = [
          setup=copy_of("hf", hf_config(num_hidden_layers="two"))),
     case("convert-model-type", "convert hf:{tmp}/hf {tmp}/out", 1, "model_type='gpt2'",
          "'bert', 'roberta'", setup=copy_of("hf", hf_config(model_type="gpt2"))),
+    case("convert-architectures-not-a-list", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf: config.json: architectures='BertModel', expected a list of Hugging Face class names",
+         setup=copy_of("hf", hf_config(architectures="BertModel"))),
+    case("convert-config-value-of-another-type", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf: model.layer_norm_eps='small': expected a number",
+         setup=copy_of("hf", hf_config(layer_norm_eps="small"))),
     case("convert-activation", "convert hf:{tmp}/hf {tmp}/out", 1, "hidden_act='swish'",
          setup=copy_of("hf", hf_config(hidden_act="swish"))),
     case("convert-heads-not-dividing", "convert hf:{tmp}/hf {tmp}/out", 1, "num_attention_heads=3",
@@ -529,10 +560,34 @@ CONVERT_CASES = [
          setup=copy_of("hf", remove("model.safetensors"), replace("pytorch_model.bin", b"not a zip"))),
     case("convert-bad-index", "convert hf:{tmp}/hf {tmp}/out", 1, "model.safetensors.index.json",
          setup=copy_of("hf", remove("model.safetensors"), replace("model.safetensors.index.json", "{}"))),
-    case("convert-wrong-shapes", "convert hf:{tmp}/hf {tmp}/out", 1, "shape", "config",
+    case("convert-safetensors-cut-short", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/model.safetensors: not a valid safetensors file", "the file is cut short",
+         "download the model's files again", setup=copy_of("hf", cut_short("model.safetensors", 100))),
+    case("convert-safetensors-header-length-past-the-end", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/model.safetensors: not a valid safetensors file", "its header length says",
+         setup=copy_of("hf", lambda d: (d / "model.safetensors").write_bytes(
+             b"\xff" * 8 + (d / "model.safetensors").read_bytes()[8:]))),
+    case("convert-quantized-weights", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "{tmp}/hf: tensor bert.encoder.layer.0.attention.self.query.weight is int8, not floating point",
+         "quantized checkpoint",
+         setup=copy_of("hf", as_int8("bert.encoder.layer.0.attention.self.query.weight"))),
+    # config.json's sizes against the tensors' shapes: both sides named
+    case("convert-wrong-shapes", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/config.json: intermediate_size=48",
+         "encoder.layer.0.intermediate.dense.weight has shape (64, 32)", "use the config.json",
          setup=copy_of("hf", hf_config(intermediate_size=48))),
-    case("convert-wrong-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "shape",
+    case("convert-wrong-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "config.json: vocab_size=300",
+         "word_embeddings.weight has shape (128, 32) (128 rows)",
          setup=copy_of("hf", hf_config(vocab_size=300))),
+    case("convert-positions-not-the-table", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: max_position_embeddings=1024", "bert.embeddings.position_embeddings.weight has shape",
+         setup=copy_of("hf", hf_config(max_position_embeddings=1024))),
+    case("convert-segments-not-the-table", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: type_vocab_size=1",
+         "bert.embeddings.token_type_embeddings.weight has shape (2, 32) (2 rows)",
+         setup=copy_of("hf", hf_config(type_vocab_size=1))),
+    case("convert-fewer-layers-than-the-weights", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: num_hidden_layers=2 but the weights hold 1 layer (0 to 0)",
+         setup=copy_of("hf", hf_config(num_hidden_layers=2))),
     case("convert-vocab-bigger-than-model", "convert hf:{tmp}/hf {tmp}/out", 1, "vocab.txt", "vocab_size",
          setup=copy_of("hf", replace("vocab.txt", "\n".join(
              ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(200)]) + "\n"))),
@@ -672,6 +727,11 @@ SWEEP_CASES = [
     case("sweep-without-workdir", "sweep --config configs/sweeps/glue.py:mrpc", 2, "--workdir"),
 ]
 
+VOCAB_TEXT = "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50"
+PREPARE_TEXT = ("prepare --config configs/bert_pretrain.py:tiny --out {tmp}/shards "
+                "--config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt")
+NOT_UTF8 = b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3
+
 VOCAB_CASES = [
     # `bert-jax vocab`: an existing vocab is never overwritten (the shared one is in the snapshot)
     case("vocab-out-existing-vocab", "vocab --input {tmp}/corpus/a.txt --out {vocab} --size 50", 1,
@@ -682,23 +742,39 @@ VOCAB_CASES = [
     # text that is not UTF-8 is refused as every other reader's (data/text.py not_text), naming
     # the line, its byte and what the file looks like instead (a stray byte on at most 1% of the
     # lines is replaced with a warning: tests/unit/data/test_text_files.py)
-    case("vocab-input-non-utf8", "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50", 1,
+    case("vocab-input-non-utf8", VOCAB_TEXT, 1,
          "corpus/a.txt:3: not UTF-8: found byte 0xff at column 5", "iconv -f cp1252",
-         "(1 of its 21 lines are not UTF-8)",
-         setup=corpus(b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3)),
+         "(1 of its 21 lines are not UTF-8)", setup=corpus(NOT_UTF8)),
     case("vocab-input-non-utf8-sentencepiece", "vocab --input {tmp}/corpus/a.txt.gz --out {tmp}/v "
          "--size 50 --type sentencepiece", 1, "a.txt.gz:3: not UTF-8: found byte 0xff",
-         setup=files(corpus__a_DOT_txt_DOT_gz=gzip.compress(
-             b"the cat sat on the mat\nthe dog\nbad \xff here\n" + CORPUS.encode() * 3))),
-    case("vocab-input-utf16", "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50", 1,
+         setup=files(corpus__a_DOT_txt_DOT_gz=gzip.compress(NOT_UTF8))),
+    case("vocab-input-utf16", VOCAB_TEXT, 1,
          "corpus/a.txt:1: UTF-16 text", "iconv -f utf-16 -t utf-8",
          setup=corpus((CORPUS * 3).encode("utf-16"))),
-    case("prepare-input-utf16", "prepare --config configs/bert_pretrain.py:tiny --out {tmp}/shards "
-         "--config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt", 1,
+    case("prepare-input-utf16", PREPARE_TEXT, 1,
          "corpus/a.txt:1: UTF-16 text", "iconv -f utf-16 -t utf-8",
          setup=corpus((CORPUS * 3).encode("utf-16-le"))),
-    case("prepare-input-binary", "prepare --config configs/bert_pretrain.py:tiny --out {tmp}/shards "
-         "--config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt", 1,
+    # every command that reads text refuses what vocab refuses, naming the encoding it sees
+    case("prepare-input-non-utf8", PREPARE_TEXT, 1,
+         "corpus/a.txt:3: not UTF-8: found byte 0xff at column 5", "iconv -f cp1252",
+         setup=corpus(NOT_UTF8)),
+    case("vocab-input-utf32", VOCAB_TEXT, 1,
+         "corpus/a.txt:1: UTF-32 text", "iconv -f utf-32 -t utf-8",
+         setup=corpus((CORPUS * 3).encode("utf-32"))),
+    case("prepare-input-utf32-no-mark", PREPARE_TEXT, 1,
+         "corpus/a.txt:1: UTF-32 text", "iconv -f utf-32 -t utf-8",
+         setup=corpus((CORPUS * 3).encode("utf-32-le"))),
+    case("prepare-input-shift-jis", PREPARE_TEXT, 1, "corpus/a.txt:1: not UTF-8",
+         "it decodes as shift_jis", "iconv -f <it> -t utf-8",
+         setup=corpus("これは日本語のテキストです。\n東京は大きい都市です。\n".encode("shift_jis") * 20)),
+    case("vocab-input-cyrillic-8-bit", VOCAB_TEXT, 1, "corpus/a.txt:1: not UTF-8",
+         "an 8-bit encoding of another alphabet: Cyrillic `iconv -f cp1251 -t utf-8`",
+         setup=corpus("Это русский текст.\nМосква большой город.\n".encode("cp1251") * 20)),
+    case("vocab-input-empty", VOCAB_TEXT, 1,
+         "--input={tmp}/corpus/a.txt: no text to train on (empty, or blank lines only)", setup=corpus("")),
+    case("vocab-input-blank-lines", VOCAB_TEXT + " --type sentencepiece", 1,
+         "--input={tmp}/corpus/a.txt: no text to train on", setup=corpus("\n  \n\t\n")),
+    case("prepare-input-binary", PREPARE_TEXT, 1,
          "corpus/a.txt:1: a NUL byte: a binary file, not text",
          setup=corpus(bytes(range(256)) * 4)),
 ]
@@ -823,6 +899,15 @@ LAUNCH_CASES = [
          "--zone=mars-north1-a", "v4 zones: us-central2-b"),
     case("launch-zone-of-another-generation", LAUNCH.replace("us-central2-b", "europe-west4-a"), 1,
          "--zone=europe-west4-a", "no v4 TPUs", "us-central2-b"),
+    # a model size init_from's checkpoint decides, set to another value: training would refuse it
+    # only when loading the weights, on the slice
+    case("plan-size-init-from-decides", "plan --config configs/glue.py:sst2,tiny --topology v5litepod-8 "
+         "--config.init_from={run} --config.model.num_layers=3", 1, "--config.model.num_layers=3",
+         "the init_from checkpoint in {run} decides model.num_layers (1)", "drop it"),
+    case("launch-size-init-from-decides", LAUNCH.replace("bert_pretrain.py:tiny", "glue.py:sst2,tiny")
+         + " --config.data.data_dir=gs://b/glue --config.init_from=tests/fixtures/bert_tiny_a208b4f "
+         "--config.model.emb_dim=64 --config.model.head_dim=32 --skip_plan", 1, "--config.model.emb_dim=64",
+         "decides model.emb_dim (32)"),
     case("launch-max-restarts-negative", LAUNCH + " --max_restarts=-1", 1, "--max_restarts=-1", ">= 0"),
     case("launch-poll-seconds-zero", LAUNCH + " --poll_seconds 0", 1, "--poll_seconds=0.0", "> 0"),
     case("launch-poll-seconds-nan", LAUNCH + " --poll_seconds nan", 1, "--poll_seconds=nan"),
@@ -872,24 +957,24 @@ PATTERN_CASES = [
 
 CUDNN = PRETRAIN + " --config.model.attention_kernel=cudnn --config.model.attention_dropout_rate=0 "
 ATTENTION_GPU_CASES = [
-    # the cudnn kernel (models/attention.py): refused on this CPU machine, and what its masks
-    # cannot express, before anything compiles
+    # the cudnn kernel (models/attention.py) on a machine without a GPU: the platform is named
+    # first, whatever else cuDNN would refuse (its dropout, float32, packed rows, patterns:
+    # tests/unit/models/test_cudnn.py), before anything compiles
     case("cudnn-on-cpu", CUDNN + "--config.dtype=bfloat16", 1,
          "model.attention_kernel=cudnn needs a GPU", "not cpu", "model.attention_kernel=xla"),
-    case("cudnn-with-attention-dropout", PRETRAIN + " --config.model.attention_kernel=cudnn "
-         "--config.dtype=bfloat16", 1, "model.attention_dropout_rate=0.1 with "
-         "model.attention_kernel=cudnn", "set model.attention_dropout_rate=0"),
-    case("cudnn-in-float32", CUDNN, 1, "dtype=float32 with model.attention_kernel=cudnn",
-         "--config.dtype=bfloat16"),
-    case("cudnn-with-packed-rows", CUDNN + "--config.dtype=bfloat16 --config.data.pack=true", 1,
-         "model.attention_kernel=cudnn with data.pack=True", "set data.pack=False"),
-    case("cudnn-with-bigbird", CUDNN + "--config.dtype=bfloat16 "
+    case("cudnn-with-attention-dropout-on-cpu", PRETRAIN + " --config.model.attention_kernel=cudnn "
+         "--config.dtype=bfloat16", 1, "model.attention_kernel=cudnn needs a GPU", "not cpu"),
+    case("cudnn-in-float32-on-cpu", CUDNN, 1, "model.attention_kernel=cudnn needs a GPU", "not cpu"),
+    case("cudnn-with-packed-rows-on-cpu", CUDNN + "--config.dtype=bfloat16 --config.data.pack=true", 1,
+         "model.attention_kernel=cudnn needs a GPU", "not cpu"),
+    case("cudnn-with-bigbird-on-cpu", CUDNN + "--config.dtype=bfloat16 "
          "--config.model.attention_pattern=bigbird --config.model.bigbird_block=4", 1,
-         "model.attention_pattern=bigbird with model.attention_kernel=cudnn",
-         "model.attention_kernel=xla"),
-    case("cudnn-bidirectional-window", CUDNN + "--config.dtype=bfloat16 "
-         "--config.model.attention_window=4", 1,
-         "model.attention_window=4 with model.attention_kernel=cudnn", "causal only"),
+         "model.attention_kernel=cudnn needs a GPU", "not cpu"),
+    case("cudnn-bidirectional-window-on-cpu", CUDNN + "--config.dtype=bfloat16 "
+         "--config.model.attention_window=4", 1, "model.attention_kernel=cudnn needs a GPU", "not cpu"),
+    case("cudnn-with-attention-dropout-on-tpu", "plan --config configs/bert_pretrain.py:tiny "
+         "--topology v5litepod-8 --config.model.attention_kernel=cudnn", 1,
+         "model.attention_kernel=cudnn needs a GPU", "not tpu", "model.attention_kernel=xla (or splash)"),
 ]
 
 OPTIM_CASES = [
@@ -938,13 +1023,14 @@ def as_roberta_weights(folder: Path) -> None:
                                 metadata={"format": "pt"})
 
 
-def zero_position_row(row: int):
-    """A RoBERTa folder's position table with `row` all zeros: its padding row, as HF keeps it."""
+def zero_position_row(row: int, prefix: str = "roberta."):
+    """A folder's position table (under `prefix`) with `row` all zeros: a RoBERTa's padding row,
+    as HF keeps it."""
     def change(folder: Path) -> None:
         import safetensors.numpy
 
         tensors = safetensors.numpy.load_file(folder / "model.safetensors")
-        name = "roberta.embeddings.position_embeddings.weight"
+        name = prefix + "embeddings.position_embeddings.weight"
         tensors[name] = tensors[name].copy()
         tensors[name][row] = 0.0
         safetensors.numpy.save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
@@ -978,6 +1064,13 @@ ROBERTA_CASES = [
          "use the config.json that came with them (pad_token_id=1)",
          setup=copy_of("hf", hf_config(model_type="roberta", pad_token_id=0), as_roberta_weights,
                        zero_position_row(1))),
+    case("convert-roberta-positions-labelled-bert", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: model_type='bert' reads positions from row 0",
+         "row 1 is all zero", "pad_token_id=1", setup=copy_of("hf", bare_weights, zero_position_row(1, ""))),
+    case("convert-roberta-table-shorter-than-its-config", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "config.json: max_position_embeddings=514", "roberta.embeddings.position_embeddings.weight",
+         setup=copy_of("hf", hf_config(model_type="roberta", max_position_embeddings=514),
+                       as_roberta_weights)),
     case("export-roberta-pad-not-before-positions", "export {tmp}/rob hf:{tmp}/out", 1,
          "model.position_offset=3", "pad id + 1 = 1", "Hugging Face RoBERTa",
          setup=converted_roberta(pad_token_id=2)),
@@ -1037,8 +1130,30 @@ TOKENIZER_JSON_CASES = [
     case("convert-bpe-merge-outside-the-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/merges.txt:2",
          "the merge 'b a' needs 'ba'", "hf/vocab.json lacks", "not of one tokenizer",
          setup=roberta_bpe_files(BPE_VOCAB, "#version: 0.2\nb a\n")),
+    # a folder of a BPE family (RoBERTa, ModernBERT) without its tokenizer: its own files named
+    case("convert-roberta-no-tokenizer", "convert hf:{tmp}/hf {tmp}/out", 1, "hf: no tokenizer files",
+         "byte-level BPE tokenizer is tokenizer.json, or vocab.json and merges.txt",
+         setup=copy_of("hf", hf_config(model_type="roberta"), as_roberta_weights, remove("vocab.txt"),
+                       remove("tokenizer.json"))),
+    case("convert-roberta-vocab-json-without-merges", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf: no tokenizer files", "(vocab.json is here without merges.txt)",
+         setup=copy_of("hf", hf_config(model_type="roberta"), as_roberta_weights, remove("vocab.txt"),
+                       remove("tokenizer.json"), replace("vocab.json", BPE_VOCAB))),
+    case("convert-modernbert-no-tokenizer", "convert hf:{tmp}/hf {tmp}/out", 1, "hf: no tokenizer files",
+         "tokenizer.json, or vocab.json and merges.txt",
+         setup=copy_of("hf", hf_config(model_type="modernbert"), remove("vocab.txt"),
+                       remove("tokenizer.json"))),
     case("convert-bpe-merges-not-utf8", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/merges.txt:2",
          "not UTF-8", setup=roberta_bpe_files(BPE_VOCAB, b"#version: 0.2\na \xff\n")),
+    # tokenizer_config.json's switches are booleans (HF's BertTokenizer reads them so)
+    case("convert-tokenizer-config-lowercase-not-a-boolean", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/tokenizer_config.json: do_lower_case='yes', expected true or false",
+         setup=copy_of("hf", replace("tokenizer_config.json", '{"do_lower_case": "yes"}'))),
+    case("features-checkpoint-tokenizer-config-not-a-boolean", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
+         "ckpt/tokenizer_config.json: tokenize_chinese_chars=1, expected true or false",
+         setup=lambda t, c: (copy_of("ckpt", replace("tokenizer_config.json",
+                                                     '{"tokenize_chinese_chars": 1}'))(t, c),
+                             features_input()(t, c))),
     case("features-checkpoint-tokenizer-json-not-json", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
          "ckpt/tokenizer.json", "not valid JSON", "the model's own tokenizer.json",
          setup=lambda t, c: (tokenizer_json_only("\x00\x01 not json")(t, c), features_input()(t, c))),

@@ -117,9 +117,9 @@ def workdirs(monkeypatch):
     refuses writes as GCS would)."""
     probed, real = [], bringup.check_workdir
 
-    def check(workdir, dry_run):
+    def check(workdir, dry_run, config=None):
         if dry_run:  # names the check, touches nothing
-            return real(workdir, dry_run)
+            return real(workdir, dry_run, config)
         probed.append(workdir)
         if "readonly" in workdir:
             raise bringup.PreflightError(f"cannot write to the workdir {workdir} (Forbidden: 403)")

@@ -34,6 +34,8 @@ def test_a_few_stray_bytes_are_replaced_with_one_warning_in_every_corpus_reader(
     (BOOK.replace(b"of the", b"of th\xe9"), "book.txt:1: not UTF-8: found byte 0xe9 at column 13"),
     (BOOK.decode().encode("utf-16"), "book.txt:1: UTF-16 text"),
     (BOOK.decode().encode("utf-16-be"), "book.txt:1: UTF-16 text"),
+    (BOOK.decode().encode("utf-32"), "book.txt:1: UTF-32 text.*iconv -f utf-32"),
+    (BOOK.decode().encode("utf-32-be"), "book.txt:1: UTF-32 text"),
     (BOOK[:100] + b"\x00\x01\x02binary", "book.txt:4: a NUL byte: a binary file, not text"),
 ])
 def test_what_is_not_text_is_refused_by_every_reader(tmp_path, content, says):
@@ -50,4 +52,25 @@ def test_what_is_not_text_is_refused_by_every_reader(tmp_path, content, says):
     tsv.write_bytes(b"sentence\tlabel\n" + content.replace(b"\n", b"\t1\n"))
     with pytest.raises(ValueError, match="train.tsv:"):
         glue.read_glue("sst2", str(tsv))
-    assert "UTF-16" in str(rows.not_utf8(path)) or "UTF-16" not in says
+    for encoding in ("UTF-16", "UTF-32"):
+        assert encoding in str(rows.not_utf8(path)) or encoding not in says
+
+
+@pytest.mark.parametrize("line, encoding, says", [
+    ("Ceci est un café très élégant, où l'on mange des crêpes.", "cp1252",
+     "(from Latin-1 or Windows-1252: `iconv -f cp1252 -t utf-8`)"),
+    ("Größe und Maß: schön", "latin1", "(from Latin-1 or Windows-1252"),
+    ("これは日本語のテキストです。", "shift_jis", "(it decodes as shift_jis"),
+    ("这是中文文本。北京是一个大城市。", "gbk", "gbk"),
+    ("한국어 텍스트입니다.", "euc_kr", "euc_kr"),
+    ("Это русский текст. Москва большой город.", "cp1251", "8-bit encoding of another alphabet: Cyrillic"),
+    ("Αυτό είναι ελληνικό κείμενο", "cp1253", "8-bit encoding of another alphabet"),
+])
+def test_text_of_another_encoding_is_named_by_what_its_bytes_look_like(tmp_path, line, encoding, says):
+    path = tmp_path / "book.txt"
+    path.write_bytes(b"the cat sat.\n" * 6 + (line + "\n").encode(encoding) * 200)
+    with pytest.raises(ValueError) as e:
+        list(text.utf8_lines(str(path)))
+    assert str(e.value).startswith(f"{path}:7: not UTF-8") and says in str(e.value), str(e.value)
+    if "East Asian" in str(e.value) or "alphabet" in str(e.value):
+        assert "cp1252" not in str(e.value)

@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import shlex
+import struct
 import zipfile
 from pathlib import Path
 
@@ -320,3 +321,95 @@ def test_incomplete_download_in_cache_is_clear(tmp_path):
     (entry / "blobs" / "abc").unlink()  # a dangling symlink, as an interrupted download leaves
     with pytest.raises(FileNotFoundError, match="No weights in"):
         load_hf_weights(hf_weights.resolve_model_dir(entry))
+
+
+def _safetensors_file(path: Path, header: dict, data: bytes, length: int | None = None) -> Path:
+    """A safetensors file of `header` and `data` as written, right or wrong (`length`: the
+    header length it claims, if not its own)."""
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw) if length is None else length) + raw + data)
+    return path
+
+
+_TWO = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}
+
+
+@pytest.mark.parametrize("header, data, length, says", [
+    (_TWO, bytes(12), 10**6, "its header length says 1000000 bytes but"),
+    ({"a": 1}, bytes(12), None, "tensor 'a' has no dtype, shape and data_offsets"),
+    ([1, 2], b"", None, "its header is a JSON list, not an object"),
+    (_TWO, bytes(10), None,
+     "tensor 'b' ends at byte 12 of the data, which has 10 bytes (the file is cut short)"),
+    ({**_TWO, "b": {**_TWO["b"], "shape": [3]}}, bytes(12), None,
+     "tensor 'b' is F32 [3] (12 bytes) but its byte range [8, 12) holds 4"),
+    ({**_TWO, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, bytes(12), None,
+     "tensors 'a' and 'b' overlap (bytes 4 to 8 of the data)"),
+    (_TWO, bytes(16), None, "bytes 12 to 16 of the data belong to no tensor"),
+    ({**_TWO, "b": {**_TWO["b"], "dtype": "Q7"}}, bytes(12), None,
+     "tensor 'b' has dtype 'Q7', which safetensors does not define"),
+    ({**_TWO, "b": {**_TWO["b"], "data_offsets": [12, 8]}}, bytes(12), None,
+     "tensor 'b' has data_offsets [12, 8], not [start, end]"),
+    ({**_TWO, "a": {**_TWO["a"], "shape": [-2]}}, bytes(12), None, "tensor 'a' has shape [-2]"),
+], ids=["header-longer-than-file", "tensor-not-described", "header-not-object", "cut-short",
+        "shape-not-its-bytes", "overlap", "trailing-bytes", "unknown-dtype", "offsets-reversed",
+        "negative-size"])
+def test_a_damaged_safetensors_header_is_one_line_before_any_tensor_is_read(
+        tmp_path, header, data, length, says):
+    path = _safetensors_file(tmp_path / "model.safetensors", header, data, length)
+    with pytest.raises(ValueError) as e:
+        load_hf_weights(tmp_path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: not a valid safetensors file: {says}"), message
+    assert "download the model's files again" in message and "\n" not in message
+
+
+def test_a_safetensors_file_too_short_or_not_json_is_one_line(tmp_path):
+    for raw, says in ((struct.pack("<Q", 4) + b"{oop", "its 4-byte header is not JSON"),
+                      (b"\x05\x00", "2 bytes, shorter than the 8-byte header length")):
+        (tmp_path / "model.safetensors").write_bytes(raw)
+        with pytest.raises(ValueError, match=says):
+            load_hf_weights(tmp_path)
+
+
+def test_a_sound_safetensors_header_reads_as_the_library_does(tmp_path):
+    path = _safetensors_file(tmp_path / "model.safetensors",
+                             {"__metadata__": {"format": "pt"}, **_TWO}, np.arange(3, dtype="<f4").tobytes())
+    header, begin = hf_weights.check_safetensors(path)
+    assert set(header) == {"__metadata__", "a", "b"} and begin == path.stat().st_size - 12
+    assert load_hf_weights(tmp_path)["b"].tolist() == [2.0]
+
+
+def test_a_sharded_index_naming_a_missing_or_outside_shard_is_one_line(tmp_path):
+    safetensors.numpy.save_file({"w": np.ones(2, np.float32)}, tmp_path / "one.safetensors")
+    index = tmp_path / "model.safetensors.index.json"
+    for shard in ("two.safetensors", "../one.safetensors"):
+        index.write_text(json.dumps({"weight_map": {"w": "one.safetensors", "v": shard}}))
+        with pytest.raises(FileNotFoundError) as e:
+            load_hf_weights(tmp_path)
+        assert str(e.value) == (f"{index}: lists shard {shard!r}, which is not a file in {tmp_path}; "
+                                "download the model's files again")
+    index.write_text(json.dumps({"weight_map": {"w": 3}}))
+    with pytest.raises(ValueError, match="not a valid sharded-checkpoint index"):
+        load_hf_weights(tmp_path)
+
+
+def test_a_cached_file_whose_bytes_differ_from_its_recorded_hash_is_refused(tmp_path):
+    import hashlib
+
+    entry = _cache_entry(tmp_path, ["1111"], ref="1111")
+    blobs = entry / "blobs"
+    good = (blobs / "abc").read_bytes()
+    sha = hashlib.sha256(good).hexdigest()  # as the hub names a Git LFS file's blob
+    (blobs / sha).write_bytes(good)
+    link = entry / "snapshots" / "1111" / "model.safetensors"
+    link.unlink()
+    link.symlink_to(f"../../blobs/{sha}")
+    assert load_hf_weights(link.parent)["w"].tolist() == [0, 1, 2]
+    # the same length, the header intact, a value written over: only the hash shows it
+    (blobs / sha).write_bytes(good[:-4] + np.float32(7).tobytes())
+    with pytest.raises(ValueError) as e:
+        load_hf_weights(link.parent)
+    assert str(e.value).startswith(f"{link}: its bytes differ from the SHA-256 its download "
+                                   f"recorded (the blob's name, {blobs / sha})")
+    assert "download the model again" in str(e.value)

@@ -70,3 +70,17 @@ def test_a_model_value_that_cannot_work_is_refused(field, value, said):
     with pytest.raises(ValueError, match=re.escape(said)):
         models.split_model_config(models.model_section(
             "bert", {**models.modernbert_model_fields("tiny"), field: value}))
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("layer_norm_eps", "small", "model.layer_norm_eps='small': expected a number"),
+    ("num_layers", 2.0, "model.num_layers=2.0: expected an integer"),
+    ("num_layers", True, "model.num_layers=True: expected an integer"),
+    ("use_bias", 1, "model.use_bias=1: expected true or false"),
+    ("activation", None, "model.activation=None: expected a string"),
+])
+def test_a_model_value_of_another_type_is_named(field, value, says):
+    # (values read from a JSON file, such as convert's config.json, come with any type)
+    with pytest.raises(ValueError) as e:
+        models.BertConfig(**{field: value})
+    assert str(e.value) == says

@@ -249,3 +249,19 @@ def test_cadence_decides_eval_and_save_in_one_place():
     assert [s for s, (_, save) in due.items() if save] == [50, 100]
     assert train.cadence(60, t, preempted=False, keeps_best=True) == (True, True)
     assert train.cadence(7, t, preempted=True, keeps_best=False) == (False, True)
+
+
+@pytest.mark.parametrize("platform, says", [
+    ("cpu", "model.attention_kernel=cudnn needs a GPU (cuDNN flash attention), not cpu"),
+    ("tpu", "model.attention_kernel=cudnn needs a GPU (cuDNN flash attention), not tpu"),
+    # on a GPU the kernel runs, so what it cannot compute is what is named
+    ("gpu", "model.attention_dropout_rate=0.1 with model.attention_kernel=cudnn"),
+])
+def test_the_platform_is_named_before_what_the_kernel_refuses_on_it(platform, says):
+    from bert_jax.training import setup
+
+    config = config_lib.load(str(REPO / "configs/bert_pretrain.py:tiny"), [
+        "model.attention_kernel=cudnn", "model.attention_dropout_rate=0.1", "dtype=float32"])
+    with pytest.raises(config_lib.ConfigError) as e:
+        setup.check(config, platform=platform, devices=8, processes=1, reads_data=False)
+    assert str(e.value).startswith(says), str(e.value)
