@@ -4,6 +4,7 @@ negatives mined with them and their scores."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from absl import app
@@ -154,8 +155,6 @@ def cmd_mine(args: list[str]) -> None:
 
 def _sentence_spec(source: str):
     """The checkpoint's SentenceSpec with --pooling's pooling, or None (its own) without it."""
-    import dataclasses
-
     from bert_jax.interop import sentence_models
 
     if POOLING.value is None:
@@ -182,6 +181,8 @@ def cmd_eval_embeddings(args: list[str]) -> None:
                              "retrieval scores)")
     if source is None and STS.value:
         raise app.UsageError("--sts needs --checkpoint: BM25 scores retrieval, not sentence pairs")
+    if BM25.value:
+        retrieval.import_bm25s()  # missing: said now, not after the dense vectors
 
     def vectors(texts: list[str]) -> np.ndarray:
         return sentence_models.embed(source, texts, batch_size=BATCH_SIZE.value or 32,

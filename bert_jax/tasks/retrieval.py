@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from bert_jax import paths
+from bert_jax.config import MissingExtra
 from bert_jax.data.rows import utf8_errors
 from bert_jax.tasks import glue, scoring, squad
 
@@ -84,16 +85,23 @@ def rank_by(scores_of: Callable[[int, int], np.ndarray], n_queries: int, corpus_
     return out
 
 
-def bm25_scores(corpus_texts: Sequence[str]) -> Callable[[Sequence[str]], np.ndarray]:
-    """BM25 of the corpus (the maintained `bm25s` package: Lucene's variant, k1 = 1.5, b = 0.75,
-    lowercased words of 2+ letters or digits, English stop words removed, no stemming): a
-    function of query texts giving their [Q, N] scores. A query of stop words only scores 0."""
+def import_bm25s():
+    """The bm25s module, or MissingExtra saying how to install it."""
     try:
         import bm25s
-        logging.getLogger("bm25s").setLevel(logging.WARNING)  # its "Building index" lines
     except ImportError:
-        raise ImportError("BM25 needs the bm25s package: pip install 'bert_jax[retrieval]' "
-                          "(or pip install bm25s)") from None
+        raise MissingExtra("BM25 needs the bm25s package: pip install 'bert_jax[retrieval]' "
+                           "(or pip install bm25s)") from None
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # its "Building index" lines
+    return bm25s
+
+
+def bm25_scores(corpus_texts: Sequence[str]) -> Callable[[Sequence[str]], np.ndarray]:
+    """BM25 of the corpus (the maintained `bm25s` package: Lucene's formula with bm25s's
+    defaults k1 = 1.5, b = 0.75 (Lucene's own: 1.2, 0.75),
+    lowercased words of 2+ letters or digits, English stop words removed, no stemming): a
+    function of query texts giving their [Q, N] scores. A query of stop words only scores 0."""
+    bm25s = import_bm25s()
     index = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
     index.index(bm25s.tokenize(list(corpus_texts), stopwords="en", show_progress=False),
                 show_progress=False)
@@ -109,9 +117,8 @@ def retrieval_per_query(hits: np.ndarray, n_relevant: np.ndarray) -> dict[str, n
     """Each query's metrics from `hits` [Q, K] (is the r-th ranked document relevant) and its
     count of relevant documents, with InformationRetrievalEvaluator's formulas."""
     hits, n_rel = np.asarray(hits, bool), np.asarray(n_relevant, np.float64)
-    width = RANK_DEPTH
-    hits = np.pad(hits, [(0, 0), (0, max(0, width - hits.shape[1]))])  # a corpus under k documents
-    discount = 1 / np.log2(np.arange(width) + 2)
+    hits = np.pad(hits, [(0, 0), (0, max(0, RANK_DEPTH - hits.shape[1]))])  # a corpus under k documents
+    discount = 1 / np.log2(np.arange(RANK_DEPTH) + 2)
     out = {}
     for k in ACCURACY_AT:
         out[f"accuracy@{k}"] = hits[:, :k].any(1).astype(np.float64)
@@ -195,6 +202,8 @@ def evaluate_bm25(queries: Sequence[str], corpus: Sequence[str], corpus_ids: Seq
     if not relevant or len(queries) != len(relevant) or any(not r for r in relevant):
         raise ValueError(f"evaluate_bm25: {len(queries)} queries, {len(relevant)} sets of relevant "
                          "ids; each query needs at least one (and there must be a query)")
+    if len(set(corpus_ids)) != len(corpus_ids) or len(corpus_ids) != len(corpus):
+        raise ValueError("evaluate_bm25: corpus ids must be unique, one per corpus text")
     scores = bm25_scores(corpus)
     top = rank_by(lambda start, stop: scores(queries[start:stop]), len(queries), corpus_ids,
                   RANK_DEPTH)

@@ -610,7 +610,8 @@ def main() -> None:
     parser.add_argument("--shapes", default="mini,base", help="modernbert: of mini, base")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="modernbert: compute dtypes")
     parser.add_argument("--repeats", type=int, default=5, help="modernbert: interleaved runs")
-    parser.add_argument("--sections", default="attention,train,embed,peer", help="device: "
+    parser.add_argument("--sections", default=None, help="device: (default all: attention, "
+                        "train, embed, peer, variants) "
                         "which to measure (each added to --out, keeping the others there)")
     parser.add_argument("--smoke", action="store_true", help="device: miniature shapes, seconds "
                         "on any machine (the tool's own test)")
@@ -656,10 +657,21 @@ def main() -> None:
         from bert_jax.tools import modernbench
 
         out = Path(args.out or "bench_modernbert.json")
-        lengths = [int(x) for x in (args.lengths or "128,1024").split(",")]
+        shapes, dtypes = args.shapes.split(","), args.dtypes.split(",")
+        try:
+            lengths = [int(x) for x in (args.lengths or "128,1024").split(",")]
+        except ValueError:
+            parser.error(f"--lengths={args.lengths!r}: comma-separated whole numbers, e.g. 128,1024")
+        if bad := [s for s in shapes if s not in modernbench.SHAPES]:
+            parser.error(f"--shapes: {bad[0]!r}; choose from {','.join(modernbench.SHAPES)}")
+        if bad := [d for d in dtypes if d not in ("float32", "bfloat16")]:
+            parser.error(f"--dtypes: {bad[0]!r}; choose from float32,bfloat16")
+        if min(lengths) < 64 or args.repeats < 1 or (args.steps is not None and args.steps < 1):
+            parser.error("--lengths of at least 64 tokens (local windows and 4 documents a row), "
+                         "--repeats and --steps at least 1")
         results = []
-        for shape in args.shapes.split(","):
-            for dtype in args.dtypes.split(","):
+        for shape in shapes:
+            for dtype in dtypes:
                 for length in lengths:
                     results.append(modernbench.compare(shape, length, dtype, repeats=args.repeats,
                                                        steps=args.steps or 3))
@@ -672,7 +684,8 @@ def main() -> None:
         from bert_jax.tools import devicebench
 
         out = Path(args.out or "bench_device.json")
-        sections = tuple(x for x in args.sections.split(",") if x)
+        sections = (tuple(x for x in args.sections.split(",") if x) if args.sections
+                    else devicebench.SECTIONS)
         unknown = sorted(set(sections) - set(devicebench.SECTIONS))
         if unknown:
             parser.error(f"--sections: {unknown[0]!r}; choose from {','.join(devicebench.SECTIONS)}")

@@ -53,7 +53,6 @@ from bert_jax.models.masking import Masking
 from bert_jax.paths import REPO
 from bert_jax.tools import modelbench
 from bert_jax.training import metrics as metrics_lib
-from bert_jax.training import objectives
 
 # name -> (config, overrides): the full-size runs, and the miniatures of --smoke.
 MODELS = {"bert-base": ("configs/bert_pretrain.py:base", ["model.attention_dropout_rate=0.0",
@@ -78,49 +77,6 @@ def train_rows_at(plan: dict, length: int) -> int:
 
 def has_gpu() -> bool:
     return jax.default_backend() == "gpu"
-
-
-def packed_segments(rows: int, length: int, docs: int, rng: np.random.Generator
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """[rows, length] segment ids (1..docs, every token real) and positions restarting at each
-    document, the documents' lengths drawn at random (each at least 1/4 of an even share)."""
-    seg = np.zeros((rows, length), np.int32)
-    pos = np.zeros((rows, length), np.int32)
-    least = max(1, length // (4 * docs))
-    for r in range(rows):
-        cuts = np.sort(rng.choice(np.arange(1, length - least * docs + 1), docs - 1, replace=False))
-        sizes = np.diff(np.concatenate([[0], cuts, [length - least * docs]])) + least
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        for d, (start, size) in enumerate(zip(starts, sizes, strict=True)):
-            seg[r, start:start + size] = d + 1
-            pos[r, start:start + size] = np.arange(size)
-    return seg, pos
-
-
-def pretraining_batch(config, docs_per_row: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """A global batch in the layout `config`'s objective trains on (objective.batch_spec):
-    every token real (packed: `docs_per_row` documents per row), data.max_predictions_per_seq
-    masked positions per row, random words."""
-    spec = objectives.for_config(config).batch_spec(config)
-    rng = np.random.default_rng(seed)
-    B, T = spec["input_ids"].shape
-    P = spec["masked_lm_positions"].shape[1]
-    vocab = config.model.vocab_size
-    batch = {"input_ids": rng.integers(5, vocab, (B, T)),
-             "token_type_ids": np.broadcast_to((np.arange(T) >= T // 2), (B, T)),
-             "masked_lm_positions": np.sort(np.stack([rng.choice(np.arange(1, T), P, replace=False)
-                                                      for _ in range(B)]), axis=1),
-             "masked_lm_ids": rng.integers(5, vocab, (B, P)),
-             "masked_lm_weights": np.ones((B, P)),
-             "next_sentence_labels": rng.integers(0, 2, (B,)),
-             "attention_mask": np.ones((B, T))}
-    if "segment_ids" in spec:
-        batch["segment_ids"], batch["positions"] = packed_segments(B, T, docs_per_row, rng)
-        batch["token_type_ids"] = np.zeros((B, T))
-    unknown = sorted(set(spec) - set(batch))
-    if unknown:
-        raise ValueError(f"{config.model.name}: no bench data for batch keys {unknown}")
-    return {k: np.asarray(batch[k], spec[k].dtype) for k in spec}
 
 
 def train_config(name: str, length: int, kernel: str, rows: int, smoke: bool,
@@ -149,7 +105,7 @@ def train_rows(plan: dict, smoke: bool) -> list[dict]:
                     row["skipped"] = f"needs a GPU; this machine computes on {jax.default_backend()}"
                 else:
                     config = train_config(name, length, kernel, row["rows"], smoke)
-                    batch = pretraining_batch(config, plan["docs_per_row"])
+                    batch = modelbench.pretraining_batch(config, plan["docs_per_row"])
                     row |= guarded(lambda c=config, b=batch: modelbench.time_train_step(
                         c, b, plan["steps"], warmup=2))
                 rows.append(_said(row))
@@ -184,7 +140,7 @@ def variant_rows(plan: dict, smoke: bool) -> list[dict]:
         else:
             config = train_config("modernbert-base", length, kernel, row["rows"], smoke,
                                   tuple(c for c in changes if not c.startswith("@")))
-            batch = pretraining_batch(config, plan["docs_per_row"])
+            batch = modelbench.pretraining_batch(config, plan["docs_per_row"])
             row |= guarded(lambda c=config, b=batch: modelbench.time_train_step(
                 c, b, plan["steps"], warmup=2))
         rows.append(_said(row))
@@ -203,15 +159,18 @@ def guarded(measure: Callable[[], dict]) -> dict:
 
 def ragged_layout(segment_ids, max_segments: int):
     """cuDNN's ragged description of packed rows [B, T] (0: padding, runs of one id: a
-    document): [B, M + 1] offsets (each document's first token, -1 past the last) and [B, M]
-    lengths (-1 past the last), M = max_segments."""
+    document) with at most M = max_segments documents each: [B, M + 1] offsets (each
+    document's first token, -1 past the last) and [B, M] lengths (-1 past the last). A row of
+    more than M documents would shift every later row's segments: the caller's bound must
+    hold (M = T always does)."""
     def row(seg):
         before = jnp.concatenate([jnp.full((1,), -1, seg.dtype), seg[:-1]])
         after = jnp.concatenate([seg[1:], jnp.full((1,), -1, seg.dtype)])
-        first = jnp.nonzero((seg != 0) & (seg != before), size=max_segments + 1, fill_value=-1)[0]
+        first = jnp.nonzero((seg != 0) & (seg != before), size=max_segments, fill_value=-1)[0]
         last = jnp.nonzero((seg != 0) & (seg != after), size=max_segments, fill_value=-1)[0]
-        lengths = jnp.where(last >= 0, last + 1 - first[:max_segments], -1)
-        return first.astype(jnp.int32), lengths.astype(jnp.int32)
+        lengths = jnp.where(last >= 0, last + 1 - first, -1)
+        offsets = jnp.concatenate([first, jnp.full((1,), -1, first.dtype)])
+        return offsets.astype(jnp.int32), lengths.astype(jnp.int32)
     return jax.vmap(row)(segment_ids)
 
 
@@ -250,7 +209,7 @@ def attention_rows(plan: dict, heads: int = 12, head_dim: int = 64) -> list[dict
         q, k, v = (jax.random.normal(jax.random.key(i), (B, length, heads, head_dim), jnp.float32)
                    for i in range(3))
         pad = jnp.ones((B, length), jnp.int32).at[:, length * 3 // 4:].set(0)
-        packed, positions = (jnp.asarray(x) for x in packed_segments(
+        packed, positions = (jnp.asarray(x) for x in modelbench.packed_segments(
             B, length, plan["docs_per_row"], np.random.default_rng(length)))
         for layout, seg in (("padded", pad), ("packed", packed)):
             pos = positions if layout == "packed" else jnp.broadcast_to(jnp.arange(length), seg.shape)
@@ -352,7 +311,7 @@ def peer_rows(plan: dict, smoke: bool) -> list[dict]:
     for length in plan["lengths"]:
         def measure(length=length):
             config = train_config("modernbert-base", length, "xla", train_rows_at(plan, length), smoke)
-            peer = HFModernBert(config, pretraining_batch(config, plan["docs_per_row"]))
+            peer = HFModernBert(config, modelbench.pretraining_batch(config, plan["docs_per_row"]))
             peer.run(2)
             seconds = peer.run(plan["steps"]) / plan["steps"]
             return {"tokens_per_s": peer.tokens / seconds, "step_s": seconds, **peer.versions}
@@ -367,11 +326,15 @@ def machine() -> dict:
     info = {"device": device.device_kind, "platform": device.platform, "devices": jax.device_count(),
             "jax": jax.__version__, "python": platform_lib.python_version(),
             "peak_flops": peak, "peak_source": source}
-    try:
-        from jax._src.lib import cuda_versions  # None where jaxlib has no CUDA
-        info["cudnn"] = cuda_versions.cudnn_get_version() if has_gpu() and cuda_versions else None
+    import flax
+
+    info["flax"] = flax.__version__
+    try:  # (jax's own lookup; our first H100 runs' jax 0.11.2 had moved it)
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+        versions = cudnn_fa.cuda_versions
+        info["cudnn"] = versions.cudnn_get_version() if has_gpu() and versions else None
     except Exception as e:  # noqa: BLE001 -- a version number is all this is for
-        info["cudnn"] = f"unknown ({type(e).__name__})"
+        info["cudnn"] = f"unknown ({type(e).__name__}: {e})"[:200]
     return info
 
 

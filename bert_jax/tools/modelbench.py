@@ -35,7 +35,7 @@ from bert_jax import config as config_lib
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import REPO
 from bert_jax.tasks import glue
-from bert_jax.training import setup, sharding, state, train
+from bert_jax.training import objectives, setup, sharding, state, train
 from bert_jax.training.metrics import mfu, peak_flops_per_device
 
 PEERS_SCRIPT = REPO / "benchmarks" / "peers.py"
@@ -124,6 +124,49 @@ def time_train_step(config, batch_np: dict, steps: int, warmup: int = 2) -> dict
             "step_s": seconds / steps, "mfu": mfu(float(metrics["flops"]), seconds / steps, devices, peak),
             "peak_flops": peak, "peak_source": source, "compile_s": ours.compile_s,
             "loss": float(metrics["loss"])}
+
+
+def packed_segments(rows: int, length: int, docs: int, rng: np.random.Generator
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """[rows, length] segment ids (1..docs, every token real) and positions restarting at each
+    document, the documents' lengths drawn at random (each at least 1/4 of an even share)."""
+    seg = np.zeros((rows, length), np.int32)
+    pos = np.zeros((rows, length), np.int32)
+    least = max(1, length // (4 * docs))
+    for r in range(rows):
+        cuts = np.sort(rng.choice(np.arange(1, length - least * docs + 1), docs - 1, replace=False))
+        sizes = np.diff(np.concatenate([[0], cuts, [length - least * docs]])) + least
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        for d, (start, size) in enumerate(zip(starts, sizes, strict=True)):
+            seg[r, start:start + size] = d + 1
+            pos[r, start:start + size] = np.arange(size)
+    return seg, pos
+
+
+def pretraining_batch(config, docs_per_row: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A global batch in the layout `config`'s objective trains on (objective.batch_spec):
+    every token real (packed: `docs_per_row` documents per row), data.max_predictions_per_seq
+    masked positions per row, random words."""
+    spec = objectives.for_config(config).batch_spec(config)
+    rng = np.random.default_rng(seed)
+    B, T = spec["input_ids"].shape
+    P = spec["masked_lm_positions"].shape[1]
+    vocab = config.model.vocab_size
+    batch = {"input_ids": rng.integers(5, vocab, (B, T)),
+             "token_type_ids": np.broadcast_to((np.arange(T) >= T // 2), (B, T)),
+             "masked_lm_positions": np.sort(np.stack([rng.choice(np.arange(1, T), P, replace=False)
+                                                      for _ in range(B)]), axis=1),
+             "masked_lm_ids": rng.integers(5, vocab, (B, P)),
+             "masked_lm_weights": np.ones((B, P)),
+             "next_sentence_labels": rng.integers(0, 2, (B,)),
+             "attention_mask": np.ones((B, T))}
+    if "segment_ids" in spec:
+        batch["segment_ids"], batch["positions"] = packed_segments(B, T, docs_per_row, rng)
+        batch["token_type_ids"] = np.zeros((B, T))
+    unknown = sorted(set(spec) - set(batch))
+    if unknown:
+        raise ValueError(f"{config.model.name}: no bench data for batch keys {unknown}")
+    return {k: np.asarray(batch[k], spec[k].dtype) for k in spec}
 
 
 def sst2_vocab(data_dir: Path, out_dir: Path) -> Path:

@@ -26,7 +26,7 @@ from bert_jax import models
 from bert_jax.paths import REPO
 
 HF_VARIANTS = ("sdpa", "eager", "sdpa+compile")
-# (config, tokens per step at 128 and at 1,024 tokens per row) of each shape
+# (config, tokens per step) of each shape: rows = tokens // tokens per row
 SHAPES = {"mini": ("configs/modernbert.py:mini", 4096), "base": ("configs/modernbert.py:base", 1024)}
 
 
@@ -45,7 +45,7 @@ class HFModernBert:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = torch.bfloat16 if config.dtype == "bfloat16" else None
         cfg = models.split_model_config(config_lib.model_config(config))[1]
-        hf = families.get("modernbert").config_to_hf("bert_pretraining", cfg,
+        hf = families.get("modernbert").config_to_hf(config.model.name, cfg,
                                                      {"pad": 0, "cls": 1, "sep": 2})
         hf_config = transformers.ModernBertConfig(**{k: v for k, v in hf.items()
                                                      if k != "architectures"})
@@ -102,11 +102,11 @@ def compare(shape: str, length: int, dtype: str, *, variants=HF_VARIANTS, repeat
     (ours / variant) per repeat, with its median and range."""
     import torch
 
-    from bert_jax.tools import devicebench, modelbench
+    from bert_jax.tools import modelbench
 
     torch.set_num_threads(os.cpu_count() or 1)
     config = bench_config(shape, length, dtype, extra)
-    batch = devicebench.pretraining_batch(config, docs_per_row=4)
+    batch = modelbench.pretraining_batch(config, docs_per_row=4)
     runners = {"ours": modelbench.OurStep(config, batch)}
     tokens = {"ours": batch["input_ids"].size}
     for variant in variants:
@@ -121,7 +121,8 @@ def compare(shape: str, length: int, dtype: str, *, variants=HF_VARIANTS, repeat
             rates[name].append(tokens[name] * steps / runner.run(steps))
     out = {"shape": shape, "tokens_per_row": length, "rows": config.train.batch_size,
            "dtype": dtype, "repeats": repeats, "steps": steps,
-           "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()}, "ratios": {}}
+           "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()}, "runs": rates,
+           "ratios": {}}
     for variant in variants:
         ratios = [a / b for a, b in zip(rates["ours"], rates[variant], strict=True)]
         out["ratios"][variant] = {"median": statistics.median(ratios), "min": min(ratios),
