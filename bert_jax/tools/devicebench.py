@@ -79,6 +79,17 @@ def has_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
+def no_gpu() -> str:
+    """Why a cuDNN row has no number here."""
+    return f"needs a GPU; this machine computes on {jax.default_backend()}"
+
+
+def timed_step(config, plan: dict) -> dict:
+    """`config`'s train step on one of its bench batches, timed (or the error it raised)."""
+    batch = modelbench.pretraining_batch(config, plan["docs_per_row"])
+    return guarded(lambda: modelbench.time_train_step(config, batch, plan["steps"], warmup=2))
+
+
 def train_config(name: str, length: int, kernel: str, rows: int, smoke: bool,
                  extra: tuple[str, ...] = ()):
     """The run `name` at `length` tokens per row in bf16 (`extra`: more overrides)."""
@@ -102,12 +113,10 @@ def train_rows(plan: dict, smoke: bool) -> list[dict]:
                     row["skipped"] = ("cuDNN's masks cannot express bidirectional local windows "
                                       "(models/kernels/cudnn.py)")
                 elif kernel == "cudnn" and not has_gpu():
-                    row["skipped"] = f"needs a GPU; this machine computes on {jax.default_backend()}"
+                    row["skipped"] = no_gpu()
                 else:
                     config = train_config(name, length, kernel, row["rows"], smoke)
-                    batch = modelbench.pretraining_batch(config, plan["docs_per_row"])
-                    row |= guarded(lambda c=config, b=batch: modelbench.time_train_step(
-                        c, b, plan["steps"], warmup=2))
+                    row |= timed_step(config, plan)
                 rows.append(_said(row))
     return rows
 
@@ -136,13 +145,11 @@ def variant_rows(plan: dict, smoke: bool) -> list[dict]:
         row = {"variant": label, "tokens_per_row": length, "kernel": kernel,
                "rows": train_rows_at(plan, length)}
         if kernel == "cudnn" and not has_gpu():
-            row["skipped"] = f"needs a GPU; this machine computes on {jax.default_backend()}"
+            row["skipped"] = no_gpu()
         else:
             config = train_config("modernbert-base", length, kernel, row["rows"], smoke,
                                   tuple(c for c in changes if not c.startswith("@")))
-            batch = modelbench.pretraining_batch(config, plan["docs_per_row"])
-            row |= guarded(lambda c=config, b=batch: modelbench.time_train_step(
-                c, b, plan["steps"], warmup=2))
+            row |= timed_step(config, plan)
         rows.append(_said(row))
     return rows
 
@@ -224,7 +231,7 @@ def attention_rows(plan: dict, heads: int = 12, head_dim: int = 64) -> list[dict
                 rows.append(_said(row))
         if not has_gpu():
             rows.append({"tokens_per_row": length, "kernel": "cudnn",
-                         "skipped": f"needs a GPU; this machine computes on {jax.default_backend()}"})
+                         "skipped": no_gpu()})
     return rows
 
 
