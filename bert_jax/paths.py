@@ -5,8 +5,10 @@ that keeps two runs out of one workdir.
 Local paths behave exactly as Python's own (pathlib.Path, glob.glob); only a URL goes through
 etils.epath / fsspec (gcsfs for gs://). Code that needs a real local file (a C++ reader or
 writer without object-store support) stages it through `local_copy` / `staged_output`.
-`glob`, `open` and `local_copy` of a gs:// URL first check that GCS answers (`check_reachable`:
-one line naming GCS and the network instead of minutes of retries)."""
+Every gs:// path object the code makes (`path`, `workdir_path`, and `glob`, `open`, `local_copy`,
+`staged_output`, `copy_file` which use them) first passes one storage policy,
+`check_reachable`: GCS accepts a connection within CONNECT_DEADLINE_S, else one line naming
+GCS and the network instead of a minute or more of gcsfs retries per request."""
 
 from __future__ import annotations
 
@@ -84,15 +86,21 @@ def is_remote(path: str | os.PathLike) -> bool:
 def workdir_path(directory: str | os.PathLike) -> epath.Path:
     """A local folder (made absolute) or an object store URL such as gs://bucket/run, as a path
     (pathlib.Path would turn "gs://b/run" into the local folder "gs:/b/run")."""
-    return epath.Path(directory if is_remote(directory) else Path(directory).absolute())
+    if is_remote(directory):
+        check_reachable(directory)
+        return epath.Path(directory)
+    return epath.Path(Path(directory).absolute())
 
 
 def path(p: str | os.PathLike) -> Path | epath.Path:
     """`p` as a path object: a local path as pathlib.Path (as given: a relative one stays
     relative, so messages show what the user typed), a URL such as gs://b/x as epath.Path (which
     has the same methods: /, open, read_bytes, read_text, write_*, is_file, is_dir, exists,
-    iterdir, mkdir, name, parent)."""
-    return epath.Path(p) if is_remote(p) else Path(p)
+    iterdir, mkdir, name, parent). A gs:// one is made only once GCS answers (check_reachable)."""
+    if is_remote(p):
+        check_reachable(p)
+        return epath.Path(p)
+    return Path(p)
 
 
 def glob(pattern: str) -> list[str]:
@@ -128,10 +136,9 @@ def open(p: str | os.PathLike, mode: str = "r", *, encoding: str | None = None,
     whole when the file is closed)."""
     if not is_remote(p):
         return builtins.open(p, mode, encoding=encoding, errors=errors, newline=newline)
-    check_reachable(p)
     if "b" in mode:
-        return epath.Path(p).open(mode)
-    raw = epath.Path(p).open(mode.replace("t", "") + "b")
+        return path(p).open(mode)
+    raw = path(p).open(mode.replace("t", "") + "b")
     try:
         return io.TextIOWrapper(raw, encoding=encoding or "utf-8", errors=errors, newline=newline)
     except BaseException:
@@ -168,8 +175,7 @@ def local_copy(src: str | os.PathLike, *, keep=None) -> Iterator[Path]:
     if not is_remote(src):
         yield Path(src)
         return
-    check_reachable(src)
-    remote = epath.Path(src)
+    remote = path(src)
     with tempfile.TemporaryDirectory(prefix="bert_jax_copy_") as tmp:
         local = Path(tmp) / remote.name
         if remote.is_dir():
@@ -197,11 +203,12 @@ def staged_output(out: str | os.PathLike) -> Iterator[Path]:
     if not is_remote(out):
         yield Path(out)
         return
+    check_reachable(out)  # before the block's work, not at its upload
     with tempfile.TemporaryDirectory(prefix="bert_jax_out_") as tmp:
         yield Path(tmp)
         for f in sorted(Path(tmp).rglob("*")):
             if f.is_file():
-                dst = epath.Path(out) / f.relative_to(tmp).as_posix()
+                dst = path(out) / f.relative_to(tmp).as_posix()
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 dst.write_bytes(f.read_bytes())
 
@@ -285,7 +292,10 @@ class WorkdirLock:
 # Object stores without a network. gcsfs retries each request 6 times over ~30 s (each try may
 # wait minutes for a connection where packets are dropped, where a closed port refuses at
 # once), logs a traceback per request, and then answers "no such file": a command would blame
-# the workdir. One connection, bounded in time, says what is wrong before any of that.
+# the workdir. One connection, bounded in time, says what is wrong before any of that; the
+# libraries' own retries (gcsfs, tensorstore) then serve the transient errors of a reachable
+# store (503s, slow answers).
+CONNECT_DEADLINE_S = 10.0
 _REACHED: set[tuple[str, int]] = set()
 
 
@@ -298,7 +308,7 @@ def _gcs_endpoint() -> str:
     return url if "://" in url else f"http://{url}"
 
 
-def check_reachable(path: str | os.PathLike, timeout: float = 10.0) -> None:
+def check_reachable(path: str | os.PathLike, timeout: float = CONNECT_DEADLINE_S) -> None:
     """For a gs:// path: Google Cloud Storage accepts a connection within `timeout` seconds
     (name lookup included), else a ConnectionError in one line naming GCS and the network.
     Other paths: nothing. Checked once per process and endpoint."""

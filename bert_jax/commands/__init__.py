@@ -39,10 +39,12 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (
-    Command("train", training.cmd_train, ("config", "workdir", "compilation_cache"), (
+    Command("train", training.cmd_train, ("config", "workdir", "compilation_cache",
+        "compilation_cache_required"), (
         "bert-jax train --config configs/bert_pretrain.py:tiny --workdir <dir> "
         "[--config.train.steps=100]",), compiles=True, writes=(("workdir", "folder"),)),
-    Command("eval", training.cmd_eval, ("workdir", "config", "step", "split", "compilation_cache"), (
+    Command("eval", training.cmd_eval, ("workdir", "config", "step", "split", "compilation_cache",
+        "compilation_cache_required"), (
         "bert-jax eval --workdir <dir> [--config <file>] [--step latest|best|all|N]",
         "             [--split dev|test|<file>]   (fine-tuning: <dir>/eval/step_N/, other splits "
         "<dir>/eval/<split>/)"), compiles=True),
@@ -73,28 +75,30 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "transformers)",
         "bert-jax export <checkpoint_dir> st:<out_dir>   (a sentence-transformers folder)")),
     Command("embed", interop.cmd_embed, (
-        "checkpoint", "input", "output", "pooling", "batch_size", "compilation_cache"), (
+        "checkpoint", "input", "output", "pooling", "batch_size", "compilation_cache",
+        "compilation_cache_required"), (
         "bert-jax embed --checkpoint <dir> --input <txt> --output <npy>   (a vector per line)",),
         compiles=True, writes=(("output", "file"),)),
     Command("mine", interop.cmd_mine, (
-        "checkpoint", "input", "output", "negatives", "corpus", "batch_size", "compilation_cache"), (
+        "checkpoint", "input", "output", "negatives", "corpus", "batch_size", "compilation_cache",
+        "compilation_cache_required"), (
         "bert-jax mine --checkpoint <dir> --input <pair file> --output <jsonl> [--negatives 5] "
         "[--corpus <txt>]",), compiles=True, writes=(("output", "file"),)),
     Command("eval-embeddings", interop.cmd_eval_embeddings, (
         "checkpoint", "sts", "beir", "split", "squad", "bm25", "pooling", "bootstrap", "batch_size",
-        "compilation_cache"), (
+        "compilation_cache", "compilation_cache_required"), (
         "bert-jax eval-embeddings --checkpoint <dir> [--sts <STS-B tsv>] [--beir <folder> "
         "[--split test]] [--squad <json>] [--bm25]",
         "bert-jax eval-embeddings --bm25 --squad <json>   (BM25's retrieval scores alone)"),
         compiles=True),
     Command("features", interop.cmd_features, (
         "checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
-        "compilation_cache"), (
+        "compilation_cache", "compilation_cache_required"), (
         "bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]",),
         compiles=True, writes=(("output", "file"),)),
     Command("translate", translate.cmd_translate, (
         "checkpoint", "input", "output", "beam", "alpha", "reference", "batch_size",
-        "compilation_cache"), (
+        "compilation_cache", "compilation_cache_required"), (
         "bert-jax translate --checkpoint <dir> --input <txt> --output <txt> [--beam 4 --alpha 0.6]",
         "             [--reference <txt>]   (prints sacreBLEU against the reference)"), compiles=True,
         writes=(("output", "file"),)),
@@ -107,7 +111,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "beside)"), writes=(("out", "file"),)),
     Command("attention", viz.cmd_attention, (
         "checkpoint", "text", "pair", "out", "layer", "head_index", "step", "max_seq_length",
-        "compilation_cache"), (
+        "compilation_cache", "compilation_cache_required"), (
         "bert-jax attention --checkpoint <dir> --text \"...\" [--pair \"...\"] [--out a.png|a.html]",
         "             [--layer -1 --head_index 0]   (default: <dir>/plots/attention.png and .html;",
         "             data in .json)"), compiles=True, writes=(("out", "file"),)),
@@ -135,7 +139,7 @@ def main(argv: list[str]) -> None:
             from bert_jax.training.compilation_cache import setup_compilation_cache
 
             setup_compilation_cache(options.COMPILATION_CACHE.value, command.name,
-                                    options.WORKDIR.value)
+                                    options.WORKDIR.value, options.COMPILATION_CACHE_REQUIRED.value)
         command.run(argv[2:])
     except app.UsageError as e:  # a missing or malformed flag or argument
         _bad_flag(str(e))

@@ -760,7 +760,6 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
     final_sigma, keep_special_tokens (WordPiece; see WordPieceTokenizer): if given, else
     bert_jax_tokenizer.json's, else WORDPIECE_OPTIONS. `directory` may be local or gs://.
     """
-    paths.check_reachable(directory)  # gs:// without a network: one line naming GCS
     directory = paths.path(directory)
     found = _kinds_found(directory)
     kind = _metadata(directory).get("kind")

@@ -24,7 +24,7 @@ from bert_jax import log as log_lib
 from bert_jax import models, trees
 from bert_jax.config import ConfigError
 from bert_jax.models.config import fields_of_kind
-from bert_jax.paths import check_output, check_reachable, workdir_path
+from bert_jax.paths import check_output, workdir_path
 from bert_jax.training import integrity, old_layouts, sharding
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,6 @@ def check_writable(workdir: str | os.PathLike) -> None:
     """Before a run starts: a gs:// workdir's storage is reachable, and this process can write
     in the workdir and in its checkpoints/ (a read-only checkpoints/ would otherwise be found
     at the first save, after the compile and the first steps). One line if not."""
-    check_reachable(workdir)
     check_output(workdir, "--workdir", "folder")  # a file where it must be: no permission would help
     root = workdir_path(workdir)
     for folder, name in ((root, "the workdir"), (root / "checkpoints", "the checkpoints folder")):
@@ -79,7 +78,6 @@ def manager(directory: str | os.PathLike, *, create: bool = False, read_only: bo
     """The Orbax manager of `<directory>/checkpoints` (every command builds its manager here).
     Without `create`, a directory with no checkpoints/ folder is an error naming it."""
     path = checkpoint_dir(directory)
-    check_reachable(directory)  # no network: say so, rather than "no checkpoints/ folder"
     if not create and not path.is_dir():
         raise FileNotFoundError(
             f"{directory}: no checkpoints/ folder; expected a workdir or a `bert-jax convert` output")

@@ -3,6 +3,7 @@ lives, so that a restart loads its programs instead of compiling them again."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 # The cache of local runs: one per user, shared by every run, eval and translation of the
@@ -32,20 +33,57 @@ def compilation_cache_dir(setting: str, command: str, workdir: str | None,
             else os.path.expanduser(LOCAL_COMPILATION_CACHE))
 
 
-def setup_compilation_cache(setting: str, command: str, workdir: str | None) -> None:
+def unusable(path: str) -> str | None:
+    """Why the cache folder `path` (local or gs://) cannot be used, or None: its storage
+    answers (paths.check_reachable's deadline), the folder can be made, and a probe file in
+    it written and deleted, as JAX will write its entries."""
+    from bert_jax import paths
+
+    try:
+        folder = paths.path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-check.{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:  # ConnectionError (no network), PermissionError, a file in the way, ENOSPC
+        return e.strerror or (str(e).splitlines() or [type(e).__name__])[0]
+    return None
+
+
+def setup_compilation_cache(setting: str, command: str, workdir: str | None,
+                            required: bool = False) -> None:
     """Points JAX's persistent compilation cache at compilation_cache_dir (before anything
     compiles: JAX opens the cache at its first compile). What the user set through JAX's own
     environment variables (JAX_ENABLE_COMPILATION_CACHE, JAX_COMPILATION_CACHE_DIR,
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS...) stands unless --compilation_cache says
-    otherwise; programs compiled in under a second (JAX's threshold) are not stored."""
+    otherwise; programs compiled in under a second (JAX's threshold) are not stored.
+
+    A cache that cannot be used (`unusable`) is refused before the command starts when
+    `required` (--compilation_cache_required), else turned off with one warning line saying
+    why: JAX would otherwise go on uncached behind a storage library's errors, and retry an
+    unreachable gs:// cache at every program."""
     import jax
 
     path = compilation_cache_dir(setting, command, workdir)
     if path is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return
-    if setting == "auto" and (os.environ.get("JAX_COMPILATION_CACHE_DIR")
-                              or not jax.config.jax_enable_compilation_cache):
+    users_own = setting == "auto" and (os.environ.get("JAX_COMPILATION_CACHE_DIR")
+                                       or not jax.config.jax_enable_compilation_cache)
+    if users_own and not jax.config.jax_enable_compilation_cache:
+        return  # turned off by the user's own JAX settings
+    if (reason := unusable(path)) is not None:
+        said = f"the compilation cache {path} cannot be used ({reason})"
+        in_workdir = bool(workdir) and path.startswith(workdir.rstrip("/") + "/")
+        if required or in_workdir:  # the workdir's own storage: the run could not go on either
+            raise OSError(f"{said}; fix it, or choose another with --compilation_cache=<dir> (or "
+                          "off)" + ("" if in_workdir else ", or run without it: drop "
+                                    "--compilation_cache_required"))
+        logging.getLogger(__name__).warning(f"warning: {said}; running without it (every program compiles; "
+                    "--compilation_cache_required refuses instead)")
+        jax.config.update("jax_enable_compilation_cache", False)
+        return
+    if users_own:
         return  # the user's own JAX settings
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", path)

@@ -24,9 +24,8 @@ from typing import Any, TextIO
 
 import jax
 import numpy as np
-from etils import epath
 
-from bert_jax import chips
+from bert_jax import chips, paths
 from bert_jax.paths import is_remote
 
 METRICS_FILE = "metrics.jsonl"
@@ -66,7 +65,7 @@ def _rows(text: str, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The rows of a metrics.jsonl (local or gs://), with "nan"/"inf"/"-inf" turned back into
     floats."""
-    path = epath.Path(path) if is_remote(path) else Path(path)
+    path = paths.path(path)
     return [row for _, row in _rows(path.read_text(encoding="utf-8"), str(path))]
 
 
@@ -103,7 +102,7 @@ class MetricsWriter:
             # Object stores (gs://) have no appends: write to a local mirror and copy the
             # files over after each write (they are small). A fresh mirror per run, so no
             # event files of an earlier run (or another process) get copied over.
-            self._remote = epath.Path(str(workdir))
+            self._remote = paths.path(str(workdir))
             workdir = Path(tempfile.mkdtemp(prefix="bert_jax_metrics_"))
             if (self._remote / METRICS_FILE).exists():
                 (workdir / METRICS_FILE).write_text((self._remote / METRICS_FILE).read_text())

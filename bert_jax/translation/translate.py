@@ -151,7 +151,6 @@ def check_output(output_path: str) -> None:
     """`output_path` is a new file that can be written: never an existing file (translations
     that took an hour), a directory, or a place whose folder cannot be made; checked before
     decoding, which would otherwise find it only at the end."""
-    paths.check_reachable(output_path)  # gs:// without a network: one line, not minutes of retries
     out = paths.path(output_path)
     if out.is_dir():
         raise ValueError(f"--output={output_path} is a directory; give the path of a new file for "
@@ -173,7 +172,6 @@ def check_output(output_path: str) -> None:
 
 def _read_input(input_path: str) -> list[str]:
     """The source sentences; an input without any text is an error, not an empty output."""
-    paths.check_reachable(input_path)
     if not paths.workdir_path(input_path).is_file():
         raise FileNotFoundError(f"--input={input_path}: no such file; give a text file with one source "
                                 "sentence per line (plain or .gz)")

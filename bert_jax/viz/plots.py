@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.config import MissingExtra
-from bert_jax.paths import check_reachable, workdir_path
+from bert_jax.paths import workdir_path
 from bert_jax.training import metrics as metrics_lib
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,6 @@ class Run:
 def load_run(workdir: str, name: str | None = None) -> Run:
     """The metrics of a `bert-jax train` workdir (local or gs://)."""
     path = workdir_path(workdir) / metrics_lib.METRICS_FILE
-    check_reachable(workdir)  # no network: say so, rather than "no metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"--workdir={workdir}: no {metrics_lib.METRICS_FILE}; expected the "
                                 "workdir of a `bert-jax train` run")

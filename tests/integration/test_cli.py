@@ -113,6 +113,7 @@ def test_help_lists_every_command_and_a_command_its_flags(cli):
     assert code == 0 and out.startswith("usage:\n  bert-jax eval --workdir <dir>")
     assert "Evaluates saved checkpoints" in out
     assert [line.split(":")[0] for line in out.split("flags:\n")[1].splitlines()] == [
-        "  --workdir", "  --config", "  --step", "  --split", "  --compilation_cache"]
+        "  --workdir", "  --config", "  --step", "  --split", "  --compilation_cache",
+        "  --compilation_cache_required"]
     code, _, err = cli(["nonsense"])
     assert code == 2 and "unknown command 'nonsense'" in err and "train, eval, sweep" in err

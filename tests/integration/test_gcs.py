@@ -491,31 +491,85 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def no_network(monkeypatch):
+    """GCS on a closed loopback port: (the port, the tries counted: connections of
+    paths.check_reachable, HTTP requests of gcsfs with its retries)."""
+    import aiohttp
+
+    from bert_jax import paths
+
+    port = _closed_port()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
+    monkeypatch.setenv("FSSPEC_GS_TOKEN", "anon")
+    tries = {"connect": 0, "request": 0}
+    connect, request = paths.socket.create_connection, aiohttp.ClientSession._request
+
+    def counted_connect(*args, **kwargs):
+        tries["connect"] += 1
+        return connect(*args, **kwargs)
+
+    async def counted_request(*args, **kwargs):
+        tries["request"] += 1
+        return await request(*args, **kwargs)
+
+    monkeypatch.setattr(paths.socket, "create_connection", counted_connect)
+    monkeypatch.setattr(aiohttp.ClientSession, "_request", counted_request)
+    return port, tries
+
+
 @pytest.mark.parametrize("argv", [
     ["train", f"--config={CONFIG}", "--workdir={gs}", *SMALL],
     ["eval", "--workdir={gs}"],
     ["average", "--workdir={gs}", "--out={tmp}/avg"],
     ["translate", "--checkpoint={gs}", "--input=/dev/null", "--output={tmp}/out.txt"],
     ["plot", "--workdir={gs}"],
+    ["vocab", "--input={tmp}/a.txt", "--size=100", "--out={gs}"],
+    ["convert", "hf:{tmp}", "{gs}"],
 ], ids=lambda argv: argv[0])
-def test_without_network_one_line_names_gcs_at_once(cli, monkeypatch, tmp_path, argv):
+def test_without_network_one_line_names_gcs_at_once(cli, no_network, tmp_path, argv):
     # Storage that refuses connections (as the emulator on a closed port; real GCS without a
     # network fails its name lookup, or times out where packets are dropped): gcsfs would retry
-    # each request for ~30 s with a traceback each time, then report a missing folder.
-    port = _closed_port()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
-    monkeypatch.setenv("FSSPEC_GS_TOKEN", "anon")
+    # each request for ~30 s with a traceback each time, then report a missing folder (convert
+    # and vocab --out, before every gs:// path passed paths.check_reachable: 35-90 s, then a raw
+    # aiohttp message). One connection is tried, and no request is made.
+    port, tries = no_network
+    (tmp_path / "a.txt").write_text("Emma was happy.\n")
     workdir = f"gs://{BUCKET}/run"
     start = time.monotonic()
     code, _, err = cli([a.format(gs=workdir, tmp=tmp_path) for a in argv])
     assert code == 1 and time.monotonic() - start < 20
+    assert tries == {"connect": 1, "request": 0}
     assert err.splitlines() == [
         f"bert-jax {argv[0]}: error: cannot reach Google Cloud Storage (localhost:{port}) for {workdir}: "
         f"Connection refused; check this machine's network (and any firewall or proxy), then rerun"]
 
 
+def test_an_unreachable_gs_compilation_cache_is_turned_off_at_once(cli, no_network, tmp_path):
+    """A gs:// --compilation_cache without a network, for a local run: one line and the command
+    goes on without it, after one connection (JAX would try the bucket at every program)."""
+    import jax
+
+    port, tries = no_network
+    before = jax.config.jax_enable_compilation_cache
+    try:
+        code, _, err = cli(["translate", f"--checkpoint={tmp_path / 'none'}", "--input=/dev/null",
+                            f"--output={tmp_path / 'out.txt'}", f"--compilation_cache=gs://{BUCKET}/jit"])
+        assert not jax.config.jax_enable_compilation_cache
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+    assert code == 1 and tries == {"connect": 1, "request": 0}
+    assert err.splitlines()[0] == (
+        f"warning: the compilation cache gs://{BUCKET}/jit cannot be used (cannot reach Google Cloud "
+        f"Storage (localhost:{port}) for gs://{BUCKET}/jit: Connection refused; check this machine's "
+        "network (and any firewall or proxy), then rerun); running without it (every program "
+        "compiles; --compilation_cache_required refuses instead)")
+    assert "checkpoint" in err.splitlines()[1] and len(err.splitlines()) == 2, err  # it went on
+
+
 def test_task_files_without_network_one_line_names_gcs(cli, monkeypatch, tmp_path, wordpiece_vocab):
-    """A local run whose fine-tuning files are on gs:// (data.data_dir) stops at once too."""
+    """A local run whose fine-tuning files are on gs:// (data.data_dir) stops at once too, naming
+    the data_dir as given."""
     port = _closed_port()
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
     monkeypatch.setenv("FSSPEC_GS_TOKEN", "anon")
@@ -526,7 +580,7 @@ def test_task_files_without_network_one_line_names_gcs(cli, monkeypatch, tmp_pat
     assert code == 1 and time.monotonic() - start < 20
     assert err.splitlines() == [
         f"bert-jax train: error: cannot reach Google Cloud Storage (localhost:{port}) for "
-        f"gs://{BUCKET}/glue/MRPC/train.tsv: Connection refused; check this machine's network (and any "
+        f"gs://{BUCKET}/glue: Connection refused; check this machine's network (and any "
         "firewall or proxy), then rerun"]
 
 

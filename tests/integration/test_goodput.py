@@ -145,6 +145,39 @@ def test_compilation_cache_flag_sets_jax_config():
 
 
 
+@pytest.fixture
+def jax_cache_config():
+    """JAX's cache settings restored after the test (a command in-process changes them)."""
+    keys = ("jax_enable_compilation_cache", "jax_compilation_cache_dir")
+    before = {k: getattr(jax.config, k) for k in keys}
+    yield
+    for k, v in before.items():
+        jax.config.update(k, v)
+
+
+@pytest.mark.parametrize("required", [False, True], ids=["turned_off", "refused"])
+def test_an_unusable_compilation_cache_is_turned_off_or_refused(cli, tmp_path, jax_cache_config, required):
+    """A cache folder that cannot be made (a file in its place): by default the command goes on
+    without a cache after one line saying why; with --compilation_cache_required it stops first."""
+    (tmp_path / "file").write_text("")
+    cache = tmp_path / "file" / "jit"
+    code, _, err = cli(["translate", f"--checkpoint={tmp_path / 'none'}", "--input=/dev/null",
+                        f"--output={tmp_path / 'out.txt'}", f"--compilation_cache={cache}",
+                        *(["--compilation_cache_required"] if required else [])])
+    said = f"the compilation cache {cache} cannot be used (Not a directory)"
+    assert code == 1
+    if required:
+        assert err.splitlines() == [f"bert-jax translate: error: {said}; fix it, or choose another with "
+                                    "--compilation_cache=<dir> (or off), or run without it: drop "
+                                    "--compilation_cache_required"]
+    else:  # the line, then the command's own error (no checkpoint there): it went on
+        assert err.splitlines()[0] == (f"warning: {said}; running without it (every program compiles; "
+                                       "--compilation_cache_required refuses instead)")
+        assert len(err.splitlines()) == 2 and "checkpoint" in err.splitlines()[1], err
+        assert not jax.config.jax_enable_compilation_cache
+
+
+
 def train_argv(workdir, *overrides):
     """`bert-jax train` of test_nothing_lost's tiny run (its tests compile the same programs)."""
     from test_nothing_lost import CONFIG, SMALL
