@@ -22,7 +22,7 @@ from absl import app, flags, logging
 
 from bert_jax import config as config_lib
 from bert_jax import paths
-from bert_jax.commands import cloud, data, interop, options, sweep, training, translate, viz
+from bert_jax.commands import cloud, data, interop, options, peers, sweep, training, translate, viz
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +141,7 @@ def main(argv: list[str]) -> None:
             setup_compilation_cache(options.COMPILATION_CACHE.value, command.name,
                                     options.WORKDIR.value, options.COMPILATION_CACHE_REQUIRED.value)
         command.run(argv[2:])
+        peers.finished()  # (a multi-process run: this process's end is not a fault)
     except app.UsageError as e:  # a missing or malformed flag or argument
         _bad_flag(str(e))
     except (ValueError, OSError, config_lib.MissingExtra) as e:  # bad input, storage, an uninstalled

@@ -137,12 +137,15 @@ def require(flag, command: str):
     return value
 
 
-def maybe_initialize_distributed() -> None:
+def maybe_initialize_distributed(command: str) -> None:
     """jax.distributed.initialize() when launched as one of several processes: Cloud TPU pod
-    slices, SLURM, or JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID set by hand."""
+    slices, SLURM, or JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID set by hand.
+    Then the processes watch each other (peers.watch): a lost one stops the rest, naming it."""
     import os
 
     import jax
+
+    from bert_jax.commands import peers
 
     env = os.environ
     if env.get("JAX_COORDINATOR_ADDRESS"):
@@ -150,3 +153,6 @@ def maybe_initialize_distributed() -> None:
                                    int(env["JAX_NUM_PROCESSES"]), int(env["JAX_PROCESS_ID"]))
     elif int(env.get("SLURM_NTASKS", "1")) > 1 or "," in env.get("TPU_WORKER_HOSTNAMES", ""):
         jax.distributed.initialize()  # auto-detected from the cluster environment
+    else:
+        return
+    peers.watch(command)

@@ -20,7 +20,7 @@ from bert_jax.commands.options import (
 
 def cmd_train(args: list[str]) -> None:
     """Trains (or resumes) the config in --workdir; metrics go to <workdir>/metrics.jsonl."""
-    maybe_initialize_distributed()
+    maybe_initialize_distributed("train")
     import jax
 
     from bert_jax.training import train
@@ -36,7 +36,7 @@ def cmd_train(args: list[str]) -> None:
 def cmd_eval(args: list[str]) -> None:
     """Evaluates saved checkpoints on the validation split (with the config stored in the
     checkpoint unless --config is given); prints one JSON line each."""
-    maybe_initialize_distributed()
+    maybe_initialize_distributed("eval")
     from bert_jax.training import evaluate
 
     for result in evaluate.evaluate_checkpoints(

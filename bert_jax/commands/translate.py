@@ -21,7 +21,7 @@ def cmd_translate(args: list[str]) -> None:
     """Translates a text file with an encoder-decoder checkpoint; scores it given a reference."""
     from bert_jax.translation import translate
 
-    maybe_initialize_distributed()  # on a pod every host runs this; they decode together
+    maybe_initialize_distributed("translate")  # on a pod every host runs this; they decode together
     report = translate.translate_file(
         require(CHECKPOINT, "translate"), require(INPUT, "translate"),
         require(OUTPUT, "translate"), beam_size=BEAM.value, alpha=ALPHA.value,

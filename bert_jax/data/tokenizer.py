@@ -289,6 +289,12 @@ class Tokenizer:
                              "to the vocab or use a vocab made by `bert-jax vocab`")
         return i
 
+    def missing(self, tokens: Sequence[str] = ("[CLS]", "[SEP]", "[PAD]")) -> list[str]:
+        """Which of the special tokens `tokens` (by their BERT names; default: what every BERT
+        input holds) the vocab lacks, each by its name in this vocab (a BPE vocab's own)."""
+        return [repr(self._bpe_names[BPE_ROLES[t]]) if self.kind == "bpe" else t
+                for t in tokens if self._special[t] is None]
+
     pad_id = property(lambda self: self._special_id("[PAD]"))
     cls_id = property(lambda self: self._special_id("[CLS]"))
     sep_id = property(lambda self: self._special_id("[SEP]"))

@@ -463,6 +463,10 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
             raise ValueError(f"{tokenizer.vocab_file} has {tokenizer.vocab_size} tokens but the model "
                              f"config says vocab_size={model_cfg['vocab_size']}; use the "
                              f"{tokenizer.vocab_file.name} that came with the model")
+        if missing_tokens := tokenizer.missing():  # every input would fail, after the conversion
+            raise ValueError(f"{tokenizer.vocab_file}: the vocab lacks {', '.join(missing_tokens)}, "
+                             "which every input of this model holds; use the "
+                             f"{tokenizer.vocab_file.name} that came with the model")
         in_file = list(weights)
         weights, file_names = family.from_hf(weights, name, model_cfg["num_layers"])
         # (the tensors from_hf did not take too: a layer past the config's count)

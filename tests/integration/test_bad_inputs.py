@@ -591,6 +591,10 @@ CONVERT_CASES = [
     case("convert-vocab-bigger-than-model", "convert hf:{tmp}/hf {tmp}/out", 1, "vocab.txt", "vocab_size",
          setup=copy_of("hf", replace("vocab.txt", "\n".join(
              ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(200)]) + "\n"))),
+    case("convert-vocab-without-cls-and-sep", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/vocab.txt: the vocab lacks [CLS], [SEP], which every input", "came with the model",
+         setup=copy_of("hf", replace("vocab.txt", "\n".join(
+             ["[PAD]", "[UNK]", "[MASK]"] + [f"w{i}" for i in range(60)]) + "\n"))),
     case("convert-no-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "vocab.txt",
          setup=copy_of("hf", remove("vocab.txt"), remove("tokenizer.json"))),
     case("convert-unknown-head", "convert hf:{hf} {tmp}/out --head bert_regression", 1,

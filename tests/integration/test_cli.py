@@ -117,3 +117,30 @@ def test_help_lists_every_command_and_a_command_its_flags(cli):
         "  --compilation_cache_required"]
     code, _, err = cli(["nonsense"])
     assert code == 2 and "unknown command 'nonsense'" in err and "train, eval, sweep" in err
+
+
+def test_a_peer_ending_without_done_stops_this_process(monkeypatch, capsys):
+    """The watch of a multi-process run (commands.peers) on one connection: a peer that
+    finished says `done` (finished() sends it) and nothing happens; a connection that ends
+    without it stops this process (exit 1) with one line naming the peer. The processes
+    themselves: test_train.py::test_a_lost_process_stops_its_peer_with_one_line (slow)."""
+    import socket
+
+    from bert_jax.commands import peers
+
+    exits = []
+    monkeypatch.setattr(peers.os, "_exit", exits.append)
+    monkeypatch.setattr(peers, "_accepted", [])
+    for finishes in (True, False):
+        mine, theirs = socket.socketpair()
+        peers._accepted[:] = [theirs]
+        if finishes:
+            peers.finished()
+        theirs.close()
+        peers._wait(mine, "process 1 of 2 (host, pid 7)", "train")
+        mine.close()
+        assert exits == ([] if finishes else [1])
+    assert capsys.readouterr().err.splitlines() == [
+        "bert-jax train: error: process 1 of 2 (host, pid 7) ended before finishing (killed, crashed, or "
+        "stopped by an error of its own: its log says which); this process stops too. Rerun the job on "
+        "every host: a training run resumes from its last checkpoint"]

@@ -107,9 +107,9 @@ def test_single_device_gives_the_same_losses(reference, tmp_path):
                                rtol=2e-5)
 
 
-@pytest.mark.slow
-def test_two_processes_give_the_same_losses(reference, tmp_path):
-    """Multi-host as on a pod: 2 processes x 4 devices, each loading half of every batch."""
+def two_processes(tmp_path, run=("-m", "bert_jax")) -> list[subprocess.Popen]:
+    """`bert-jax train` as 2 processes x 4 devices on this machine (a pod's hosts); process i
+    started as `python <run[i]> train ...` (default: -m bert_jax, both)."""
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         port = sock.getsockname()[1]
@@ -118,10 +118,18 @@ def test_two_processes_give_the_same_losses(reference, tmp_path):
         env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
                    JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                    JAX_PROCESS_ID=str(i))
+        start = list(run) if isinstance(run[0], str) else list(run[i])
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "bert_jax", "train", f"--config={CONFIG}", f"--workdir={tmp_path}",
+            [sys.executable, *start, "train", f"--config={CONFIG}", f"--workdir={tmp_path}",
              *SMALL, "--config.train.steps=12", "--config.train.checkpoint_every=4"],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_same_losses(reference, tmp_path):
+    """Multi-host as on a pod: 2 processes x 4 devices, each loading half of every batch."""
+    procs = two_processes(tmp_path)
     for proc in procs:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
@@ -129,6 +137,35 @@ def test_two_processes_give_the_same_losses(reference, tmp_path):
     np.testing.assert_allclose([got[s] for s in range(1, 13)], [reference[s] for s in range(1, 13)],
                                rtol=2e-5)
     assert steps_on_disk(tmp_path) == [4, 8, 12]
+
+
+# `bert-jax` that kills itself (SIGKILL, as kill -9) when it asks for its first batch: its peer
+# then waits in step 1's collective, which can never complete.
+_KILLED_AT_STEP_1 = """
+import os, signal, sys
+from bert_jax import commands
+from bert_jax.training import train
+train.next_batch = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+sys.argv = ["bert-jax", *sys.argv[1:]]
+commands.run()
+"""
+
+
+@pytest.mark.slow
+def test_a_lost_process_stops_its_peer_with_one_line(tmp_path):
+    """Process 1 killed at its first step: process 0 does not wait in the collective for JAX's heartbeat
+    timeout (100 s, then an abort with every thread's stack); it exits 1 with one line naming
+    the lost process. (The same programs as the test above: the compilation cache serves them.)"""
+    procs = two_processes(tmp_path, run=(("-m", "bert_jax"), ("-c", _KILLED_AT_STEP_1)))
+    _, err = procs[0].communicate(timeout=300)
+    procs[1].wait(timeout=60)
+    assert procs[1].returncode == -signal.SIGKILL
+    lines = [line for line in err.splitlines() if not line.startswith("[Gloo]")]
+    assert procs[0].returncode == 1 and lines == [
+        f"bert-jax train: error: process 1 of 2 ({socket.gethostname()}, pid {procs[1].pid}) ended "
+        "before finishing (killed, crashed, or stopped by an error of its own: its log says which); "
+        "this process stops too. Rerun the job on every host: a training run resumes from its last "
+        "checkpoint"], err[-3000:]
 
 
 @pytest.mark.slow

@@ -1,0 +1,96 @@
+"""The processes of a multi-process run watch each other: one that ends without finishing its
+command (killed, crashed, out of memory, stopped by an error of its own) stops the others at
+once with one line naming it. Without this they wait in their next collective until JAX's
+coordination service misses the lost one's heartbeats (JAX's default: 100 s) and aborts
+them with a C++ check failure and every thread's stack.
+
+Each process listens on a TCP port and publishes where (address, port, pid, host name) in
+JAX's key-value store; each connects to every other one and waits on that connection. The
+kernel closes a process's sockets however it ends (kill -9 too), and a process that finished
+its command says `done` first, so the end of a connection without it is a lost peer. A host
+that vanishes without closing its connections (power, network) is left to JAX's heartbeats.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+
+_DONE = b"done\n"
+_KEY = "bert_jax/peers/{}"
+_CONNECT_TIMEOUT_MS = 300_000  # as JAX's own initialization_timeout: peers start unevenly
+_accepted: list[socket.socket] = []
+_watching: list[socket.socket] = []
+
+
+def _address(coordinator: str) -> str:
+    """This host's address as the coordinator's network sees it (the interface that reaches
+    it; a UDP connect sends nothing)."""
+    host = coordinator.rsplit(":", 1)[0].strip("[]")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 1))
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
+
+def watch(command: str) -> None:
+    """After jax.distributed.initialize: publish this process, connect to every other one, and
+    stop this one with one line on stderr when a peer's connection ends without `done`."""
+    import jax
+    from jax._src import distributed  # its client (the key-value store): no public handle
+
+    state = distributed.global_state
+    me, n = jax.process_index(), jax.process_count()
+    if state.client is None or n < 2:
+        return
+    listener = socket.create_server(("", 0), backlog=max(n, 8))
+    where = f"{_address(state.coordinator_address)}:{listener.getsockname()[1]}"
+    state.client.key_value_set(_KEY.format(me), f"{where}|{os.getpid()}|{socket.gethostname()}")
+    threading.Thread(target=_accept, args=(listener, n - 1), daemon=True).start()
+    for other in range(n):
+        if other == me:
+            continue
+        address, pid, host = state.client.blocking_key_value_get(
+            _KEY.format(other), _CONNECT_TIMEOUT_MS).split("|")
+        ip, port = address.rsplit(":", 1)
+        conn = socket.create_connection((ip, int(port)), timeout=_CONNECT_TIMEOUT_MS / 1000)
+        conn.settimeout(None)
+        _watching.append(conn)
+        peer = f"process {other} of {n} ({host}, pid {pid})"
+        threading.Thread(target=_wait, args=(conn, peer, command), daemon=True,
+                         name=f"bert_jax-peer-{other}").start()
+
+
+def _accept(listener: socket.socket, count: int) -> None:
+    """Keeps the peers' connections open (closed by the kernel when this process ends)."""
+    with listener:
+        while len(_accepted) < count:
+            conn, _ = listener.accept()
+            _accepted.append(conn)
+
+
+def _wait(conn: socket.socket, peer: str, command: str) -> None:
+    try:
+        said = conn.recv(len(_DONE))
+    except OSError:
+        said = b""
+    if said == _DONE:
+        return  # it finished its command: its end is not a fault
+    print(f"bert-jax {command}: error: {peer} ended before finishing (killed, crashed, or stopped "
+          "by an error of its own: its log says which); this process stops too. Rerun the job on "
+          "every host: a training run resumes from its last checkpoint", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)  # the main thread may be blocked in a collective that can never complete
+
+
+def finished() -> None:
+    """This process finished its command: tell the peers that its end is not a fault."""
+    for conn in _accepted:
+        try:
+            conn.sendall(_DONE)
+        except OSError:
+            pass  # that peer is gone already
