@@ -8,7 +8,8 @@ Each process listens on a TCP port and publishes where (address, port, pid, host
 JAX's key-value store; each connects to every other one and waits on that connection. The
 kernel closes a process's sockets however it ends (kill -9 too), and a process that finished
 its command says `done` first, so the end of a connection without it is a lost peer. A host
-that vanishes without closing its connections (power, network) is left to JAX's heartbeats.
+that vanishes without closing its connections (power, network), or that this one cannot
+reach (a firewall between hosts: one warning), is left to JAX's heartbeats.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ import threading
 _DONE = b"done\n"
 _KEY = "bert_jax/peers/{}"
 _CONNECT_TIMEOUT_MS = 300_000  # as JAX's own initialization_timeout: peers start unevenly
+_REACH_TIMEOUT_S = 10.0  # a published peer that does not accept in this time cannot be reached
 _accepted: list[socket.socket] = []
 _watching: list[socket.socket] = []
 
 
-def _address(coordinator: str) -> str:
+def _address(coordinator: str | None) -> str:
     """This host's address as the coordinator's network sees it (the interface that reaches
     it; a UDP connect sends nothing)."""
+    if not coordinator:
+        return socket.gethostname()
     host = coordinator.rsplit(":", 1)[0].strip("[]")
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -57,7 +61,12 @@ def watch(command: str) -> None:
         address, pid, host = state.client.blocking_key_value_get(
             _KEY.format(other), _CONNECT_TIMEOUT_MS).split("|")
         ip, port = address.rsplit(":", 1)
-        conn = socket.create_connection((ip, int(port)), timeout=_CONNECT_TIMEOUT_MS / 1000)
+        try:
+            conn = socket.create_connection((ip, int(port)), timeout=_REACH_TIMEOUT_S)
+        except OSError as e:  # a firewall between hosts: the run goes on, watched by JAX alone
+            print(f"warning: cannot watch process {other} of {n} at {address} ({e.strerror or e}): "
+                  "if it is lost, this process waits for JAX's heartbeat timeout", file=sys.stderr)
+            continue
         conn.settimeout(None)
         _watching.append(conn)
         peer = f"process {other} of {n} ({host}, pid {pid})"

@@ -246,8 +246,10 @@ class Clock:
                 tmp = path.with_name(FILE + ".tmp")
                 tmp.write_text(text)
                 os.replace(tmp, path)
-        except OSError as e:  # accounting never stops a run
-            log.warning(f"warning: cannot write {path} ({e})")
+        except OSError as e:  # accounting never stops a run; said once, not at every line
+            self.enabled = False
+            log.warning(f"warning: cannot write {path} ({e.strerror or e}); goodput is not recorded "
+                        "for the rest of this run")
 
 
 def _rounded(x):

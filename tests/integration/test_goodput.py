@@ -111,6 +111,16 @@ def test_an_unreadable_goodput_file_starts_over(monkeypatch, tmp_path):
     assert goodput.summarize(None) is None and goodput.summarize({"attempts": []}) is None
 
 
+def test_an_unwritable_goodput_file_is_said_once_and_the_run_goes_on(tmp_path, caplog):
+    (tmp_path / goodput.FILE).mkdir()  # a folder in its place: every write fails
+    clock = goodput.Clock(tmp_path, start_step=0)
+    for _ in range(3):
+        clock.persist()
+    said = [r.getMessage() for r in caplog.records if "cannot write" in r.getMessage()]
+    assert said == [f"warning: cannot write {tmp_path / goodput.FILE} (Is a directory); goodput is not "
+                    "recorded for the rest of this run"]
+
+
 def test_compilation_cache_location(monkeypatch):
     env = {"XDG_CACHE_HOME": "/home/u/.cache"}
     where = compilation_cache.compilation_cache_dir
