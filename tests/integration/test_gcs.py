@@ -536,10 +536,8 @@ def test_without_network_one_line_names_gcs_at_once(cli, no_network, tmp_path, a
     port, tries = no_network
     (tmp_path / "a.txt").write_text("Emma was happy.\n")
     workdir = f"gs://{BUCKET}/run"
-    start = time.monotonic()
     code, _, err = cli([a.format(gs=workdir, tmp=tmp_path) for a in argv])
-    assert code == 1 and time.monotonic() - start < 20
-    assert tries == {"connect": 1, "request": 0}
+    assert code == 1 and tries == {"connect": 1, "request": 0}  # bounded: no retries at all
     assert err.splitlines() == [
         f"bert-jax {argv[0]}: error: cannot reach Google Cloud Storage (localhost:{port}) for {workdir}: "
         f"Connection refused; check this machine's network (and any firewall or proxy), then rerun"]
@@ -567,17 +565,14 @@ def test_an_unreachable_gs_compilation_cache_is_turned_off_at_once(cli, no_netwo
     assert "checkpoint" in err.splitlines()[1] and len(err.splitlines()) == 2, err  # it went on
 
 
-def test_task_files_without_network_one_line_names_gcs(cli, monkeypatch, tmp_path, wordpiece_vocab):
+def test_task_files_without_network_one_line_names_gcs(cli, no_network, tmp_path, wordpiece_vocab):
     """A local run whose fine-tuning files are on gs:// (data.data_dir) stops at once too, naming
     the data_dir as given."""
-    port = _closed_port()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
-    monkeypatch.setenv("FSSPEC_GS_TOKEN", "anon")
-    start = time.monotonic()
+    port, tries = no_network
     code, _, err = cli(["train", "--config=configs/glue.py:mrpc,tiny", f"--workdir={tmp_path / 'run'}",
                         f"--config.data.data_dir=gs://{BUCKET}/glue",
                         f"--config.data.tokenizer={wordpiece_vocab.parent}"])
-    assert code == 1 and time.monotonic() - start < 20
+    assert code == 1 and tries == {"connect": 1, "request": 0}
     assert err.splitlines() == [
         f"bert-jax train: error: cannot reach Google Cloud Storage (localhost:{port}) for "
         f"gs://{BUCKET}/glue: Connection refused; check this machine's network (and any "
