@@ -45,8 +45,9 @@ def unusable(path: str) -> str | None:
         probe = folder / f".write-check.{os.getpid()}"
         probe.write_text("")
         probe.unlink()
-    except OSError as e:  # ConnectionError (no network), PermissionError, a file in the way, ENOSPC
-        return e.strerror or (str(e).splitlines() or [type(e).__name__])[0]
+    except Exception as e:  # noqa: BLE001 (OS errors: no network, permission, a file in the way,
+        # a full disk; and gcsfs's own for a bucket that refuses)
+        return getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0]
     return None
 
 
