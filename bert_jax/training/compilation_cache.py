@@ -73,9 +73,13 @@ def setup_compilation_cache(setting: str, command: str, workdir: str | None,
                                        or not jax.config.jax_enable_compilation_cache)
     if users_own and not jax.config.jax_enable_compilation_cache:
         return  # turned off by the user's own JAX settings
+    in_workdir = bool(workdir) and path.startswith(workdir.rstrip("/") + "/")
+    if in_workdir:  # the workdir's own storage: without a network, the workdir's one line
+        from bert_jax import paths
+
+        paths.check_reachable(workdir)
     if (reason := unusable(path)) is not None:
         said = f"the compilation cache {path} cannot be used ({reason})"
-        in_workdir = bool(workdir) and path.startswith(workdir.rstrip("/") + "/")
         if required or in_workdir:  # the workdir's own storage: the run could not go on either
             raise OSError(f"{said}; fix it, or choose another with --compilation_cache=<dir> (or "
                           "off)" + ("" if in_workdir else ", or run without it: drop "

@@ -527,13 +527,14 @@ def no_network(monkeypatch):
     ["vocab", "--input={tmp}/a.txt", "--size=100", "--out={gs}"],
     ["convert", "hf:{tmp}", "{gs}"],
 ], ids=lambda argv: argv[0])
-def test_without_network_one_line_names_gcs_at_once(cli, no_network, tmp_path, argv):
+def test_without_network_one_line_names_gcs_at_once(cli, no_network, monkeypatch, tmp_path, argv):
     # Storage that refuses connections (as the emulator on a closed port; real GCS without a
     # network fails its name lookup, or times out where packets are dropped): gcsfs would retry
     # each request for ~30 s with a traceback each time, then report a missing folder (convert
     # and vocab --out, before every gs:// path passed paths.check_reachable: 35-90 s, then a raw
     # aiohttp message). One connection is tried, and no request is made.
     port, tries = no_network
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")  # train, eval: the cache in the gs:// workdir
     (tmp_path / "a.txt").write_text("Emma was happy.\n")
     workdir = f"gs://{BUCKET}/run"
     code, _, err = cli([a.format(gs=workdir, tmp=tmp_path) for a in argv])
