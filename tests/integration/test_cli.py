@@ -144,3 +144,37 @@ def test_a_peer_ending_without_done_stops_this_process(monkeypatch, capsys):
         "bert-jax train: error: process 1 of 2 (host, pid 7) ended before finishing (killed, crashed, or "
         "stopped by an error of its own: its log says which); this process stops too. Rerun the job on "
         "every host: a training run resumes from its last checkpoint"]
+
+
+def test_a_peer_this_process_cannot_reach_is_one_warning(monkeypatch, capsys):
+    """peers.watch with a peer published at a port nobody listens on (as behind a firewall):
+    one warning, and the command goes on (a lost peer is then JAX's heartbeats' to find)."""
+    import socket
+
+    import jax
+    from jax._src import distributed
+
+    from bert_jax.commands import peers
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        closed = s.getsockname()[1]
+    published = {}
+
+    class Client:  # JAX's key-value store of the coordination service
+        def key_value_set(self, key, value):
+            published[key] = value
+
+        def blocking_key_value_get(self, key, timeout_ms):
+            return f"127.0.0.1:{closed}|4242|other-host"
+
+    monkeypatch.setattr(distributed.global_state, "client", Client())
+    monkeypatch.setattr(distributed.global_state, "coordinator_address", "localhost:1234")
+    monkeypatch.setattr(jax, "process_index", lambda: 0)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(peers, "_watching", [])
+    peers.watch("train")
+    assert list(published) == ["bert_jax/peers/0"] and peers._watching == []
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: cannot watch process 1 of 2 at 127.0.0.1:{closed} (Connection refused): if it is "
+        "lost, this process waits for JAX's heartbeat timeout"]
