@@ -75,10 +75,12 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "transformers)",
         "bert-jax export <checkpoint_dir> st:<out_dir>   (a sentence-transformers folder)")),
     Command("embed", interop.cmd_embed, (
-        "checkpoint", "input", "output", "pooling", "batch_size", "compilation_cache",
-        "compilation_cache_required"), (
-        "bert-jax embed --checkpoint <dir> --input <txt> --output <npy>   (a vector per line)",),
-        compiles=True, writes=(("output", "file"),)),
+        "checkpoint", "input", "output", "pooling", "batch_size", "shard_size",
+        "compilation_cache", "compilation_cache_required"), (
+        "bert-jax embed --checkpoint <dir> --input <txt> --output <npy>   (a vector per line)",
+        "bert-jax embed --checkpoint <dir> --input <txt|jsonl> --output <folder> [--shard_size N]",
+        "             (shards of vectors with their ids; run again to resume)"),
+        compiles=True),
     Command("mine", interop.cmd_mine, (
         "checkpoint", "input", "output", "negatives", "corpus", "batch_size", "compilation_cache",
         "compilation_cache_required"), (

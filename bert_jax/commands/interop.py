@@ -24,6 +24,7 @@ from bert_jax.commands.options import (
     NEGATIVES,
     OUTPUT,
     POOLING,
+    SHARD_SIZE,
     SPLIT,
     SQUAD,
     STEP,
@@ -107,7 +108,9 @@ def cmd_features(args: list[str]) -> None:
 
 def cmd_embed(args: list[str]) -> None:
     """Writes one sentence vector per input line (a .npy array [lines, hidden]), pooled as the
-    checkpoint's sentence_model.json says (`convert st:`; without one, the [CLS] vector)."""
+    checkpoint's sentence_model.json says (`convert st:`; without one, the [CLS] vector); with a
+    folder as --output, a corpus (text lines or a BEIR corpus.jsonl) as shards of vectors with
+    their ids, over every device and host, resumed by running the same command again."""
     import numpy as np
 
     from bert_jax import paths
@@ -117,8 +120,15 @@ def cmd_embed(args: list[str]) -> None:
     source, output = require(CHECKPOINT, "embed"), require(OUTPUT, "embed")
     if args:
         raise app.UsageError(f"embed takes no arguments (got {args}); use --input and --output")
+    paths.check_output(output, "--output", "file" if output.endswith(".npy") else "folder")
     if not output.endswith(".npy"):
-        raise app.UsageError(f"--output={output}: embed writes a NumPy array; name it <file>.npy")
+        from bert_jax.interop import bulk_embed
+
+        report = bulk_embed.embed_to_shards(
+            source, require(INPUT, "embed"), output, shard_size=SHARD_SIZE.value,
+            batch_size=BATCH_SIZE.value or 32, spec=_sentence_spec(source))
+        print(json.dumps(report))
+        return
     if paths.path(output).exists():
         raise FileExistsError(f"--output={output}: already exists; embed never overwrites a file: "
                               "choose a new --output (or remove that one)")

@@ -15,12 +15,13 @@ WORKDIR = flags.DEFINE_string("workdir", None, "train, eval, sweep, launch, aver
 CHECKPOINT = flags.DEFINE_string("checkpoint", None, "features, embed, mine, eval-embeddings, "
                                  "translate, attention: converted, averaged or training dir")
 INPUT = flags.DEFINE_string("input", None, "features: text file, one line per example "
-                            "(`A ||| B` for pairs); embed: one sentence per line; mine: a pair "
-                            "file (docs/retrieval.md); translate: source sentences, one per line")
+                            "(`A ||| B` for pairs); embed: one sentence per line (into a folder: "
+                            "or a BEIR corpus.jsonl); mine: a pair file (docs/retrieval.md); "
+                            "translate: source sentences, one per line")
 OUTPUT = flags.DEFINE_string("output", None, "features: output JSON-lines file; embed: .npy "
-                             "file of the vectors; mine: the pairs with their negatives (JSON "
-                             "lines); translate: output text file (one "
-                             "translation per input line)")
+                             "file of the vectors, or a folder of shards with their ids; mine: "
+                             "the pairs with their negatives (JSON lines); translate: output "
+                             "text file (one translation per input line)")
 BEAM = flags.DEFINE_integer("beam", None, "translate: beam size, 1 = greedy (default: the "
                             "run config's decode.beam_size)")
 ALPHA = flags.DEFINE_float("alpha", None, "translate: length penalty alpha (default: "
@@ -62,6 +63,8 @@ BEIR = flags.DEFINE_string("beir", None, "eval-embeddings: a BEIR folder (corpus
 SQUAD = flags.DEFINE_string("squad", None, "eval-embeddings: a SQuAD json file as retrieval (a "
                             "question retrieves its paragraph)")
 NEGATIVES = flags.DEFINE_integer("negatives", 5, "mine: hard negatives written per query")
+SHARD_SIZE = flags.DEFINE_integer("shard_size", 10_000, "embed into a folder: rows per shard "
+                                  "file (a resumed run re-embeds at most the shards not written)")
 CORPUS = flags.DEFINE_string("corpus", None, "mine: the passages to mine from, one per line "
                              "(default: every positive and negative of the --input pair file)")
 POOLING = flags.DEFINE_enum("pooling", None, ["cls", "mean", "max"], "embed, eval-embeddings: "

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
@@ -162,9 +162,11 @@ def vector_fn(encoder: nnx.Module, spec: SentenceSpec):
 
 class Encoder:
     """A checkpoint's encoder and SentenceSpec (`spec` instead, if given), loaded once:
-    `encode(sentences)` gives their [N, D] float32 vectors."""
+    `encode(sentences)` gives their [N, D] float32 vectors. Each batch is split over `devices`
+    (default: this host's), the weights replicated on each."""
 
-    def __init__(self, checkpoint_dir: str | os.PathLike, spec: SentenceSpec | None = None):
+    def __init__(self, checkpoint_dir: str | os.PathLike, spec: SentenceSpec | None = None,
+                 devices: Sequence[jax.Device] | None = None):
         self.spec = spec = spec or read_spec(checkpoint_dir)
         model_cfg = checkpoint.read_config(checkpoint_dir)["model"]
         name, fields = models.split_model_config(model_cfg)
@@ -175,7 +177,10 @@ class Encoder:
         self.tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
         _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)
         encoder = functools.reduce(getattr, models.encoder_path(name), model)
-        self.vectors, self.state = vector_fn(encoder, spec)
+        self.vectors, state = vector_fn(encoder, spec)
+        mesh = Mesh(np.array(devices or jax.local_devices()), ("batch",))
+        self.rows = NamedSharding(mesh, PartitionSpec("batch"))
+        self.state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
         self.dim = fields.emb_dim
         self.limit = min(spec.max_seq_length, fields.max_positions or spec.max_seq_length)
 
@@ -186,6 +191,8 @@ class Encoder:
         lengths compile."""
         ids = self.tokenizer.encode_batch(list(sentences))
         lengths = np.array([min(len(x) + 2, self.limit) for x in ids], np.int64)
+        devices = self.rows.mesh.size
+        batch_size = -(-batch_size // devices) * devices  # whole rows on every device
         order = np.argsort(-lengths, kind="stable")  # the longest first: its compile first
         out = np.zeros((len(ids), self.dim), np.float32)
         for start in range(0, len(ids), batch_size):
@@ -193,7 +200,7 @@ class Encoder:
             length = min(self.limit, -(-int(lengths[rows].max()) // BUCKET) * BUCKET)
             batch = self.tokenizer.pair_rows([ids[i] for i in rows], [None] * len(rows), length)
             batch = {k: np.pad(v, [(0, batch_size - len(rows)), (0, 0)]) for k, v in batch.items()}
-            got = self.vectors(self.state, *(jnp.asarray(batch[k]) for k in
+            got = self.vectors(self.state, *(jax.device_put(batch[k], self.rows) for k in
                                              ("input_ids", "token_type_ids", "attention_mask")))
             out[rows] = np.asarray(got)[:len(rows)]
         return out

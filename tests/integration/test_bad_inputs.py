@@ -1200,6 +1200,14 @@ OUTPUT_PATH_CASES = [
          setup=A_FOLDER),
     case("embed-output-inside-a-file", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
          "{tmp}/f/v.npy", 1, "--output={tmp}/f/v.npy is inside {tmp}/f, a file", setup=A_FILE),
+    case("embed-shards-into-a-file", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/f", 1, "--output={tmp}/f is a file, not a folder", setup=A_FILE),
+    case("embed-corpus-id-twice", "embed --checkpoint {ckpt} --input {tmp}/c.jsonl --output {tmp}/v",
+         1, "c.jsonl:2: field '_id': 'a' twice (first on line 1)",
+         setup=files(c_DOT_jsonl='{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n')),
+    case("embed-into-a-folder-of-other-files", "embed --checkpoint {ckpt} --input {tmp}/in.txt "
+         "--output {tmp}/notes", 1, "--output={tmp}/notes: a folder with files but no embed.json",
+         setup=files(notes__x="keep me", in_DOT_txt="the cat sat\n")),
     case("plot-out-is-a-folder", "plot --workdir {run} --out {tmp}/d.png", 1,
          "--out={tmp}/d.png is a directory, not a file", setup=A_FOLDER),
     case("attention-out-inside-a-file", "attention --checkpoint {ckpt} --text 'the cat' --out "

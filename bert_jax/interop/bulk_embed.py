@@ -1,0 +1,194 @@
+"""Bulk embedding of a corpus into shards of vectors with their ids (`bert-jax embed --output
+<folder>`): resumable after a kill, split over every host of a multi-host run, each batch
+spread over the host's devices.
+
+The corpus is a text file (one text per line; its id is its line number, blank lines have
+none) or JSON lines as a BEIR corpus.jsonl holds them ("_id", "text", optional "title": the
+text embedded is the title and the text joined by a space, as retrieval.read_beir builds it);
+plain or .gz, local or gs://. Its rows are cut into shards of `shard_size` consecutive rows,
+and each shard is written as one file, `part-<k>-of-<n>.npz` (arrays `ids`, strings, and
+`vectors`, float32 [rows, dim]), only when it is whole: a local file under a temporary name
+renamed into place, an object written in one piece. `embed.json` beside them says what the
+folder holds (the checkpoint, the input and a fingerprint of its ids and texts, the pooling,
+the shard size), so a second run into the folder embeds only the shards missing, and a run that
+would mix another corpus, checkpoint or pooling into it is refused before any work. Host p of
+P embeds shards p, p + P, p + 2P, ...: the hosts write disjoint files and need no collective.
+Within a shard the texts are sorted by length and batched as Encoder.encode batches them.
+`load(folder)` reads the shards back as (ids, vectors) in the corpus's order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from bert_jax import paths
+from bert_jax.data import text
+from bert_jax.interop import sentence_models
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "embed.json"
+FORMAT = 1
+
+
+def read_corpus(path: str) -> tuple[list[str], list[str]]:
+    """(ids, texts) of a corpus file: JSON lines (a name ending .jsonl or .jsonl.gz) as a BEIR
+    corpus, else text lines (ids: line numbers, blank lines skipped). A record without a string
+    "_id" or "text", an id twice or an empty text is a ValueError naming the file, line and
+    field."""
+    ids: list[str] = []
+    texts: list[str] = []
+    jsonl = path.removesuffix(".gz").endswith(".jsonl")
+    seen: dict[str, int] = {}
+    for number, line in enumerate(text.utf8_lines(path), 1):
+        if not line.strip():
+            continue
+        if not jsonl:
+            ids.append(str(number))
+            texts.append(line.rstrip("\n"))
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}:{number}: not JSON ({e}); a corpus line is "
+                             '{"_id": ..., "text": ..., "title": ...}') from None
+        for field in ("_id", "text"):
+            if not isinstance(record, dict) or not isinstance(record.get(field), str):
+                raise ValueError(f"{path}:{number}: field {field!r} missing or not a string; a "
+                                 "corpus record has _id and text (and optionally title)")
+        if not isinstance(record.get("title") or "", str):
+            raise ValueError(f"{path}:{number}: field 'title' is not a string")
+        doc = f"{record.get('title') or ''} {record['text']}".strip()
+        if not doc:
+            raise ValueError(f"{path}:{number}: field 'text' is empty (and no title): nothing "
+                             "to embed; remove the record or give it a text")
+        if record["_id"] in seen:
+            raise ValueError(f"{path}:{number}: field '_id': {record['_id']!r} twice (first on "
+                             f"line {seen[record['_id']]}); ids name one document each")
+        seen[record["_id"]] = number
+        ids.append(record["_id"])
+        texts.append(doc)
+    if not ids:
+        raise ValueError(f"{path}: no text to embed (the file is empty or blank)")
+    return ids, texts
+
+
+def fingerprint(ids: Sequence[str], texts: Sequence[str]) -> str:
+    """SHA-256 of the ids and texts, in order: the corpus a folder's shards were made from."""
+    h = hashlib.sha256()
+    for i, t in zip(ids, texts):
+        h.update(json.dumps([i, t], ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()
+
+
+def shard_name(k: int, n: int) -> str:
+    return f"part-{k:05d}-of-{n:05d}.npz"
+
+
+def _write_shard(folder, name: str, ids: Sequence[str], vectors: np.ndarray) -> None:
+    """The shard whole or not at all: a local file renamed into place, an object in one write."""
+    buf = io.BytesIO()
+    np.savez(buf, ids=np.array(ids, dtype=str), vectors=vectors.astype(np.float32))
+    if paths.is_remote(folder):
+        (paths.path(folder) / name).write_bytes(buf.getvalue())
+        return
+    partial = os.path.join(folder, f".{name}.partial")
+    with open(partial, "wb") as f:
+        f.write(buf.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, os.path.join(folder, name))
+
+
+def _read_shard(file) -> tuple[np.ndarray, np.ndarray]:
+    with paths.path(file).open("rb") as f, np.load(io.BytesIO(f.read()), allow_pickle=False) as z:
+        return z["ids"], z["vectors"]
+
+
+def _check_manifest(folder, manifest: dict) -> bool:
+    """True if `folder` already holds shards of this same embedding (a resume); False for a new
+    folder. A folder of another embedding, or one with files but no manifest, is refused."""
+    root = paths.path(folder)
+    where = root / MANIFEST
+    if not where.exists():
+        if root.exists() and any(root.iterdir()):
+            raise FileExistsError(f"--output={folder}: a folder with files but no {MANIFEST}; embed "
+                                  "writes only into a new folder or one it wrote: choose a new --output")
+        return False
+    old = paths.read_json(where, f"embed wrote it; remove the folder {folder} to start again")
+    differ = [k for k in manifest if old.get(k) != manifest[k]]
+    if differ:
+        raise ValueError(f"{where}: the shards there were made with "
+                         + ", ".join(f"{k}={old.get(k)!r}" for k in differ) + "; this run has "
+                         + ", ".join(f"{k}={manifest[k]!r}" for k in differ)
+                         + ": one folder holds one embedding; choose a new --output (the shards "
+                         "there are kept)")
+    return True
+
+
+def embed_to_shards(checkpoint_dir: str, input_path: str, folder: str, *, shard_size: int = 10_000,
+                    batch_size: int = 32, spec: sentence_models.SentenceSpec | None = None,
+                    process_index: int | None = None, process_count: int | None = None) -> dict:
+    """Embeds the corpus `input_path` into `folder` (the module docstring), this host's shards
+    only (`process_index` of `process_count`, by default JAX's), skipping those already there.
+    Returns a summary: rows, shards, written, kept (shards found whole), dim."""
+    if shard_size < 1:
+        raise ValueError(f"--shard_size={shard_size}: at least one row per shard")
+    p = jax.process_index() if process_index is None else process_index
+    count = jax.process_count() if process_count is None else process_count
+    ids, texts = read_corpus(input_path)
+    spec = spec or sentence_models.read_spec(checkpoint_dir)
+    n = -(-len(ids) // shard_size)
+    manifest = {"format": FORMAT, "checkpoint": str(checkpoint_dir), "input": str(input_path),
+                "fingerprint": fingerprint(ids, texts), "rows": len(ids), "shard_size": shard_size,
+                "shards": n, "sentence": dataclasses.asdict(spec)}
+    resuming = _check_manifest(folder, manifest)  # before the weights are loaded
+    encoder = sentence_models.Encoder(checkpoint_dir, spec)
+    root = paths.path(folder)
+    if not resuming:
+        root.mkdir(parents=True, exist_ok=True)
+        if p == 0:
+            (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    written = kept = 0
+    for k in range(p, n, count):
+        rows = slice(k * shard_size, (k + 1) * shard_size)
+        name = shard_name(k, n)
+        if (root / name).exists():
+            got, _ = _read_shard(root / name)
+            if list(got) != ids[rows]:
+                raise ValueError(f"{root / name}: holds other ids than rows {rows.start}-"
+                                 f"{rows.stop - 1} of {input_path}; remove that file to embed it again")
+            kept += 1
+            continue
+        _write_shard(folder, name, ids[rows], encoder.encode(texts[rows], batch_size))
+        written += 1
+        log.info(f"embed: wrote {root / name} ({len(ids[rows])} rows)")
+    return {"rows": len(ids), "shards": n, "written": written, "kept": kept, "dim": encoder.dim,
+            "output": str(folder)}
+
+
+def load(folder: str | os.PathLike) -> tuple[list[str], np.ndarray]:
+    """(ids, vectors [rows, dim]) of a folder embed_to_shards wrote, in the corpus's order; a
+    missing shard (hosts still at work, or a killed run not yet resumed) is an error naming it."""
+    root = paths.path(folder)
+    manifest = paths.read_json(root / MANIFEST, f"{folder} is not a folder `bert-jax embed` wrote")
+    ids: list[str] = []
+    parts = []
+    for k in range(manifest["shards"]):
+        file = root / shard_name(k, manifest["shards"])
+        if not file.exists():
+            raise FileNotFoundError(f"{file}: missing; run the same `bert-jax embed` again to "
+                                    "embed the shards not yet written")
+        got, vectors = _read_shard(file)
+        ids += [str(i) for i in got]
+        parts.append(vectors)
+    return ids, np.concatenate(parts)

@@ -1,0 +1,160 @@
+"""`bert-jax embed --output <folder>` (interop/bulk_embed.py): a corpus into shards of vectors
+with their ids, each shard whole or absent, resumed after a kill, split over hosts, each batch
+spread over the devices; checked against one device's `Encoder.encode` of the same texts."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from helpers import FIXTURES
+
+from bert_jax.interop import bulk_embed, convert, sentence_models
+
+TEXTS = ["the cat sat on the mat", "a dog", "", "birds fly south in the winter months",
+         "one", "the quick brown fox jumps over the lazy dog", "   ", "rain", "sun and moon",
+         "a b c d e f g h", "last line"]
+MEAN = sentence_models.SentenceSpec(pooling="mean", normalize=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """The tiny TF BERT of the fixtures, converted (a 100-token vocab, 16 positions)."""
+    out = tmp_path_factory.mktemp("embed") / "ckpt"
+    convert.convert_hf(FIXTURES / "tf_bert_tiny", out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(TEXTS) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def one_device(checkpoint):
+    """The texts' vectors by one device, in the corpus's order (blank lines have none)."""
+    kept = [t for t in TEXTS if t.strip()]
+    encoder = sentence_models.Encoder(checkpoint, MEAN, devices=jax.local_devices()[:1])
+    return encoder.encode(kept, batch_size=4)
+
+
+def embed(checkpoint, corpus, out, **kw):
+    return bulk_embed.embed_to_shards(checkpoint, corpus, str(out), shard_size=3, batch_size=4,
+                                      spec=MEAN, **kw)
+
+
+def test_shards_hold_every_text_with_its_line_number_as_one_device_embeds_it(
+        checkpoint, corpus, one_device, tmp_path):
+    assert jax.local_device_count() == 8  # each batch of 4 (rounded up to 8) spread over 8
+    report = embed(checkpoint, corpus, tmp_path / "out")
+    assert report == {"rows": 9, "shards": 3, "written": 3, "kept": 0, "dim": 32,
+                      "output": str(tmp_path / "out")}
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        "embed.json", "part-00000-of-00003.npz", "part-00001-of-00003.npz", "part-00002-of-00003.npz"]
+    ids, vectors = bulk_embed.load(tmp_path / "out")
+    assert ids == [str(i + 1) for i, t in enumerate(TEXTS) if t.strip()]  # line numbers
+    np.testing.assert_allclose(vectors, one_device, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-6)
+    manifest = json.loads((tmp_path / "out" / "embed.json").read_text())
+    assert manifest["rows"] == 9 and manifest["sentence"]["pooling"] == "mean"
+
+
+def test_a_killed_run_resumes_embedding_only_the_shards_not_written(
+        checkpoint, corpus, one_device, tmp_path, monkeypatch):
+    """A kill after shard 1's bytes are written but before they are renamed into place: the
+    shard is absent (load names it), the partial file is never read; the run again embeds
+    shards 1 and 2 only and gives the one-device vectors."""
+    real_replace, calls = os.replace, []
+
+    def killed_at_the_second(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as a kill leaves it: the partial file, no shard
+        real_replace(src, dst)
+
+    monkeypatch.setattr(bulk_embed.os, "replace", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        embed(checkpoint, corpus, tmp_path / "out")
+    monkeypatch.setattr(bulk_embed.os, "replace", real_replace)
+    assert (tmp_path / "out" / ".part-00001-of-00003.npz.partial").exists()
+    with pytest.raises(FileNotFoundError, match="part-00001-of-00003.npz: missing; run the same"):
+        bulk_embed.load(tmp_path / "out")
+
+    encoded = []
+    real_encode = sentence_models.Encoder.encode
+    monkeypatch.setattr(sentence_models.Encoder, "encode",
+                        lambda self, texts, b=32: encoded.append((self.rows.mesh.size, *texts))
+                        or real_encode(self, texts, b))
+    report = embed(checkpoint, corpus, tmp_path / "out")
+    assert (report["written"], report["kept"]) == (2, 1)
+    assert encoded == [(8, "one", "the quick brown fox jumps over the lazy dog", "rain"),
+                       (8, "sun and moon", "a b c d e f g h", "last line")]  # over 8 devices
+    ids, vectors = bulk_embed.load(tmp_path / "out")
+    assert len(ids) == 9
+    np.testing.assert_allclose(vectors, one_device, atol=1e-6)
+    assert embed(checkpoint, corpus, tmp_path / "out")["written"] == 0  # all there: nothing to do
+
+
+def test_two_hosts_write_disjoint_shards_that_together_are_the_corpus(
+        checkpoint, corpus, one_device, tmp_path):
+    first = embed(checkpoint, corpus, tmp_path / "out", process_index=0, process_count=2)
+    assert (first["written"], sorted(os.listdir(tmp_path / "out"))) == (
+        2, ["embed.json", "part-00000-of-00003.npz", "part-00002-of-00003.npz"])
+    with pytest.raises(FileNotFoundError, match="part-00001"):
+        bulk_embed.load(tmp_path / "out")
+    assert embed(checkpoint, corpus, tmp_path / "out", process_index=1, process_count=2)["written"] == 1
+    np.testing.assert_allclose(bulk_embed.load(tmp_path / "out")[1], one_device, atol=1e-6)
+
+
+def test_a_folder_of_another_embedding_is_refused_and_its_shards_kept(checkpoint, corpus, tmp_path):
+    embed(checkpoint, corpus, tmp_path / "out")
+    before = {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")}
+    with pytest.raises(ValueError, match=r"shard_size=3.*this run has shard_size=4.*choose a new "
+                                         r"--output \(the shards there are kept\)"):
+        bulk_embed.embed_to_shards(checkpoint, corpus, str(tmp_path / "out"), shard_size=4, spec=MEAN)
+    other = tmp_path / "other.txt"
+    other.write_text("another corpus\n")
+    with pytest.raises(ValueError, match="fingerprint="):
+        embed(checkpoint, str(other), tmp_path / "out")
+    with pytest.raises(ValueError, match="'pooling': 'mean'"):
+        bulk_embed.embed_to_shards(checkpoint, corpus, str(tmp_path / "out"), shard_size=3)
+    assert before == {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")}
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="files but no embed.json"):
+        embed(checkpoint, corpus, tmp_path / "notes")
+
+
+def test_a_beir_corpus_embeds_title_and_text_under_its_ids(checkpoint, one_device, tmp_path, cli):
+    rows = [{"_id": f"doc{i}", "title": "", "text": t} for i, t in enumerate(TEXTS) if t.strip()]
+    rows[0] = {"_id": "doc0", "title": "the cat", "text": "sat on the mat"}  # "the cat sat on ..."
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = cli(["embed", f"--checkpoint={checkpoint}", f"--input={tmp_path / 'corpus.jsonl'}",
+                          f"--output={tmp_path / 'out'}", "--shard_size=4", "--batch_size=4",
+                          "--pooling=mean"])
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["shards"] == 3
+    ids, vectors = bulk_embed.load(tmp_path / "out")
+    assert ids == [r["_id"] for r in rows]
+    # MEAN normalises, --pooling=mean keeps the checkpoint's (none): compare directions
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.testing.assert_allclose(unit, one_device, atol=1e-6)
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"_id": "a", "text": "x"}', '{"_id": "a", "text": "y"}'],
+     r"corpus.jsonl:2: field '_id': 'a' twice \(first on line 1\)"),
+    (['{"_id": "a", "title": "t"}'], r"corpus.jsonl:1: field 'text' missing or not a string"),
+    (['{"_id": 7, "text": "x"}'], r"corpus.jsonl:1: field '_id' missing or not a string"),
+    (['{"_id": "a", "text": "  ", "title": ""}'], r"corpus.jsonl:1: field 'text' is empty"),
+    (['{"_id": "a", "text": "x", "title": 3}'], r"corpus.jsonl:1: field 'title' is not a string"),
+    (['', '{"_id": "a", "text": "x"', ''], r"corpus.jsonl:2: not JSON"),
+    (['', ' '], r"corpus.jsonl: no text to embed"),
+])
+def test_a_bad_corpus_is_one_line_naming_file_line_and_field(tmp_path, lines, message):
+    (tmp_path / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=message):
+        bulk_embed.read_corpus(str(tmp_path / "corpus.jsonl"))
