@@ -9,7 +9,9 @@ JAX's key-value store; each connects to every other one and waits on that connec
 kernel closes a process's sockets however it ends (kill -9 too), and a process that finished
 its command says `done` first, so the end of a connection without it is a lost peer. A host
 that vanishes without closing its connections (power, network), or that this one cannot
-reach (a firewall between hosts: one warning), is left to JAX's heartbeats.
+reach (a firewall between hosts: one warning), is left to JAX's heartbeats. So is a run of more
+than MAX_PROCESSES: every process holds a connection (and a thread) per peer, which on a pod of
+hundreds of hosts would cost each of them hundreds of file descriptors.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ _DONE = b"done\n"
 _KEY = "bert_jax/peers/{}"
 _CONNECT_TIMEOUT_MS = 300_000  # as JAX's own initialization_timeout: peers start unevenly
 _REACH_TIMEOUT_S = 10.0  # a published peer that does not accept in this time cannot be reached
+MAX_PROCESSES = 64  # above it, 2 x (n - 1) sockets per process: left to JAX's heartbeats
 _accepted: list[socket.socket] = []
 _watching: list[socket.socket] = []
 
@@ -49,7 +52,7 @@ def watch(command: str) -> None:
 
     state = distributed.global_state
     me, n = jax.process_index(), jax.process_count()
-    if state.client is None or n < 2:
+    if state.client is None or not 2 <= n <= MAX_PROCESSES:
         return
     listener = socket.create_server(("", 0), backlog=max(n, 8))
     where = f"{_address(state.coordinator_address)}:{listener.getsockname()[1]}"
