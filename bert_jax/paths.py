@@ -297,6 +297,7 @@ class WorkdirLock:
 # store (503s, slow answers).
 CONNECT_DEADLINE_S = 10.0
 _REACHED: set[tuple[str, int]] = set()
+_UNREACHED: dict[tuple[str, int], str] = {}  # endpoint -> its message, {path} to fill
 
 
 def _gcs_endpoint() -> str:
@@ -321,6 +322,8 @@ def check_reachable(path: str | os.PathLike, timeout: float = CONNECT_DEADLINE_S
     host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
     if (host, port) in _REACHED:
         return
+    if (host, port) in _UNREACHED:  # said once already (a caller may have caught it): at once
+        raise ConnectionError(_UNREACHED[(host, port)].replace("{path}", str(path)))
     failure: list[OSError] = []
 
     def connect():
@@ -338,6 +341,8 @@ def check_reachable(path: str | os.PathLike, timeout: float = CONNECT_DEADLINE_S
         e = failure[0]
         reason = (f"cannot look up {host}: {e.strerror or e}" if isinstance(e, socket.gaierror)
                   else e.strerror or str(e) or type(e).__name__)
-        raise ConnectionError(f"cannot reach Google Cloud Storage ({host}:{port}) for {path}: {reason}; "
-                              f"check this machine's network (and any firewall or proxy), then rerun")
+        _UNREACHED[(host, port)] = (f"cannot reach Google Cloud Storage ({host}:{port}) for {{path}}: "
+                                    f"{reason}; check this machine's network (and any firewall or "
+                                    "proxy), then rerun")
+        raise ConnectionError(_UNREACHED[(host, port)].replace("{path}", str(path)))
     _REACHED.add((host, port))

@@ -29,6 +29,7 @@ from bert_jax.commands.options import (
     SQUAD,
     STEP,
     STS,
+    maybe_initialize_distributed,
     require,
 )
 
@@ -121,6 +122,7 @@ def cmd_embed(args: list[str]) -> None:
     if args:
         raise app.UsageError(f"embed takes no arguments (got {args}); use --input and --output")
     paths.check_output(output, "--output", "file" if output.endswith(".npy") else "folder")
+    maybe_initialize_distributed("embed")  # several hosts: each embeds its shards
     if not output.endswith(".npy"):
         from bert_jax.interop import bulk_embed
 
@@ -129,6 +131,11 @@ def cmd_embed(args: list[str]) -> None:
             batch_size=BATCH_SIZE.value or 32, spec=_sentence_spec(source))
         print(json.dumps(report))
         return
+    import jax
+
+    if jax.process_count() > 1:
+        raise ValueError(f"--output={output}: a .npy --output is one process's, and this is one of "
+                         f"{jax.process_count()}; give a folder as --output (shards, each host its own)")
     if paths.path(output).exists():
         raise FileExistsError(f"--output={output}: already exists; embed never overwrites a file: "
                               "choose a new --output (or remove that one)")

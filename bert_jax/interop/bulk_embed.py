@@ -25,6 +25,7 @@ import io
 import json
 import logging
 import os
+import zipfile
 from collections.abc import Sequence
 
 import jax
@@ -94,24 +95,33 @@ def shard_name(k: int, n: int) -> str:
     return f"part-{k:05d}-of-{n:05d}.npz"
 
 
-def _write_shard(folder, name: str, ids: Sequence[str], vectors: np.ndarray) -> None:
-    """The shard whole or not at all: a local file renamed into place, an object in one write."""
-    buf = io.BytesIO()
-    np.savez(buf, ids=np.array(ids, dtype=str), vectors=vectors.astype(np.float32))
+def _write(folder, name: str, data: bytes) -> None:
+    """The file whole or not at all: a local file renamed into place, an object in one write."""
     if paths.is_remote(folder):
-        (paths.path(folder) / name).write_bytes(buf.getvalue())
+        (paths.path(folder) / name).write_bytes(data)
         return
     partial = os.path.join(folder, f".{name}.partial")
     with open(partial, "wb") as f:
-        f.write(buf.getvalue())
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(partial, os.path.join(folder, name))
 
 
-def _read_shard(file) -> tuple[np.ndarray, np.ndarray]:
-    with paths.path(file).open("rb") as f, np.load(io.BytesIO(f.read()), allow_pickle=False) as z:
-        return z["ids"], z["vectors"]
+def _write_shard(folder, name: str, ids: Sequence[str], vectors: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, ids=np.array(ids, dtype=str), vectors=vectors.astype(np.float32))
+    _write(folder, name, buf.getvalue())
+
+
+def _read_shard(file, *arrays: str) -> list[np.ndarray]:
+    """The named arrays of a shard file; a damaged one is a ValueError naming it."""
+    try:
+        with paths.path(file).open("rb") as f, np.load(f, allow_pickle=False) as z:
+            return [z[a] for a in arrays]
+    except (ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{file}: not a whole shard ({type(e).__name__}: {e}); remove that file "
+                         "and run the same `bert-jax embed` again to embed it again") from None
 
 
 def _check_manifest(folder, manifest: dict) -> bool:
@@ -120,12 +130,13 @@ def _check_manifest(folder, manifest: dict) -> bool:
     root = paths.path(folder)
     where = root / MANIFEST
     if not where.exists():
-        if root.exists() and any(root.iterdir()):
+        if root.exists() and any(f.name != MANIFEST and not f.name.endswith(".partial")
+                                 and not f.name.startswith("part-") for f in root.iterdir()):
             raise FileExistsError(f"--output={folder}: a folder with files but no {MANIFEST}; embed "
                                   "writes only into a new folder or one it wrote: choose a new --output")
         return False
     old = paths.read_json(where, f"embed wrote it; remove the folder {folder} to start again")
-    differ = [k for k in manifest if old.get(k) != manifest[k]]
+    differ = [k for k in manifest if k not in _NOT_COMPARED and old.get(k) != manifest[k]]
     if differ:
         raise ValueError(f"{where}: the shards there were made with "
                          + ", ".join(f"{k}={old.get(k)!r}" for k in differ) + "; this run has "
@@ -135,44 +146,56 @@ def _check_manifest(folder, manifest: dict) -> bool:
     return True
 
 
+_NOT_COMPARED = ("input",)  # the corpus is its fingerprint: a moved or renamed file resumes
+
+
+def hosts() -> tuple[int, int]:
+    """(this process's index, the number of processes): JAX's, once the command started them."""
+    return jax.process_index(), jax.process_count()
+
+
 def embed_to_shards(checkpoint_dir: str, input_path: str, folder: str, *, shard_size: int = 10_000,
                     batch_size: int = 32, spec: sentence_models.SentenceSpec | None = None,
                     process_index: int | None = None, process_count: int | None = None) -> dict:
     """Embeds the corpus `input_path` into `folder` (the module docstring), this host's shards
     only (`process_index` of `process_count`, by default JAX's), skipping those already there.
-    Returns a summary: rows, shards, written, kept (shards found whole), dim."""
+    Returns a summary: rows, shards, written, kept (shards found whole)."""
+    from bert_jax.training import checkpoint
+
     if shard_size < 1:
         raise ValueError(f"--shard_size={shard_size}: at least one row per shard")
-    p = jax.process_index() if process_index is None else process_index
-    count = jax.process_count() if process_count is None else process_count
+    p, count = hosts() if process_index is None else (process_index, process_count)
     ids, texts = read_corpus(input_path)
     spec = spec or sentence_models.read_spec(checkpoint_dir)
+    step = checkpoint.resolve_step(checkpoint_dir)  # the latest now: a resume uses the same
     n = -(-len(ids) // shard_size)
-    manifest = {"format": FORMAT, "checkpoint": str(checkpoint_dir), "input": str(input_path),
+    where = str(checkpoint_dir) if paths.is_remote(checkpoint_dir) else os.path.abspath(checkpoint_dir)
+    manifest = {"format": FORMAT, "checkpoint": where, "step": step, "input": str(input_path),
                 "fingerprint": fingerprint(ids, texts), "rows": len(ids), "shard_size": shard_size,
                 "shards": n, "sentence": dataclasses.asdict(spec)}
     resuming = _check_manifest(folder, manifest)  # before the weights are loaded
-    encoder = sentence_models.Encoder(checkpoint_dir, spec)
     root = paths.path(folder)
-    if not resuming:
+    if not resuming:  # every host, before its first shard: the same content from each
         root.mkdir(parents=True, exist_ok=True)
-        if p == 0:
-            (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    written = kept = 0
-    for k in range(p, n, count):
+        _write(folder, MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    mine = range(p, n, count)
+    pending = [k for k in mine if not (root / shard_name(k, n)).exists()]
+    for k in sorted(set(mine) - set(pending)):  # written whole by an earlier run: its ids
+        name = shard_name(k, n)
+        (got,) = _read_shard(root / name, "ids")
+        if list(got) != ids[k * shard_size:(k + 1) * shard_size]:
+            raise ValueError(f"{root / name}: holds other ids than rows {k * shard_size}-"
+                             f"{min(len(ids), (k + 1) * shard_size) - 1} of {input_path}; remove "
+                             "that file to embed it again")
+    # With several hosts each loads the weights (a restore may wait for every host), even
+    # one whose shards are all there.
+    encoder = sentence_models.Encoder(checkpoint_dir, spec, step=step) if pending or count > 1 else None
+    for k in pending:
         rows = slice(k * shard_size, (k + 1) * shard_size)
         name = shard_name(k, n)
-        if (root / name).exists():
-            got, _ = _read_shard(root / name)
-            if list(got) != ids[rows]:
-                raise ValueError(f"{root / name}: holds other ids than rows {rows.start}-"
-                                 f"{rows.stop - 1} of {input_path}; remove that file to embed it again")
-            kept += 1
-            continue
         _write_shard(folder, name, ids[rows], encoder.encode(texts[rows], batch_size))
-        written += 1
         log.info(f"embed: wrote {root / name} ({len(ids[rows])} rows)")
-    return {"rows": len(ids), "shards": n, "written": written, "kept": kept, "dim": encoder.dim,
+    return {"rows": len(ids), "shards": n, "written": len(pending), "kept": len(mine) - len(pending),
             "output": str(folder)}
 
 
@@ -188,7 +211,7 @@ def load(folder: str | os.PathLike) -> tuple[list[str], np.ndarray]:
         if not file.exists():
             raise FileNotFoundError(f"{file}: missing; run the same `bert-jax embed` again to "
                                     "embed the shards not yet written")
-        got, vectors = _read_shard(file)
+        got, vectors = _read_shard(file, "ids", "vectors")
         ids += [str(i) for i in got]
         parts.append(vectors)
     return ids, np.concatenate(parts)

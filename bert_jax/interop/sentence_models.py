@@ -163,19 +163,20 @@ def vector_fn(encoder: nnx.Module, spec: SentenceSpec):
 class Encoder:
     """A checkpoint's encoder and SentenceSpec (`spec` instead, if given), loaded once:
     `encode(sentences)` gives their [N, D] float32 vectors. Each batch is split over `devices`
-    (default: this host's), the weights replicated on each."""
+    (default: this host's), the weights replicated on each. `step`: that checkpoint (default:
+    the latest)."""
 
     def __init__(self, checkpoint_dir: str | os.PathLike, spec: SentenceSpec | None = None,
-                 devices: Sequence[jax.Device] | None = None):
+                 devices: Sequence[jax.Device] | None = None, step: int | None = None):
         self.spec = spec = spec or read_spec(checkpoint_dir)
-        model_cfg = checkpoint.read_config(checkpoint_dir)["model"]
+        model_cfg = checkpoint.read_config(checkpoint_dir, step)["model"]
         name, fields = models.split_model_config(model_cfg)
         if models.CONFIGS[name] is not models.BertConfig:
             raise ValueError(f"{checkpoint_dir}: holds a {name!r} model ({fields.family} family); "
                              "sentence vectors need a BERT-family encoder checkpoint")
         self.tokenizer = tokenizer_lib.load_tokenizer(checkpoint_dir)
         self.tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
-        _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)
+        _, model = state_lib.load_model(checkpoint_dir, step, model_cfg=model_cfg)
         encoder = functools.reduce(getattr, models.encoder_path(name), model)
         self.vectors, state = vector_fn(encoder, spec)
         mesh = Mesh(np.array(devices or jax.local_devices()), ("batch",))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import uuid
 
 # The cache of local runs: one per user, shared by every run, eval and translation of the
 # machine (entries are keyed by the program, the JAX version, devices and flags).
@@ -42,9 +44,10 @@ def unusable(path: str) -> str | None:
     try:
         folder = paths.path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-check.{os.getpid()}"
+        # hosts sharing a gs:// cache may have equal pids (containers): a name of its own
+        probe = folder / f".write-check.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex}"
         probe.write_text("")
-        probe.unlink()
+        probe.unlink(missing_ok=True)
     except Exception as e:  # noqa: BLE001 (OS errors: no network, permission, a file in the way,
         # a full disk; and gcsfs's own for a bucket that refuses)
         return getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0]

@@ -125,6 +125,7 @@ def test_a_peer_ending_without_done_stops_this_process(monkeypatch, capsys):
     without it stops this process (exit 1) with one line naming the peer. The processes
     themselves: test_train.py::test_a_lost_process_stops_its_peer_with_one_line (slow)."""
     import socket
+    import threading
 
     from bert_jax.commands import peers
 
@@ -132,6 +133,7 @@ def test_a_peer_ending_without_done_stops_this_process(monkeypatch, capsys):
     monkeypatch.setattr(peers.os, "_exit", exits.append)
     monkeypatch.setattr(peers, "_accepted", [])
     for finishes in (True, False):
+        monkeypatch.setattr(peers, "_finished", threading.Event())
         mine, theirs = socket.socketpair()
         peers._accepted[:] = [theirs]
         if finishes:
@@ -140,6 +142,22 @@ def test_a_peer_ending_without_done_stops_this_process(monkeypatch, capsys):
         peers._wait(mine, "process 1 of 2 (host, pid 7)", "train")
         mine.close()
         assert exits == ([] if finishes else [1])
+    # `done` in two pieces is still `done`; a peer's end after this process finished is no fault
+    monkeypatch.setattr(peers, "_finished", threading.Event())
+    mine, theirs = socket.socketpair()
+    waiting = threading.Thread(target=peers._wait, args=(mine, "process 1 of 2", "train"))
+    waiting.start()
+    theirs.sendall(b"do")
+    theirs.sendall(b"ne\n")
+    waiting.join()
+    theirs.close()
+    mine.close()
+    mine, theirs = socket.socketpair()
+    peers._finished.set()
+    theirs.close()
+    peers._wait(mine, "process 1 of 2", "train")
+    mine.close()
+    assert exits == [1]
     assert capsys.readouterr().err.splitlines() == [
         "bert-jax train: error: process 1 of 2 (host, pid 7) ended before finishing (killed, crashed, or "
         "stopped by an error of its own: its log says which); this process stops too. Rerun the job on "
@@ -173,6 +191,7 @@ def test_a_peer_this_process_cannot_reach_is_one_warning(monkeypatch, capsys):
     monkeypatch.setattr(jax, "process_index", lambda: 0)
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(peers, "_watching", [])
+    monkeypatch.setattr(peers, "_accept", lambda listener: listener.close())  # none comes
     peers.watch("train")
     assert list(published) == ["bert_jax/peers/0"] and peers._watching == []
     assert capsys.readouterr().err.splitlines() == [

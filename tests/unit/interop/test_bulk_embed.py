@@ -50,7 +50,7 @@ def test_shards_hold_every_text_with_its_line_number_as_one_device_embeds_it(
         checkpoint, corpus, one_device, tmp_path):
     assert jax.local_device_count() == 8  # each batch of 4 (rounded up to 8) spread over 8
     report = embed(checkpoint, corpus, tmp_path / "out")
-    assert report == {"rows": 9, "shards": 3, "written": 3, "kept": 0, "dim": 32,
+    assert report == {"rows": 9, "shards": 3, "written": 3, "kept": 0,
                       "output": str(tmp_path / "out")}
     assert sorted(os.listdir(tmp_path / "out")) == [
         "embed.json", "part-00000-of-00003.npz", "part-00001-of-00003.npz", "part-00002-of-00003.npz"]
@@ -67,11 +67,10 @@ def test_a_killed_run_resumes_embedding_only_the_shards_not_written(
     """A kill after shard 1's bytes are written but before they are renamed into place: the
     shard is absent (load names it), the partial file is never read; the run again embeds
     shards 1 and 2 only and gives the one-device vectors."""
-    real_replace, calls = os.replace, []
+    real_replace = os.replace
 
     def killed_at_the_second(src, dst):
-        calls.append(dst)
-        if len(calls) == 2:
+        if dst.endswith("part-00001-of-00003.npz"):
             raise KeyboardInterrupt  # as a kill leaves it: the partial file, no shard
         real_replace(src, dst)
 
@@ -100,6 +99,12 @@ def test_a_killed_run_resumes_embedding_only_the_shards_not_written(
 
 def test_two_hosts_write_disjoint_shards_that_together_are_the_corpus(
         checkpoint, corpus, one_device, tmp_path):
+    """Host 1 first, into its own folder (a host's local disk): its shard and the manifest,
+    which every host writes, so that its rerun resumes; then both into one folder."""
+    second = embed(checkpoint, corpus, tmp_path / "host1", process_index=1, process_count=2)
+    assert (second["written"], sorted(os.listdir(tmp_path / "host1"))) == (
+        1, ["embed.json", "part-00001-of-00003.npz"])
+    assert embed(checkpoint, corpus, tmp_path / "host1", process_index=1, process_count=2)["kept"] == 1
     first = embed(checkpoint, corpus, tmp_path / "out", process_index=0, process_count=2)
     assert (first["written"], sorted(os.listdir(tmp_path / "out"))) == (
         2, ["embed.json", "part-00000-of-00003.npz", "part-00002-of-00003.npz"])
@@ -107,6 +112,37 @@ def test_two_hosts_write_disjoint_shards_that_together_are_the_corpus(
         bulk_embed.load(tmp_path / "out")
     assert embed(checkpoint, corpus, tmp_path / "out", process_index=1, process_count=2)["written"] == 1
     np.testing.assert_allclose(bulk_embed.load(tmp_path / "out")[1], one_device, atol=1e-6)
+
+
+def test_the_command_splits_the_shards_over_the_processes_jax_counts(checkpoint, corpus, tmp_path,
+                                                                   cli, monkeypatch):
+    """`bert-jax embed` starts the distributed runtime, then as process 1 of 2 writes only its
+    shard; a .npy output (one file) is refused with several processes."""
+    from bert_jax.commands import interop
+
+    started = []
+    monkeypatch.setattr(interop, "maybe_initialize_distributed", started.append)
+    assert bulk_embed.hosts() == (0, 1)
+    monkeypatch.setattr(bulk_embed, "hosts", lambda: (1, 2))
+    code, out, err = cli(["embed", f"--checkpoint={checkpoint}", f"--input={corpus}",
+                          f"--output={tmp_path / 'out'}", "--shard_size=3", "--pooling=mean"])
+    assert code == 0, err
+    assert started == ["embed"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["embed.json", "part-00001-of-00003.npz"]
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    code, out, err = cli(["embed", f"--checkpoint={checkpoint}", f"--input={corpus}",
+                          f"--output={tmp_path / 'v.npy'}"])
+    assert code == 1 and "a .npy --output is one process's" in err
+
+
+def test_a_damaged_shard_is_one_line_naming_it(checkpoint, corpus, tmp_path):
+    embed(checkpoint, corpus, tmp_path / "out")
+    shard = tmp_path / "out" / "part-00001-of-00003.npz"
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"part-00001-of-00003.npz: not a whole shard .*remove that file"):
+        embed(checkpoint, corpus, tmp_path / "out")
+    with pytest.raises(ValueError, match=r"part-00001-of-00003.npz: not a whole shard"):
+        bulk_embed.load(tmp_path / "out")
 
 
 def test_a_folder_of_another_embedding_is_refused_and_its_shards_kept(checkpoint, corpus, tmp_path):
