@@ -69,6 +69,11 @@ def test_plan_memory_per_device_matches_the_sharding_arithmetic(v4_plan):
     assert train_step["flops"] == pytest.approx(want) and eval_step["flops"] == pytest.approx(want / 3)
     assert train_step["step_time"] == pytest.approx(want / (4 * 275e12 * 0.4))
     assert v4_plan["run_seconds"] == pytest.approx(100 * train_step["step_time"])
+    # The roofline beside it: the FLOPs at the chips' peak, XLA's bytes at v4's 1,200 GB/s.
+    assert train_step["roofline_s"] == pytest.approx(want / (4 * 275e12))
+    assert train_step["memory_s"] == pytest.approx(train_step["bytes_accessed"] / 1200e9)
+    assert train_step["bytes_accessed"] > train_step["params"] // 4  # reads the weights at least
+    assert train_step["blocks"] is None  # the xla kernel has no tiles
     # Host input: ids, mask, segments (16 int32 each), 3 masked positions, ids (int32) and
     # weights (f32), the NSP label: 232 bytes an example; one host; a 1000-example window.
     assert v4_plan["host"] == {"example_bytes": 232, "batch_bytes": 232 * 32, "shuffle_window": 1000,
@@ -173,6 +178,14 @@ def test_plan_compiles_the_splash_kernel_for_the_tpu_and_it_needs_fewer_temporar
         result = plan.plan(cfg, "v5litepod-8", evaluation=False)
         assert result["config"]["attention_kernel"] == kernel
         temps[kernel] = result["steps"][0]["temporaries"]
+    # v5e's tiles (512), and each block size's tile FLOPs: full attention visits every token
+    # pair whatever the tiles, 18 B N T^2 K per layer (per device: 8 rows over 8 devices)
+    step = result["steps"][0]
+    assert set(step["blocks"].values()) == {512}
+    assert [c["block"] for c in step["block_choices"]] == [128, 256, 512, 1024]
+    assert {c["kernel_flops"] for c in step["block_choices"]} == {18 * 2 * 3072**2 * 64}
+    assert "splash tiles 512; TFLOP per device its tiles visit, by block size: 128: " in (
+        plan.format_plan(result))
     assert temps["splash"] + 2 * 3072**2 * 4 <= temps["xla"], temps  # at least one [N, T, T] float32
 
 
@@ -188,6 +201,31 @@ def test_plan_counts_splash_flops_that_the_compiler_cannot_see():
     windowed = small(*splash, "model.attention_window=100")
     assert plan.kernel_flops(windowed, training=True) == 10 * tile
     assert plan.kernel_flops(windowed, training=False) == 10 * tile * 2 / 9
+
+
+def test_the_time_at_an_mfu_is_shown_beside_the_roofline():
+    step = {"step_time": 2.5, "roofline_s": 1.0, "memory_s": 0.25, "bytes_accessed": 2**31}
+    result = {"mfu": 0.4, "hbm_bandwidth_per_chip": 819e9}
+    assert plan._roofline(step, result) == (
+        "step 2.5 s at 40% MFU; roofline: 1 s of FLOPs at peak, 0.25 s of memory traffic (2 GiB a "
+        "device, XLA's count, at 819 GB/s a chip; custom kernels and all but one scanned layer "
+        "not counted)")
+    assert plan._roofline({**step, "memory_s": None}, result) == (
+        "step 2.5 s at 40% MFU; roofline: 1 s of FLOPs at peak")
+    v3 = tpu.parse("v3-8").gen  # two devices a chip share its bandwidth and its peak
+    assert (v3.bandwidth_per_device, v3.peak_per_device) == (450e9, 61.5e12)
+
+
+@needs_libtpu
+def test_plan_refuses_splash_mask_info_past_scalar_memory_before_compiling():
+    """131,072 tokens in 128-token tiles: 3 MiB of mask info for a 1 MiB SMEM, refused in one
+    line before anything compiles (v5e's own 512-token tiles would fit)."""
+    cfg = small("data.max_seq_length=131072", "model.max_len=131072", "train.batch_size=8",
+                "data.max_predictions_per_seq=20", "model.attention_dropout_rate=0.0",
+                "model.attention_kernel=splash", "model.attention_block_size=128")
+    with pytest.raises(config_lib.ConfigError, match=r"^model.attention_kernel=splash at 131,072 "
+                       r"tokens in 128 x 128-token tiles: .* set model.attention_block_size=256"):
+        plan.plan(cfg, "v5litepod-8", evaluation=False)
 
 
 def test_plan_refuses_the_cudnn_kernel_for_a_tpu(cli):
