@@ -270,7 +270,7 @@ def _roofline(s: dict[str, Any], result: dict[str, Any]) -> str:
     if s["memory_s"] is not None:
         line += (f", {s['memory_s']:.3g} s of memory traffic ({s['bytes_accessed'] / GiB:.3g} GiB "
                  f"a device, XLA's count, at {result['hbm_bandwidth_per_chip'] / 1e9:,.0f} GB/s "
-                 f"a chip; custom kernels and all but one scanned layer not counted)")
+                 f"a chip; custom kernels, and under model.scan_layers all but one layer, not counted)")
     return line
 
 

@@ -38,7 +38,7 @@
 
   python -m bert_jax.tools.bench longplan [--lengths 16384,32768] [--topologies v5litepod-1,v5p-8,v6e-1]
                                     [--remats full] [--config configs/modernbert.py:base] [--config.x=v ...]
-      Long sequences planned for TPU slices (planbench.py; docs/tpu.md#long-sequences): one plan
+      Long sequences planned for TPU slices (planbench.py; docs/tpu.md, "Long sequences"): one plan
       per slice and length, splash in the generation's tiles, one sequence per device; whether
       it fits (each --remats policy tried in turn where it does not), memory per device,
       attention's share of the FLOPs, the step time beside its roofline, the tile FLOPs of each

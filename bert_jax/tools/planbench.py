@@ -1,5 +1,5 @@
-"""`bench longplan`: long sequences planned for TPU slices on this machine (docs/tpu.md#long-
-sequences-16k-and-32k-tokens): for each slice and length one `bert-jax plan` (train step only) of
+"""`bench longplan`: long sequences planned for TPU slices on this machine (docs/tpu.md, "Long
+sequences: 16k and 32k tokens"): for each slice and length one `bert-jax plan` (train step only) of
 a config, one sequence per device, bfloat16, layers scanned, splash attention in the
 generation's tiles (or the config's), and per row whether it fits, memory per device, splash's
 tiles, attention's share of the step's FLOPs (splash's visited tiles against the rest of the

@@ -169,22 +169,23 @@ def test_plan_compiles_the_splash_kernel_for_the_tpu_and_it_needs_fewer_temporar
     per device) are gone. The train step only (the eval step's kernel is the same).
     3,072 tokens: the shortest multiple of 512 at which the XLA kernel's step holds the scores
     (at 2,048 and 2,560 the TPU compiler's peak has none: its temporaries equal splash's),
-    and each of the two compiles takes about half as long as at 4,096."""
+    and each of the two compiles takes about half as long as at 4,096. In 128-token tiles (v5e's
+    own 512 hold a little more: 6.5 MB, the margin is 5.4 MB)."""
     temps = {}
     for kernel in ("xla", "splash"):
         cfg = small("data.max_seq_length=3072", "data.max_predictions_per_seq=20",
                     "model.max_len=3072", "train.batch_size=8", "model.attention_dropout_rate=0.0",
-                    f"model.attention_kernel={kernel}")
+                    f"model.attention_kernel={kernel}", "model.attention_block_size=128")
         result = plan.plan(cfg, "v5litepod-8", evaluation=False)
         assert result["config"]["attention_kernel"] == kernel
         temps[kernel] = result["steps"][0]["temporaries"]
-    # v5e's tiles (512), and each block size's tile FLOPs: full attention visits every token
-    # pair whatever the tiles, 18 B N T^2 K per layer (per device: 8 rows over 8 devices)
+    # the tiles set, and each block size's tile FLOPs: full attention visits every token pair
+    # whatever the tiles, 18 B N T^2 K per layer (per device: 8 rows over 8 devices)
     step = result["steps"][0]
-    assert set(step["blocks"].values()) == {512}
+    assert set(step["blocks"].values()) == {128}
     assert [c["block"] for c in step["block_choices"]] == [128, 256, 512, 1024]
     assert {c["kernel_flops"] for c in step["block_choices"]} == {18 * 2 * 3072**2 * 64}
-    assert "splash tiles 512; TFLOP per device its tiles visit, by block size: 128: " in (
+    assert "splash tiles 128; TFLOP per device its tiles visit, by block size: 128: " in (
         plan.format_plan(result))
     assert temps["splash"] + 2 * 3072**2 * 4 <= temps["xla"], temps  # at least one [N, T, T] float32
 
@@ -201,6 +202,12 @@ def test_plan_counts_splash_flops_that_the_compiler_cannot_see():
     windowed = small(*splash, "model.attention_window=100")
     assert plan.kernel_flops(windowed, training=True) == 10 * tile
     assert plan.kernel_flops(windowed, training=False) == 10 * tile * 2 / 9
+    # the generation's tiles when the config leaves them to it (model.attention_block_size=0)
+    for kind, block in (("TPU v5 lite", 512), ("TPU v5", 512), ("TPU v3", 128)):  # v5p: 1,024 > 512
+        blocks, choices = plan.kernel_blocks(small(*splash), kind, training=True, devices=4)
+        assert set(blocks.values()) == {block}
+        assert [(c["block"], c["smem_fits"]) for c in choices] == [
+            (128, True), (256, True), (512, True)]  # 1,024 does not tile 512 tokens
 
 
 def test_the_time_at_an_mfu_is_shown_beside_the_roofline():
@@ -208,8 +215,8 @@ def test_the_time_at_an_mfu_is_shown_beside_the_roofline():
     result = {"mfu": 0.4, "hbm_bandwidth_per_chip": 819e9}
     assert plan._roofline(step, result) == (
         "step 2.5 s at 40% MFU; roofline: 1 s of FLOPs at peak, 0.25 s of memory traffic (2 GiB a "
-        "device, XLA's count, at 819 GB/s a chip; custom kernels and all but one scanned layer "
-        "not counted)")
+        "device, XLA's count, at 819 GB/s a chip; custom kernels, and under model.scan_layers "
+        "all but one layer, not counted)")
     assert plan._roofline({**step, "memory_s": None}, result) == (
         "step 2.5 s at 40% MFU; roofline: 1 s of FLOPs at peak")
     v3 = tpu.parse("v3-8").gen  # two devices a chip share its bandwidth and its peak
