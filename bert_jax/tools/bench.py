@@ -42,7 +42,8 @@
       per slice and length, splash in the generation's tiles, one sequence per device; whether
       it fits (each --remats policy tried in turn where it does not), memory per device,
       attention's share of the FLOPs, the step time beside its roofline, the tile FLOPs of each
-      block size. Minutes per row (about 3 to 6 here at 32k tokens).
+      block size. Minutes per row: a plan that fits took 2 to 3 minutes of CPU here at 16k and
+      32k tokens (11 to 14 of wall time beside other jobs), one that does not under a minute.
 
   python -m bert_jax.tools.bench longdoc [--workdir runs/longdoc_bench] [--config.x=v ...]
       Long-document classification (configs/glue.py:sst2,long: a tiny BERT, 4,096-token rows):
