@@ -4,7 +4,10 @@ each accelerator by the `device_kind` JAX reports (training/metrics.py: MFU).
 
 On v2/v3 each of a chip's two TensorCores is a JAX device with its own HBM; v4 and v5p fuse a
 chip's two cores into one device ("megacore"). HBM per device is what the compiler reports as
-available; peak FLOP/s are the bf16 figures Google publishes per chip. NVIDIA's headline figures
+available; peak FLOP/s and HBM bandwidth are the figures Google publishes per chip (Cloud TPU
+documentation, "TPU versions": v4 1,200 GB/s, v5e 819, v5p 2,765, v6e 1,640; v2 and v3 from
+Jouppi et al., "A Domain-Specific Supercomputer for Training Deep Neural Networks", CACM 2020:
+700 and 900 GB/s), which `plan` turns into roofline times. NVIDIA's headline figures
 assume 2:4 sparsity; the dense number is half of them.
 """
 
@@ -27,21 +30,38 @@ class Generation:
     pod_side: int  # a 2D dimension of this length wraps around (full pod side)
     missing: tuple[int, ...] = ()  # chip counts no slice has (v3: 1 and 8; v3-8 is 4 chips)
     device_kinds: tuple[str, ...] = ()  # lowercase device_kind names its devices report
+    hbm_bandwidth: float = 0.0  # bytes/s per chip
+    # splash attention's tiles when model.attention_block_size=0 (models/kernels/splash.py):
+    # MaxText's default (sa_block_* = 512 in its base.yml) on v4 and later, 1,024 on v5p, where
+    # it trained faster than 512 (AI-Hypercomputer/maxtext PR 4929: 513 against 423 tokens/s a
+    # chip at 1M tokens); v2 and v3 keep the kernel's 128 (nothing reported for them).
+    splash_block: int = 128
 
     @property
     def peak_per_device(self) -> float:
         return self.peak_per_chip / self.devices_per_chip
 
+    @property
+    def bandwidth_per_device(self) -> float:
+        return self.hbm_bandwidth / self.devices_per_chip
+
 
 GENERATIONS = {
-    "v2": Generation("v2", 2, 7.48 * GiB, 45e12, 2, True, 256, 16, (1, 8), ("tpu v2",)),
-    "v3": Generation("v3", 2, 15.48 * GiB, 123e12, 2, True, 1024, 32, (1, 8), ("tpu v3",)),
-    "v4": Generation("v4", 1, 30.75 * GiB, 275e12, 3, True, 4096, 0, (), ("tpu v4",)),
+    "v2": Generation("v2", 2, 7.48 * GiB, 45e12, 2, True, 256, 16, (1, 8), ("tpu v2",), 700e9),
+    "v3": Generation("v3", 2, 15.48 * GiB, 123e12, 2, True, 1024, 32, (1, 8), ("tpu v3",), 900e9),
+    "v4": Generation("v4", 1, 30.75 * GiB, 275e12, 3, True, 4096, 0, (), ("tpu v4",), 1200e9, 512),
     # v5p reports "TPU v5" or "TPU v5p"; v5e "TPU v5 lite" (the longer name wins: peak_flops)
-    "v5p": Generation("v5", 1, 95.74 * GiB, 459e12, 3, True, 8192, 0, (), ("tpu v5",)),
-    "v5e": Generation("v5e", 1, 15.75 * GiB, 197e12, 2, False, 256, 16, (), ("tpu v5 lite", "tpu v5e")),
-    "v6e": Generation("v6e", 1, 31.25 * GiB, 918e12, 2, False, 256, 16, (), ("tpu v6 lite", "tpu v6e")),
+    "v5p": Generation("v5", 1, 95.74 * GiB, 459e12, 3, True, 8192, 0, (), ("tpu v5",), 2765e9, 1024),
+    "v5e": Generation("v5e", 1, 15.75 * GiB, 197e12, 2, False, 256, 16, (), ("tpu v5 lite", "tpu v5e"),
+                      819e9, 512),
+    "v6e": Generation("v6e", 1, 31.25 * GiB, 918e12, 2, False, 256, 16, (), ("tpu v6 lite", "tpu v6e"),
+                      1640e9, 512),
 }
+
+# A TensorCore's scalar memory, where splash keeps its mask info (the compiler: "would exceed
+# memory (size=1048576)" in space=smem, v5p, AI-Hypercomputer/maxtext PR 4929); assumed the same
+# on every generation.
+SMEM_BYTES = 2**20
 
 # (lowercase device_kind name, dense bf16 FLOP/s per GPU, source)
 GPUS = (
@@ -72,3 +92,11 @@ def peak_flops(device_kind: str) -> tuple[float, str] | None:
         return None
     _, flops, source = max(found, key=lambda p: len(p[0]))
     return flops, source
+
+
+def generation(device_kind: str) -> Generation | None:
+    """The TPU generation of a device_kind ("TPU v5 lite"), the longest matching name winning;
+    None for any other device."""
+    kind = device_kind.lower()
+    found = [(name, g) for g in GENERATIONS.values() for name in g.device_kinds if name in kind]
+    return max(found, key=lambda f: len(f[0]))[1] if found else None

@@ -6,7 +6,8 @@ the eval step once, on compile-only devices of the named slice (tpu.py; libtpu n
 TPU). Per device the compiler's memory analysis gives the total and the temporaries;
 parameters and optimizer state come from the shardings. Model FLOPs per step come from the
 model's objective on a full batch (every slot a real token), the projected time from the
-chip's peak at a stated MFU; the compiler's own count (XLA's cost analysis) is shown beside
+chip's peak at a stated MFU, beside the roofline (those FLOPs at the peak, and XLA's bytes
+accessed at the HBM bandwidth: chips.py); the compiler's own count (XLA's cost analysis) is shown beside
 it, which leaves out custom kernels: splash attention's FLOPs are counted beside it from the
 tiles its pattern visits (the kernel object's `flops`: models/kernels/splash.py; docs/attention.md).
 """
@@ -27,6 +28,7 @@ from bert_jax import models, specs, tasks
 from bert_jax.cloud import tpu
 from bert_jax.cloud.tpu import GiB
 from bert_jax.models import attention
+from bert_jax.models.kernels.splash import block_sizes, smem_error
 from bert_jax.training import evaluate, setup, sharding, state, train
 
 
@@ -50,6 +52,11 @@ class Step:
     steps: int  # steps of the run in this phase (0 for eval)
     step_time: float  # seconds at the stated MFU
     compile_seconds: float
+    roofline_s: float = 0.0  # the model FLOPs at the chips' peak (100% MFU)
+    bytes_accessed: float | None = None  # XLA's cost analysis, per device (as compiled_flops)
+    memory_s: float | None = None  # bytes_accessed at the chip's HBM bandwidth
+    blocks: dict | None = None  # the kernel's tiles on this generation (splash's BlockSizes)
+    block_choices: list | None = None  # per uniform block size: its tiles' FLOPs, SMEM fit
 
 
 def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
@@ -86,31 +93,37 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
     opt_bytes = sharding.bytes_per_device(abstract["opt_state"], state_sh["opt_state"])
     train_state = engine.train_state()
     peak = sl.chips * sl.gen.peak_per_chip * mfu
+    kind = sl.gen.device_kinds[0]
 
     def compiled(name, fn, args, cfg, steps, state_bytes, extra=None):
         spec = {**objective.batch_spec(cfg), **(extra or {})}
+        training = name != "eval"
+        blocks, choices = kernel_blocks(cfg, kind, training=training, devices=len(devices))
         t0 = time.perf_counter()
         with jax.set_mesh(mesh):
             try:
                 exe = fn.lower(*args, train.batch_shapes(spec, mesh)).compile()
                 memory = exe.memory_analysis()
                 total, temps, says = _total_bytes(memory), int(memory.temp_size_in_bytes), ""
-                compiled_flops = _compiled_flops(exe)
+                compiled_flops, accessed = _compiled_cost(exe, "flops"), _compiled_cost(
+                    exe, "bytes accessed")
             except Exception as e:  # noqa: BLE001 (the compiler's own words are the answer)
                 if "RESOURCE_EXHAUSTED" not in str(e):
                     raise
-                total, temps, says, compiled_flops = None, None, _compiler_line(str(e)), None
+                total, temps, says = None, None, _compiler_line(str(e))
+                compiled_flops = accessed = None
         # objective.flops counts a training step (forward + backward = 3 forwards)
         flops = float(objective.flops({k: np.ones(s.shape, s.dtype) for k, s in spec.items()}))
-        training = name != "eval"
         flops = flops if training else flops / 3
         fits = total is not None and total <= sl.gen.hbm_per_device
         micro = cfg.train.grad_accum_steps if training else 1
-        kernel = kernel_flops(cfg, training=training)
+        kernel = kernel_flops(cfg, training=training, device_kind=kind)
         return Step(name, cfg.data.max_seq_length, cfg.train.batch_size, micro, params_bytes,
                     state_bytes, total, temps, fits, says, flops, compiled_flops,
                     None if kernel is None else kernel / len(devices), steps, flops / peak,
-                    time.perf_counter() - t0)
+                    time.perf_counter() - t0, flops / (peak / mfu), accessed,
+                    None if accessed is None else accessed / sl.gen.bandwidth_per_device,
+                    blocks, choices)
 
     steps = []
     for index, start in enumerate(_phase_starts(config)):
@@ -140,6 +153,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
                   "peak_tflops_per_chip": sl.gen.peak_per_chip / 1e12, "describe": sl.describe()},
         "mesh": dict(mesh.shape),
         "mfu": mfu,
+        "hbm_bandwidth_per_chip": sl.gen.hbm_bandwidth,
         "steps": [dataclasses.asdict(s) for s in steps],
         "fits": all(s.fits for s in steps),
         "run_seconds": None if steps_note else sum(s.steps * s.step_time for s in steps),
@@ -147,7 +161,35 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
     }
 
 
-def kernel_flops(config, *, training: bool) -> float | None:
+def kernel_blocks(config, device_kind: str, *, training: bool, devices: int
+                  ) -> tuple[dict | None, list | None]:
+    """For a kernel that reads model.attention_block_size: its tiles on a `device_kind` device
+    at the config's length (a size it cannot fit refused here, before compiling: the kernel's
+    `check_device`), and per uniform block size (128 to 1,024, those that tile the length) the
+    FLOPs its tiles visit per device and whether its mask info fits; (None, None) otherwise."""
+    _, cfg = models.split_model_config(config_lib.model_config(config))
+    kernel = attention.kernel(cfg.attention_kernel)
+    if not kernel.reads_block_size:
+        return None, None
+    length, causal = config.data.max_seq_length, cfg.family == "decoder-only"
+    try:
+        kernel.check_device(cfg, length, device_kind, causal=causal)
+    except ValueError as e:
+        raise config_lib.ConfigError(str(e)) from None
+    blocks = {f: size for f, (_, size) in block_sizes(cfg, length, device_kind).items()}
+    choices = []
+    for block in (128, 256, 512, 1024):
+        if block <= length and not length % block:
+            uniform = dataclasses.replace(cfg, **{f"attention_{f}": block for f in blocks})
+            choices.append({"block": block, "smem_fits": smem_error(
+                                uniform, length, device_kind, causal=causal) is None,
+                            "kernel_flops": kernel.flops(
+                                uniform, config.train.batch_size, length, training=training,
+                                causal=causal) / devices})
+    return blocks, choices
+
+
+def kernel_flops(config, *, training: bool, device_kind: str | None = None) -> float | None:
     """The FLOPs of a step's custom attention kernels, which XLA's cost analysis does not count
     (the kernel says: `opaque`, `flops`): each self-attention stack for the global batch
     (cross-attention runs with xla, so the compiler counts it). None for a kernel XLA counts."""
@@ -156,10 +198,12 @@ def kernel_flops(config, *, training: bool) -> float | None:
     if not kernel.opaque:
         return None
     batch, length = config.train.batch_size, config.data.max_seq_length
-    flops = kernel.flops(cfg, batch, length, causal=cfg.family == "decoder-only", training=training)
+    flops = kernel.flops(cfg, batch, length, causal=cfg.family == "decoder-only", training=training,
+                         device_kind=device_kind)
     if cfg.family == "encoder-decoder":  # the decoder's causal self-attention too
         flops += kernel.flops(cfg, batch, length, causal=True, training=training,
-                              layers=cfg.num_decoder_layers or cfg.num_layers)
+                              layers=cfg.num_decoder_layers or cfg.num_layers,
+                              device_kind=device_kind)
     return flops
 
 
@@ -193,11 +237,12 @@ def _total_bytes(memory) -> int:
                - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
 
 
-def _compiled_flops(exe) -> float | None:
-    """FLOPs per device by XLA's cost analysis, None where the backend reports none."""
+def _compiled_cost(exe, key: str) -> float | None:
+    """XLA's cost analysis per device ("flops", "bytes accessed"), None where the backend
+    reports none. (Under scan_layers it counts the scanned layer once.)"""
     cost = exe.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    return float(cost["flops"]) if cost and "flops" in cost else None
+    return float(cost[key]) if cost and key in cost else None
 
 
 def _compiler_line(message: str) -> str:
@@ -215,6 +260,29 @@ def _duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 60:.1f} min"
+
+
+def _roofline(s: dict[str, Any], result: dict[str, Any]) -> str:
+    """The step's time at the stated MFU beside its roofline: its model FLOPs at the chips'
+    peak, and (where XLA counts bytes) its bytes accessed at the HBM bandwidth."""
+    line = (f"step {s['step_time']:.3g} s at {100 * result['mfu']:.0f}% MFU; roofline: "
+            f"{s['roofline_s']:.3g} s of FLOPs at peak")
+    if s["memory_s"] is not None:
+        line += (f", {s['memory_s']:.3g} s of memory traffic ({s['bytes_accessed'] / GiB:.3g} GiB "
+                 f"a device, XLA's count, at {result['hbm_bandwidth_per_chip'] / 1e9:,.0f} GB/s "
+                 f"a chip; custom kernels, and under model.scan_layers all but one layer, not counted)")
+    return line
+
+
+def _blocks_line(s: dict[str, Any]) -> str:
+    """The kernel's tiles and, per uniform block size, the TFLOP its tiles visit per device."""
+    sizes = sorted(set(s["blocks"].values()))
+    tiles = (f"{sizes[0]}" if len(sizes) == 1 else
+             ", ".join(f"{k} {v}" for k, v in s["blocks"].items()))
+    choices = "; ".join(f"{c['block']}: {c['kernel_flops'] / 1e12:.3g}"
+                        + ("" if c["smem_fits"] else " (mask info over SMEM)")
+                        for c in s["block_choices"])
+    return f"splash tiles {tiles}; TFLOP per device its tiles visit, by block size: {choices}"
 
 
 def format_plan(result: dict[str, Any]) -> str:
@@ -255,6 +323,9 @@ def format_plan(result: dict[str, Any]) -> str:
                             f"per device")
         lines.append(f"{s['name']} ({s['seq_len']} tokens, batch {s['batch']}) on {sl['name']}: "
                      f"{verdict}")
+        lines.append(f"  {_roofline(s, result)}")
+        if s["blocks"]:
+            lines.append(f"  {_blocks_line(s)}")
     h = result["host"]
     kib = 1024
     line = (f"host input (each of {sl['hosts']}): {h['batch_bytes'] / kib:,.0f} KiB of batch, "
@@ -273,4 +344,6 @@ def format_plan(result: dict[str, Any]) -> str:
         lines.append(f"step times at {at}; {result['note']}")
     else:
         lines.append(f"{c['train_steps']:,} steps projected {_duration(result['run_seconds'])} at {at}")
+        roofline = sum(s["steps"] * s["roofline_s"] for s in result["steps"])
+        lines.append(f"at the roofline (100% MFU, the FLOPs alone) {_duration(roofline)}")
     return "\n".join(lines)

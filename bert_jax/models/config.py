@@ -103,7 +103,18 @@ class ModelConfig:
     scan_layers: bool = _field(False, "run")  # lax.scan over layers (compile time independent of depth)
     remat_policy: str = _field("none", "run", choices=tuple(REMAT_POLICIES))
     attention_kernel: str = _field("xla", "run")  # a registered kernel's name (models/kernels/)
-    attention_block_size: int = _field(128, "run", least=1)  # splash's tiles: min(this, length)
+    # Splash's tiles, each min(this, length); 0: the TPU generation's (chips.py: 128 to 1,024),
+    # halved until it divides the length (128 off TPU). The fields of splash's BlockSizes below
+    # (forward, dkv and dq kernels; *_compute: the sub-tile a matmul takes) default to this one.
+    attention_block_size: int = _field(0, "run", least=0)
+    attention_block_q: int = _field(0, "run", least=0)
+    attention_block_kv: int = _field(0, "run", least=0)
+    attention_block_kv_compute: int = _field(0, "run", least=0)
+    attention_block_q_dkv: int = _field(0, "run", least=0)
+    attention_block_kv_dkv: int = _field(0, "run", least=0)
+    attention_block_kv_dkv_compute: int = _field(0, "run", least=0)
+    attention_block_q_dq: int = _field(0, "run", least=0)
+    attention_block_kv_dq: int = _field(0, "run", least=0)
     attention_window: int = _field(0, "state", flops=True, least=0)  # local: |t - s| <= W; 0 = all
     # Sparse patterns (models/attention.py, docs/attention.md): with a window, layer i is global
     # (full) when i % n == 0 (ModernBERT's convention); bigbird's blocks; linformer (BERT only).

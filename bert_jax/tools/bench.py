@@ -36,6 +36,15 @@
       --topologies v5litepod-8` is the quick check. On a GPU it also times each kernel that runs
       there (xla, cudnn): one attention layer forward and backward, tokens/s.
 
+  python -m bert_jax.tools.bench longplan [--lengths 16384,32768] [--topologies v5litepod-1,v5p-8,v6e-1]
+                                    [--remats full] [--config configs/modernbert.py:base] [--config.x=v ...]
+      Long sequences planned for TPU slices (planbench.py; docs/tpu.md, "Long sequences"): one plan
+      per slice and length, splash in the generation's tiles, one sequence per device; whether
+      it fits (each --remats policy tried in turn where it does not), memory per device,
+      attention's share of the FLOPs, the step time beside its roofline, the tile FLOPs of each
+      block size. Minutes per row: a plan that fits took 2 to 3 minutes of CPU here at 16k and
+      32k tokens (11 to 14 of wall time beside other jobs), one that does not under a minute.
+
   python -m bert_jax.tools.bench longdoc [--workdir runs/longdoc_bench] [--config.x=v ...]
       Long-document classification (configs/glue.py:sst2,long: a tiny BERT, 4,096-token rows):
       which author, Austen (1) or Chesterton (0), wrote an excerpt of ~2,800 words of a
@@ -507,7 +516,7 @@ def attention_main(args, overrides: list[str]) -> dict:
     if unknown:
         raise SystemExit(f"--patterns: {unknown[0]!r}; choose from {', '.join(ATTENTION_PATTERNS)}")
     result = bench_attention(args.config or "configs/bert_pretrain.py:base",
-                             split(args.topologies), lengths, split(args.kernels),
+                             split(args.topologies or "v5litepod-8,v5p-8"), lengths, split(args.kernels),
                              split(args.patterns), overrides)
     print(result["table"])
     if jax.default_backend() == "gpu":
@@ -588,10 +597,13 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["data", "multi30k", "model", "restart", "long",
                                          "attention", "longdoc", "pretrain", "embed", "device",
-                                         "modernbert"])
+                                         "modernbert", "longplan"])
     parser.add_argument("--lengths", default=None, help="attention: sequence lengths (default "
                         "512,2048,8192); modernbert: tokens per row (default 128,1024)")
-    parser.add_argument("--topologies", default="v5litepod-8,v5p-8", help="attention: TPU slices")
+    parser.add_argument("--topologies", default=None, help="attention: TPU slices (default "
+                        "v5litepod-8,v5p-8); longplan: (default v5litepod-1,v5p-8,v6e-1)")
+    parser.add_argument("--remats", default="full", help="longplan: remat policies tried in "
+                        "turn where a row does not fit")
     parser.add_argument("--kernels", default="xla,splash", help="attention: kernels planned")
     parser.add_argument("--patterns", default="full,local,bigbird",
                         help=f"attention: of {', '.join(ATTENTION_PATTERNS)}")
@@ -626,12 +638,23 @@ def main() -> None:
     parser.add_argument("--text", default=None, help="text file globs (default: stdlib docstrings)")
     parser.add_argument("--seconds", type=float, default=20)
     args, rest = parser.parse_known_args()
-    if args.what in ("multi30k", "restart", "long", "attention", "longdoc"):
+    if args.what in ("multi30k", "restart", "long", "attention", "longdoc", "longplan"):
         bad = [a for a in rest if not a.startswith("--config.")]
         if bad:
             parser.error(f"unrecognized arguments: {' '.join(bad)}")
         if args.what == "attention":
             print(json.dumps(attention_main(args, [a[9:] for a in rest])))
+            return
+        if args.what == "longplan":
+            from bert_jax.tools import planbench
+
+            result = planbench.bench_longplan(
+                args.config or "configs/modernbert.py:base",
+                (args.topologies or "v5litepod-1,v5p-8,v6e-1").split(","),
+                [int(x) for x in (args.lengths or "16384,32768").split(",")],
+                [x for x in args.remats.split(",") if x], [a[9:] for a in rest])
+            print(result["table"])
+            print(json.dumps(result))
             return
         if args.what == "longdoc":
             result = bench_longdoc(args.workdir or "runs/longdoc_bench", [a[9:] for a in rest])

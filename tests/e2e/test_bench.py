@@ -388,3 +388,27 @@ def test_modernbert_bench_interleaves_ours_and_hf_and_reports_each_ratio():
     assert (q["min"], q["max"]) == (ratios[0], ratios[-1]) and len(ratios) == 2
     row = modernbench.table([r]).splitlines()[-1]
     assert row.startswith("| mini | 128 | 32 | float32 |") and f"{q['median']:.2f}x" in row
+
+
+def test_the_long_plan_table_and_attention_share():
+    """`bench longplan` (no compile here: its plans take minutes at 16k tokens; docs/tpu.md has
+    its table): attention's share replaces the model's attention count (the pattern's keys) by
+    splash's tiles; a row that does not fit shows the compiler's words."""
+    from bert_jax.models import attention
+    from bert_jax.tools import planbench
+
+    cfg = planbench.longplan_config("configs/modernbert.py:mini", "v5litepod-1", 1024,
+                                    ["model.num_layers=1"])
+    assert (cfg.train.batch_size, cfg.model.attention_kernel, cfg.dtype) == (1, "splash", "bfloat16")
+    assert cfg.data.max_predictions_per_seq == 308  # 30% of 1,024, rounded up
+    keys = attention.kernel("xla").flops(models_cfg(cfg), 1, 1024, training=True)
+    step = {"flops": keys + 6e9, "kernel_flops": 2e9}  # 6 GFLOP outside attention, on 1 device
+    assert planbench.attention_share(cfg, step, 1) == pytest.approx(2 / 8)
+    row = {"slice": "v5litepod-1", "tokens": 1024, "remat": "none", "fits": False,
+           "total_gib": None, "hbm_gib": 15.75, "compiler_says": "exceeds available HBM (15.75G)",
+           "blocks": {"block_q": 512, "block_kv": 512}, "model_tflop": 32.1,
+           "splash_tflop_per_device": 34.46, "attention_share": 0.742, "step_s": 0.407,
+           "mfu": 0.4, "roofline_s": 0.163, "block_choices": {128: 30.9, 512: 34.5}}
+    assert planbench.table([row]).splitlines()[2] == (
+        "| v5litepod-1 | 1,024 | none | 512 | no: \"exceeds available HBM (15.75G)\" (15.75) | "
+        "32.1 | 34.46 | 74% | 0.407 at 40% / 0.163 | 128: 30.9, 512: 34.5 |")

@@ -69,6 +69,11 @@ def test_plan_memory_per_device_matches_the_sharding_arithmetic(v4_plan):
     assert train_step["flops"] == pytest.approx(want) and eval_step["flops"] == pytest.approx(want / 3)
     assert train_step["step_time"] == pytest.approx(want / (4 * 275e12 * 0.4))
     assert v4_plan["run_seconds"] == pytest.approx(100 * train_step["step_time"])
+    # The roofline beside it: the FLOPs at the chips' peak, XLA's bytes at v4's 1,200 GB/s.
+    assert train_step["roofline_s"] == pytest.approx(want / (4 * 275e12))
+    assert train_step["memory_s"] == pytest.approx(train_step["bytes_accessed"] / 1200e9)
+    assert train_step["bytes_accessed"] > train_step["params"] // 4  # reads the weights at least
+    assert train_step["blocks"] is None  # the xla kernel has no tiles
     # Host input: ids, mask, segments (16 int32 each), 3 masked positions, ids (int32) and
     # weights (f32), the NSP label: 232 bytes an example; one host; a 1000-example window.
     assert v4_plan["host"] == {"example_bytes": 232, "batch_bytes": 232 * 32, "shuffle_window": 1000,
@@ -164,15 +169,24 @@ def test_plan_compiles_the_splash_kernel_for_the_tpu_and_it_needs_fewer_temporar
     per device) are gone. The train step only (the eval step's kernel is the same).
     3,072 tokens: the shortest multiple of 512 at which the XLA kernel's step holds the scores
     (at 2,048 and 2,560 the TPU compiler's peak has none: its temporaries equal splash's),
-    and each of the two compiles takes about half as long as at 4,096."""
+    and each of the two compiles takes about half as long as at 4,096. In 128-token tiles (v5e's
+    own 512 hold a little more: 6.5 MB, the margin is 5.4 MB)."""
     temps = {}
     for kernel in ("xla", "splash"):
         cfg = small("data.max_seq_length=3072", "data.max_predictions_per_seq=20",
                     "model.max_len=3072", "train.batch_size=8", "model.attention_dropout_rate=0.0",
-                    f"model.attention_kernel={kernel}")
+                    f"model.attention_kernel={kernel}", "model.attention_block_size=128")
         result = plan.plan(cfg, "v5litepod-8", evaluation=False)
         assert result["config"]["attention_kernel"] == kernel
         temps[kernel] = result["steps"][0]["temporaries"]
+    # the tiles set, and each block size's tile FLOPs: full attention visits every token pair
+    # whatever the tiles, 18 B N T^2 K per layer (per device: 8 rows over 8 devices)
+    step = result["steps"][0]
+    assert set(step["blocks"].values()) == {128}
+    assert [c["block"] for c in step["block_choices"]] == [128, 256, 512, 1024]
+    assert {c["kernel_flops"] for c in step["block_choices"]} == {18 * 2 * 3072**2 * 64}
+    assert "splash tiles 128; TFLOP per device its tiles visit, by block size: 128: " in (
+        plan.format_plan(result))
     assert temps["splash"] + 2 * 3072**2 * 4 <= temps["xla"], temps  # at least one [N, T, T] float32
 
 
@@ -188,6 +202,37 @@ def test_plan_counts_splash_flops_that_the_compiler_cannot_see():
     windowed = small(*splash, "model.attention_window=100")
     assert plan.kernel_flops(windowed, training=True) == 10 * tile
     assert plan.kernel_flops(windowed, training=False) == 10 * tile * 2 / 9
+    # the generation's tiles when the config leaves them to it (model.attention_block_size=0)
+    for kind, block in (("TPU v5 lite", 512), ("TPU v5", 512), ("TPU v3", 128)):  # v5p: 1,024 > 512
+        blocks, choices = plan.kernel_blocks(small(*splash), kind, training=True, devices=4)
+        assert set(blocks.values()) == {block}
+        assert [(c["block"], c["smem_fits"]) for c in choices] == [
+            (128, True), (256, True), (512, True)]  # 1,024 does not tile 512 tokens
+
+
+def test_the_time_at_an_mfu_is_shown_beside_the_roofline():
+    step = {"step_time": 2.5, "roofline_s": 1.0, "memory_s": 0.25, "bytes_accessed": 2**31}
+    result = {"mfu": 0.4, "hbm_bandwidth_per_chip": 819e9}
+    assert plan._roofline(step, result) == (
+        "step 2.5 s at 40% MFU; roofline: 1 s of FLOPs at peak, 0.25 s of memory traffic (2 GiB a "
+        "device, XLA's count, at 819 GB/s a chip; custom kernels, and under model.scan_layers "
+        "all but one layer, not counted)")
+    assert plan._roofline({**step, "memory_s": None}, result) == (
+        "step 2.5 s at 40% MFU; roofline: 1 s of FLOPs at peak")
+    v3 = tpu.parse("v3-8").gen  # two devices a chip share its bandwidth and its peak
+    assert (v3.bandwidth_per_device, v3.peak_per_device) == (450e9, 61.5e12)
+
+
+@needs_libtpu
+def test_plan_refuses_splash_mask_info_past_scalar_memory_before_compiling():
+    """131,072 tokens in 128-token tiles: 3 MiB of mask info for a 1 MiB SMEM, refused in one
+    line before anything compiles (v5e's own 512-token tiles would fit)."""
+    cfg = small("data.max_seq_length=131072", "model.max_len=131072", "train.batch_size=8",
+                "data.max_predictions_per_seq=20", "model.attention_dropout_rate=0.0",
+                "model.attention_kernel=splash", "model.attention_block_size=128")
+    with pytest.raises(config_lib.ConfigError, match=r"^model.attention_kernel=splash at 131,072 "
+                       r"tokens in 128 x 128-token tiles: .* set model.attention_block_size=256"):
+        plan.plan(cfg, "v5litepod-8", evaluation=False)
 
 
 def test_plan_refuses_the_cudnn_kernel_for_a_tpu(cli):

@@ -21,7 +21,7 @@ ALLOWED = {
     "log": set(),
     "specs": set(),
     "chips": set(),
-    "models": {"trees"},
+    "models": {"trees", "chips"},  # chips: leaf facts (splash's tiles per TPU generation)
     "data": {"paths", "trees", "specs"},
     "config": {"models", "paths", "specs"},
     "tasks": BASE | {"config", "models", "data"},

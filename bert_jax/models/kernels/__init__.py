@@ -49,7 +49,7 @@ class Kernel:
 
     name: ClassVar[str]
     platforms: ClassVar[tuple[str, ...] | None] = None  # jax platform names; None: anywhere
-    reads_block_size: ClassVar[bool] = False  # gets block_size=model.attention_block_size
+    reads_block_size: ClassVar[bool] = False  # reads model.attention_block_size (and its fields)
     opaque: ClassVar[bool] = False  # a custom call: XLA's cost analysis does not count it
 
     def __call__(self, q_BTNK: Array, k_BSNK: Array, v_BSNK: Array, masking: Masking, *,
@@ -77,12 +77,19 @@ class Kernel:
     def check_data(self, cfg: ModelConfig, *, packed: bool) -> None:
         """What this kernel cannot compute with the model's batches (packed: data.pack)."""
 
+    def check_device(self, cfg: ModelConfig, length: int, device_kind: str, *,
+                     causal: bool = False) -> None:
+        """What this kernel cannot compute at `length` on a `device_kind` device (`plan`
+        asks before compiling for a slice; the call itself refuses it too)."""
+
     def flops(self, cfg: ModelConfig, batch: int, length: int, *, training: bool,
-              causal: bool = False, layers: int | None = None) -> float:
+              causal: bool = False, layers: int | None = None,
+              device_kind: str | None = None) -> float:
         """The attention matmul FLOPs (QK^T and PV; training: their 4 backward matmuls too) of
         `batch` rows of `length` tokens through a self-attention stack of `layers` layers
-        (default cfg.num_layers): by default over the keys the pattern leaves each query, as
-        the model's FLOPs count them (masking.attention_keys; causal masks count every key)."""
+        (default cfg.num_layers) on a `device_kind` device: by default over the keys the
+        pattern leaves each query, as the model's FLOPs count them (masking.attention_keys;
+        causal masks count every key)."""
         layers = cfg.num_layers if layers is None else layers
         per_layer = 2 * 2 * attention_keys(cfg, length) * cfg.num_heads * cfg.head_dim
         return float(per_layer * layers * batch * length * (3 if training else 1))

@@ -155,7 +155,7 @@ def test_kernel_facts_and_flops():
     windowed = dataclasses.replace(cfg, attention_window=8, attention_global_every=2)
     local = 2 * 2 * 17 * 2 * 16 * 256 * 4  # 2W+1 keys in layer 1; layers 0 and 2 global
     assert xla.flops(windowed, 4, 256, training=False) == 2 * dense / 3 + local
-    assert xla.options(windowed) == {} and splash.options(windowed) == {"block_size": 128}
+    assert xla.options(windowed) == {} and splash.options(windowed) == {"blocks": windowed}
 
 
 def test_every_kernel_has_the_reference_signature():

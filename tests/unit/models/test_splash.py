@@ -4,6 +4,7 @@ causal decoder rows and local windows, bfloat16 within a stated tolerance; a BER
 through the sharded train step (shard_map over data, fsdp and tensor); the encoder-decoder
 (whose cross-attention runs with xla); what splash hands to xla and what it refuses."""
 
+import dataclasses
 import logging
 
 import jax
@@ -11,12 +12,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import REPO
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info
 
 from bert_jax import config as config_lib
 from bert_jax import models
 from bert_jax.models import attention, kernels
 from bert_jax.models.attention import Masking, UnsupportedAttention
-from bert_jax.models.kernels.splash import splash_attention, splash_blocks, splash_flops
+from bert_jax.models.kernels.splash import (
+    _splash_mask,
+    block_sizes,
+    mask_info_bytes,
+    smem_error,
+    splash_attention,
+    splash_blocks,
+    splash_flops,
+)
 from bert_jax.models.kernels.xla import xla_attention
 from bert_jax.models.masking import Pattern
 from bert_jax.training import input as pipelines
@@ -260,3 +271,88 @@ def test_splash_flops_count_each_layers_visited_tiles():
     # full attention: every tile of every layer, 18 B N T^2 K, not dense attention's 12
     full = _cfg(num_layers=3, num_heads=2, head_dim=16)
     assert splash_flops(full, 4, 512) == 3 * 18 * 4 * 2 * 512 ** 2 * 16
+
+
+def test_block_size_fields_and_each_generations_default():
+    """model.attention_block_size sets every BlockSizes field, each field overrides it, each at
+    most the length; left at 0 the TPU generation's block (v5p 1,024; v5e, v6e 512; v2 128; a
+    CPU 128), halved until it divides the length."""
+    sizes = lambda cfg, length, kind=None: {f: b for f, (_, b) in  # noqa: E731
+                                            block_sizes(cfg, length, kind).items()}
+    assert set(sizes(_cfg(attention_block_size=256), 1024).values()) == {256}
+    mixed = block_sizes(_cfg(attention_block_size=256, attention_block_q_dkv=512), 1024)
+    assert mixed["block_q_dkv"] == ("attention_block_q_dkv", 512)
+    assert mixed["block_q"] == ("attention_block_size", 256)
+    assert set(sizes(_cfg(attention_block_size=1024), 512).values()) == {512}
+    for kind, block in [("TPU v5", 1024), ("TPU v5p", 1024), ("TPU v5 lite", 512),
+                        ("TPU v6 lite", 512), ("TPU v2", 128), ("cpu", 128), (None, 128)]:
+        assert set(sizes(_cfg(), 32768, kind).values()) == {block}, kind
+    assert set(sizes(_cfg(), 1536, "TPU v5").values()) == {512}  # 1,024 does not divide 1,536
+    assert set(sizes(_cfg(), 384, "TPU v5").values()) == {384}
+
+
+def test_a_compute_sub_tile_must_divide_its_tile():
+    with pytest.raises(UnsupportedAttention) as e:
+        attention.check(_cfg(attention_kernel="splash", attention_dropout_rate=0.0,
+                             attention_block_kv=512, attention_block_kv_compute=384),
+                        [1024], training=False)
+    assert ("min(model.attention_block_kv_compute=384, 1024), which must be a multiple of 128 "
+            "that divides 1024 and 512 (model.attention_block_kv)") in str(e.value)
+    attention.check(_cfg(attention_kernel="splash", attention_dropout_rate=0.0,
+                         attention_block_kv=512, attention_block_kv_compute=256), [1024],
+                    training=False)
+
+
+@pytest.mark.parametrize("length,block", [(2048, 128), (16384, 128)])  # int8, int16 indices
+def test_mask_info_bytes_are_splashs_own(length, block):
+    """The SMEM the refusal counts is what splash's own mask processing makes for a full mask."""
+    mask = splash.MultiHeadMask([splash.FullMask((length, length))] * 2)
+    for fn, dkv in ((mask_info.process_mask, False), (mask_info.process_mask_dkv, True)):
+        info, _ = fn(mask, (block, block))
+        made = sum(x.nbytes for x in (info.data_next, info.mask_next, info.block_mask)
+                   if x is not None)
+        assert mask_info_bytes(length // block, length // block, dkv=dkv) == made
+
+
+def test_splash_mask_info_past_a_cores_scalar_memory_is_refused_in_one_line():
+    """At 131,072 tokens in 128-token tiles a global layer's grid of 1,024^2 tiles needs 3 MiB
+    of mask info, over a core's 1 MiB of SMEM: one line naming the key and what to set; 256-token
+    tiles (512^2 x 3 bytes) fit, and local layers alone shrink the grid."""
+    modern = _cfg(attention_window=64, attention_global_every=3, num_layers=3)
+    says = smem_error(dataclasses.replace(modern, attention_block_size=128), 131072, "TPU v5 lite")
+    assert says == ("model.attention_kernel=splash at 131,072 tokens in 128 x 128-token tiles: "
+                    "its forward kernel's mask info (3,145,728 bytes) exceeds a TPU core's "
+                    "1,048,576-byte scalar memory (SMEM); set model.attention_block_size=256 "
+                    "(larger tiles, fewer of them) or a shorter data.max_seq_length")
+    assert smem_error(dataclasses.replace(modern, attention_block_size=256), 131072) is None
+    assert smem_error(modern, 131072, "TPU v5 lite") is None  # the generation's 512
+    assert smem_error(_cfg(attention_window=64, attention_block_size=128), 131072) is None
+    with pytest.raises(UnsupportedAttention, match="exceeds a TPU core's"):
+        kernels.get("splash").check_device(
+            dataclasses.replace(modern, attention_block_size=128), 131072, "TPU v5")
+
+
+@pytest.mark.parametrize("flags", [{}, {"causal": True}, {"window": 100}, {"window": 300},
+                                   {"window": 100, "causal": True}])
+def test_band_tiles_by_arithmetic_match_the_masks_tiles(flags):
+    """Rectangular tiles (256 queries x 128 keys) of the band masks, counted by arithmetic,
+    against the static mask's own tiles."""
+    m = Masking(None, None, None, None, causal=flags.get("causal", False),
+                window=flags.get("window"))
+    dense = np.asarray(_splash_mask(m, 1024, 1024, 0)[:, :])
+    want = int(dense.reshape(4, 256, 8, 128).any(axis=(1, 3)).sum())
+    assert splash_blocks(1024, 1024, 256, block_kv=128, **flags) == want
+
+
+def test_splash_flops_follow_each_kernels_tiles():
+    """The forward kernel's tiles (2 matmuls), the dkv kernel's (4) and the dq kernel's (3)
+    each counted in their own block sizes: full attention over 512 tokens in 128 x 256 forward
+    tiles, 512 x 512 dkv tiles, 256 x 128 dq tiles is still 18 B N T^2 K."""
+    cfg = _cfg(num_layers=1, num_heads=2, head_dim=16, attention_block_q=128,
+               attention_block_kv=256, attention_block_q_dkv=512, attention_block_kv_dkv=512,
+               attention_block_q_dq=256, attention_block_kv_dq=128)
+    assert splash_flops(cfg, 1, 512) == 18 * 2 * 512 ** 2 * 16
+    # a window of 64: query tiles 0 and 3 reach one 256-key tile, tiles 1 and 2 both: 6 of 8
+    windowed = dataclasses.replace(cfg, attention_window=64)
+    forward = 6 * 2 * 2 * 128 * 256 * 16 * 2
+    assert splash_flops(windowed, 1, 512, training=False) == forward
