@@ -316,11 +316,16 @@ ADDED_SINCE = (("train", "objective", lambda spec: ""), ("schedule", "stages", l
                # ModernBERT's own attention-output dropout; -1: dropout_rate, as BERT's
                ("model", "attention_output_dropout_rate",
                 lambda spec: 0.1 if "modernbert" in spec else -1.0),
-               ("model", "hf_family", lambda spec: "modernbert" if "modernbert" in spec else "bert"))
+               ("model", "hf_family", lambda spec: "modernbert" if "modernbert" in spec else "bert"),
+               # splash's tiles per kernel (0: model.attention_block_size's)
+               *(("model", f"attention_block_{k}", lambda spec: 0) for k in (
+                   "q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq")))
 # (section, key, value then, value now, the specs it changed in) changed on purpose since:
-# ModernBERT's own initialisation, full_megatron (its training code's).
+# ModernBERT's own initialisation, full_megatron (its training code's); splash's tile size.
 CHANGED_SINCE = (("model", "initializer", "truncated_normal", "full_megatron",
-                  lambda spec: "modernbert" in spec),)
+                  lambda spec: "modernbert" in spec),
+                 # splash's tile: 0 is the TPU generation's (chips.py; 128 off TPU, as before)
+                 ("model", "attention_block_size", 128, 0, lambda spec: True))
 
 
 @pytest.mark.parametrize("spec", sorted(SNAPSHOT))
