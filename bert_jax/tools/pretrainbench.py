@@ -399,12 +399,13 @@ def tables(runs: dict[str, dict], summary: dict, finetune: dict | None) -> str:
 
 
 def finetune(recipe: str, size: str, init_from: Path, glue_dir: Path, workdir: Path, *,
-             steps: int, overrides: list[str] = ()) -> dict:
-    """SST-2 from a pretrained checkpoint: FINETUNE_CONFIGS[recipe], `steps` steps, dev accuracy."""
+             steps: int, overrides: list[str] = (), spec: str | None = None) -> dict:
+    """SST-2 from a pretrained checkpoint: FINETUNE_CONFIGS[recipe] (or `spec`, any GLUE task's
+    config), `steps` steps, dev accuracy and every dev metric (`eval`)."""
     from bert_jax.training import train
 
     shutil.rmtree(workdir, ignore_errors=True)
-    spec = FINETUNE_CONFIGS[recipe].format(size=size)
+    spec = spec or FINETUNE_CONFIGS[recipe].format(size=size)
     given = [f"init_from={init_from}", f"data.data_dir={glue_dir}", f"train.steps={steps}",
              *overrides]
     config = config_lib.load(str(paths.REPO / spec), given)
@@ -412,7 +413,8 @@ def finetune(recipe: str, size: str, init_from: Path, glue_dir: Path, workdir: P
     summary = train.train_and_evaluate(config, str(workdir),
                                        set_by_user=[g.partition("=")[0] for g in given])
     return {"config": spec, "steps": summary["step"],
-            "dev_accuracy": summary["eval"]["eval/accuracy"], "wall_s": time.perf_counter() - t0}
+            "dev_accuracy": summary["eval"].get("eval/accuracy"), "eval": summary["eval"],
+            "wall_s": time.perf_counter() - t0}
 
 
 def convert_hf(folder: Path, out: Path) -> Path:

@@ -1,0 +1,247 @@
+"""The speedrun (`python -m bert_jax.tools.bench speedrun`; docs/speedrun.md).
+
+A fixed CPU-sized task where a recipe change proves itself: the corpus, held-out set and
+vocabulary of `bench pretrain` (pretrainbench.py: WikiText-2 + the Gutenberg books, every 20th
+document held out, an 8,192-token WordPiece vocab, 512 held-out sequences of 128 tokens masked
+once at 15%), one recipe (a config, default configs/modernbert.py:mini, with the user's
+overrides) trained for STEPS steps of 32 x 128 rows, its held-out MLM loss scored on every
+checkpoint (every EVERY steps) and the training time to TARGET_LOSS interpolated between the two
+checkpoints around the crossing (pretrainbench.time_to); the recipe runs its whole schedule (its
+decay is part of it), it does not stop at the target. Then readouts: each of SST-2, MRPC and
+STS-B fine-tuned from the final checkpoint with one fixed recipe (the GLUE config of the recipe's
+family and size, FINETUNE_STEPS steps) for each of SEEDS, scored on dev (the task's main metric:
+accuracy, F1, Pearson), median and range.
+
+Each run appends one JSON record to benchmarks/speedrun.jsonl (commit, recipe, overrides, seeds,
+tokens and FLOPs up to the target and in all, time to target, final loss, readouts), and
+docs/speedrun.md's table is rewritten from that file (`write_table`): never edit it by hand.
+
+TARGET_LOSS, 5.0: the unigram plateau of this held-out set is ~6.78 (predicting each masked token
+by its frequency scores 6.728), so 5.0 is ~1.8 nats below it. The modern mini recipe's measured
+curve (docs/modernbert.md#time-to-quality, 200 steps, the same rows, about 2 s a step here under
+load) left the plateau at step ~60 and fell ~0.18 per 20 steps at full learning rate
+(6.52 -> 6.17 from step 100 to 140) and reached 5.84 (5.67 with the 0.02 init) at step 200 after
+its decay. STEPS = 1,000 (about 30 minutes at 1-2 s a step on 2 cores) keeps the learning rate
+up five times longer; extrapolating that slope, 5.0 falls in the second half of such a run. That
+is an extrapolation, not a measurement: no run of 1,000 steps has been recorded yet. Each record
+holds the target it was timed against, so a changed target shows in the table.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bert_jax import config as config_lib
+from bert_jax import models, paths
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.tools import pretrainbench as pb
+
+log = logging.getLogger(__name__)
+
+TARGET_LOSS = 5.0
+RECIPE = "configs/modernbert.py:mini"
+STEPS, EVERY, BATCH, SEQ_LEN, EVAL_ROWS = 1000, 50, 32, 128, 512
+TASKS = ("sst2", "mrpc", "stsb")
+SEEDS = (0, 1, 2)
+FINETUNE_STEPS = 250
+RECORDS = paths.REPO / "benchmarks" / "speedrun.jsonl"
+DOC = paths.REPO / "docs" / "speedrun.md"
+TABLE_START = "<!-- speedrun table: written by bert_jax/tools/speedrun.py from benchmarks/speedrun.jsonl -->"
+TABLE_END = "<!-- end of the speedrun table -->"
+
+
+def smoke(shared: Path) -> dict[str, Any]:
+    """`--smoke`'s arguments of `run`: 2 steps of 8 rows, a checkpoint each, a 600-token vocab
+    on two small files, 16 held-out rows, SST-2 only, one seed, 2 fine-tuning steps on 64
+    examples: seconds, the harness's own check."""
+    text = shared / "text"
+    return {"steps": 2, "every": 1, "batch": 8, "eval_rows": 16, "tasks": ("sst2",),
+            "seeds": (0,), "finetune_steps": 2, "finetune_overrides": ["data.max_train_examples=64"],
+            "files": [text / "wikitext2" / "valid.txt", text / "gutenberg" / "blake-poems.txt"],
+            "vocab_size": 600}
+
+
+def finetune_spec(recipe: str, task: str) -> str:
+    """The GLUE config of the recipe's family and size: configs/modernbert.py:mini ->
+    configs/glue.py:<task>,modernbert-mini; configs/bert_pretrain.py:mini -> <task>,mini."""
+    name, _, size = recipe.rpartition(":")
+    family = Path(name).name
+    if family == "modernbert.py":
+        return f"configs/glue.py:{task},modernbert-{size}"
+    if family == "bert_pretrain.py":
+        return f"configs/glue.py:{task},{size}"
+    raise ValueError(f"speedrun: no fine-tuning recipe for {recipe!r}; give configs/modernbert.py:"
+                     "<size> or configs/bert_pretrain.py:<size>")
+
+
+def recipe_overrides(config, corpus: Path, *, steps: int, batch: int, seq_len: int,
+                     every: int) -> list[str]:
+    """pretrainbench's shared overrides (data, rows, steps, checkpoints), with room for the
+    recipe's own masking rate (the predictions a row can hold)."""
+    shared = pb.our_overrides("bert2018", corpus, steps=steps, batch=batch, seq_len=seq_len,
+                              every=every)
+    room = max(round(pb.EVAL_MASKED_LM_PROB * seq_len),
+               round(config.data.masked_lm_prob * seq_len) + 1)
+    return [o for o in shared if not o.startswith("data.max_predictions_per_seq=")] + [
+        f"data.max_predictions_per_seq={room}"]
+
+
+def training_flops(config, seq_len: int, tokens: float) -> float:
+    """The analytic training FLOPs of `tokens` real tokens (models.flops_per_token, as the
+    trainer's MFU: 3 x forward), the masked positions estimated at data.masked_lm_prob."""
+    f = models.flops_per_token(config.model, seq_len)
+    predicted = tokens * config.data.masked_lm_prob
+    return 3 * (f["encoder_per_token"] * tokens + f["mlm_head_per_predicted_token"] * predicted)
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=paths.REPO, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {"values": [round(v, 4) for v in values], "median": round(float(np.median(values)), 4),
+            "min": round(min(values), 4), "max": round(max(values), 4)}
+
+
+def readouts(recipe: str, init_from: Path, glue_dir: Path, workdir: Path, *, tasks, seeds,
+             steps: int, overrides: list[str] = ()) -> dict[str, dict]:
+    """Each task fine-tuned from `init_from` once per seed: the dev main metric's spread."""
+    from bert_jax.tasks import scoring
+
+    out = {}
+    for task in tasks:
+        metric = scoring.MAIN_METRIC[task]
+        values = []
+        for seed in seeds:
+            r = pb.finetune("", "", init_from, glue_dir, workdir / f"{task}_seed{seed}",
+                            steps=steps, overrides=[f"seed={seed}", *overrides],
+                            spec=finetune_spec(recipe, task))
+            values.append(float(r["eval"][f"eval/{metric}"]))
+        out[task] = {"metric": metric, **spread(values)}
+    return out
+
+
+def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps: int = STEPS,
+        every: int = EVERY, batch: int = BATCH, seq_len: int = SEQ_LEN, eval_rows: int = EVAL_ROWS,
+        tasks: tuple[str, ...] = TASKS, seeds: tuple[int, ...] = SEEDS,
+        finetune_steps: int = FINETUNE_STEPS, finetune_overrides: list[str] = (),
+        files: list[Path] | None = None, glue_dir: Path | None = None, vocab_size: int = 8192,
+        records: Path = RECORDS, label: str = "") -> dict[str, Any]:
+    """One speedrun in workdir: pretraining, scoring, readouts; appends its record to `records`."""
+    from bert_jax.training import train
+
+    work = Path(workdir)
+    shared = paths.shared_data()
+    corpus_dir = work / "corpus"
+    pb.build_corpus(files or pb.source_files(shared), corpus_dir, vocab_size=vocab_size)
+    tokenizer = tokenizer_lib.load_tokenizer(corpus_dir / "vocab")
+    evalset = pb.heldout_set(corpus_dir / "heldout.txt", tokenizer, rows=eval_rows, seq_len=seq_len)
+    spec = str(paths.REPO / recipe)  # an absolute path stays itself
+    given = list(overrides)
+    base = config_lib.load(spec, given)
+    shape = {"steps": steps, "batch": batch, "seq_len": seq_len, "every": every}
+    config = config_lib.load(spec, recipe_overrides(base, corpus_dir, **shape) + given)
+    run_dir = work / "pretrain"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    train.train_and_evaluate(config, str(run_dir))
+    process_s = time.perf_counter() - t0
+    timeline = pb._timeline(run_dir)
+    for step, s in pb.score_ours(run_dir, sorted(timeline), evalset).items():
+        timeline[step].update(s)
+    points = sorted(timeline.items())
+    to = {clock: pb.time_to([(p[clock], p["heldout_mlm_loss"]) for _, p in points], TARGET_LOSS)
+          for clock in ("train_s", "wall_s")}
+    step_to = pb.time_to([(s, p["heldout_mlm_loss"]) for s, p in points], TARGET_LOSS)
+    per_step = float(np.mean([p["tokens_per_step"] for _, p in points]))
+    last = points[-1][0]
+    glue = glue_dir or shared / "glue"
+    reads = readouts(recipe, run_dir, glue, work, tasks=tasks, seeds=seeds, steps=finetune_steps,
+                     overrides=list(finetune_overrides))
+    tokens_to = None if step_to is None else step_to * per_step
+    record = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+        "commit": commit(), "label": label, "recipe": recipe, "overrides": given,
+        "steps": last, "rows": f"{batch} x {seq_len}", "target_loss": TARGET_LOSS,
+        "seeds": list(seeds), "cpu_count": os.cpu_count(),
+        "tokens": round(per_step * last), "flops": training_flops(config, seq_len, per_step * last),
+        "step_to_target": None if step_to is None else round(step_to, 1),
+        "tokens_to_target": None if tokens_to is None else round(tokens_to),
+        "flops_to_target": None if tokens_to is None else training_flops(config, seq_len, tokens_to),
+        "time_to_target_s": None if to["train_s"] is None else round(to["train_s"], 1),
+        "wall_to_target_s": None if to["wall_s"] is None else round(to["wall_s"], 1),
+        "final_heldout_loss": round(points[-1][1]["heldout_mlm_loss"], 4),
+        "best_heldout_loss": round(min(p["heldout_mlm_loss"] for _, p in points), 4),
+        "readouts": reads, "finetune_steps": finetune_steps, "process_s": round(process_s, 1),
+        "curve": {str(s): [round(p["train_s"], 1), round(p["heldout_mlm_loss"], 4)] for s, p in points},
+    }
+    append_record(record, records)
+    return record
+
+
+def append_record(record: dict, records: Path) -> None:
+    records.parent.mkdir(parents=True, exist_ok=True)
+    with open(records, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_records(records: Path) -> list[dict]:
+    if not records.is_file():
+        return []
+    return [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+
+
+def render_table(records: list[dict]) -> str:
+    """The markdown table of the records, fastest time to target first (not reached: last)."""
+    head = ("| recipe | overrides | commit | target | steps | time to target (s) | step at target | "
+            "tokens to target | FLOPs to target | final held-out loss | "
+            + " | ".join(f"{t}: median [min, max]" for t in TASKS) + " | date |")
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---|" * len(TASKS) + "---|"]
+
+    def num(x, spec):
+        return "not reached" if x is None else format(x, spec)
+
+    def key(r):
+        t = r.get("time_to_target_s")
+        return (t is None, t or 0.0)
+    for r in sorted(records, key=key):
+        reads = [r["readouts"].get(t) for t in TASKS]
+        cells = ["-" if x is None else f"{x['metric']} {x['median']:.3f} [{x['min']:.3f}, {x['max']:.3f}]"
+                 for x in reads]
+        name = r["recipe"] + (f" ({r['label']})" if r.get("label") else "")
+        lines.append(
+            f"| {name} | {' '.join(f'`{o}`' for o in r['overrides']) or '-'} | {r['commit'][:8]} | "
+            f"{r['target_loss']:.2f} | {r['steps']} | {num(r['time_to_target_s'], '.0f')} | "
+            f"{num(r['step_to_target'], '.0f')} | {num(r['tokens_to_target'], ',.0f')} | "
+            f"{num(r['flops_to_target'], '.3g')} | {r['final_heldout_loss']:.3f} | "
+            + " | ".join(cells) + f" | {r['date']} |")
+    if not records:
+        lines.append("| (no runs recorded yet) |" + " |" * (9 + len(TASKS) + 1))
+    return "\n".join(lines)
+
+
+def write_table(doc: Path = DOC, records: Path = RECORDS) -> str:
+    """Rewrites the table between TABLE_START and TABLE_END in `doc` from `records`."""
+    text = doc.read_text()
+    pattern = re.compile(re.escape(TABLE_START) + r".*?" + re.escape(TABLE_END), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"{doc}: no speedrun table markers ({TABLE_START} ... {TABLE_END})")
+    table = render_table(read_records(records))
+    doc.write_text(pattern.sub(lambda _: f"{TABLE_START}\n{table}\n{TABLE_END}", text))
+    return table
