@@ -119,19 +119,20 @@ def spread(values: list[float]) -> dict[str, Any]:
             "min": round(min(values), 4), "max": round(max(values), 4)}
 
 
-def readouts(recipe: str, init_from: Path, glue_dir: Path, workdir: Path, *, tasks, seeds,
+def readouts(specs: list[str], init_from: Path, glue_dir: Path, workdir: Path, *, tasks, seeds,
              steps: int, overrides: list[str] = ()) -> dict[str, dict]:
-    """Each task fine-tuned from `init_from` once per seed: the dev main metric's spread."""
+    """Each task fine-tuned from `init_from` (its config in `specs`) once per seed: the dev main
+    metric's spread."""
     from bert_jax.tasks import scoring
 
     out = {}
-    for task in tasks:
+    for task, spec in zip(tasks, specs, strict=True):
         metric = scoring.MAIN_METRIC[task]
         values = []
         for seed in seeds:
             r = pb.finetune("", "", init_from, glue_dir, workdir / f"{task}_seed{seed}",
                             steps=steps, overrides=[f"seed={seed}", *overrides],
-                            spec=finetune_spec(recipe, task))
+                            spec=spec)
             values.append(float(r["eval"][f"eval/{metric}"]))
         out[task] = {"metric": metric, **spread(values)}
     return out
@@ -146,13 +147,15 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     """One speedrun in workdir: pretraining, scoring, readouts; appends its record to `records`."""
     from bert_jax.training import train
 
+    specs = [finetune_spec(recipe, task) for task in tasks]  # refused now, not after pretraining
     work = Path(workdir)
     shared = paths.shared_data()
     corpus_dir = work / "corpus"
     pb.build_corpus(files or pb.source_files(shared), corpus_dir, vocab_size=vocab_size)
     tokenizer = tokenizer_lib.load_tokenizer(corpus_dir / "vocab")
     evalset = pb.heldout_set(corpus_dir / "heldout.txt", tokenizer, rows=eval_rows, seq_len=seq_len)
-    spec = str(paths.REPO / recipe)  # an absolute path stays itself
+    # a config file of the user's (from where they run) or the repository's configs/
+    spec = recipe if Path(recipe.rpartition(":")[0] or recipe).is_file() else str(paths.REPO / recipe)
     given = list(overrides)
     base = config_lib.load(spec, given)
     shape = {"steps": steps, "batch": batch, "seq_len": seq_len, "every": every}
@@ -172,7 +175,7 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     per_step = float(np.mean([p["tokens_per_step"] for _, p in points]))
     last = points[-1][0]
     glue = glue_dir or shared / "glue"
-    reads = readouts(recipe, run_dir, glue, work, tasks=tasks, seeds=seeds, steps=finetune_steps,
+    reads = readouts(specs, run_dir, glue, work, tasks=tasks, seeds=seeds, steps=finetune_steps,
                      overrides=list(finetune_overrides))
     tokens_to = None if step_to is None else step_to * per_step
     record = {

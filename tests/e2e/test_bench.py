@@ -353,6 +353,16 @@ def test_the_speedrun_page_shows_the_table_of_the_records_file():
     assert f"{speedrun.TABLE_START}\n{table}\n{speedrun.TABLE_END}" in speedrun.DOC.read_text()
 
 
+def test_speedrun_refuses_a_recipe_without_readouts_before_any_work(tmp_path, monkeypatch):
+    from bert_jax.tools import bench
+
+    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--recipe", "configs/glue.py:sst2",
+                                      "--workdir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit, match="no fine-tuning recipe for 'configs/glue.py:sst2'"):
+        bench.main()
+    assert not (tmp_path / "run").exists()
+
+
 def test_speedrun_recipe_readouts_and_flops():
     from helpers import REPO
 
