@@ -65,13 +65,15 @@
       fine-tuning. Prints markdown tables; writes result.json and result.md in the workdir.
 
   python -m bert_jax.tools.bench speedrun [--workdir runs/speedrun] [--recipe configs/modernbert.py:mini]
-                                    [--label name] [--steps 1000] [--every 50] [--smoke] [--config.x=v ...]
+                                    [--label name] [--peer] [--steps 1000] [--every 50] [--smoke]
+                                    [--config.x=v ...]
       The speedrun (speedrun.py; docs/speedrun.md): bench pretrain's corpus, held-out set and
       vocab, one recipe (--config.x=v: its overrides) for --steps steps, the training time to
       held-out MLM loss speedrun.TARGET_LOSS, then SST-2, MRPC and STS-B dev after a fixed
       fine-tuning, 3 seeds each (median and range). Appends the run's record to
       benchmarks/speedrun.jsonl and rewrites docs/speedrun.md's table from it. --smoke: 2 steps
-      on a slice, one seed, SST-2 only, its record in the workdir (docs untouched).
+      on a slice, one seed, SST-2 only, its record in the workdir (docs untouched). --peer:
+      the peer row, HF's ModernBertForMaskedLM in PyTorch trained with the same recipe.
 
   python -m bert_jax.tools.bench embed [--workdir runs/embed_bench]
       Sentence vectors (docs/checkpoints.md#sentence-models-sentence-transformers-folders-in-and-out):
@@ -615,7 +617,8 @@ def speedrun_main(args, overrides: list[str]) -> dict:
     except ValueError as e:
         raise SystemExit(str(e)) from None
     record = speedrun.run(str(workdir), recipe=recipe, overrides=overrides, records=records,
-                          label=args.label, glue_dir=Path(args.glue) if args.glue else None, **kw)
+                          label=args.label, peer=args.peer,
+                          glue_dir=Path(args.glue) if args.glue else None, **kw)
     if not args.smoke:
         print(speedrun.write_table())
     print(f"(record appended to {records})")
@@ -662,6 +665,8 @@ def main() -> None:
                         "seed, SST-2 only, the record in the workdir")
     parser.add_argument("--recipe", default=None, help="speedrun: the config trained (default "
                         "configs/modernbert.py:mini; configs/modernbert.py:tiny with --smoke)")
+    parser.add_argument("--peer", action="store_true", help="speedrun: HF's ModernBertForMaskedLM "
+                        "(PyTorch) trained with the recipe instead of ours")
     parser.add_argument("--label", default="", help="speedrun: a name for the record's recipe change")
     parser.add_argument("--workdir", default=None, help="multi30k: run directory (default "
                         "runs/multi30k_bench); long, longdoc, pretrain: their runs (default "

@@ -164,22 +164,22 @@ def score_ours(workdir: Path, steps: list[int], evalset: dict[str, np.ndarray], 
     return out
 
 
-def score_hf(folders: dict[int, Path], evalset: dict[str, np.ndarray], batch: int = 64
-             ) -> dict[int, dict[str, float]]:
-    """The held-out MLM loss of HF BertForMaskedLM folders (step -> folder)."""
+def score_hf(folders: dict[int, Path], evalset: dict[str, np.ndarray], batch: int = 64,
+             model_class=None) -> dict[int, dict[str, float]]:
+    """The held-out MLM loss of HF BertForMaskedLM folders (step -> folder; `model_class`:
+    another masked LM, e.g. ModernBertForMaskedLM, given token types only if it is a BERT)."""
     import torch
     from transformers import BertForMaskedLM
 
     out = {}
     for step, folder in folders.items():
-        model = BertForMaskedLM.from_pretrained(folder).eval()
+        model = (model_class or BertForMaskedLM).from_pretrained(folder).eval()
+        names = ("input_ids", "attention_mask") + (
+            ("token_type_ids",) if model.config.model_type == "bert" else ())
 
-        def forward(b, model=model):
+        def forward(b, model=model, names=names):
             with torch.no_grad():
-                logits = model(input_ids=torch.from_numpy(b["input_ids"].astype(np.int64)),
-                               attention_mask=torch.from_numpy(b["attention_mask"].astype(np.int64)),
-                               token_type_ids=torch.from_numpy(b["token_type_ids"].astype(np.int64))
-                               ).logits
+                logits = model(**{k: torch.from_numpy(b[k].astype(np.int64)) for k in names}).logits
                 pos = torch.from_numpy(b["masked_lm_positions"].astype(np.int64))
                 return torch.take_along_dim(logits, pos[..., None], dim=1).numpy()
         out[step] = _score(forward, evalset, batch)
@@ -290,12 +290,7 @@ def pretrain_hf(size: str, corpus: Path, workdir: Path, *, steps: int, batch: in
             order = list(order_rng.permutation(len(examples)))
         rows, order = order[:batch], order[batch:]
         b = collator([{"input_ids": examples[i]} for i in rows])
-        loss = model(**b).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip_norm)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = torch_step(model, optimizer, schedule, b, o.grad_clip_norm)
         tokens += int(b["attention_mask"].sum())
         train_s += time.perf_counter() - t
         if step % every == 0 or step == steps:
@@ -312,6 +307,22 @@ def pretrain_hf(size: str, corpus: Path, workdir: Path, *, steps: int, batch: in
     return {"config": f"HF BertForMaskedLM, shape of {CONFIGS['bert2018'].format(size=size)}",
             "prepare_s": prep_s, "examples": len(examples), "same_tokens_as_ours": same, "save_s": saved_s,
             "threads": torch.get_num_threads(), "timeline": timeline, "folders": folders}
+
+
+def torch_step(model, optimizer, schedule, inputs: dict, clip: float):
+    """One torch training step on `inputs` (the model's keyword arguments, labels included):
+    backward, gradient clipping at `clip` (none at 0), the optimizer's and schedule's steps;
+    returns the loss."""
+    import torch
+
+    loss = model(**inputs).loss
+    loss.backward()
+    if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
 
 
 def tokenizer_agreement(encoded: list[list[int]], texts: list[str], vocab: Path,

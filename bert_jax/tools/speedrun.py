@@ -55,6 +55,7 @@ STEPS, EVERY, BATCH, SEQ_LEN, EVAL_ROWS = 1000, 50, 32, 128, 512
 TASKS = ("sst2", "mrpc", "stsb")
 SEEDS = (0, 1, 2)
 FINETUNE_STEPS = 250
+PEER = "HF ModernBertForMaskedLM"
 RECORDS = paths.REPO / "benchmarks" / "speedrun.jsonl"
 DOC = paths.REPO / "docs" / "speedrun.md"
 TABLE_START = "<!-- speedrun table: written by bert_jax/tools/speedrun.py from benchmarks/speedrun.jsonl -->"
@@ -143,8 +144,9 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
         tasks: tuple[str, ...] = TASKS, seeds: tuple[int, ...] = SEEDS,
         finetune_steps: int = FINETUNE_STEPS, finetune_overrides: list[str] = (),
         files: list[Path] | None = None, glue_dir: Path | None = None, vocab_size: int = 8192,
-        records: Path = RECORDS, label: str = "") -> dict[str, Any]:
-    """One speedrun in workdir: pretraining, scoring, readouts; appends its record to `records`."""
+        records: Path = RECORDS, label: str = "", peer: bool = False) -> dict[str, Any]:
+    """One speedrun in workdir: pretraining (`peer`: HF's ModernBertForMaskedLM with the recipe,
+    pretrain_hf_modernbert), scoring, readouts; appends its record to `records`."""
     from bert_jax.training import train
 
     specs = [finetune_spec(recipe, task) for task in tasks]  # refused now, not after pretraining
@@ -160,13 +162,22 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     base = config_lib.load(spec, given)
     shape = {"steps": steps, "batch": batch, "seq_len": seq_len, "every": every}
     config = config_lib.load(spec, recipe_overrides(base, corpus_dir, **shape) + given)
-    run_dir = work / "pretrain"
+    run_dir = work / ("pretrain_hf" if peer else "pretrain")
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    train.train_and_evaluate(config, str(run_dir))
+    if peer:
+        hf = pretrain_hf_modernbert(config, corpus_dir, run_dir, **shape)
+        from transformers import ModernBertForMaskedLM
+
+        timeline = hf["timeline"]
+        scores = pb.score_hf(hf["folders"], evalset, model_class=ModernBertForMaskedLM)
+        init_from = pb.convert_hf(hf["folders"][max(hf["folders"])], work / "hf_converted")
+    else:
+        train.train_and_evaluate(config, str(run_dir))
+        timeline, init_from = pb._timeline(run_dir), run_dir
+        scores = pb.score_ours(run_dir, sorted(timeline), evalset)
     process_s = time.perf_counter() - t0
-    timeline = pb._timeline(run_dir)
-    for step, s in pb.score_ours(run_dir, sorted(timeline), evalset).items():
+    for step, s in scores.items():
         timeline[step].update(s)
     points = sorted(timeline.items())
     to = {clock: pb.time_to([(p[clock], p["heldout_mlm_loss"]) for _, p in points], TARGET_LOSS)
@@ -175,12 +186,13 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     per_step = float(np.mean([p["tokens_per_step"] for _, p in points]))
     last = points[-1][0]
     glue = glue_dir or shared / "glue"
-    reads = readouts(specs, run_dir, glue, work, tasks=tasks, seeds=seeds, steps=finetune_steps,
+    reads = readouts(specs, init_from, glue, work, tasks=tasks, seeds=seeds, steps=finetune_steps,
                      overrides=list(finetune_overrides))
     tokens_to = None if step_to is None else step_to * per_step
     record = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
-        "commit": commit(), "label": label, "recipe": recipe, "overrides": given,
+        "commit": commit(), "label": label, "recipe": recipe,
+        "trainer": PEER if peer else "bert_jax", "overrides": given,
         "steps": last, "rows": f"{batch} x {seq_len}", "target_loss": TARGET_LOSS,
         "seeds": list(seeds), "cpu_count": os.cpu_count(),
         "tokens": round(per_step * last), "flops": training_flops(config, seq_len, per_step * last),
@@ -196,6 +208,79 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     }
     append_record(record, records)
     return record
+
+
+def pretrain_hf_modernbert(config, corpus: Path, workdir: Path, *, steps: int, batch: int,
+                           seq_len: int, every: int, seed: int = 0) -> dict:
+    """The peer: HF PyTorch ModernBertForMaskedLM of `config`'s model (its config.json as our
+    export writes it; sdpa attention, loss at the masked positions only), one document piece a
+    row (`[CLS]` up to seq_len - 2 tokens `[SEP]`, shuffled, padded: HF's sdpa path packs
+    nothing), masked afresh each step at the recipe's rate by the project's masking (80/10/10),
+    torch AdamW (StableAdamW has no torch release) with the recipe's lr, betas, eps and weight
+    decay, transformers' get_wsd_schedule with the recipe's warmup and decay fraction (1-sqrt);
+    save_pretrained every `every` steps. Its timeline as pretrainbench's."""
+    import torch
+    import transformers
+
+    from bert_jax.data import pretraining
+    from bert_jax.interop import families
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(seed)
+    tokenizer = tokenizer_lib.load_tokenizer(corpus / "vocab")
+    pieces = [p for doc in pretraining.iter_documents(corpus / "train.txt", "sentences")
+              for p in pretraining.document_pieces(pretraining.tokenize_document(doc, tokenizer),
+                                                   seq_len - 2) if len(p)]
+    t_start = time.perf_counter()
+    cfg = models.split_model_config(config_lib.model_config(config))[1]
+    hf = families.get("modernbert").config_to_hf(config.model.name, cfg, {
+        "pad": tokenizer.pad_id, "cls": tokenizer.cls_id, "sep": tokenizer.sep_id})
+    hf_config = transformers.ModernBertConfig(**{k: v for k, v in hf.items() if k != "architectures"})
+    hf_config.sparse_prediction = True
+    hf_config._attn_implementation = "sdpa"
+    model = transformers.ModernBertForMaskedLM(hf_config).train()
+    o, sched = config.optimizer, config.schedule
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.learning_rate, betas=(o.b1, o.b2),
+                                  eps=o.eps, weight_decay=o.weight_decay)
+    schedule = transformers.get_wsd_schedule(
+        optimizer, sched.warmup_steps, round(sched.decay_fraction * steps),
+        num_training_steps=steps, decay_type=sched.decay_shape)
+    rng = np.random.default_rng(seed)
+    P = config.data.max_predictions_per_seq
+    mask = {"vocab_size": tokenizer.vocab_size, "special_ids": tokenizer.special_ids,
+            "mask_id": tokenizer.mask_id, "max_predictions_per_seq": P,
+            "masked_lm_prob": config.data.masked_lm_prob}
+    init_s = time.perf_counter() - t_start
+    timeline, folders, order, train_s, tokens = {}, {}, [], 0.0, 0
+    for step in range(1, steps + 1):
+        t = time.perf_counter()
+        if len(order) < batch:  # a new epoch, reshuffled; the last partial batch dropped
+            order = list(rng.permutation(len(pieces)))
+        rows, order = order[:batch], order[batch:]
+        f = [pretraining.pad_features(pretraining.sequence_features(
+            pieces[i], cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, max_seq_length=seq_len,
+            rng=rng, **mask), seq_len, P) for i in rows]
+        b = {k: torch.from_numpy(np.stack([x[k] for x in f]).astype(np.int64))
+             for k in ("input_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids")}
+        weights = torch.from_numpy(np.stack([x["masked_lm_weights"] for x in f]))
+        labels = torch.full_like(b["input_ids"], -100)
+        labels.scatter_(1, b["masked_lm_positions"],
+                        torch.where(weights > 0, b["masked_lm_ids"], -100))
+        loss = pb.torch_step(model, optimizer, schedule, {
+            "input_ids": b["input_ids"], "attention_mask": b["attention_mask"], "labels": labels},
+            o.grad_clip_norm)
+        tokens += int(b["attention_mask"].sum())
+        train_s += time.perf_counter() - t
+        if step % every == 0 or step == steps:
+            folders[step] = workdir / f"step_{step}"
+            model.save_pretrained(folders[step])
+            timeline[step] = {"train_s": train_s, "wall_s": init_s + train_s,
+                              "tokens_per_step": tokens / step, "train_loss": float(loss.detach())}
+    for name in (corpus / "vocab").iterdir():  # our WordPiece files: `convert` reads them
+        shutil.copy(name, folders[steps] / name.name)
+    return {"timeline": timeline, "folders": folders}
 
 
 def append_record(record: dict, records: Path) -> None:
@@ -228,6 +313,7 @@ def render_table(records: list[dict]) -> str:
         cells = ["-" if x is None else f"{x['metric']} {x['median']:.3f} [{x['min']:.3f}, {x['max']:.3f}]"
                  for x in reads]
         name = r["recipe"] + (f" ({r['label']})" if r.get("label") else "")
+        name = f"{r['trainer']}: {name}" if r.get("trainer", "bert_jax") != "bert_jax" else name
         lines.append(
             f"| {name} | {' '.join(f'`{o}`' for o in r['overrides']) or '-'} | {r['commit'][:8]} | "
             f"{r['target_loss']:.2f} | {r['steps']} | {num(r['time_to_target_s'], '.0f')} | "

@@ -384,9 +384,14 @@ def test_speedrun_recipe_readouts_and_flops():
                                                  "min": 0.5, "max": 0.9}
 
 
-@pytest.mark.slow  # two pretraining steps, scoring, a fine-tuning: compiles ~30 s on 2 cores
-def test_bench_speedrun_smoke_appends_a_record_that_the_table_renders(shared_data, tmp_path, monkeypatch):
+@pytest.mark.slow  # two pretraining steps, scoring, a fine-tuning, twice: ~60 s on 2 cores
+def test_bench_speedrun_smoke_appends_records_that_the_table_renders(shared_data, tmp_path, monkeypatch):
+    """Ours and the peer (HF's ModernBertForMaskedLM, scored as its conversion into ours
+    scores), each a record in the workdir, both rows in the table."""
+    pytest.importorskip("torch")
+    from bert_jax.data import tokenizer as tokenizer_lib
     from bert_jax.tools import bench, speedrun
+    from bert_jax.tools import pretrainbench as pb
 
     monkeypatch.setenv("BERT_JAX_SHARED_DATA", str(shared_data))
     published = speedrun.RECORDS.read_text()
@@ -405,10 +410,21 @@ def test_bench_speedrun_smoke_appends_a_record_that_the_table_renders(shared_dat
     sst2 = record["readouts"]["sst2"]
     assert list(record["readouts"]) == ["sst2"] and sst2["metric"] == "accuracy"
     assert len(sst2["values"]) == 1 and 0 <= sst2["min"] == sst2["median"] == sst2["max"] <= 1
+    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--smoke", "--peer", "--workdir",
+                                      str(tmp_path)])
+    bench.main()
+    peer = speedrun.read_records(tmp_path / "speedrun.jsonl")[1]
+    assert peer["trainer"] == speedrun.PEER and peer["steps"] == 2 and peer["overrides"] == []
+    assert list(peer["readouts"]) == ["sst2"] and 0 < peer["tokens"] <= 2 * 8 * 128
+    tok = tokenizer_lib.load_tokenizer(tmp_path / "corpus" / "vocab")
+    evalset = pb.heldout_set(tmp_path / "corpus" / "heldout.txt", tok, rows=16, seq_len=128)
+    converted = pb.score_ours(tmp_path / "hf_converted", [0], evalset)[0]["heldout_mlm_loss"]
+    assert converted == pytest.approx(peer["final_heldout_loss"], abs=1e-3)
     doc = tmp_path / "speedrun.md"
     shutil.copy(speedrun.DOC, doc)
     table = speedrun.write_table(doc, tmp_path / "speedrun.jsonl")
     assert "| configs/modernbert.py:tiny (lr 2e-3) | `optimizer.learning_rate=2e-3` |" in table
+    assert "| HF ModernBertForMaskedLM: configs/modernbert.py:tiny | - |" in table
     assert table in doc.read_text() and "(no runs recorded yet)" not in table
     assert speedrun.RECORDS.read_text() == published  # a smoke run leaves the repo's records
 
