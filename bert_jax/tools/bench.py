@@ -612,8 +612,8 @@ def speedrun_main(args, overrides: list[str]) -> dict:
         kw = speedrun.smoke(paths.shared_data())
     records = workdir / "speedrun.jsonl" if args.smoke else speedrun.RECORDS
     recipe = args.recipe or ("configs/modernbert.py:tiny" if args.smoke else speedrun.RECIPE)
-    try:  # a recipe without a fine-tuning config: one line, before any work
-        speedrun.finetune_spec(recipe, "sst2")
+    try:  # a recipe without readouts (or a peer for it): one line, before any work
+        speedrun.check_recipe(recipe, args.peer)
     except ValueError as e:
         raise SystemExit(str(e)) from None
     record = speedrun.run(str(workdir), recipe=recipe, overrides=overrides, records=records,

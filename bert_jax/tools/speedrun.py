@@ -86,6 +86,16 @@ def finetune_spec(recipe: str, task: str) -> str:
                      "<size> or configs/bert_pretrain.py:<size>")
 
 
+def check_recipe(recipe: str, peer: bool = False) -> list[str]:
+    """The readouts' configs of `recipe` (finetune_spec, for TASKS); ValueError where the recipe
+    has none, or `peer` and it is not a configs/modernbert.py recipe (what HF's model mirrors)."""
+    specs = [finetune_spec(recipe, task) for task in TASKS]
+    if peer and Path(recipe.rpartition(":")[0]).name != "modernbert.py":
+        raise ValueError(f"speedrun --peer: HF's ModernBertForMaskedLM mirrors a "
+                         f"configs/modernbert.py:<size> recipe, not {recipe!r}")
+    return specs
+
+
 def recipe_overrides(config, corpus: Path, *, steps: int, batch: int, seq_len: int,
                      every: int) -> list[str]:
     """pretrainbench's shared overrides (data, rows, steps, checkpoints), with room for the
@@ -149,7 +159,8 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     pretrain_hf_modernbert), scoring, readouts; appends its record to `records`."""
     from bert_jax.training import train
 
-    specs = [finetune_spec(recipe, task) for task in tasks]  # refused now, not after pretraining
+    check_recipe(recipe, peer)  # refused now, not after pretraining
+    specs = [finetune_spec(recipe, task) for task in tasks]
     work = Path(workdir)
     shared = paths.shared_data()
     corpus_dir = work / "corpus"
@@ -194,7 +205,7 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
         "commit": commit(), "label": label, "recipe": recipe,
         "trainer": PEER if peer else "bert_jax", "overrides": given,
         "steps": last, "rows": f"{batch} x {seq_len}", "target_loss": TARGET_LOSS,
-        "seeds": list(seeds), "cpu_count": os.cpu_count(),
+        "seeds": list(seeds), "pretrain_seed": config.seed, "cpu_count": os.cpu_count(),
         "tokens": round(per_step * last), "flops": training_flops(config, seq_len, per_step * last),
         "step_to_target": None if step_to is None else round(step_to, 1),
         "tokens_to_target": None if tokens_to is None else round(tokens_to),

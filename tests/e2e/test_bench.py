@@ -360,6 +360,10 @@ def test_speedrun_refuses_a_recipe_without_readouts_before_any_work(tmp_path, mo
                                       "--workdir", str(tmp_path / "run")])
     with pytest.raises(SystemExit, match="no fine-tuning recipe for 'configs/glue.py:sst2'"):
         bench.main()
+    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--recipe", "configs/bert_pretrain.py:mini",
+                                      "--peer", "--workdir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit, match="mirrors a configs/modernbert.py:<size> recipe"):
+        bench.main()
     assert not (tmp_path / "run").exists()
 
 
