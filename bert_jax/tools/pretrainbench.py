@@ -164,22 +164,22 @@ def score_ours(workdir: Path, steps: list[int], evalset: dict[str, np.ndarray], 
     return out
 
 
-def score_hf(folders: dict[int, Path], evalset: dict[str, np.ndarray], batch: int = 64
-             ) -> dict[int, dict[str, float]]:
-    """The held-out MLM loss of HF BertForMaskedLM folders (step -> folder)."""
+def score_hf(folders: dict[int, Path], evalset: dict[str, np.ndarray], batch: int = 64,
+             model_class=None) -> dict[int, dict[str, float]]:
+    """The held-out MLM loss of HF BertForMaskedLM folders (step -> folder; `model_class`:
+    another masked LM, e.g. ModernBertForMaskedLM, given token types only if it is a BERT)."""
     import torch
     from transformers import BertForMaskedLM
 
     out = {}
     for step, folder in folders.items():
-        model = BertForMaskedLM.from_pretrained(folder).eval()
+        model = (model_class or BertForMaskedLM).from_pretrained(folder).eval()
+        names = ("input_ids", "attention_mask") + (
+            ("token_type_ids",) if model.config.model_type == "bert" else ())
 
-        def forward(b, model=model):
+        def forward(b, model=model, names=names):
             with torch.no_grad():
-                logits = model(input_ids=torch.from_numpy(b["input_ids"].astype(np.int64)),
-                               attention_mask=torch.from_numpy(b["attention_mask"].astype(np.int64)),
-                               token_type_ids=torch.from_numpy(b["token_type_ids"].astype(np.int64))
-                               ).logits
+                logits = model(**{k: torch.from_numpy(b[k].astype(np.int64)) for k in names}).logits
                 pos = torch.from_numpy(b["masked_lm_positions"].astype(np.int64))
                 return torch.take_along_dim(logits, pos[..., None], dim=1).numpy()
         out[step] = _score(forward, evalset, batch)
@@ -290,12 +290,7 @@ def pretrain_hf(size: str, corpus: Path, workdir: Path, *, steps: int, batch: in
             order = list(order_rng.permutation(len(examples)))
         rows, order = order[:batch], order[batch:]
         b = collator([{"input_ids": examples[i]} for i in rows])
-        loss = model(**b).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip_norm)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = torch_step(model, optimizer, schedule, b, o.grad_clip_norm)
         tokens += int(b["attention_mask"].sum())
         train_s += time.perf_counter() - t
         if step % every == 0 or step == steps:
@@ -312,6 +307,22 @@ def pretrain_hf(size: str, corpus: Path, workdir: Path, *, steps: int, batch: in
     return {"config": f"HF BertForMaskedLM, shape of {CONFIGS['bert2018'].format(size=size)}",
             "prepare_s": prep_s, "examples": len(examples), "same_tokens_as_ours": same, "save_s": saved_s,
             "threads": torch.get_num_threads(), "timeline": timeline, "folders": folders}
+
+
+def torch_step(model, optimizer, schedule, inputs: dict, clip: float):
+    """One torch training step on `inputs` (the model's keyword arguments, labels included):
+    backward, gradient clipping at `clip` (none at 0), the optimizer's and schedule's steps;
+    returns the loss."""
+    import torch
+
+    loss = model(**inputs).loss
+    loss.backward()
+    if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
 
 
 def tokenizer_agreement(encoded: list[list[int]], texts: list[str], vocab: Path,
@@ -399,12 +410,13 @@ def tables(runs: dict[str, dict], summary: dict, finetune: dict | None) -> str:
 
 
 def finetune(recipe: str, size: str, init_from: Path, glue_dir: Path, workdir: Path, *,
-             steps: int, overrides: list[str] = ()) -> dict:
-    """SST-2 from a pretrained checkpoint: FINETUNE_CONFIGS[recipe], `steps` steps, dev accuracy."""
+             steps: int, overrides: list[str] = (), spec: str | None = None) -> dict:
+    """SST-2 from a pretrained checkpoint: FINETUNE_CONFIGS[recipe] (or `spec`, any GLUE task's
+    config), `steps` steps, dev accuracy and every dev metric (`eval`)."""
     from bert_jax.training import train
 
     shutil.rmtree(workdir, ignore_errors=True)
-    spec = FINETUNE_CONFIGS[recipe].format(size=size)
+    spec = spec or FINETUNE_CONFIGS[recipe].format(size=size)
     given = [f"init_from={init_from}", f"data.data_dir={glue_dir}", f"train.steps={steps}",
              *overrides]
     config = config_lib.load(str(paths.REPO / spec), given)
@@ -412,7 +424,8 @@ def finetune(recipe: str, size: str, init_from: Path, glue_dir: Path, workdir: P
     summary = train.train_and_evaluate(config, str(workdir),
                                        set_by_user=[g.partition("=")[0] for g in given])
     return {"config": spec, "steps": summary["step"],
-            "dev_accuracy": summary["eval"]["eval/accuracy"], "wall_s": time.perf_counter() - t0}
+            "dev_accuracy": summary["eval"].get("eval/accuracy"), "eval": summary["eval"],
+            "wall_s": time.perf_counter() - t0}
 
 
 def convert_hf(folder: Path, out: Path) -> Path:

@@ -303,6 +303,135 @@ def test_bench_pretrain_runs_the_three_recipes_and_fine_tunes_them(tiny_corpus, 
     assert (tmp_path / "result.md").read_text().startswith("| step |")
 
 
+
+# `bench speedrun` (bert_jax/tools/speedrun.py): a fixed target, readouts, records, the table.
+
+def speedrun_record(recipe, time_to, sst2, **kw):
+    return {"date": "2026-11-28 05:00", "commit": "0123456789abcdef", "label": "", "recipe": recipe,
+            "overrides": [], "steps": 1000, "target_loss": 5.0, "time_to_target_s": time_to,
+            "step_to_target": None if time_to is None else 600.0,
+            "tokens_to_target": None if time_to is None else 2_400_000,
+            "flops_to_target": None if time_to is None else 1.5e14, "final_heldout_loss": 4.8,
+            "readouts": {"sst2": {"metric": "accuracy", "median": sst2, "min": sst2 - 0.01,
+                                  "max": sst2 + 0.02}}, **kw}
+
+
+def test_speedrun_table_is_rendered_from_the_records_fastest_first(tmp_path):
+    from bert_jax.tools import speedrun
+
+    records = tmp_path / "speedrun.jsonl"
+    assert speedrun.read_records(records) == []  # no file yet: no records
+    for r in (speedrun_record("configs/modernbert.py:mini", None, 0.7),
+              speedrun_record("configs/modernbert.py:mini", 900.0, 0.75, label="lr 2e-3",
+                              overrides=["optimizer.learning_rate=2e-3"]),
+              speedrun_record("configs/bert_pretrain.py:mini", 1200.0, 0.6)):
+        speedrun.append_record(r, records)
+    rows = speedrun.render_table(speedrun.read_records(records)).splitlines()[2:]
+    assert len(rows) == 3
+    assert rows[0].startswith("| configs/modernbert.py:mini (lr 2e-3) | `optimizer.learning_rate=2e-3` "
+                              "| 01234567 | 5.00 | 1000 | 900 | 600 | 2,400,000 | 1.5e+14 | 4.800 | "
+                              "accuracy 0.750 [0.740, 0.770] | - | - |")
+    assert rows[1].startswith("| configs/bert_pretrain.py:mini | - |")
+    assert "| not reached | not reached |" in rows[2]  # never reached: last
+    assert "(no runs recorded yet)" in speedrun.render_table([])
+    doc = tmp_path / "speedrun.md"
+    doc.write_text(f"before\n{speedrun.TABLE_START}\nold rows\n{speedrun.TABLE_END}\nafter\n")
+    table = speedrun.write_table(doc, records)
+    assert doc.read_text() == (f"before\n{speedrun.TABLE_START}\n{table}\n{speedrun.TABLE_END}"
+                               "\nafter\n")
+    doc.write_text("no markers")
+    with pytest.raises(ValueError, match="no speedrun table markers"):
+        speedrun.write_table(doc, records)
+
+
+def test_the_speedrun_page_shows_the_table_of_the_records_file():
+    """docs/speedrun.md's table is what write_table renders from benchmarks/speedrun.jsonl (it is
+    never edited by hand)."""
+    from bert_jax.tools import speedrun
+
+    table = speedrun.render_table(speedrun.read_records(speedrun.RECORDS))
+    assert f"{speedrun.TABLE_START}\n{table}\n{speedrun.TABLE_END}" in speedrun.DOC.read_text()
+
+
+def test_speedrun_refuses_a_recipe_without_readouts_before_any_work(tmp_path, monkeypatch):
+    from bert_jax.tools import bench
+
+    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--recipe", "configs/glue.py:sst2",
+                                      "--workdir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit, match="no fine-tuning recipe for 'configs/glue.py:sst2'"):
+        bench.main()
+    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--recipe", "configs/bert_pretrain.py:mini",
+                                      "--peer", "--workdir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit, match="mirrors a configs/modernbert.py:<size> recipe"):
+        bench.main()
+    assert not (tmp_path / "run").exists()
+
+
+def test_speedrun_recipe_readouts_and_flops():
+    from helpers import REPO
+
+    from bert_jax import config as config_lib
+    from bert_jax.tools import speedrun
+
+    spec = speedrun.finetune_spec
+    assert spec("configs/modernbert.py:mini", "stsb") == "configs/glue.py:stsb,modernbert-mini"
+    assert spec("/x/configs/bert_pretrain.py:tiny", "mrpc") == "configs/glue.py:mrpc,tiny"
+    with pytest.raises(ValueError, match="no fine-tuning recipe"):
+        speedrun.finetune_spec("configs/glue.py:sst2", "sst2")
+    config = config_lib.load(str(REPO / speedrun.RECIPE))
+    given = speedrun.recipe_overrides(config, REPO / "corpus", steps=100, batch=4, seq_len=128, every=10)
+    assert "data.max_predictions_per_seq=39" in given  # room for 30% of 128
+    assert "train.steps=100" in given and f"data.train_files={REPO / 'corpus' / 'train.txt'}" in given
+    assert speedrun.training_flops(config, 128, 2000.0) == pytest.approx(
+        2 * speedrun.training_flops(config, 128, 1000.0))
+    assert speedrun.spread([0.5, 0.9, 0.7]) == {"values": [0.5, 0.9, 0.7], "median": 0.7,
+                                                 "min": 0.5, "max": 0.9}
+
+
+@pytest.mark.slow  # two pretraining steps, scoring, a fine-tuning, twice: ~60 s on 2 cores
+def test_bench_speedrun_smoke_appends_records_that_the_table_renders(shared_data, tmp_path, monkeypatch):
+    """Ours and the peer (HF's ModernBertForMaskedLM, scored as its conversion into ours
+    scores), each a record in the workdir, both rows in the table."""
+    pytest.importorskip("torch")
+    from bert_jax.data import tokenizer as tokenizer_lib
+    from bert_jax.tools import bench, speedrun
+    from bert_jax.tools import pretrainbench as pb
+
+    monkeypatch.setenv("BERT_JAX_SHARED_DATA", str(shared_data))
+    published = speedrun.RECORDS.read_text()
+    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--smoke", "--workdir", str(tmp_path),
+                                      "--label", "lr 2e-3", "--config.optimizer.learning_rate=2e-3"])
+    bench.main()
+    (record,) = speedrun.read_records(tmp_path / "speedrun.jsonl")
+    assert record["recipe"] == "configs/modernbert.py:tiny" and record["label"] == "lr 2e-3"
+    assert record["overrides"] == ["optimizer.learning_rate=2e-3"] and record["seeds"] == [0]
+    assert record["steps"] == 2 and 0 < record["tokens"] <= 2 * 8 * 128 and record["flops"] > 0
+    assert record["commit"] == "unknown" or len(record["commit"]) == 40
+    assert record["target_loss"] == speedrun.TARGET_LOSS
+    assert record["time_to_target_s"] is None and record["flops_to_target"] is None  # 2 steps
+    assert 0 < record["final_heldout_loss"] < 2 * np.log(8192)
+    assert sorted(record["curve"]) == ["1", "2"]
+    sst2 = record["readouts"]["sst2"]
+    assert list(record["readouts"]) == ["sst2"] and sst2["metric"] == "accuracy"
+    assert len(sst2["values"]) == 1 and 0 <= sst2["min"] == sst2["median"] == sst2["max"] <= 1
+    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--smoke", "--peer", "--workdir",
+                                      str(tmp_path)])
+    bench.main()
+    peer = speedrun.read_records(tmp_path / "speedrun.jsonl")[1]
+    assert peer["trainer"] == speedrun.PEER and peer["steps"] == 2 and peer["overrides"] == []
+    assert list(peer["readouts"]) == ["sst2"] and 0 < peer["tokens"] <= 2 * 8 * 128
+    tok = tokenizer_lib.load_tokenizer(tmp_path / "corpus" / "vocab")
+    evalset = pb.heldout_set(tmp_path / "corpus" / "heldout.txt", tok, rows=16, seq_len=128)
+    converted = pb.score_ours(tmp_path / "hf_converted", [0], evalset)[0]["heldout_mlm_loss"]
+    assert converted == pytest.approx(peer["final_heldout_loss"], abs=1e-3)
+    doc = tmp_path / "speedrun.md"
+    shutil.copy(speedrun.DOC, doc)
+    table = speedrun.write_table(doc, tmp_path / "speedrun.jsonl")
+    assert "| configs/modernbert.py:tiny (lr 2e-3) | `optimizer.learning_rate=2e-3` |" in table
+    assert "| HF ModernBertForMaskedLM: configs/modernbert.py:tiny | - |" in table
+    assert table in doc.read_text() and "(no runs recorded yet)" not in table
+    assert speedrun.RECORDS.read_text() == published  # a smoke run leaves the repo's records
+
 def test_ragged_layout_gives_each_document_its_offset_and_length():
     from bert_jax.tools import devicebench
 
