@@ -276,11 +276,12 @@ def test_train_resume_and_eval_in_a_gs_workdir(gcs):
 
 @pytest.mark.slow
 def test_a_run_survives_transient_storage_faults_and_resumes_exactly():
-    """Every 11th request to the bucket answered 503 and every 10th slowed by 0.1 s, from the
+    """Every 23rd request to the bucket answered 503 and every 10th slowed by 0.1 s, from the
     first request to the last: training, its checkpoints (gcsfs and tensorstore, each with its
     own retries) and a resume after a crash while saving all go through, with the losses of
-    the uninterrupted run."""
-    faults = Faults(every=11, slow=10, delay=0.1)
+    the uninterrupted run. (A run makes ~540 requests: ~23 faults each; every 11th gave ~50,
+    whose retries' back-off, gcsfs's 1-2 s each, made the test 2.5 minutes of waiting.)"""
+    faults = Faults(every=23, slow=10, delay=0.1)
     httpd, thread, url, env = _serve(faults)
     fs = gcsfs_core.GCSFileSystem(endpoint_url=url, token="anon", skip_instance_cache=True)
     try:
