@@ -34,6 +34,7 @@ import numpy as np
 from bert_jax import paths
 from bert_jax.data import text
 from bert_jax.interop import sentence_models
+from bert_jax.tasks import retrieval
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +58,10 @@ def read_corpus(path: str) -> tuple[list[str], list[str]]:
             ids.append(str(number))
             texts.append(line.rstrip("\n"))
             continue
-        try:
-            record = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}:{number}: not JSON ({e}); a corpus line is "
-                             '{"_id": ..., "text": ..., "title": ...}') from None
-        for field in ("_id", "text"):
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise ValueError(f"{path}:{number}: field {field!r} missing or not a string; a "
-                                 "corpus record has _id and text (and optionally title)")
+        record = retrieval.beir_record(path, number, line, ["text"])
         if not isinstance(record.get("title") or "", str):
             raise ValueError(f"{path}:{number}: field 'title' is not a string")
-        doc = f"{record.get('title') or ''} {record['text']}".strip()
+        doc = retrieval.document_text(record)
         if not doc:
             raise ValueError(f"{path}:{number}: field 'text' is empty (and no title): nothing "
                              "to embed; remove the record or give it a text")

@@ -231,6 +231,26 @@ def read_sts(path: str | os.PathLike) -> tuple[list[str], list[str], list[float]
     return [e.text_a for e in examples], [e.text_b for e in examples], [e.label for e in examples]
 
 
+def beir_record(path, line_no: int, line: str, fields: Sequence[str]) -> dict:
+    """One line of a BEIR JSON-lines file as its record, which must have "_id" and `fields`
+    (strings); anything else is a ValueError naming the file, line and field."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise ValueError(f"{path}:{line_no}: not JSON ({e})") from None
+    for field in ("_id", *fields):
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise ValueError(f"{path}:{line_no}: field {field!r} missing or not a string; "
+                             f"a BEIR record has _id and {', '.join(fields)}")
+    return record
+
+
+def document_text(record: dict) -> str:
+    """A BEIR corpus record's text: its title and text joined by a space, stripped, as BEIR's
+    sentence-transformers examples build it."""
+    return f"{record.get('title') or ''} {record['text']}".strip()
+
+
 def _jsonl(path, fields: Sequence[str]) -> dict[str, dict]:
     """id -> record of a JSON-lines file whose records have "_id" and `fields` (strings)."""
     out: dict[str, dict] = {}
@@ -238,14 +258,7 @@ def _jsonl(path, fields: Sequence[str]) -> dict[str, dict]:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{path}:{line_no}: not JSON ({e})") from None
-            for field in ("_id", *fields):
-                if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                    raise ValueError(f"{path}:{line_no}: field {field!r} missing or not a string; "
-                                     f"a BEIR record has _id and {', '.join(fields)}")
+            record = beir_record(path, line_no, line, fields)
             if record["_id"] in out:
                 raise ValueError(f"{path}:{line_no}: field '_id': {record['_id']!r} twice")
             out[record["_id"]] = record
@@ -259,8 +272,7 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
     header row; score > 0 is relevant). The corpus text is the title and the text joined by a
     space, stripped, as BEIR's sentence-transformers examples build it."""
     root = paths.path(folder)
-    corpus = {i: f"{r.get('title') or ''} {r['text']}".strip()
-              for i, r in _jsonl(root / "corpus.jsonl", ["text"]).items()}
+    corpus = {i: document_text(r) for i, r in _jsonl(root / "corpus.jsonl", ["text"]).items()}
     queries = {i: r["text"] for i, r in _jsonl(root / "queries.jsonl", ["text"]).items()}
     qrels_file = root / "qrels" / f"{split}.tsv"
     relevant: dict[str, set[str]] = {}
