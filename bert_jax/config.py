@@ -11,6 +11,7 @@ model's own fields come from bert_jax.models) and only the values that differ fo
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import math
 from collections.abc import Mapping, Sequence
@@ -24,10 +25,12 @@ from bert_jax.models import attention
 from bert_jax.models.config import DTYPES
 from bert_jax.specs import (
     ConfigError,
+    DecodeSpec,
     MeshSpec,
     OptimizerSpec,
     PhaseSpec,
     PretrainingData,
+    RunSpec,
     ScheduleSpec,
     TrainSpec,
     TranslationData,
@@ -149,12 +152,7 @@ def translation_defaults() -> ml_collections.ConfigDict:
     translation run (configs/wmt.py, multi30k.py)."""
     config = training_defaults()
     config.data = section(TranslationData)
-
-    c = config.decode = ml_collections.ConfigDict()
-    c.beam_size = 4  # 1 = greedy
-    c.alpha = 0.6  # GNMT length penalty ((5 + len) / 6) ** alpha
-    c.max_extra = 50  # output length limit: source length + max_extra
-    c.batch_size = 64  # sentences per decoding batch
+    config.decode = section(DecodeSpec)
     return config
 
 
@@ -173,6 +171,47 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                 node = node[name]
             node[key[-1]] = value
     return config
+
+
+def resolve(config) -> RunSpec:
+    """The run config as typed frozen records (specs.RunSpec), what every module below the
+    commands reads: each section read as its record (types and ranges checked, a missing key
+    at its default), the model section as its family's config with the compute dtype, the
+    data section resolved to its source and task, data.phases as PhaseSpec records. A
+    RunSpec is returned as it is."""
+    if isinstance(config, RunSpec):
+        return config
+    config = complete(config)
+    if config.dtype not in DTYPES:
+        raise ConfigError(f"dtype={config.dtype!r}; choose one of {list(DTYPES)}")
+    seed = config.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+        raise ConfigError(f"seed={seed!r}: a whole number in [0, 2**31) (it seeds parameter init, "
+                          "dropout and the data order)")
+    if not isinstance(config.init_from, str):
+        raise ConfigError(f"init_from={config.init_from!r}: a checkpoint directory (a string; "
+                          "empty: none)")
+    model_dtype = config.model.get("dtype")
+    if model_dtype is not None and model_dtype != config.dtype:
+        raise ConfigError(f"model.dtype={model_dtype!r} differs from dtype={config.dtype!r}: the "
+                          f"compute dtype is set once, by --config.dtype (remove model.dtype)")
+    try:  # a field the model does not read, a value it cannot take
+        name, model = models.split_model_config({**config.model.to_dict(), "dtype": config.dtype})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    data = specs.data(config.data)
+    return RunSpec(
+        model_name=name, model=model, data=data,
+        train=read(TrainSpec, config.train, "train"),
+        optimizer=read(OptimizerSpec, config.optimizer, "optimizer"),
+        schedule=read(ScheduleSpec, config.schedule, "schedule"),
+        mesh=read(MeshSpec, config.mesh, "mesh"), phases=phases(data.keys),
+        decode=read(DecodeSpec, config.decode, "decode") if "decode" in config else None,
+        seed=config.seed, dtype=config.dtype, init_from=config.init_from,
+        init_mode=init_mode(config),
+        logical_axis_rules=tuple(tuple(r) if isinstance(r, list) else r
+                                 for r in config.logical_axis_rules),
+        shard_activations=bool(config.shard_activations), saved=config.to_json())
 
 
 def _missing(config, defaults, prefix=()) -> list[tuple[tuple[str, ...], Any]]:
@@ -315,31 +354,24 @@ def check_axis_rules(rules) -> None:
                               f"to replicate)")
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1, *,
-             training: bool = True) -> None:
-    """Checks that need no compile: dtype, positivity, lengths, mesh and batch divisibility;
-    `training=False` (evaluation) skips the training-only ones. (Each choice is checked by
-    its owner: model fields by their family's config (models/config.py), optimizer and schedule
-    by optim.make_optimizer.)"""
-    if config.dtype not in DTYPES:
-        raise ConfigError(f"dtype={config.dtype!r}; choose one of {list(DTYPES)}")
-    init_mode(config)
-    model_dtype = config.model.get("dtype")
-    if model_dtype is not None and model_dtype != config.dtype:
-        raise ConfigError(f"model.dtype={model_dtype!r} differs from dtype={config.dtype!r}: the "
-                          f"compute dtype is set once, by --config.dtype (remove model.dtype)")
-    t = read(TrainSpec, config.train, "train")  # (each count in its range: specs.TrainSpec)
+def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int,
+             num_processes: int = 1, *, training: bool = True) -> None:
+    """Checks that need no compile: lengths, mesh and batch divisibility (types, ranges and
+    the model's fields: resolve); `training=False` (evaluation) skips the training-only ones.
+    (Each choice is checked by its owner: model fields by their family's config
+    (models/config.py), optimizer and schedule by optim.make_optimizer.)"""
+    spec = resolve(config)
+    t = spec.train
     if training and t.steps < 1 and not t.epochs > 0:  # 0 steps: from train.epochs (fine-tuning)
         raise ConfigError(f"train.steps={t.steps} must be >= 1")
-    data = specs.data(config.data).keys
-    lengths = [data.max_seq_length] + [p.seq_len for p in phases(data)]
+    data, model = spec.data.keys, spec.model
+    lengths = [data.max_seq_length] + [p.seq_len for p in spec.phases]
     if data.max_seq_length < 3:
         raise ConfigError(f"data.max_seq_length={data.max_seq_length} leaves no room for "
                           "[CLS] A [SEP] B [SEP]; use at least 3")
     if isinstance(data, PretrainingData):
-        check_pretraining_data(data, lengths, config.model)
-    try:  # a field the model does not read, a value it cannot take, attention it cannot run
-        _, model = models.split_model_config(model_config(config))
+        check_pretraining_data(data, lengths, model)
+    try:  # attention the model cannot run
         attention.check(model, [n for n in lengths if n], training=training)
         attention.check_data(model, packed=data.packed)
     except ValueError as e:
@@ -349,8 +381,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
                           f"(model.max_len={model.max_len}); use at most {model.max_len}")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
-    sizes = mesh_shape(config.mesh, num_devices)
-    check_axis_rules(config.logical_axis_rules)
+    sizes = mesh_shape(spec.mesh, num_devices)
+    check_axis_rules(spec.logical_axis_rules)
     shards = sizes["data"] * sizes["fsdp"]
     if not training:
         if t.batch_size % shards:
@@ -368,27 +400,29 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if t.batch_size % num_processes:
         raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by the "
                           f"{num_processes} processes (each loads an equal share)")
-    check_phase_batches(config, shards, num_processes)
+    check_phase_batches(spec, shards, num_processes)
 
 
-def check_phase_batches(config, shards: int, num_processes: int) -> None:
+def check_phase_batches(config: RunSpec | ml_collections.ConfigDict, shards: int,
+                        num_processes: int) -> None:
     """A phase's rope base only with rope, and a phase's batch a whole number of the run's
     microbatches (so each step's shapes stay those of the microbatch the mesh splits) and an
     equal share per process."""
-    runs = phases(config.data)
-    for i, phase in enumerate(runs):
-        micro = phase_microbatch(config, phase)
+    spec = resolve(config)
+    for i, phase in enumerate(spec.phases):
+        micro = phase_microbatch(spec, phase)
         if phase.rope_theta is not None:
-            if config.model.get("positions") != "rope":
+            positions = getattr(spec.model, "positions", None)
+            if positions != "rope":
                 raise ConfigError(f"data.phases[{i}] sets a rope base ({phase.rope_theta}) for a "
-                                  f"model without rope (model.positions="
-                                  f"{config.model.get('positions')!r}); drop the 5th entry")
+                                  f"model without rope (model.positions={positions!r}); drop the "
+                                  f"5th entry")
             if phase.rope_theta < 0:
                 raise ConfigError(f"data.phases[{i}] rope base {phase.rope_theta} must be > 0 (0: "
                                   f"model.rope_theta)")
         which = (f"data.phases[{i}] microbatch={micro}" if phase.microbatch
                  else f"microbatch train.batch_size/grad_accum_steps={micro}")
-        batch = phase.batch_size or config.train.batch_size
+        batch = phase.batch_size or spec.train.batch_size
         if batch < 1 or batch % micro:
             raise ConfigError(
                 f"data.phases[{i}] batch {batch} is not a multiple of the {which} (the rows the "
@@ -409,7 +443,7 @@ def check_pretraining_data(data: PretrainingData, lengths: Sequence[int], model=
     if kind not in INSTANCES:
         raise ConfigError(f"data.instances={kind!r}; choose one of {list(INSTANCES)} (pairs: BERT's "
                           f"NSP pairs; MLM only: {MLM_ONLY_DEFAULT}, docs/pretraining.md)")
-    nsp = bool(model.get("nsp", True)) if model is not None else kind == "pairs"
+    nsp = bool(getattr(model, "nsp", True)) if model is not None else kind == "pairs"
     if nsp and kind != "pairs":
         raise ConfigError(f"data.instances={kind!r} has no sentence pairs for model.nsp=True (the "
                           "next-sentence head); set --config.model.nsp=False to train the masked LM "
@@ -467,44 +501,50 @@ def init_mode(config) -> str:
 
 
 def model_config(config) -> dict:
-    """The `model` section with the run's compute dtype (`dtype`, set once at top level)."""
+    """The `model` section with the run's compute dtype (`dtype`, set once at top level), as
+    the models API takes it (a RunSpec's: its name and every field its model reads)."""
+    if isinstance(config, RunSpec):
+        return {"name": config.model_name,
+                **{k: getattr(config.model, k) for k in models.model_fields(config.model_name)}}
     dtype = config.get("dtype") or config.model.get("dtype", "float32")
     if dtype not in DTYPES:
         raise ConfigError(f"dtype={dtype!r}; choose one of {list(DTYPES)}")
     return {**config.model.to_dict(), "dtype": dtype}
 
 
-def phase_stream(config, index: int) -> Any:
+def phase_stream(spec: RunSpec, index: int) -> Any:
     """Which data stream phase `index` reads: with batch sizes in data.phases, one stream of
     microbatches per (length, predictions, microbatch rows), so a phase that only grows the
     batch reads on where the one before stopped; otherwise each phase its own (started
     afresh)."""
-    runs = phases(config.data)
+    spec = resolve(spec)
+    runs = spec.phases
     if not any(p.batch_size or p.microbatch for p in runs) or index >= len(runs):
         return index
     phase = runs[index]
-    return (phase.seq_len, phase.predictions, phase_microbatch(config, phase))
+    return (phase.seq_len, phase.predictions, phase_microbatch(spec, phase))
 
 
-def phase_config(config, step: int):
-    """(phase index, the config with that phase's data lengths and batch, the step where it
+def phase_config(spec: RunSpec, step: int) -> tuple[int, RunSpec, int]:
+    """(phase index, the run spec with that phase's data lengths and batch, the step where it
     ends) for the phase of data.phases (PhaseSpec) that `step` is in. A phase's batch is
     accumulated (train.grad_accum_steps) in the run's microbatch, or its own; its
     rope base is the global layers' rope_theta during the phase (ModernBERT's context
     extension raises it with the length)."""
-    runs = phases(config.data)
+    spec = resolve(spec)
+    runs, t = spec.phases, spec.train
     if not runs:
-        return 0, config, config.train.steps
+        return 0, spec, t.steps
     index = max(i for i, p in enumerate(runs) if step >= p.start_step)
     phase = runs[index]
-    phase_cfg = config.copy_and_resolve_references()
-    phase_cfg.data.max_seq_length = phase.seq_len
-    phase_cfg.data.max_predictions_per_seq = phase.predictions
+    keys = dataclasses.replace(spec.data.keys, max_seq_length=phase.seq_len,
+                               max_predictions_per_seq=phase.predictions)
+    changes = {"data": dataclasses.replace(spec.data, keys=keys)}
     if phase.batch_size is not None or phase.microbatch is not None:
-        batch = phase.batch_size or config.train.batch_size
-        phase_cfg.train.batch_size = batch
-        phase_cfg.train.grad_accum_steps = batch // phase_microbatch(config, phase)
+        batch = phase.batch_size or t.batch_size
+        changes["train"] = dataclasses.replace(
+            t, batch_size=batch, grad_accum_steps=batch // phase_microbatch(spec, phase))
     if phase.rope_theta is not None:  # context extension: rope's global base
-        phase_cfg.model.rope_theta = phase.rope_theta
-    end = runs[index + 1].start_step if index + 1 < len(runs) else config.train.steps
-    return index, phase_cfg, min(end, config.train.steps)
+        changes["model"] = dataclasses.replace(spec.model, rope_theta=phase.rope_theta)
+    end = runs[index + 1].start_step if index + 1 < len(runs) else t.steps
+    return index, dataclasses.replace(spec, **changes), min(end, t.steps)

@@ -257,6 +257,16 @@ class TaskData:
 
 
 @dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+    """The `decode` section of a translation run: beam search at evaluation and in `translate`."""
+
+    beam_size: int = valid(4, ">= 1")  # 1 = greedy
+    alpha: float = valid(0.6, ">= 0")  # GNMT length penalty ((5 + len) / 6) ** alpha
+    max_extra: int = valid(50, ">= 0")  # output length limit: source length + max_extra
+    batch_size: int = valid(64, ">= 1")  # sentences per decoding batch
+
+
+@dataclasses.dataclass(frozen=True)
 class DataSpec:
     """A run's `data` section resolved once: where the examples come from (`source`: a data
     source of data/sources.py, or a fine-tuning task's "files" or "tfds"), what the run trains
@@ -268,6 +278,40 @@ class DataSpec:
     task: str
     finetuning: bool
     keys: Any
+
+    def __getattr__(self, name: str) -> Any:
+        """A key of the section (`spec.data.max_seq_length`), read from `keys`."""
+        if name.startswith("__") or name == "keys":  # (copy and pickle probe before __init__)
+            raise AttributeError(name)
+        return getattr(self.keys, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """A run config resolved once, at the command boundary (config.resolve), into typed frozen
+    records: what every module below the commands reads instead of the ConfigDict. A length
+    phase of the run is another RunSpec (config.phase_spec: its lengths, batch and rope base).
+
+    `model` is the model family's own config (models/config.py: every field resolved, the
+    compute dtype in it) and `model_name` the model it configures; `saved` is the config as
+    written (JSON), what checkpoints store and compare."""
+
+    model_name: str
+    model: Any  # models.ModelConfig (BertConfig, DecoderLMConfig, ...)
+    data: DataSpec
+    train: TrainSpec
+    optimizer: OptimizerSpec
+    schedule: ScheduleSpec
+    mesh: MeshSpec
+    phases: tuple  # PhaseSpec records (data.phases); empty: one phase, the data section's
+    decode: DecodeSpec | None  # translation runs only
+    seed: int
+    dtype: str
+    init_from: str
+    init_mode: str
+    logical_axis_rules: tuple
+    shard_activations: bool
+    saved: str  # the config as written, JSON
 
 
 # data.name -> (the data source it names or None for a fine-tuning task, what the run trains

@@ -24,11 +24,12 @@ import jax
 import numpy as np
 
 from bert_jax import config as config_lib
-from bert_jax import models, specs, tasks
+from bert_jax import tasks
 from bert_jax.cloud import tpu
 from bert_jax.cloud.tpu import GiB
 from bert_jax.models import attention
 from bert_jax.models.kernels.splash import block_sizes, smem_error
+from bert_jax.specs import RunSpec
 from bert_jax.training import evaluate, setup, sharding, state, train
 
 
@@ -73,18 +74,19 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
     if read_init:
         state.check_set_sizes(config, set_by_user)
         config = state.sizes_from_init(config, set_by_user)
+    config = config_lib.resolve(config)
     sl = tpu.parse(topology, slices)
     devices = tpu.compile_only_devices(sl)
     setup.check(config, platform="tpu", devices=len(devices), processes=sl.hosts, reads_data=False)
     # No data is read: a fine-tuning config's train.steps may come from its number of examples.
-    is_task = specs.data(config.data).finetuning
+    is_task = config.data.finetuning
     steps_note = ""
     if config.train.steps == 0 and config.train.epochs > 0:
         steps_note = (f"train.steps comes from train.epochs={config.train.epochs} and the size of "
                       f"the training data, not read here: run time = steps x step time")
-        config = config.copy_and_resolve_references()
-        config.train.steps, config.schedule.warmup_fraction = 1, 0.0
-        config.schedule.warmup_steps = 0
+        config = dataclasses.replace(
+            config, train=dataclasses.replace(config.train, steps=1),
+            schedule=dataclasses.replace(config.schedule, warmup_fraction=0.0, warmup_steps=0))
     elif config.schedule.warmup_fraction:
         config = tasks.resolve_steps(config, None)
     engine = setup.build(config, sharding.make_mesh(config.mesh, devices))
@@ -95,7 +97,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
     peak = sl.chips * sl.gen.peak_per_chip * mfu
     kind = sl.gen.device_kinds[0]
 
-    def compiled(name, fn, args, cfg, steps, state_bytes, extra=None):
+    def compiled(name, fn, args, cfg: RunSpec, steps, state_bytes, extra=None):
         spec = {**objective.batch_spec(cfg), **(extra or {})}
         training = name != "eval"
         blocks, choices = kernel_blocks(cfg, kind, training=training, devices=len(devices))
@@ -135,7 +137,8 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
     # Evaluation: the params only, at the last phase's lengths; task eval batches also carry
     # which rows are padding.
     eval_cfg = config_lib.phase_config(config, _phase_starts(config)[-1])[1]
-    eval_cfg.train.batch_size = config.train.batch_size  # evaluation keeps the run's batch
+    eval_cfg = dataclasses.replace(  # evaluation keeps the run's batch
+        eval_cfg, train=dataclasses.replace(eval_cfg.train, batch_size=config.train.batch_size))
     if evaluation:
         eval_fn = evaluate.jit_eval_step(config, engine.graphdef, objective, mesh, outputs=is_task)
         weight = {"example_weight": jax.ShapeDtypeStruct((config.train.batch_size,), np.float32)}
@@ -143,9 +146,9 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
                               weight if is_task else None))
     return {
         "host": _host_input(eval_cfg, objective, sl.hosts, is_task),
-        "config": {"model": config.model.name, "dtype": config.dtype,
-                   "attention_kernel": setup.model_spec(config).attention_kernel,
-                   "layers": config.model.get("num_layers"), "width": config.model.get("emb_dim"),
+        "config": {"model": config.model_name, "dtype": config.dtype,
+                   "attention_kernel": config.model.attention_kernel,
+                   "layers": config.model.num_layers, "width": config.model.emb_dim,
                    "train_steps": config.train.steps},
         "slice": {"name": sl.label, "chips": sl.chips, "devices": sl.devices, "hosts": sl.hosts,
                   "shape": list(sl.shape), "slices": sl.slices,
@@ -161,13 +164,13 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
     }
 
 
-def kernel_blocks(config, device_kind: str, *, training: bool, devices: int
+def kernel_blocks(config: RunSpec, device_kind: str, *, training: bool, devices: int
                   ) -> tuple[dict | None, list | None]:
     """For a kernel that reads model.attention_block_size: its tiles on a `device_kind` device
     at the config's length (a size it cannot fit refused here, before compiling: the kernel's
     `check_device`), and per uniform block size (128 to 1,024, those that tile the length) the
     FLOPs its tiles visit per device and whether its mask info fits; (None, None) otherwise."""
-    _, cfg = models.split_model_config(config_lib.model_config(config))
+    cfg = config.model
     kernel = attention.kernel(cfg.attention_kernel)
     if not kernel.reads_block_size:
         return None, None
@@ -189,11 +192,11 @@ def kernel_blocks(config, device_kind: str, *, training: bool, devices: int
     return blocks, choices
 
 
-def kernel_flops(config, *, training: bool, device_kind: str | None = None) -> float | None:
+def kernel_flops(config: RunSpec, *, training: bool, device_kind: str | None = None) -> float | None:
     """The FLOPs of a step's custom attention kernels, which XLA's cost analysis does not count
     (the kernel says: `opaque`, `flops`): each self-attention stack for the global batch
     (cross-attention runs with xla, so the compiler counts it). None for a kernel XLA counts."""
-    _, cfg = models.split_model_config(config_lib.model_config(config))
+    cfg = config.model
     kernel = attention.kernel(cfg.attention_kernel)
     if not kernel.opaque:
         return None
@@ -207,14 +210,14 @@ def kernel_flops(config, *, training: bool, device_kind: str | None = None) -> f
     return flops
 
 
-def _host_input(cfg, objective, hosts: int, is_task: bool) -> dict[str, Any]:
+def _host_input(cfg: RunSpec, objective, hosts: int, is_task: bool) -> dict[str, Any]:
     """What each host's input pipeline holds (longest phase): its share of a batch, the
     shuffle window (pretraining), and for fine-tuning the split's features (all in memory);
     `cfg` is the config of the longest phase."""
     spec = objective.batch_spec(cfg)  # packed fine-tuning: the most rows a batch can need
     batch = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in spec.values())
     example = batch // cfg.train.batch_size
-    keys = specs.data(cfg.data).keys  # (fine-tuning and translation rows have no shuffle window)
+    keys = cfg.data.keys  # (fine-tuning and translation rows have no shuffle window)
     window = 0 if is_task else getattr(keys, "shuffle_window", 0)
     return {"example_bytes": example, "batch_bytes": batch // hosts,
             "shuffle_window": window, "shuffle_window_bytes": example * window,
@@ -222,9 +225,9 @@ def _host_input(cfg, objective, hosts: int, is_task: bool) -> dict[str, Any]:
             "features_in_memory": is_task}
 
 
-def _phase_starts(config) -> list[int]:
+def _phase_starts(config: RunSpec) -> list[int]:
     """First step of each sequence-length phase the run reaches."""
-    starts = [p.start_step for p in config_lib.phases(config.data)] or [0]
+    starts = [p.start_step for p in config.phases] or [0]
     return [s for s in starts if s < config.train.steps] or [0]
 
 

@@ -1,6 +1,6 @@
 """Random-access tokenized documents (a document = a list of int32 sentence arrays) from
-text files, `bert-jax prepare` array_record shards, or a TFDS dataset; and the lines of text
-files or a TFDS dataset's text fields that `bert-jax vocab` learns from (text_lines).
+text files, `bert-jax prepare` array_record shards, or a TFDS dataset (the raw lines
+`bert-jax vocab` learns from: data/sources.py, vocab_lines).
 
 Text files are tokenized into memory when opened (fine up to a few GB of text); beyond
 that, `bert-jax prepare` writes array_record shards that are read record by record.
@@ -12,7 +12,7 @@ import gzip
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import grain
@@ -225,18 +225,3 @@ def write_array_record(docs, path: str | Path) -> int:
     return n
 
 
-def text_lines(spec: str) -> Iterator[str]:
-    """Lines of comma-separated file globs (plain or .gz), or of a TFDS dataset's fields
-    (tfds:name[:split[:field,field]], default field `text`; e.g. ...:train:en,de)."""
-    if spec.startswith("tfds:"):
-        name, _, rest = spec[5:].partition(":")
-        split, _, fields = rest.partition(":")
-        source = tfds_source(name, split or "train", what=f"--input={spec}",
-                             data_dir_flag="$TFDS_DATA_DIR")
-        for i in range(len(source)):
-            for field in (fields or "text").split(","):
-                text = source[i][field]
-                yield from (text.decode() if isinstance(text, bytes) else text).splitlines()
-        return
-    for path in expand(spec, "--input"):
-        yield from text_lib.utf8_lines(path)

@@ -10,6 +10,9 @@ A source is a class that registers itself (`@register`), of one of three kinds:
 - "batches": ready host-local batches, `batches(config, split, ...)` (generated data).
 A source also says what its rows train (`task`: pretraining or translation) and the record its
 data section reads as (`keys`, bert_jax/specs.py); registering enters its name there too.
+A source that can give raw text for `bert-jax vocab --input` declares the `scheme` of that
+input (`tfds:name...`) and `text_lines`; the text source takes inputs without one (file globs):
+`vocab_lines` asks the registry.
 A new source is one such class in any module imported before the run (a test file will do).
 """
 
@@ -21,9 +24,10 @@ from typing import Any, ClassVar
 
 from bert_jax import paths, specs
 from bert_jax.data import documents, pretraining
+from bert_jax.data import text as text_lib
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.synthetic import SyntheticPretraining, SyntheticTranslation
-from bert_jax.specs import ConfigError
+from bert_jax.specs import ConfigError, RunSpec
 
 KINDS = ("documents", "pairs", "batches")
 SOURCES: dict[str, Source] = {}
@@ -38,6 +42,9 @@ class Source:
     task: ClassVar[str] = "pretraining"  # or "translation"
     keys: ClassVar[type] = specs.PretrainingData
     prepares: ClassVar[bool] = False  # `bert-jax prepare` can shard it (documents sources)
+    # `bert-jax vocab --input <scheme>:<rest>` reads this source's text (text_lines(rest));
+    # "": the inputs without a registered scheme (file globs)
+    scheme: ClassVar[str | None] = None
 
     def check(self, data) -> None:
         """Fails now, before the model is built, if the data cannot be read (default: the
@@ -51,9 +58,13 @@ class Source:
         docs, _ = self.documents(data, "train", tokenizer)
         yield from (docs[i] for i in range(len(docs)))
 
-    def batches(self, config, split: str, *, batch_size: int, num_batches: int | None,
+    def batches(self, config: RunSpec, split: str, *, batch_size: int, num_batches: int | None,
                 process_index: int, process_count: int):
         raise NotImplementedError(f"data.name={self.name!r} is a {self.kind} source")
+
+    def text_lines(self, spec: str) -> Iterator[str]:
+        """Raw text lines of `spec` (the --input of `bert-jax vocab`, its scheme removed)."""
+        raise NotImplementedError(f"data.name={self.name!r} gives no raw text")
 
 
 def register(cls: type[Source]) -> type[Source]:
@@ -72,6 +83,17 @@ def get(name: str) -> Source:
     return SOURCES[name]
 
 
+def vocab_lines(spec: str) -> Iterator[str]:
+    """The raw text lines of a `bert-jax vocab --input`: `<scheme>:<rest>` read by the source
+    registered with that scheme (tfds:...), anything else by the one with scheme "" (comma-
+    separated file globs, plain or .gz, local or gs://)."""
+    scheme, colon, rest = spec.partition(":")
+    by_scheme = {s.scheme: s for s in SOURCES.values() if s.scheme is not None}
+    if colon and scheme and scheme in by_scheme:
+        return by_scheme[scheme].text_lines(rest)
+    return by_scheme[""].text_lines(spec)
+
+
 def _split_key(data, split: str, own: str, train: str) -> tuple[str, bool]:
     """(the data key `split` reads, whether held-out data has its own key `own` set): with it,
     the training documents are all trained on; without it, evaluation holds some of them out."""
@@ -84,7 +106,11 @@ class Text(Source):
     """Plain text files (data.train_files, data.eval_files; data.text_format), tokenized into
     memory when opened."""
 
-    name, kind, prepares = "text", "documents", True
+    name, kind, prepares, scheme = "text", "documents", True, ""
+
+    def text_lines(self, spec):
+        for path in documents.expand(spec, "--input"):
+            yield from text_lib.utf8_lines(path)
 
     def documents(self, data, split, tokenizer):
         key, own = _split_key(data, split, "eval_files", "train_files")
@@ -114,7 +140,19 @@ class ArrayRecord(Source):
 class Tfds(Source):
     """A TFDS text corpus prepared as array_record (data.tfds_name), via tfds.data_source."""
 
-    name, kind, prepares = "tfds", "documents", True
+    name, kind, prepares, scheme = "tfds", "documents", True, "tfds"
+
+    def text_lines(self, spec):
+        """name[:split[:field,field]], default split train and field `text` (e.g.
+        wmt14_translate/de-en:train:en,de)."""
+        name, _, rest = spec.partition(":")
+        split, _, fields = rest.partition(":")
+        source = documents.tfds_source(name, split or "train", what=f"--input=tfds:{spec}",
+                                       data_dir_flag="$TFDS_DATA_DIR")
+        for i in range(len(source)):
+            for field in (fields or "text").split(","):
+                text = source[i][field]
+                yield from (text.decode() if isinstance(text, bytes) else text).splitlines()
 
     def check(self, data):
         if data.tfds_name:
@@ -144,7 +182,7 @@ class Synthetic(Source):
 
     name, kind = "synthetic", "batches"
 
-    def batches(self, config, split, *, batch_size, num_batches, process_index, process_count):
+    def batches(self, config: RunSpec, split, *, batch_size, num_batches, process_index, process_count):
         d = specs.data(config.data).keys
         if d.pack:
             raise ConfigError("data.pack=True: data.name='synthetic' rows are full length "
@@ -153,7 +191,7 @@ class Synthetic(Source):
             vocab_size=config.model.vocab_size, seq_len=d.max_seq_length,
             max_predictions=d.max_predictions_per_seq, batch_size=batch_size, seed=config.seed,
             split=split, process_index=process_index, process_count=process_count,
-            num_batches=num_batches, nsp=config.model.get("nsp", True))
+            num_batches=num_batches, nsp=getattr(config.model, "nsp", True))
 
 
 @register
@@ -162,22 +200,22 @@ class SyntheticCopy(Source):
 
     name, kind, task, keys = "synthetic_translation", "batches", "translation", specs.TranslationData
 
-    def batches(self, config, split, *, batch_size, num_batches, process_index, process_count):
+    def batches(self, config: RunSpec, split, *, batch_size, num_batches, process_index, process_count):
         return SyntheticTranslation(
             vocab_size=config.model.vocab_size, seq_len=config.data.max_seq_length,
             batch_size=batch_size, seed=config.seed, split=split, process_index=process_index,
             process_count=process_count, num_batches=num_batches)
 
 
-def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[str, int]:
-    """Tokenizes config.data's corpus once into array_record shards `train-NNNNN` and (every
+def prepare(spec: RunSpec, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[str, int]:
+    """Tokenizes the run's corpus once into array_record shards `train-NNNNN` and (every
     data.heldout_every-th document) `validation-NNNNN` (local or gs://); returns documents per
     split."""
-    d = config.data
-    if "masked_lm_prob" not in d:
+    d = spec.data
+    if not isinstance(d.keys, specs.PretrainingData):
         raise ValueError(f"`bert-jax prepare` writes a pretraining corpus as shards, for a "
                          f"pretraining config (configs/bert_pretrain.py); this one reads "
-                         f"data.name={d.get('name')!r} files as it trains: give it to "
+                         f"data.name={d.name!r} files as it trains: give it to "
                          "`bert-jax train` as it is")
     source = SOURCES.get(d.name)
     if source is None or not source.prepares:
@@ -188,9 +226,9 @@ def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[s
     out = paths.path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
-    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(config.data.tokenizer))
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
     out.mkdir(parents=True, exist_ok=True)
-    every = config.data.heldout_every
+    every = d.heldout_every
     buffers: dict[str, list[documents.Document]] = {"train": [], "validation": []}
     counts = {"train": 0, "validation": 0}
     shards = {"train": 0, "validation": 0}
@@ -201,7 +239,7 @@ def prepare(config, out_dir: str | Path, docs_per_shard: int = 50_000) -> dict[s
             shards[split] += 1
             buffers[split] = []
 
-    for i, doc in enumerate(source.stream(d, tokenizer)):
+    for i, doc in enumerate(source.stream(d.keys, tokenizer)):
         split = "validation" if every > 0 and i % every == every - 1 else "train"
         buffers[split].append(doc)
         counts[split] += 1

@@ -21,13 +21,15 @@ outputs per example in file order (padding dropped). How its files and runs are 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 
 import ml_collections
 
 from bert_jax import config as config_lib
-from bert_jax.specs import TaskData
+from bert_jax.specs import RunSpec, TaskData
 from bert_jax.tasks import glue, ner, pairs, squad, swag  # noqa: F401 (each registers its task)
 from bert_jax.tasks.base import TASKS, Task, register, tokenizer_dir, tokenizer_source
 
@@ -69,7 +71,7 @@ def finetune_defaults(task: str, size: str = "base") -> ml_collections.ConfigDic
     return config
 
 
-def from_config(config) -> Task | None:
+def from_config(config: RunSpec) -> Task | None:
     """The fine-tuning task of config.data.name, or None for pretraining data."""
     cls = TASKS.get(config.data.name)
     return cls(config) if cls else None
@@ -96,26 +98,29 @@ def task_of_file(head: bytes, other_than: str) -> type[Task] | None:
                 None)
 
 
-def resolve_steps(config, task: Task | None) -> ml_collections.ConfigDict:
-    """A copy of `config` with train.steps from train.epochs (when train.steps is 0) and
+def resolve_steps(spec: RunSpec, task: Task | None) -> RunSpec:
+    """`spec` with train.steps from train.epochs (when train.steps is 0) and
     schedule.warmup_steps from schedule.warmup_fraction (when > 0), logged so the run shows
-    what it did. A train.steps set by the user is kept as it is."""
-    epochs, fraction = config.train.epochs, config.schedule.warmup_fraction
-    from_epochs = epochs > 0 and config.train.steps == 0
+    what it did, and written into the config it saves. A train.steps set by the user is kept
+    as it is."""
+    t, schedule = spec.train, spec.schedule
+    epochs, fraction = t.epochs, schedule.warmup_fraction
+    from_epochs = epochs > 0 and t.steps == 0
     if not from_epochs and not fraction:
-        return config
-    config = config.copy_and_resolve_references()
+        return spec
     if from_epochs:
         if task is None:
             raise config_lib.ConfigError("train.epochs: pretraining data has no epoch size; set "
                                          "train.steps instead")
         n = task.num_train_examples()
-        config.train.steps = max(1, math.ceil(epochs * n / config.train.batch_size))
-        log.info(f"{n:,} training examples ({config.data.name}), batch {config.train.batch_size}: "
-                 f"train.epochs={epochs} -> train.steps={config.train.steps}")
+        t = dataclasses.replace(t, steps=max(1, math.ceil(epochs * n / t.batch_size)))
+        log.info(f"{n:,} training examples ({spec.data.name}), batch {t.batch_size}: "
+                 f"train.epochs={epochs} -> train.steps={t.steps}")
     if fraction:
-        config.schedule.warmup_steps = int(fraction * config.train.steps)
-        log.info(f"schedule.warmup_fraction={fraction} of train.steps={config.train.steps} -> "
-                 f"schedule.warmup_steps={config.schedule.warmup_steps}")
-    return config
+        schedule = dataclasses.replace(schedule, warmup_steps=int(fraction * t.steps))
+        log.info(f"schedule.warmup_fraction={fraction} of train.steps={t.steps} -> "
+                 f"schedule.warmup_steps={schedule.warmup_steps}")
+    saved = json.loads(spec.saved)
+    saved["train"]["steps"], saved["schedule"]["warmup_steps"] = t.steps, schedule.warmup_steps
+    return dataclasses.replace(spec, train=t, schedule=schedule, saved=json.dumps(saved))
 

@@ -14,6 +14,7 @@ from etils import epath
 from bert_jax import config as config_lib
 from bert_jax import paths, specs
 from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.specs import RunSpec
 
 TASKS: dict[str, type[Task]] = {}  # data.name -> its Task, in the order registered
 
@@ -88,8 +89,8 @@ class Task(abc.ABC):
 
     # Shared: the files, examples and features of a split, cached.
 
-    def __init__(self, config: ml_collections.ConfigDict):
-        self.config, self.data = config, specs.data(config.data).keys
+    def __init__(self, config: specs.RunSpec):
+        self.config, self.data = config, config.data.keys
         try:
             self.tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir(config))
         except FileNotFoundError as e:
@@ -154,13 +155,13 @@ class Task(abc.ABC):
         return len(next(iter(self.features("train").values())))
 
 
-def tokenizer_source(config) -> str:
+def tokenizer_source(config: RunSpec) -> str:
     """data.tokenizer, else the init_from checkpoint directory (a `bert-jax convert` output
     and a training workdir hold their tokenizer files), else ""."""
-    return config.data.get("tokenizer") or config.get("init_from") or ""
+    return getattr(config.data, "tokenizer", "") or config.init_from
 
 
-def tokenizer_dir(config) -> str:
+def tokenizer_dir(config: RunSpec) -> str:
     """tokenizer_source, required."""
     directory = tokenizer_source(config)
     if not directory:

@@ -21,6 +21,7 @@ from bert_jax import config as config_lib
 from bert_jax import paths, specs
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.specs import RunSpec
 from bert_jax.tasks import scoring
 from bert_jax.tasks.base import Task, register
 
@@ -238,7 +239,7 @@ class GlueTask(Task):
         # GLUE's diagnostic set ax is scored by an MNLI model, its own run.
         return ran == asked or (ran, asked) == ("glue mnli", "glue ax")
 
-    def __init__(self, config):
+    def __init__(self, config: RunSpec):
         super().__init__(config)
         self.task = self.data.task
         self.spec = task_spec(self.task)
@@ -246,7 +247,7 @@ class GlueTask(Task):
             raise config_lib.ConfigError(f"data.source={self.data.source!r}; choose files (the GLUE "
                                          "TSVs under data.data_dir) or tfds")
         want = 1 if self.spec.labels is None else len(self.spec.labels)
-        if config.model.get("num_labels", want) != want:
+        if config.model.num_labels != want:
             kind = ("a regression (one score)" if self.spec.labels is None
                     else f"{want} labels {list(self.spec.labels)}")
             raise config_lib.ConfigError(f"model.num_labels={config.model.num_labels} but GLUE "

@@ -15,6 +15,7 @@ from bert_jax import config as config_lib
 from bert_jax import paths, specs
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.specs import RunSpec
 from bert_jax.tasks.base import Task, register
 
 DOCSTART = "-DOCSTART-"
@@ -308,7 +309,7 @@ class NerTask(Task):
     def looks_like(cls, head: bytes) -> bool:
         return head.startswith(DOCSTART.encode())
 
-    def __init__(self, config):
+    def __init__(self, config: RunSpec):
         super().__init__(config)
         self.labels = self.data.labels
         if len(self.labels) != config.model.num_labels:

@@ -25,6 +25,7 @@ from bert_jax import paths, specs
 from bert_jax.data.rows import BadRows, utf8_errors
 from bert_jax.data.tokenizer import SP_SPACE, Tokenizer
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, reference_basic_tokenize
+from bert_jax.specs import RunSpec
 from bert_jax.tasks.base import Task, register
 
 # run_squad.py splits paragraphs on these only (U+202F too), not on every Unicode space.
@@ -515,7 +516,7 @@ class SquadTask(Task):
     def run_name(cls, data) -> str:
         return f"squad {'v2.0' if data.get('version_2') else 'v1.1'}"
 
-    def __init__(self, config):
+    def __init__(self, config: RunSpec):
         super().__init__(config)
         self.version_2 = self.data.version_2
 

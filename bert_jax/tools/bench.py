@@ -145,10 +145,10 @@ def bench_data(text: str | None, seconds: float, seq_len: int = 128) -> dict:
             f"data.max_seq_length={seq_len}", "data.max_predictions_per_seq=20",
             "train.batch_size=256", "data.heldout_every=0"])
         t0 = time.perf_counter()
-        counts = sources.prepare(config, tmp / "shards")
+        counts = sources.prepare(config_lib.resolve(config), tmp / "shards")
         prepare_s = time.perf_counter() - t0
         config.data.name, config.data.train_files = "array_record", str(tmp / "shards" / "train-*")
-        pipeline = pipelines.make(config, "train")
+        pipeline = pipelines.make(config_lib.resolve(config), "train")
         next(pipeline)  # open files, warm caches
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
@@ -169,7 +169,7 @@ def packing_fill(config, seq_len: int, predictions: int, batches: int = 8) -> di
     for pack in (False, True):
         cfg = config.copy_and_resolve_references()
         cfg.data.update(pack=pack, max_seq_length=seq_len, max_predictions_per_seq=predictions)
-        pipeline = pipelines.make(cfg, "train")
+        pipeline = pipelines.make(config_lib.resolve(cfg), "train")
         real = rows = instances = 0
         t0 = time.perf_counter()
         for _ in range(batches):

@@ -88,6 +88,7 @@ class OurStep:
     batch and run on demand: `run(steps)` gives their seconds, `metrics` the last step's."""
 
     def __init__(self, config, batch_np: dict):
+        config = config_lib.resolve(config)
         setup.check(config, platform=setup.platform(), devices=jax.device_count(), processes=1,
                     reads_data=False)
         engine = setup.build(config, sharding.make_mesh(config.mesh))
@@ -147,6 +148,7 @@ def pretraining_batch(config, docs_per_row: int, seed: int = 0) -> dict[str, np.
     """A global batch in the layout `config`'s objective trains on (objective.batch_spec):
     every token real (packed: `docs_per_row` documents per row), data.max_predictions_per_seq
     masked positions per row, random words."""
+    config = config_lib.resolve(config)
     spec = objectives.for_config(config).batch_spec(config)
     rng = np.random.default_rng(seed)
     B, T = spec["input_ids"].shape
@@ -165,7 +167,7 @@ def pretraining_batch(config, docs_per_row: int, seed: int = 0) -> dict[str, np.
         batch["token_type_ids"] = np.zeros((B, T))
     unknown = sorted(set(spec) - set(batch))
     if unknown:
-        raise ValueError(f"{config.model.name}: no bench data for batch keys {unknown}")
+        raise ValueError(f"{config.model_name}: no bench data for batch keys {unknown}")
     return {k: np.asarray(batch[k], spec[k].dtype) for k in spec}
 
 

@@ -1,4 +1,5 @@
-"""The training engine: one setup for every command (setup: `check` in one order, `build` the
+"""The training engine, reading a run as its `specs.RunSpec` (config.resolve, once, at the
+command boundary): one setup for every command (setup: `check` in one order, `build` the
 objective, optimizer and abstract sharded state), the device mesh and logical-axis sharding
 (sharding), train state creation and restore (state), optimizers and schedules (optim), the
 objectives, registered by name (objectives: loss, batch shapes, real tokens, FLOPs; a model's

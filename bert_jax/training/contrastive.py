@@ -29,6 +29,7 @@ import optax
 from flax import nnx
 
 from bert_jax import models, specs
+from bert_jax.specs import RunSpec
 from bert_jax.training import objectives
 
 Array = jax.Array
@@ -104,11 +105,11 @@ class _Contrastive(objectives.Objective):
         self.dims = cfg.matryoshka_dims or (cfg.emb_dim,)
         self.scale = cfg.similarity_scale
 
-    def documents(self, config) -> int:
+    def documents(self, config: RunSpec) -> int:
         """Documents per query in a training batch: the positive and data.num_negatives."""
         return 1 if self.scored else 1 + specs.data(config.data).keys.num_negatives
 
-    def batch_spec(self, config, rows: int | None = None) -> objectives.Spec:
+    def batch_spec(self, config: RunSpec, rows: int | None = None) -> objectives.Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         N = self.documents(config)
         spec = {f"query_{k}": jax.ShapeDtypeStruct((B, T), jnp.int32) for k in _TEXT_KEYS}
@@ -117,7 +118,7 @@ class _Contrastive(objectives.Objective):
             spec["score"] = jax.ShapeDtypeStruct((B,), jnp.float32)
         return spec
 
-    def evaluator(self, config) -> str:
+    def evaluator(self, config: RunSpec) -> str:
         return "task"
 
     def embed(self, model: nnx.Module, batch: dict[str, Array], rng: Array | None

@@ -28,6 +28,7 @@ from bert_jax import config as config_lib
 from bert_jax import paths, tasks
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import workdir_path
+from bert_jax.specs import RunSpec
 from bert_jax.training import checkpoint, setup, sharding, state
 from bert_jax.training import input as pipelines
 
@@ -50,14 +51,14 @@ def predict_step(params: dict, batch: dict[str, Array], *, graphdef, objective) 
     return {"terms": terms, "weights": objective.weights(batch), "metrics": metrics}, out
 
 
-def _sharded(config, mesh, fn):
+def _sharded(config: RunSpec, mesh, fn):
     """`fn` with the activation layout of the train step (config.shard_activations)."""
     if config.shard_activations:
         return sharding.activation_sharding(fn, mesh, config.logical_axis_rules)
     return fn
 
 
-def jit_eval_step(config, graphdef, objective, mesh, *, outputs: bool = False):
+def jit_eval_step(config: RunSpec, graphdef, objective, mesh, *, outputs: bool = False):
     """The jitted eval step on params and a batch; with `outputs`, the predict step, whose model
     outputs are replicated so that every host gets all of them."""
     if outputs:
@@ -84,7 +85,8 @@ class Evaluator(Protocol):
 
     def prepare(self) -> None: ...
 
-    def run(self, params, *, config=None, out_dir=None, splits=None) -> dict[str, float]:
+    def run(self, params, *, config: RunSpec | None = None, out_dir=None,
+            splits=None) -> dict[str, float]:
         """config: the current length phase's config (pretraining); out_dir: where prediction
         files go (tasks); splits: which eval splits (tasks; default all)."""
 
@@ -92,15 +94,15 @@ class Evaluator(Protocol):
 class ObjectiveEvaluator:
     """The objective's metrics over `train.eval_steps` batches of the validation split."""
 
-    def __init__(self, *, config, graphdef, objective, mesh, task=None):
+    def __init__(self, *, config: RunSpec, graphdef, objective, mesh, task=None):
         self.config, self.mesh, self.objective = config, mesh, objective
         self.fn = jit_eval_step(config, graphdef, objective, mesh)
-        self.phase_fns: dict[str, Any] = {}  # phases whose model differs (their rope base)
+        self.phase_fns: dict[Any, Any] = {}  # phases whose model differs (their rope base)
 
-    def _fn(self, config):
+    def _fn(self, config: RunSpec):
         if config.model == self.config.model:
             return self.fn
-        key = repr(sorted(config.model.items()))
+        key = config.model
         if key not in self.phase_fns:
             self.phase_fns[key] = jit_eval_step(config, state.graphdef_of(config), self.objective,
                                                 self.mesh)
@@ -111,7 +113,8 @@ class ObjectiveEvaluator:
         stop a run before training rather than at its first evaluation."""
         next(iter(pipelines.make(self.config, "validation", num_batches=1)))
 
-    def run(self, params, *, config=None, out_dir=None, splits=None) -> dict[str, float]:
+    def run(self, params, *, config: RunSpec | None = None, out_dir=None,
+            splits=None) -> dict[str, float]:
         config = config or self.config  # pretraining: the current length phase's config
         # The run's batch in every phase (a phase's own may be smaller: batch size warmup), so
         # each evaluation reads the same examples.
@@ -127,7 +130,7 @@ class ObjectiveEvaluator:
 class TaskEvaluator:
     """A fine-tuning task's loss, objective metrics and official metrics on its eval splits."""
 
-    def __init__(self, *, config, graphdef, objective, mesh, task):
+    def __init__(self, *, config: RunSpec, graphdef, objective, mesh, task):
         self.config, self.mesh, self.task = config, mesh, task
         self.fn = jit_eval_step(config, graphdef, objective, mesh, outputs=True)
 
@@ -150,7 +153,8 @@ class TaskEvaluator:
         for split in self.task.eval_splits:
             self.task.features(split)
 
-    def run(self, params, *, config=None, out_dir=None, splits=None) -> dict[str, float]:
+    def run(self, params, *, config: RunSpec | None = None, out_dir=None,
+            splits=None) -> dict[str, float]:
         results: dict[str, float] = {}
         for i, split in enumerate(splits or self.task.eval_splits):
             prefix = "eval/" if i == 0 else f"eval/{Path(split).stem}/"
@@ -186,7 +190,7 @@ def evaluator_class(kind: str) -> type:
     return entry
 
 
-def make_evaluator(config, graphdef, objective, mesh, task=None) -> Evaluator:
+def make_evaluator(config: RunSpec, graphdef, objective, mesh, task=None) -> Evaluator:
     """The evaluator of a fine-tuning task, else the one its objective names."""
     kind = "task" if task is not None else objective.evaluator(config)
     return evaluator_class(kind)(config=config, graphdef=graphdef, objective=objective, mesh=mesh,
@@ -219,7 +223,7 @@ def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> lis
     return [int(spec)]
 
 
-def _check_split_file(split: str, config, workdir: str) -> None:
+def _check_split_file(split: str, config: RunSpec, workdir: str) -> None:
     """A --split file in another task's format (a SQuAD JSON on a GLUE run...) is named as
     such, rather than as a malformed row of this task's format."""
     try:
@@ -228,7 +232,7 @@ def _check_split_file(split: str, config, workdir: str) -> None:
     except OSError:
         return  # missing or unreadable: the task's reader says so
     if other := tasks.task_of_file(head, config.data.name):
-        ran = tasks.run_name(config.data)
+        ran = tasks.run_name(json.loads(config.saved)["data"])
         raise ValueError(f"--split={split} is {other.file_kind}, but {workdir} is a {ran} run; give a "
                          f"{ran} file, or evaluate a {other.name} run with it")
 
@@ -302,7 +306,7 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
     stored with the checkpoints (see run_config, with the keys `set_by_user` on the command
     line). A result with a non-finite value is an error and never replaces a result already
     written."""
-    config = run_config(config, workdir, set_by_user)
+    config = config_lib.resolve(run_config(config, workdir, set_by_user))
     setup.check(config, platform=setup.platform(), devices=jax.device_count(),
                 processes=jax.process_count(), training=False)
     task = tasks.from_config(config)

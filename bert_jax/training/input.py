@@ -40,6 +40,7 @@ from bert_jax import specs
 from bert_jax.data import packing, pretraining, sources, translation
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.finetune import FeaturePipeline, pad_batch
+from bert_jax.specs import RunSpec
 from bert_jax.training import objectives, sharding
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ class PretrainingPipeline(GrainBatches):
                          worker_count=data.worker_count)
 
 
-def translation_pipeline(config, split: str, *, batch_size: int, num_batches: int | None
+def translation_pipeline(config: RunSpec, split: str, *, batch_size: int, num_batches: int | None
                          ) -> GrainBatches:
     """Packed translation batches of this host's share of `split`'s pairs."""
     d = specs.data(config.data).keys
@@ -223,7 +224,7 @@ def _split_doc_ids(num_docs: int, split: str, heldout_every: int, has_own_split:
     return ids[held] if split == "validation" else ids[~held]
 
 
-def check_source(config) -> None:
+def check_source(config: RunSpec) -> None:
     """The data config.data trains on can be read (its source's check: a TFDS dataset is
     prepared), found before the model is built, not after. Tasks check their files themselves."""
     spec = specs.data(config.data)
@@ -231,7 +232,7 @@ def check_source(config) -> None:
         sources.get(spec.source).check(spec.keys)
 
 
-def open_documents(config, split: str, tokenizer):
+def open_documents(config: RunSpec, split: str, tokenizer):
     """(random-access documents, ids of the split's documents) for config.data."""
     d = specs.data(config.data).keys
     docs, own = sources.get(d.name).documents(d, split, tokenizer)
@@ -246,7 +247,7 @@ def open_documents(config, split: str, tokenizer):
     return docs, ids
 
 
-def pack_options(config, train: bool) -> dict | None:
+def pack_options(config: RunSpec, train: bool) -> dict | None:
     """packing.pack_batch's arguments for a fine-tuning run's batches, or None (not packed): rows a
     multiple of the mesh's batch shards, one packing per microbatch when training."""
     if not specs.data(config.data).keys.pack:
@@ -254,7 +255,7 @@ def pack_options(config, train: bool) -> dict | None:
     how = objectives.for_config(config).packing
     if how not in ("cls", "tokens"):
         raise config_lib.ConfigError(
-            f"data.pack=True: model.name={config.model.name!r} batches cannot be packed (its "
+            f"data.pack=True: model.name={config.model_name!r} batches cannot be packed (its "
             "head reads whole rows); set --config.data.pack=false")
     sizes = config_lib.mesh_shape(config.mesh, jax.device_count())
     _check_host_blocks(config, sizes["data"] * sizes["fsdp"])
@@ -263,7 +264,7 @@ def pack_options(config, train: bool) -> dict | None:
             "token_index": how == "tokens"}
 
 
-def _check_host_blocks(config, shards: int) -> None:
+def _check_host_blocks(config: RunSpec, shards: int) -> None:
     """Every host packs the whole batch and passes rows [p*R/P, (p+1)*R/P) as its share, with
     indices into the global rows: that needs process p's devices to hold exactly that block of
     the batch axis (true of the meshes make_mesh builds; checked, since a mismatch would train
@@ -283,8 +284,8 @@ def _check_host_blocks(config, shards: int) -> None:
                 "batch in process order, which packed batches need; set --config.data.pack=false")
 
 
-def task_pipeline(config, features: dict[str, np.ndarray], *, train: bool, batch_size: int | None = None,
-                  num_batches: int | None = None) -> FeaturePipeline:
+def task_pipeline(config: RunSpec, features: dict[str, np.ndarray], *, train: bool,
+                  batch_size: int | None = None, num_batches: int | None = None) -> FeaturePipeline:
     """Batches of a fine-tuning task's features (packed when data.pack), this host's share."""
     return FeaturePipeline(features, batch_size=batch_size or config.train.batch_size, train=train,
                            seed=config.seed if train else 0, process_index=jax.process_index(),
@@ -292,12 +293,16 @@ def task_pipeline(config, features: dict[str, np.ndarray], *, train: bool, batch
                            pack=pack_options(config, train))
 
 
-def make(config, split: str, *, batch_size: int | None = None, num_batches: int | None = None,
+def make(config: RunSpec, split: str, *, batch_size: int | None = None, num_batches: int | None = None,
          task=None):
     """The data pipeline of `config.data` for `split` ('train' or 'validation'), reading
     only this host's share; fine-tuning data comes from `task` (tasks.from_config)."""
     spec = specs.data(config.data)
     global_batch = batch_size or config.train.batch_size
+    own = objectives.for_config(config).pipeline(config, split, batch_size=global_batch,
+                                                 num_batches=num_batches, task=task)
+    if own is not None:  # an objective with batches of its own
+        return own
     if spec.finetuning:
         if task is None:
             raise ValueError(f"data.name={spec.task!r} is a fine-tuning task: pass its Task "

@@ -15,6 +15,8 @@ Every objective (`for_model(model_cfg, name=...)`) has:
   weights(batch)            {term: total weight}
   tokens(batch)             real (not padding) input tokens of the batch, a scalar
   flops(batch)              training matmul FLOPs of the batch (3x forward), real tokens only
+  pipeline(config, split, ...) its own host batches, or None (the default): the batches of
+                            the run's data source or fine-tuning task (training/input.py)
 Fine-tuning objectives also split __call__ into `forward` (model outputs, kept by
 evaluation) and `loss`.
 
@@ -43,6 +45,7 @@ from flax import nnx
 from bert_jax import models, specs
 from bert_jax.config import ConfigError, model_config
 from bert_jax.data import packing as packing_lib
+from bert_jax.specs import RunSpec
 
 Array = jax.Array
 Terms = dict[str, Array]
@@ -87,13 +90,21 @@ class Objective:
     def flops_per_token(self, seq_len: int) -> dict[str, float]:
         return models.flops_per_token(self.model_cfg, seq_len)
 
-    def rows_vary(self, config) -> bool:
+    def rows_vary(self, config: RunSpec) -> bool:
         """Whether this run's batches come in several row counts (packed fine-tuning)."""
         return False
 
-    def evaluator(self, config) -> str:
+    def evaluator(self, config: RunSpec) -> str:
         """The kind of evaluator (evaluate.EVALUATORS) for runs without a fine-tuning task."""
         return "loss"
+
+    def pipeline(self, config: RunSpec, split: str, *, batch_size: int,
+                 num_batches: int | None, task=None):
+        """This host's batches of `split` ('train' or 'validation') in this objective's layout,
+        `batch_size` rows a global batch, when the objective makes its own (an iterator with
+        get_state()/set_state(), as training/input.py's); None: those of the run's data source
+        or fine-tuning task, read by training/input.py."""
+        return None
 
 
 # objective name -> class; model.name -> the name of the objective that trains it by default.
@@ -135,7 +146,7 @@ class _Bert(Objective):
         return {k: _spec(shape) for k in ("input_ids", *_UNPACKED_INPUTS)}
 
     @staticmethod
-    def packed_spec(config, rows: int | None, example_shape: tuple[int, ...],
+    def packed_spec(config: RunSpec, rows: int | None, example_shape: tuple[int, ...],
                     token_index: bool = False) -> Spec:
         """The token arrays of a packed batch of [R, T] rows (R: `rows`, default the most a
         batch can need) and the indices of its examples ([B] or [B, C])."""
@@ -169,11 +180,11 @@ class Pretraining(_Bert):
         super().__init__(model_cfg)
         self.nsp = bool(self.model_cfg.get("nsp", True))
 
-    def packs(self, config) -> bool:
+    def packs(self, config: RunSpec) -> bool:
         # max_instances_per_row and which instances pack: config.check_pretraining_data
         return specs.data(config.data).keys.packed
 
-    def batch_spec(self, config, rows: int | None = None) -> Spec:
+    def batch_spec(self, config: RunSpec, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         P = config.data.max_predictions_per_seq
         packed = self.packs(config)
@@ -246,11 +257,11 @@ class _FineTuning(_Bert):
     every token), or None when the head is not packed (SQuAD's windows are full length, and
     its span softmax runs over the whole row)."""
 
-    def packs(self, config) -> bool:
+    def packs(self, config: RunSpec) -> bool:
         """Whether this run's batches are packed (data.pack and a head that can be)."""
         return specs.data(config.data).keys.pack and self.packing is not None
 
-    def rows_vary(self, config) -> bool:
+    def rows_vary(self, config: RunSpec) -> bool:
         return self.packs(config)
 
     def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
@@ -272,7 +283,7 @@ class Classification(_FineTuning):
 
     packing = "cls"
 
-    def batch_spec(self, config, rows: int | None = None) -> Spec:
+    def batch_spec(self, config: RunSpec, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         regression = self.model_cfg.get("num_labels") == 1
         tokens = (self.packed_spec(config, rows, (B,)) if self.packs(config)
@@ -295,7 +306,7 @@ class Classification(_FineTuning):
 class MultipleChoice(Classification):
     """One score per choice ([B, C, T] inputs), softmax cross-entropy over the choices."""
 
-    def batch_spec(self, config, rows: int | None = None) -> Spec:
+    def batch_spec(self, config: RunSpec, rows: int | None = None) -> Spec:
         B, C, T = config.train.batch_size, config.data.num_choices, config.data.max_seq_length
         tokens = (self.packed_spec(config, rows, (B, C)) if self.packs(config)
                   else self.input_spec((B, C, T)))
@@ -309,7 +320,7 @@ class Tagging(_FineTuning):
 
     packing = "tokens"
 
-    def batch_spec(self, config, rows: int | None = None) -> Spec:
+    def batch_spec(self, config: RunSpec, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         tokens = (self.packed_spec(config, rows, (B,), token_index=True) if self.packs(config)
                   else self.input_spec((B, T)))
@@ -342,7 +353,7 @@ class SpanQA(_FineTuning):
     """SQuAD: (start cross-entropy + end cross-entropy) / 2 over the sequence positions, as
     the original run_squad.py."""
 
-    def batch_spec(self, config, rows: int | None = None) -> Spec:
+    def batch_spec(self, config: RunSpec, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         return {**self.input_spec((B, T)), "start_positions": _spec((B,)),
                 "end_positions": _spec((B,))}
@@ -409,11 +420,11 @@ class _Sequence(Objective):
 class Translation(_Sequence):
     """The encoder-decoder on (inputs, targets) pairs: teacher forcing on shifted targets."""
 
-    def evaluator(self, config) -> str:
+    def evaluator(self, config: RunSpec) -> str:
         # Real parallel text also gets BLEU of decoded dev sentences; synthetic pairs only the loss.
         return "translation" if config.data.name == "translation" else "loss"
 
-    def batch_spec(self, config, rows: int | None = None) -> Spec:
+    def batch_spec(self, config: RunSpec, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         return {f"{k}{suffix}": _spec((B, T)) for k in ("inputs", "targets")
                 for suffix in ("", "_segment_ids", "_positions")}
@@ -442,7 +453,7 @@ class Translation(_Sequence):
 class LanguageModel(_Sequence):
     """The decoder-only LM: next-token prediction on `targets` (inputs = targets shifted)."""
 
-    def batch_spec(self, config, rows: int | None = None) -> Spec:
+    def batch_spec(self, config: RunSpec, rows: int | None = None) -> Spec:
         B, T = config.train.batch_size, config.data.max_seq_length
         return {f"targets{suffix}": _spec((B, T)) for suffix in ("", "_segment_ids", "_positions")}
 
@@ -485,7 +496,7 @@ def for_model(model_cfg: Mapping[str, Any], label_smoothing: float = 0.0, name: 
     return cls(model_cfg)
 
 
-def for_config(config) -> Objective:
+def for_config(config: RunSpec) -> Objective:
     """The objective of a run config (train.objective for its model, compute dtype and
     train.label_smoothing)."""
     return for_model(model_config(config), config.train.label_smoothing, config.train.objective)

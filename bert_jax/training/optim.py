@@ -241,24 +241,25 @@ def staged(runs: tuple[specs.StageSpec, ...], total_steps: int, d_model: int | N
     return schedule
 
 
-def stage_ends(config) -> tuple[int, ...]:
+def stage_ends(spec: specs.RunSpec) -> tuple[int, ...]:
     """The steps where a stage of schedule.stages ends within the run (the next one's start):
     their checkpoints are kept, to resume or decay from."""
-    sched = specs.read(specs.ScheduleSpec, config.schedule, "schedule")
-    opt = specs.read(specs.OptimizerSpec, config.optimizer, "optimizer")
-    return tuple(s.start_step for s in stages(opt, sched)[1:] if s.start_step <= config.train.steps)
+    opt = specs.read(specs.OptimizerSpec, spec.optimizer, "optimizer")
+    sched = specs.read(specs.ScheduleSpec, spec.schedule, "schedule")
+    return tuple(s.start_step for s in stages(opt, sched)[1:] if s.start_step <= spec.train.steps)
 
 
-def step_tokens(config) -> Any:
+def step_tokens(spec: specs.RunSpec) -> Any:
     """(count, since) -> the tokens (rows x length, padding included) of updates since ..
     count-1, from the batch and length of each phase of data.phases (config.phase_config)."""
-    runs = config_lib.phases(config.data) or (None,)
+    spec = config_lib.resolve(spec)
+    runs = spec.phases or (None,)
     parts = []  # (first step, last step + 1, tokens per step)
     for i, phase in enumerate(runs):
         start = phase.start_step if phase else 0
         end = runs[i + 1].start_step if i + 1 < len(runs) else None
-        cfg = config_lib.phase_config(config, start)[1]
-        length = cfg.data.get("max_seq_length")
+        cfg = config_lib.phase_config(spec, start)[1]
+        length = cfg.data.max_seq_length
         if not length:
             raise specs.ConfigError("schedule.stages[...].warmup_tokens needs data.max_seq_length "
                                     "(tokens per step); use warmup_steps")
@@ -441,13 +442,14 @@ def _base_optimizer(opt, schedule: optax.Schedule, runs: tuple[specs.StageSpec, 
     return optax.sgd(schedule, momentum=b1 or None)
 
 
-def make_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(optax transformation, schedule) from config.optimizer, .schedule, .train.steps."""
-    opt = specs.read(specs.OptimizerSpec, config.optimizer, "optimizer")
-    sched = specs.read(specs.ScheduleSpec, config.schedule, "schedule")
+def make_optimizer(spec: specs.RunSpec) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """(optax transformation, schedule) from the run's optimizer, schedule and train.steps
+    (a section not yet read as its record, as a test may give it, is read here)."""
+    config = spec
+    opt = specs.read(specs.OptimizerSpec, spec.optimizer, "optimizer")
+    sched = specs.read(specs.ScheduleSpec, spec.schedule, "schedule")
     runs = stages(opt, sched)
-    d_model = (config.model.get("emb_dim") if any(s.name == "rsqrt_paper" for s in runs)
-               else None)
+    d_model = config.model.emb_dim if any(s.name == "rsqrt_paper" for s in runs) else None
     tokens = step_tokens(config) if any(s.warmup_tokens for s in runs) else None
     schedule = staged(runs, config.train.steps, d_model, tokens=tokens, given=bool(sched.stages))
     clip = opt.grad_clip_norm

@@ -1,6 +1,7 @@
-"""One engine setup for train, eval, plan and the bench tools: `check` runs every check that
-needs no compile, in one order, and `build` makes what a run's steps are made of (mesh axes
-given: the objective, the optimizer and its schedule, the abstract state and its shardings).
+"""One engine setup for train, eval, plan and the bench tools: `check` runs every check of a
+run spec (config.resolve, at the command boundary) that needs no compile, in one order, and
+`build` makes what a run's steps are made of (mesh axes given: the objective, the optimizer
+and its schedule, the abstract state and its shardings).
 
 Nothing here reads data or allocates parameters: train restores or initialises the state from
 `Engine.train_state()`, eval restores `Engine.params()`, plan compiles against both.
@@ -17,39 +18,27 @@ import optax
 from jax.sharding import Mesh
 
 from bert_jax import config as config_lib
-from bert_jax import models
 from bert_jax.models import attention
+from bert_jax.specs import RunSpec
 from bert_jax.training import input as pipelines
 from bert_jax.training import objectives, optim, state
 
 
-def model_spec(config) -> models.ModelConfig:
-    """The typed model config of a run (every field resolved by its family's defaults)."""
-    try:
-        return models.split_model_config(config_lib.model_config(config))[1]
-    except ValueError as e:
-        raise config_lib.ConfigError(str(e)) from None
-
-
-def check(config, *, platform: str, devices: int, processes: int, training: bool = True,
+def check(spec: RunSpec, *, platform: str, devices: int, processes: int, training: bool = True,
           reads_data: bool = True) -> None:
-    """Every check of `config` that needs no compile, in one order: whether the attention
-    kernel runs on `platform` ('cpu', 'gpu', 'tpu'; first: on another platform the kernel's
-    other refusals, e.g. cuDNN's of dropout, are beside the point), the config's values, mesh
-    and batch divisibility (config.validate, attention's refusals included), then (a training
-    run that `reads_data`; plan reads none) whether its TFDS data is prepared."""
+    """Every check of `spec` that needs no compile (its types, ranges and model fields were
+    checked by config.resolve), in one order: whether the attention kernel runs on `platform`
+    ('cpu', 'gpu', 'tpu'; first: on another platform the kernel's other refusals, e.g.
+    cuDNN's of dropout, are beside the point), lengths, mesh and batch divisibility
+    (config.validate, attention's refusals included), then (a training run that `reads_data`;
+    plan reads none) whether its TFDS data is prepared."""
     try:
-        kernel = model_spec(config).attention_kernel
-    except config_lib.ConfigError:
-        kernel = None  # a model section that does not resolve: validate names what is wrong
-    try:
-        if kernel is not None:
-            attention.check_platform(kernel, platform)
+        attention.check_platform(spec.model.attention_kernel, platform)
     except ValueError as e:
         raise config_lib.ConfigError(str(e)) from None
-    config_lib.validate(config, devices, processes, training=training)
+    config_lib.validate(spec, devices, processes, training=training)
     if training and reads_data:
-        pipelines.check_source(config)
+        pipelines.check_source(spec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +62,12 @@ class Engine:
         return state.with_shardings(self.abstract["params"], self.state_sh["params"])
 
 
-def build(config, mesh: Mesh, *, training: bool = True) -> Engine:
-    """The engine of `config` on `mesh`; `training=False` (evaluation, features) leaves out the
+def build(spec: RunSpec, mesh: Mesh, *, training: bool = True) -> Engine:
+    """The engine of `spec` on `mesh`; `training=False` (evaluation, features) leaves out the
     optimizer, so the state is the params only."""
-    objective = objectives.for_config(config)
-    tx, schedule = optim.make_optimizer(config) if training else (None, None)
-    graphdef, abstract, state_sh = state.abstract_state(config, mesh, tx)
+    objective = objectives.for_config(spec)
+    tx, schedule = optim.make_optimizer(spec) if training else (None, None)
+    graphdef, abstract, state_sh = state.abstract_state(spec, mesh, tx)
     return Engine(mesh, objective, tx, schedule, graphdef, abstract, state_sh)
 
 

@@ -20,6 +20,7 @@ from flax import nnx
 
 from bert_jax import models, trees
 from bert_jax.config import ConfigError, init_mode, model_config
+from bert_jax.specs import RunSpec
 from bert_jax.training import checkpoint, sharding, tiling
 
 log = logging.getLogger(__name__)
@@ -31,14 +32,14 @@ def with_shardings(tree, shardings):
                         tree, shardings)
 
 
-def graphdef_of(config):
+def graphdef_of(config: RunSpec):
     """The model's graph (its static structure: sizes, rope bases, kernels) for `config`; a
     length phase with its own rope base (config.phase_config) has its own."""
     with jax.set_mesh(None):  # (see abstract_state; a train step asks under its mesh)
         return nnx.split(models.abstract_model(model_config(config)), nnx.Param)[0]
 
 
-def abstract_state(config, mesh, tx: optax.GradientTransformation | None = None):
+def abstract_state(config: RunSpec, mesh, tx: optax.GradientTransformation | None = None):
     """(graphdef, abstract state, state shardings) without allocating anything. Without `tx`
     (evaluation, features) the state holds only `params`."""
     # Outside set_mesh: under a mesh, nnx.eval_shape takes logical names for mesh axes.
@@ -57,7 +58,7 @@ def abstract_state(config, mesh, tx: optax.GradientTransformation | None = None)
     return graphdef, state, state_sh
 
 
-def init_state(config, tx, state_sh, pretrained: dict | None = None) -> dict:
+def init_state(config: RunSpec, tx, state_sh, pretrained: dict | None = None) -> dict:
     """Fresh parameters (from config.seed), with those in `pretrained` (a subtree of the
     params) taking their place, and a fresh optimizer state; created already sharded."""
     def init(pretrained):
@@ -125,7 +126,7 @@ def check_set_sizes(config, set_by_user: Collection[str]) -> None:
             "the weights; drop it (or --config.init_mode=transplant to take only the tensors that fit)")
 
 
-def pretrained(config, abstract_params, mesh) -> dict:
+def pretrained(config: RunSpec, abstract_params, mesh) -> dict:
     """The config.init_from weights that fit this model (task heads stay fresh), or with
     init_mode=tile_from_middle tiled to its sizes (tiling.py); `abstract_params` carry the
     target shardings."""
@@ -146,7 +147,7 @@ def pretrained(config, abstract_params, mesh) -> dict:
     return found
 
 
-def restore_params(config, workdir: str, mesh, step: int | None = None):
+def restore_params(config: RunSpec, workdir: str, mesh, step: int | None = None):
     """(graphdef, params of checkpoint `step` (latest if None) sharded for `mesh`)."""
     graphdef, abstract, state_sh = abstract_state(config, mesh)
     target = with_shardings(abstract["params"], state_sh["params"])

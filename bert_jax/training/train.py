@@ -28,9 +28,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import config as config_lib
-from bert_jax import specs, tasks
+from bert_jax import tasks
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import WorkdirLock, is_remote, workdir_path
+from bert_jax.specs import RunSpec
 from bert_jax.training import checkpoint, evaluate, goodput, optim, setup, sharding, state
 from bert_jax.training import input as pipelines
 from bert_jax.training.metrics import MetricsWriter, mfu, peak_flops_per_device
@@ -96,15 +97,15 @@ def train_step(state: dict, batch: dict[str, Array], *, graphdef, objective, tx,
     return {"params": params, "opt_state": opt_state, "step": step + 1}, out
 
 
-def jit_train_step(config, graphdef, objective, tx, schedule, mesh, state_sh):
+def jit_train_step(spec: RunSpec, graphdef, objective, tx, schedule, mesh, state_sh):
     """train_step jitted with the state's shardings (the state buffers are donated), for the
-    train.grad_accum_steps of `config` (a phase's config: see config.phase_config); lower it
+    train.grad_accum_steps of `spec` (a phase's spec: see config.phase_config); lower it
     with the state and `batch_shapes` to compile. Train and plan use this one function."""
     step = functools.partial(train_step, graphdef=graphdef, objective=objective, tx=tx,
-                             schedule=schedule, accum=config.train.grad_accum_steps, mesh=mesh,
-                             dropout_key=jax.random.key(config.seed + 1))
-    if config.shard_activations:
-        step = sharding.activation_sharding(step, mesh, config.logical_axis_rules)
+                             schedule=schedule, accum=spec.train.grad_accum_steps, mesh=mesh,
+                             dropout_key=jax.random.key(spec.seed + 1))
+    if spec.shard_activations:
+        step = sharding.activation_sharding(step, mesh, spec.logical_axis_rules)
     return jax.jit(step, out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
 
 
@@ -119,7 +120,7 @@ class Phase:
     """One phase of the run (data.phases): its config, data and compiled step."""
 
     index: int
-    config: Any  # the run config with this phase's data lengths and batch
+    config: RunSpec  # the run's spec with this phase's data lengths and batch
     end: int  # the step at which the next phase starts (or train.steps)
     pipeline: Any  # host-local batches, with get_state()/set_state()
     step_fn: Any  # the jitted train step, for this phase's number of microbatches
@@ -172,7 +173,8 @@ class Microbatches:
         self.source.set_state(state)
 
 
-def _phase_pipeline(config, phase_cfg, index: int, saved: dict, previous: Phase | None, task):
+def _phase_pipeline(config: RunSpec, phase_cfg: RunSpec, index: int, saved: dict,
+                    previous: Phase | None, task):
     """The train batches of phase `index`: the previous phase's stream when they share it
     (config.phase_stream), else a new one at the saved position if that was in this stream."""
     stream = config_lib.phase_stream(config, index)
@@ -191,7 +193,7 @@ def _phase_pipeline(config, phase_cfg, index: int, saved: dict, previous: Phase 
     return Microbatches(source, phase_cfg.train.grad_accum_steps)
 
 
-def start_phase(config, step: int, saved: dict, *, make_step, state_now, objective, mesh, task,
+def start_phase(config: RunSpec, step: int, saved: dict, *, make_step, state_now, objective, mesh, task,
                 clock: goodput.Clock, previous: Phase | None = None) -> Phase:
     """Data pipeline and compiled step of the phase at `step` (after `previous`, when the run
     goes on from it); `saved` is the checkpointed data position (used if it belongs to this
@@ -226,7 +228,7 @@ def next_batch(phase: Phase, mesh) -> dict[str, Array]:
         diff = sorted(f"{k}: data {got.get(k)}, objective {want.get(k)}"
                       for k in set(got) | set(want) if got.get(k) != want.get(k))
         raise ValueError(f"data.name={phase.config.data.name!r} gives batches that differ from "
-                         f"what model.name={phase.config.model.name!r} trains on: {'; '.join(diff)}")
+                         f"what model.name={phase.config.model_name!r} trains on: {'; '.join(diff)}")
     return batch
 
 
@@ -259,7 +261,7 @@ class Window:
 class Run:
     """What the pieces of the loop share, fixed for the whole run (built by `_train`)."""
 
-    config: Any
+    config: RunSpec
     mesh: Any
     task: Any  # the fine-tuning task, None for pretraining data
     objective: Any
@@ -416,7 +418,7 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
     return summary
 
 
-def _prepare_workdir(config, workdir: str) -> None:
+def _prepare_workdir(config: RunSpec, workdir: str) -> None:
     """Creates the workdir and copies the tokenizer into it (local or gs://, either way), so
     the workdir can later be an init_from or a checkpoint for features."""
     if not is_remote(workdir):
@@ -426,7 +428,7 @@ def _prepare_workdir(config, workdir: str) -> None:
         tokenizer_lib.copy_tokenizer(tokenizer, workdir)
 
 
-def restore_or_init(config, ckpt: checkpoint.TrainCheckpointer, engine: setup.Engine,
+def restore_or_init(config: RunSpec, ckpt: checkpoint.TrainCheckpointer, engine: setup.Engine,
                     config_json: dict) -> tuple[int, dict, dict]:
     """(start step, train state, saved data position): the latest good checkpoint's, or a
     fresh state (with the init_from weights) at step 0."""
@@ -441,7 +443,7 @@ def restore_or_init(config, ckpt: checkpoint.TrainCheckpointer, engine: setup.En
     return 0, state.init_state(config, engine.tx, engine.state_sh, pretrained), {}
 
 
-def log_setup(config, mesh, abstract, state_sh) -> tuple[float, int]:
+def log_setup(config: RunSpec, mesh, abstract, state_sh) -> tuple[float, int]:
     """Logs the devices, mesh, peak FLOP/s, model and state size; returns (peak FLOP/s per
     device, how many such peaks the devices have) for MFU."""
     peak, peak_source = peak_flops_per_device()
@@ -451,7 +453,7 @@ def log_setup(config, mesh, abstract, state_sh) -> tuple[float, int]:
     log.info(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
              f"({jax.process_count()} processes); mesh {dict(mesh.shape)}; peak "
              f"{peak / 1e12:.2f} TFLOP/s per device ({peak_source})\n"
-             f"model: {config.model.name}, {n_params:,} parameters; state "
+             f"model: {config.model_name}, {n_params:,} parameters; state "
              f"{sharding.bytes_per_device(abstract, state_sh) / 2**20:,.1f} MiB per device")
     return peak, num_peaks
 
@@ -469,12 +471,12 @@ def log_goodput(clock: goodput.Clock) -> dict[str, float]:
     return {k.removeprefix("goodput/"): v for k, v in t.items()}
 
 
-def _train(config, workdir: str, task, started: float) -> dict[str, Any]:
+def _train(config: RunSpec, workdir: str, task, started: float) -> dict[str, Any]:
     engine = setup.build(config, sharding.make_mesh(config.mesh))
     mesh, objective, graphdef, state_sh = engine.mesh, engine.objective, engine.graphdef, engine.state_sh
-    t = specs.read(specs.TrainSpec, config.train, "train")
+    t = config.train
     _prepare_workdir(config, workdir)
-    config_json = json.loads(config.to_json())
+    config_json = json.loads(config.saved)
     best_metric = f"eval/{task.main_metric}" if task else None
     with jax.set_mesh(mesh), checkpoint.TrainCheckpointer(
             workdir, keep=t.keep_checkpoints, best_metric=best_metric,
@@ -491,7 +493,7 @@ def _train(config, workdir: str, task, started: float) -> dict[str, Any]:
                      f"{start} did not survive")
         # Called with each phase's config: a phase's batch size sets its microbatch count.
         # A phase may change the model's static graph (its rope base): then its own graphdef.
-        def make_step(phase_cfg):
+        def make_step(phase_cfg: RunSpec):
             phase_graph = graphdef if phase_cfg.model == config.model else state.graphdef_of(phase_cfg)
             return jit_train_step(phase_cfg, graphdef=phase_graph, objective=objective, tx=engine.tx,
                                   schedule=engine.schedule, mesh=mesh, state_sh=state_sh)
@@ -522,11 +524,11 @@ def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = (),
     wall time (goodput.py) begins. Returns a summary (final step, last metrics, last eval,
     whether preempted, goodput)."""
     started = time.time() if started is None else started
-    config = state.sizes_from_init(config_lib.complete(config), set_by_user)
-    setup.check(config, platform=setup.platform(), devices=jax.device_count(),
+    spec = config_lib.resolve(state.sizes_from_init(config_lib.complete(config), set_by_user))
+    setup.check(spec, platform=setup.platform(), devices=jax.device_count(),
                 processes=jax.process_count())
-    task = tasks.from_config(config)  # None for pretraining data
-    config = tasks.resolve_steps(config, task)
+    task = tasks.from_config(spec)  # None for pretraining data
+    spec = tasks.resolve_steps(spec, task)
     checkpoint.check_writable(workdir)  # storage reachable and writable, before anything is built
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
-        return _train(config, workdir, task, started)
+        return _train(spec, workdir, task, started)

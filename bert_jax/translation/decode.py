@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from bert_jax.specs import RunSpec
 from bert_jax.training import sharding
 
 Array = jax.Array
@@ -156,7 +157,7 @@ def beam_search(model, src_BS: Array, *, eos_id: int, beam_size: int, alpha: flo
     return ids_BT, score_B
 
 
-def make_translate_fn(graphdef, mesh, config, *, eos_id: int, beam_size: int, alpha: float,
+def make_translate_fn(graphdef, mesh, config: RunSpec, *, eos_id: int, beam_size: int, alpha: float,
                       max_extra: int = 50, banned_ids: tuple[int, ...] = ()):
     """jitted fn(params, src_BS) -> ids [B, S+max_extra] on `mesh`: beam_size 1 is greedy_search,
     more is beam_search; the batch split over the mesh's batch axes like training batches."""

@@ -5,6 +5,7 @@ decoding on the mesh, detokenized output), BLEU on the dev set during training
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -20,6 +21,7 @@ from bert_jax import config as config_lib
 from bert_jax import paths, specs
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data import translation
+from bert_jax.specs import DecodeSpec, RunSpec, TranslationData
 from bert_jax.training import checkpoint, evaluate, objectives, sharding, state
 from bert_jax.translation import bleu, decode
 
@@ -35,7 +37,7 @@ class Translator:
     """Sentences -> translations with `params`: sources encoded (+EOS), sorted by length,
     decoded in batches of `batch_size` sentences, detokenized, returned in input order."""
 
-    def __init__(self, config, graphdef, mesh, tokenizer, *, beam_size: int, alpha: float,
+    def __init__(self, config: RunSpec, graphdef, mesh, tokenizer, *, beam_size: int, alpha: float,
                  max_extra: int, batch_size: int):
         shards = mesh.shape["data"] * mesh.shape["fsdp"]
         self.batch_size = -(-batch_size // shards) * shards  # a multiple of the batch shards
@@ -76,13 +78,12 @@ class Translator:
                           if jax.process_count() > 1 else out)
 
 
-def translator(config, graphdef, mesh, tokenizer, **changes) -> Translator:
-    """A Translator with the config's `decode` section (the defaults where a run has none);
+def translator(spec: RunSpec, graphdef, mesh, tokenizer, **changes) -> Translator:
+    """A Translator with the run's `decode` section (the defaults where a run has none);
     `changes` that are not None take precedence."""
-    d = {**config_lib.translation_defaults().decode.to_dict(),
-         **(config.decode.to_dict() if "decode" in config else {})}
+    d = dataclasses.asdict(spec.decode or DecodeSpec())
     d.update({k: v for k, v in changes.items() if v is not None})
-    return Translator(config, graphdef, mesh, tokenizer, **d)
+    return Translator(spec, graphdef, mesh, tokenizer, **d)
 
 
 class TranslationEvaluator:
@@ -90,7 +91,7 @@ class TranslationEvaluator:
     evaluate.ObjectiveEvaluator), plus sacreBLEU of the decoded first data.bleu_sentences
     dev sources (0 = all, -1 = none)."""
 
-    def __init__(self, *, config, graphdef, objective, mesh, task=None):
+    def __init__(self, *, config: RunSpec, graphdef, objective, mesh, task=None):
         self.losses = evaluate.ObjectiveEvaluator(config=config, graphdef=graphdef,
                                                   objective=objective, mesh=mesh)
         self.config, self.graphdef, self.mesh = config, graphdef, mesh
@@ -113,7 +114,8 @@ class TranslationEvaluator:
                              list(sources), list(references))
         return self.bleu_set
 
-    def run(self, params, *, config=None, out_dir=None, splits=None) -> dict[str, float]:
+    def run(self, params, *, config: RunSpec | None = None, out_dir=None,
+            splits=None) -> dict[str, float]:
         results = self.losses.run(params, config=config)
         if self._bleu_set() is not None:
             translate, sources, references = self.bleu_set
@@ -133,6 +135,8 @@ def _run_config(checkpoint_dir: str) -> ml_collections.ConfigDict:
                          f"{stored['model'].get('name')!r} model; translate needs an encoder-decoder")
     config = config_lib.complete(ml_collections.ConfigDict(stored))
     config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})  # this machine's devices
+    if "data" not in config:  # (a hand-made folder's config: a translation run's data keys)
+        config.data = specs.section(TranslationData)
     return config
 
 
@@ -212,10 +216,11 @@ def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
         raise ValueError(f"--reference={reference} has {len(refs)} lines but --input={input_path} "
                          f"has {len(sources)}; give the reference of the same sentences")
     tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir, config.data.get("tokenizer", ""))
-    mesh = sharding.make_mesh(config.mesh)
-    graphdef, params = state.restore_params(config, checkpoint_dir, mesh)
+    spec = config_lib.resolve(config)
+    mesh = sharding.make_mesh(spec.mesh)
+    graphdef, params = state.restore_params(spec, checkpoint_dir, mesh)
     t0 = time.perf_counter()
-    hyps = translator(config, graphdef, mesh, tokenizer, beam_size=beam_size, alpha=alpha,
+    hyps = translator(spec, graphdef, mesh, tokenizer, beam_size=beam_size, alpha=alpha,
                       batch_size=batch_size)(params, sources, progress_every=10.0)
     seconds = time.perf_counter() - t0
     if jax.process_index() == 0:

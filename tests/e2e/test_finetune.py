@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 from helpers import FIXTURES, REPO
@@ -76,7 +77,9 @@ def test_eval_best_checkpoint_writes_leaderboard_tsv(sst2_run, shared_data):
     best = max(evals, key=lambda s: (evals[s], s))  # a tie goes to the later step
     kept = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert kept == sorted({best, 375})  # keep_checkpoints=1 (the latest) plus the best
-    [result] = evaluate.evaluate_checkpoints(tasks.resolve_steps(config, tasks.from_config(config)),
+    spec = config_lib.resolve(config)
+    resolved = tasks.resolve_steps(spec, tasks.from_config(spec))  # train.steps from the epochs
+    [result] = evaluate.evaluate_checkpoints(ml_collections.ConfigDict(json.loads(resolved.saved)),
                                              str(workdir), "best")
     assert result["step"] == best
     assert result["eval/accuracy"] == pytest.approx(evals[best], abs=1e-6)

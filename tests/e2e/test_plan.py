@@ -46,6 +46,10 @@ def small(*overrides):
     return config_lib.load(CONFIG, [*SMALL, *overrides])
 
 
+def spec(*overrides):
+    return config_lib.resolve(small(*overrides))
+
+
 @pytest.fixture(scope="module")
 def v4_plan():
     return plan.plan(small(), "v4-8")
@@ -197,14 +201,14 @@ def test_plan_counts_splash_flops_that_the_compiler_cannot_see():
     tile = 9 * 2 * 128 * 128 * 64 * 2 * 32
     splash = ["data.max_seq_length=512", "model.attention_kernel=splash",
               "model.attention_dropout_rate=0"]
-    assert plan.kernel_flops(small(), training=True) is None
-    assert plan.kernel_flops(small(*splash), training=True) == 16 * tile
-    windowed = small(*splash, "model.attention_window=100")
+    assert plan.kernel_flops(spec(), training=True) is None
+    assert plan.kernel_flops(spec(*splash), training=True) == 16 * tile
+    windowed = spec(*splash, "model.attention_window=100")
     assert plan.kernel_flops(windowed, training=True) == 10 * tile
     assert plan.kernel_flops(windowed, training=False) == 10 * tile * 2 / 9
     # the generation's tiles when the config leaves them to it (model.attention_block_size=0)
     for kind, block in (("TPU v5 lite", 512), ("TPU v5", 512), ("TPU v3", 128)):  # v5p: 1,024 > 512
-        blocks, choices = plan.kernel_blocks(small(*splash), kind, training=True, devices=4)
+        blocks, choices = plan.kernel_blocks(spec(*splash), kind, training=True, devices=4)
         assert set(blocks.values()) == {block}
         assert [(c["block"], c["smem_fits"]) for c in choices] == [
             (128, True), (256, True), (512, True)]  # 1,024 does not tile 512 tokens

@@ -254,6 +254,7 @@ CONFIG_CASES = [
     # values checked before anything runs
     case("batch-zero", PRETRAIN + " --config.train.batch_size=0", 1, "train.batch_size=0", ">= 1"),
     case("steps-zero", PRETRAIN + " --config.train.steps=0", 1, "train.steps=0", ">= 1"),
+    case("seed-negative", PRETRAIN + " --config.seed=-3", 1, "seed=-3", "[0, 2**31)"),
     case("steps-negative", PRETRAIN + " --config.train.steps=-5", 1, "train.steps=-5"),
     case("log-every-zero", PRETRAIN + " --config.train.log_every=0", 1, "train.log_every=0"),
     case("checkpoint-every-zero", PRETRAIN + " --config.train.checkpoint_every=0", 1,

@@ -1,8 +1,10 @@
-"""The extension seams: a data source and an objective registered from this file alone (no
-library edit) train through the CLI in-process; the engine's one setup; data.phases as named
-records; a checkpoint saved by the code before the typed specs still evaluates and resumes; the
-tiny BERT, ModernBERT, translation and fine-tuning trainings give the losses the code gave
-before these changes (tests/fixtures/losses_a208b4f.json, written by that code)."""
+"""The extension seams: a data source (its documents, and text for `vocab`) and objectives
+(a loss; batches of its own) registered from this file alone (no library edit) train through
+the CLI in-process; a run resolved once into its spec, which is all the modules below the
+commands read; the engine's one setup; data.phases as named records; a checkpoint saved by the
+code before the typed specs still evaluates and resumes; the tiny BERT, ModernBERT, translation
+and fine-tuning trainings give the losses the code gave before these changes
+(tests/fixtures/losses_a208b4f.json, written by that code)."""
 
 import json
 import math
@@ -37,6 +39,12 @@ def toy_source():
         name, kind = "toy_documents", "documents"
         asked: list = []
 
+        scheme = "toy"  # `bert-jax vocab --input toy:<n>`: n generated lines
+
+        def text_lines(self, spec):
+            type(self).asked.append(f"text {spec}")
+            return (f"toy line {i} of words {i % 7} and {i % 11}" for i in range(int(spec)))
+
         def documents(self, data, split, tokenizer):
             type(self).asked.append(split)
             rng = np.random.default_rng(0)
@@ -59,6 +67,35 @@ def toy_objective():
     del objectives.OBJECTIVES["toy_half_pretraining"]
 
 
+@pytest.fixture
+def toy_batches_objective():
+    """BERT pretraining that makes its own batches (generated rows), whatever the data source."""
+    from bert_jax.data.synthetic import SyntheticPretraining
+
+    @objectives.register("toy_own_batches", models=("bert_pretraining",))
+    class OwnBatches(objectives.Pretraining):
+        asked: list = []
+
+        def pipeline(self, config, split, *, batch_size, num_batches, task=None):
+            type(self).asked.append(split)
+            return SyntheticPretraining(
+                vocab_size=config.model.vocab_size, seq_len=config.data.max_seq_length,
+                max_predictions=config.data.max_predictions_per_seq, batch_size=batch_size,
+                seed=7, split=split, num_batches=num_batches)
+    yield OwnBatches
+    del objectives.OBJECTIVES["toy_own_batches"]
+
+
+def test_an_objective_with_its_own_batches_trains(cli, tmp_path, toy_batches_objective):
+    # data.name=text with no files: the run trains only if the objective's batches are used
+    code, _, err = cli(["train", "--config", "configs/bert_pretrain.py:tiny", "--workdir",
+                        str(tmp_path / "run"), "--config.train.objective=toy_own_batches",
+                        "--config.data.train_files=", *TINY])
+    assert code == 0, err
+    assert {"train", "validation"} <= set(toy_batches_objective.asked)
+    assert len(losses(tmp_path / "run")) == 2
+
+
 def test_a_data_source_from_a_test_file_trains(cli, tmp_path, toy_source):
     code, _, err = cli(["train", "--config", "configs/bert_pretrain.py:tiny", "--workdir",
                         str(tmp_path / "run"), "--config.data.name=toy_documents",
@@ -66,6 +103,17 @@ def test_a_data_source_from_a_test_file_trains(cli, tmp_path, toy_source):
     assert code == 0, err
     assert {"train", "validation"} <= set(toy_source.asked)
     assert len(losses(tmp_path / "run")) == 2 and all(math.isfinite(x) for x in losses(tmp_path / "run"))
+
+
+def test_a_data_source_from_a_test_file_gives_vocab_its_text(cli, tmp_path, toy_source):
+    code, out, err = cli(["vocab", "--input", "toy:300", "--out", str(tmp_path / "vocab"),
+                          "--size", "120"])
+    assert code == 0, err
+    assert "text 300" in toy_source.asked
+    vocab = (tmp_path / "vocab" / "vocab.txt").read_text().split()
+    assert "toy" in vocab and "words" in vocab  # its lines, not a file named toy:300
+    code, _, err = cli(["vocab", "--input", "nope:3", "--out", str(tmp_path / "v2"), "--size", "120"])
+    assert code == 1 and "nope:3" in err  # no such scheme: a file glob, which matches nothing
 
 
 def test_an_unknown_data_source_names_the_registered_ones(cli, tmp_path):
@@ -86,6 +134,48 @@ def test_an_objective_from_a_test_file_trains(cli, tmp_path, toy_objective):
     # Same init and data: the first step's loss is exactly half (later steps differ: the
     # halved gradient moves the parameters differently, except Adam's scale invariance).
     assert losses(tmp_path / "toy")[0] == pytest.approx(0.5 * losses(tmp_path / "own")[0], rel=1e-6)
+
+
+# Where a config as written (a ConfigDict) may be read during `train` and `eval`: the command
+# layer, config.py (loading, resolving), the specs it is read into, and the boundary steps
+# that change the config as written before it is resolved (init_from's model sizes, eval's
+# merge of the stored config with --config).
+CONFIG_READERS = {"bert_jax.config", "bert_jax.specs", "bert_jax.training.state",
+                  "bert_jax.training.evaluate"}
+
+
+def test_a_run_resolves_its_config_once_and_below_reads_only_the_spec(cli, tmp_path, monkeypatch):
+    """`train` and `eval` resolve the config as written into a RunSpec once, at the command
+    boundary; no module below reads the ConfigDict (its keys read through __getattr__, get
+    or [], each read's caller recorded)."""
+    import sys
+
+    import ml_collections
+    parsed, readers = [], set()
+    resolve = config_lib.resolve
+    monkeypatch.setattr(config_lib, "resolve", lambda c: (
+        parsed.append(c) if not isinstance(c, specs.RunSpec) else None) or resolve(c))
+    cls = ml_collections.ConfigDict
+
+    def spying(real):
+        def spy(self, *args, **kw):
+            readers.add(sys._getframe(1).f_globals.get("__name__", "?"))
+            return real(self, *args, **kw)
+        return spy
+    for name in ("__getattr__", "__getitem__", "get"):
+        monkeypatch.setattr(cls, name, spying(getattr(cls, name)))
+    base = ["--config", "configs/bert_pretrain.py:tiny", "--config.data.name=synthetic", *TINY,
+            "--workdir", str(tmp_path / "run")]
+    code, _, err = cli(["train", *base])
+    assert code == 0, err
+    assert len(parsed) == 1
+    code, _, err = cli(["eval", "--workdir", str(tmp_path / "run")])
+    assert code == 0, err
+    assert len(parsed) == 2
+    below = {r for r in readers if r.startswith("bert_jax") and not r.startswith(
+        "bert_jax.commands") and r not in CONFIG_READERS}
+    assert "bert_jax.config" in readers  # (the spy sees the reads)
+    assert not below, f"modules below the command layer that read a ConfigDict: {below}"
 
 
 def test_objective_choice_errors():

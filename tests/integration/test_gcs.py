@@ -344,7 +344,7 @@ def corpus(gcs_here, shared_data):
 def vocab(corpus):
     """gs://bucket/vocab: a WordPiece vocab of the corpus, written to the bucket."""
     from bert_jax.data import tokenizer as tokenizer_lib
-    from bert_jax.data.documents import text_lines
+    from bert_jax.data.sources import vocab_lines as text_lines
 
     return str(tokenizer_lib.train_vocab(text_lines(f"{corpus}/*"), size=1000, kind="wordpiece",
                                          out_dir=f"gs://{BUCKET}/vocab"))
@@ -447,7 +447,7 @@ def test_prepared_array_record_shards_on_gs(corpus, vocab, gcs_here, cli):
                                              f"data.eval_files={shards}/validation-*"])
     assert next(pipelines.make(config, "train"))["input_ids"].shape == (8, 32)
     with pytest.raises(FileExistsError, match=f"{shards} exists and is not empty"):
-        sources.prepare(text_config, shards)
+        sources.prepare(config_lib.resolve(text_config), shards)
 
 
 
@@ -651,7 +651,7 @@ def test_task_files_on_gs_read_and_write_as_local_ones(glue_dir, vocab, gcs_here
             f"data.data_dir={data_dir}", f"data.tokenizer={vocab}", "model.vocab_size=1000"])
 
     config = glue_config(glue_dir)
-    task = tasks.from_config(config)
+    task = tasks.from_config(config_lib.resolve(config))
     assert str(task.path("train")) == f"{glue_dir}/MRPC/train.tsv"
     for split, n in (("train", 40), ("dev", 16), ("test", 8)):
         local = local_copy(f"{BUCKET}/glue/MRPC/{split}.tsv")
@@ -667,7 +667,7 @@ def test_task_files_on_gs_read_and_write_as_local_ones(glue_dir, vocab, gcs_here
 
     with pytest.raises(FileNotFoundError, match=f"glue train file not found: gs://{BUCKET}/nope/MRPC/"
                                                 r"train.tsv; check data.data_dir"):
-        tasks.from_config(glue_config(f"gs://{BUCKET}/nope")).examples("train")
+        tasks.from_config(config_lib.resolve(glue_config(f"gs://{BUCKET}/nope"))).examples("train")
     fs.pipe(f"{BUCKET}/bad/dev.tsv", b"index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
     with pytest.raises(glue.GlueFormatError, match=f"gs://{BUCKET}/bad/dev.tsv:2: label column"):
         glue.read_glue("rte", f"gs://{BUCKET}/bad/dev.tsv")

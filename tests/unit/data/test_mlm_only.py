@@ -200,7 +200,7 @@ def test_array_record_shards_and_tfds_give_the_same_rows(text_config, kind, tmp_
     import tensorflow_datasets as tfds
 
     config = with_data(text_config, instances=kind)
-    sources.prepare(config, tmp_path / "shards", docs_per_shard=20)
+    sources.prepare(config_lib.resolve(config), tmp_path / "shards", docs_per_shard=20)
     shards = with_data(config, name="array_record", train_files=str(tmp_path / "shards" / "train-*"),
                        eval_files=str(tmp_path / "shards" / "validation-*"))
     for split in ("train", "validation"):

@@ -189,7 +189,7 @@ def test_two_processes_pack_the_same_batches(shared_data, sst2_vocab, tmp_path, 
 
 def test_squad_is_not_packed_and_says_so_when_asked():
     config = config_lib.load(str(REPO / "configs" / "squad.py:v1,tiny"), [])
-    assert pipelines.pack_options(config, train=True) is None
+    assert pipelines.pack_options(config_lib.resolve(config), train=True) is None
     config.data.pack = True
     with pytest.raises(config_lib.ConfigError, match="data.pack=false"):
-        pipelines.pack_options(config, train=True)
+        pipelines.pack_options(config_lib.resolve(config), train=True)

@@ -257,7 +257,7 @@ def test_short_pretraining_on_real_text_lowers_mlm_loss(text_config, tmp_path):
 
 
 def test_prepare_writes_shards_the_pipeline_reads(text_config, tmp_path):
-    counts = sources.prepare(text_config, tmp_path / "shards", docs_per_shard=20)
+    counts = sources.prepare(config_lib.resolve(text_config), tmp_path / "shards", docs_per_shard=20)
     train_docs, train_ids = pipelines.open_documents(text_config, "train", tokenizer_lib.load_tokenizer(
         text_config.data.tokenizer))
     assert counts["train"] == len(train_ids) and counts["validation"] > 0
@@ -272,7 +272,7 @@ def test_prepare_writes_shards_the_pipeline_reads(text_config, tmp_path):
     batch = next(pipelines.make(config, "train"))
     assert batch["input_ids"].shape == (8, 64)
     with pytest.raises(FileExistsError):
-        sources.prepare(text_config, tmp_path / "shards")
+        sources.prepare(config_lib.resolve(text_config), tmp_path / "shards")
 
 
 def test_tfds_source_through_data_source(text_config, shared_data, monkeypatch):

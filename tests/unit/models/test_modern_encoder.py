@@ -192,7 +192,7 @@ def test_a_context_extension_phase_changes_the_rope_base(cli, tmp_path, caplog):
     assert (first.model.rope_theta, later.model.rope_theta) == (1000.0, 160_000.0)
     graphs = [state.graphdef_of(c) for c in (first, later)]
     thetas = [{n.rope_thetas for _, n in nnx.graph.iter_graph(nnx.merge(g, nnx.state(
-        models.abstract_model(dict(c.model))))) if isinstance(n, Attention)} for g, c in
+        models.abstract_model(config_lib.model_config(c))))) if isinstance(n, Attention)} for g, c in
         zip(graphs, (first, later))]
     assert thetas == [{(1000.0, 10_000.0)}, {(160_000.0, 10_000.0)}]
     code, _, err = cli(["train", "--config", "configs/modernbert.py:tiny", "--workdir",

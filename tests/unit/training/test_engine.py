@@ -3,6 +3,7 @@ shapes, real tokens, FLOPs), the Transformer configs trained through the same lo
 
 import ast
 import functools
+import json
 import math
 from pathlib import Path
 
@@ -233,11 +234,14 @@ class _Task:
 def test_user_train_steps_are_not_replaced_by_epochs():
     config = config_lib.load(str(REPO / "configs/glue.py:sst2,tiny"), [])
     assert config.train.steps == 0 and config.train.epochs == 3.0
-    derived = tasks.resolve_steps(config, _Task())
+    derived = tasks.resolve_steps(config_lib.resolve(config), _Task())
     assert derived.train.steps == math.ceil(3 * 1000 / 32)
     assert derived.schedule.warmup_steps == int(0.1 * derived.train.steps)
+    saved = json.loads(derived.saved)  # what checkpoints store says the same
+    assert (saved["train"]["steps"], saved["schedule"]["warmup_steps"]) == (
+        derived.train.steps, derived.schedule.warmup_steps)
     config.train.steps = 7
-    kept = tasks.resolve_steps(config, _Task())
+    kept = tasks.resolve_steps(config_lib.resolve(config), _Task())
     assert kept.train.steps == 7 and kept.schedule.warmup_steps == 0
 
 

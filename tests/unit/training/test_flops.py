@@ -90,7 +90,7 @@ def test_local_windows_count_the_windows_keys_while_xla_computes_every_key():
     every_global = _compiled_and_analytic(CASES["modernbert, every layer global"])
     compiled, analytic, config = _compiled_and_analytic([*MODERN, "model.attention_window=32"])
     assert compiled == pytest.approx(every_global[0], rel=1e-3)
-    cfg = setup.model_spec(config)
+    cfg = config_lib.resolve(config).model
     T = config.data.max_seq_length
     masked_keys = T - masking.attention_keys(cfg, T)  # per query, averaged over the layers
     per_key = 3 * 2 * 2 * cfg.num_heads * cfg.head_dim * cfg.num_layers  # QK^T and AV, fwd + bwd
