@@ -162,6 +162,9 @@ def cmd_mine(args: list[str]) -> None:
                               "choose a new --output (or remove that one)")
     corpus = ([line.rstrip("\n") for line in text.utf8_lines(CORPUS.value) if line.strip()]
               if CORPUS.value else None)
+    if corpus == []:
+        raise ValueError(f"--corpus={CORPUS.value}: no passage to mine from (the file is empty or "
+                         "blank); give one passage per line, or leave --corpus out")
     rows = sentence_models.mine_negatives(source, require(INPUT, "mine"), NEGATIVES.value,
                                           corpus=corpus, batch_size=BATCH_SIZE.value or 32)
     with paths.open(output, "w", encoding="utf-8") as f:

@@ -309,11 +309,9 @@ def squad_retrieval(path: str | os.PathLike
     by_text: dict[str, str] = {}
     queries: dict[str, str] = {}
     relevant: dict[str, set[str]] = {}
-    for article in squad._load_json(paths.path(path)):
-        for para in article["paragraphs"]:
-            pid = by_text.setdefault(para["context"], f"p{len(by_text)}")
-            corpus[pid] = para["context"]
-            for qa in para["qas"]:
-                queries[qa["id"]] = qa["question"]
-                relevant.setdefault(qa["id"], set()).add(pid)
+    for qid, question, context in squad.questions(path):
+        pid = by_text.setdefault(context, f"p{len(by_text)}")
+        corpus[pid] = context
+        queries[qid] = question
+        relevant.setdefault(qid, set()).add(pid)
     return corpus, queries, relevant

@@ -53,6 +53,7 @@ TARGET_LOSS = 5.0
 RECIPE = "configs/modernbert.py:mini"
 STEPS, EVERY, BATCH, SEQ_LEN, EVAL_ROWS = 1000, 50, 32, 128, 512
 TASKS = ("sst2", "mrpc", "stsb")
+GLUE_FOLDERS = {"sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B"}  # each task's folder of GLUE
 SEEDS = (0, 1, 2)
 FINETUNE_STEPS = 250
 PEER = "HF ModernBertForMaskedLM"
@@ -164,15 +165,21 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     work = Path(workdir)
     shared = paths.shared_data()
     corpus_dir = work / "corpus"
-    pb.build_corpus(files or pb.source_files(shared), corpus_dir, vocab_size=vocab_size)
-    tokenizer = tokenizer_lib.load_tokenizer(corpus_dir / "vocab")
-    evalset = pb.heldout_set(corpus_dir / "heldout.txt", tokenizer, rows=eval_rows, seq_len=seq_len)
-    # a config file of the user's (from where they run) or the repository's configs/
+    # The recipe with the user's overrides, and the readouts' data, checked before any work
+    # (the corpus and vocabulary take minutes, the pretraining half an hour).
+    # A config file of the user's (from where they run) or the repository's configs/.
     spec = recipe if Path(recipe.rpartition(":")[0] or recipe).is_file() else str(paths.REPO / recipe)
     given = list(overrides)
     base = config_lib.load(spec, given)
     shape = {"steps": steps, "batch": batch, "seq_len": seq_len, "every": every}
     config = config_lib.load(spec, recipe_overrides(base, corpus_dir, **shape) + given)
+    glue = glue_dir or shared / "glue"
+    if missing := [t for t in tasks if not (glue / GLUE_FOLDERS[t] / "train.tsv").is_file()]:
+        raise FileNotFoundError(f"--glue={glue}: no {GLUE_FOLDERS[missing[0]]}/train.tsv there (the "
+                                f"readouts fine-tune {', '.join(tasks)}); give the GLUE folder")
+    pb.build_corpus(files or pb.source_files(shared), corpus_dir, vocab_size=vocab_size)
+    tokenizer = tokenizer_lib.load_tokenizer(corpus_dir / "vocab")
+    evalset = pb.heldout_set(corpus_dir / "heldout.txt", tokenizer, rows=eval_rows, seq_len=seq_len)
     run_dir = work / ("pretrain_hf" if peer else "pretrain")
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
@@ -196,7 +203,6 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     step_to = pb.time_to([(s, p["heldout_mlm_loss"]) for s, p in points], TARGET_LOSS)
     per_step = float(np.mean([p["tokens_per_step"] for _, p in points]))
     last = points[-1][0]
-    glue = glue_dir or shared / "glue"
     reads = readouts(specs, init_from, glue, work, tasks=tasks, seeds=seeds, steps=finetune_steps,
                      overrides=list(finetune_overrides))
     tokens_to = None if step_to is None else step_to * per_step

@@ -367,6 +367,38 @@ def test_speedrun_refuses_a_recipe_without_readouts_before_any_work(tmp_path, mo
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["speedrun", "--steps", "0"], "bench speedrun: error: speedrun --steps=0 --every=50: steps >= 1"),
+    (["speedrun", "--steps", "10", "--every", "20"], "--steps=10 --every=20"),
+    (["speedrun", "--smoke", "--steps", "5"], "--smoke runs its own 2 steps"),
+    (["speedrun", "--steps", "10", "--every", "5", "--config.train.batch_size=abc"],
+     "--config.train.batch_size='abc': expected int"),
+    (["speedrun", "--steps", "10", "--every", "5", "--glue", "{tmp}/nope"],
+     "--glue={tmp}/nope: no SST-2/train.tsv there"),
+    (["longplan", "--lengths", "16k"], "bench longplan: error: --lengths='16k': comma-separated whole"),
+    (["longplan", "--lengths", "0"], "--lengths='0'"),
+    (["longplan", "--lengths", "1024", "--remats", "nope"], "model.remat_policy='nope'; choose one of"),
+    (["longplan", "--lengths", "1024", "--topologies", "v5litepod-1,v9-8"], "unknown TPU generation 'v9'"),
+    (["longplan", "--lengths", "1024", "--config.model.attention_block_size=-128"],
+     "model.attention_block_size=-128 must be >= 0"),
+    (["longplan", "--lengths", "1000", "--topologies", "v5litepod-1"],
+     "tiles a sequence of 1000 tokens in blocks of"),
+])
+def test_bench_flags_out_of_range_are_one_line_before_any_work(argv, says, tmp_path, monkeypatch,
+                                                               capsys):
+    # Checked before the corpus, the pretraining or the first plan (minutes to hours later),
+    # never replaced by a default (`--steps 0` once meant 1,000) nor a traceback.
+    from bert_jax.tools import bench
+
+    monkeypatch.setattr(sys, "argv", ["bench", *[a.format(tmp=tmp_path) for a in argv],
+                                      "--workdir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as exit:
+        bench.main()
+    err = capsys.readouterr().err
+    assert exit.value.code == 1 and len(err.splitlines()) == 1 and says.format(tmp=tmp_path) in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_speedrun_recipe_readouts_and_flops():
     from helpers import REPO
 
