@@ -139,7 +139,14 @@ def cmd_embed(args: list[str]) -> None:
     if paths.path(output).exists():
         raise FileExistsError(f"--output={output}: already exists; embed never overwrites a file: "
                               "choose a new --output (or remove that one)")
-    lines = [line.rstrip("\n") for line in text.utf8_lines(require(INPUT, "embed"))]
+    given = require(INPUT, "embed")
+    if given.removesuffix(".gz").endswith(".jsonl"):  # its lines would be embedded as JSON text
+        raise ValueError(f"--input={given}: a corpus of JSON lines embeds into a folder of shards "
+                         "with its ids (--output <folder>); a .npy --output holds one vector per "
+                         "text line")
+    lines = [line.rstrip("\n") for line in text.utf8_lines(given)]
+    if not lines:
+        raise ValueError(f"--input={given}: empty, no line to embed; nothing written")
     vectors = sentence_models.embed(source, lines, batch_size=BATCH_SIZE.value or 32,
                                     spec=_sentence_spec(source))
     with paths.path(output).open("wb") as f:

@@ -297,6 +297,12 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
     if not relevant or not corpus:
         raise ValueError(f"{qrels_file if corpus else root / 'corpus.jsonl'}: "
                          f"{'no row with a score > 0' if corpus else 'no document'}: nothing to retrieve")
+    # A relevant id absent from the corpus counts (as sentence-transformers counts it); none
+    # present at all is a qrels file of another corpus, every score 0.
+    if not any(d in corpus for docs in relevant.values() for d in docs):
+        example = next(iter(next(iter(relevant.values()))))
+        raise ValueError(f"{qrels_file}: none of its relevant corpus-ids is in {root / 'corpus.jsonl'} "
+                         f"(e.g. {example!r}): the qrels of another corpus; every score would be 0")
     return corpus, queries, relevant
 
 

@@ -1342,6 +1342,11 @@ EMBED_CASES = [
          "--input={tmp}/nope.txt: no such file or directory (check the path)"),
     case("embed-input-a-folder", EMBED.replace("in.txt", "beir"), 1,
          "--input={tmp}/beir: is a directory (a folder where a file is needed)", setup=BEIR_FILES),
+    case("embed-jsonl-into-a-npy", "embed --checkpoint {ckpt} --input {tmp}/c.jsonl --output {tmp}/v.npy",
+         1, "--input={tmp}/c.jsonl: a corpus of JSON lines embeds into a folder of shards",
+         setup=files(c_DOT_jsonl='{"_id": "a", "text": "x"}\n')),
+    case("embed-empty-into-a-npy", "embed --checkpoint {ckpt} --input {tmp}/empty.txt --output "
+         "{tmp}/v.npy", 1, "--input={tmp}/empty.txt: empty, no line to embed", setup=BEIR_FILES),
     case("embed-batch-zero", EMBED + " --batch_size=0", 1, "--batch_size=0 must be >= 1",
          setup=BEIR_FILES),
     case("embed-shard-size-negative", EMBED + " --shard_size=-3", 1, "--shard_size=-3 must be >= 1",
@@ -1353,6 +1358,10 @@ EMBED_CASES = [
          "--beir={tmp}/in.txt: {tmp}/in.txt/corpus.jsonl: not a directory", setup=BEIR_FILES),
     case("eval-embeddings-beir-other-scheme", "eval-embeddings --checkpoint {ckpt} --beir s3://b/x", 2,
          "--beir=s3://b/x", "s3://"),
+    case("eval-embeddings-qrels-of-another-corpus", "eval-embeddings --checkpoint {ckpt} --beir "
+         "{tmp}/beir --split other", 1, "{tmp}/beir/qrels/other.tsv: none of its relevant corpus-ids "
+         "is in {tmp}/beir/corpus.jsonl (e.g. 'd9')", setup=lambda tmp, ctx: (BEIR_FILES(tmp, ctx), write(
+             tmp / "beir" / "qrels" / "other.tsv", "query-id\tcorpus-id\tscore\nq1\td9\t1\n"))),
     case("eval-embeddings-bootstrap-zero", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
          "--bootstrap=0", 1, "--bootstrap=0 must be >= 1", setup=BEIR_FILES),
     case("eval-embeddings-squad-without-paragraphs", "eval-embeddings --checkpoint {ckpt} --squad "
