@@ -161,6 +161,7 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     from bert_jax.training import train
 
     check_recipe(recipe, peer)  # refused now, not after pretraining
+    read_records(records)  # (a damaged records file: said now, not when the record is appended)
     specs = [finetune_spec(recipe, task) for task in tasks]
     work = Path(workdir)
     shared = paths.shared_data()
@@ -306,10 +307,35 @@ def append_record(record: dict, records: Path) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+# The keys render_table reads of each record, with the type of those it formats as numbers.
+_RECORD_KEYS = {"recipe": str, "overrides": list, "commit": str, "target_loss": float,
+                "steps": int, "final_heldout_loss": float, "readouts": dict, "date": str}
+_MAYBE_NONE = ("time_to_target_s", "step_to_target", "tokens_to_target", "flops_to_target")
+
+
 def read_records(records: Path) -> list[dict]:
+    """The records of a speedrun.jsonl; a line that is not one (edited by hand, cut short) is a
+    ValueError naming the file, line and key."""
     if not records.is_file():
         return []
-    return [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    out = []
+    for n, line in enumerate(records.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        what = "each line is one speedrun's record, as `bench speedrun` appends it: fix or remove it"
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{records}:{n}: not a JSON line ({e}); {what}") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{records}:{n}: a JSON {type(record).__name__}, not a record; {what}")
+        for key, kind in _RECORD_KEYS.items():
+            paths.json_field(record, key, kind, f"{records}:{n}", what)
+        for key in _MAYBE_NONE:
+            if record.get(key, 0) is not None:
+                paths.json_field(record, key, float, f"{records}:{n}", what)
+        out.append(record)
+    return out
 
 
 def render_table(records: list[dict]) -> str:

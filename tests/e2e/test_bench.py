@@ -4,6 +4,7 @@ peers.py (here with this environment's transformers), a missing peer is skipped 
 and the table prints ratios."""
 
 import json
+import re
 import shutil
 import sys
 
@@ -342,6 +343,29 @@ def test_speedrun_table_is_rendered_from_the_records_fastest_first(tmp_path):
     doc.write_text("no markers")
     with pytest.raises(ValueError, match="no speedrun table markers"):
         speedrun.write_table(doc, records)
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"recipe": "configs/modernbert.py:mini"', ":2: not a JSON line"),
+    ("[1, 2]", ":2: a JSON list, not a record"),
+    (json.dumps({**speedrun_record("r", None, 0.7), "final_heldout_loss": "low"}),
+     ":2: key 'final_heldout_loss' is \"low\", expected a number"),
+    (json.dumps({k: v for k, v in speedrun_record("r", None, 0.7).items() if k != "readouts"}),
+     ":2: no key 'readouts' (an object)"),
+])
+def test_a_damaged_speedrun_record_is_named_before_a_run(line, says, tmp_path, monkeypatch, capsys):
+    # Found when the run starts, not when its record is appended half an hour later.
+    from bert_jax.tools import bench, speedrun
+
+    records = tmp_path / "speedrun.jsonl"
+    records.write_text(json.dumps(speedrun_record("r", 900.0, 0.7)) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match="speedrun.jsonl" + re.escape(says)):
+        speedrun.read_records(records)
+    monkeypatch.setattr(speedrun, "RECORDS", records)
+    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--workdir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert says in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
 def test_the_speedrun_page_shows_the_table_of_the_records_file():
