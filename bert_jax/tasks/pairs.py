@@ -123,6 +123,9 @@ def read_pairs(path, *, num_negatives: int = 0, skip_bad_rows: bool = False) -> 
     with utf8_errors(path), paths.open(path, encoding="utf-8-sig") as f:
         head = f.read(4096)
         f.seek(0)
+        if not head.strip():
+            raise PairsFormatError(f"{path}: empty (or blank); expected a pair file: JSON lines, "
+                                   "TSV with a header, or SQuAD JSON")
         if head.lstrip().startswith("{") and '"paragraphs"' in head:
             return _squad_pairs(path, num_negatives)
         rows = jsonl_rows(f, bad) if head.lstrip().startswith("{") else _tsv_rows(f, path, bad)

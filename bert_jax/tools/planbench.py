@@ -50,6 +50,10 @@ def bench_longplan(config: str, topologies: list[str], lengths: list[int], remat
     # Every row's config (each slice, length and remat policy) checked before the first plan:
     # a policy is only tried where a row does not fit, minutes of compiling later.
     for topology in topologies:
+        try:
+            tpu.parse(topology)
+        except ValueError as e:
+            raise ValueError(f"--topologies: {e}") from None
         for length in lengths:
             for remat in ["none", *remats]:
                 models.split_model_config(config_lib.model_config(longplan_config(

@@ -1367,6 +1367,8 @@ EMBED_CASES = [
     case("eval-embeddings-squad-without-paragraphs", "eval-embeddings --checkpoint {ckpt} --squad "
          "{tmp}/sq.json", 1, "sq.json: data[0].paragraphs is missing",
          setup=files(sq_DOT_json='{"data": [{"title": "t"}]}')),
+    case("mine-pairs-empty", "mine --checkpoint {ckpt} --input {tmp}/empty.txt --output {tmp}/m.jsonl",
+         1, "{tmp}/empty.txt: empty (or blank); expected a pair file", setup=BEIR_FILES),
     case("mine-negatives-zero", "mine --checkpoint {ckpt} --input {tmp}/pairs.jsonl --output "
          "{tmp}/m.jsonl --negatives=0", 1, "--negatives=0 must be >= 1", setup=BEIR_FILES),
     case("mine-corpus-missing", "mine --checkpoint {ckpt} --input {tmp}/pairs.jsonl --output "
