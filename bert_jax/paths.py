@@ -17,6 +17,7 @@ import contextlib
 import glob as glob_lib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -159,10 +160,38 @@ def read_json(p: str | os.PathLike, what: str) -> dict:
     with `what` (what the file should be, or what to do)."""
     try:
         value = json.loads(path(p).read_text("utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{p}: missing; {what}") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{p}: not valid JSON ({e}); {what}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{p}: found a JSON {type(value).__name__}, expected an object; {what}")
+    return value
+
+
+_REQUIRED = object()
+_JSON_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "an object"}
+
+
+def json_field(obj: dict, key: str, kind: type, file: str | os.PathLike, what: str, *,
+               default: object = _REQUIRED, at_least: int | float | None = None) -> object:
+    """obj[key] (`default` when absent, if given) of the JSON object read from `file`, checked
+    to be of `kind` (bool, int, float: an int too, str, list or dict; a bool is no number, a
+    string "false" no bool) and, for numbers, finite and >= `at_least`: anything else is a
+    ValueError naming the file, the key, what was found and `what` (what to do)."""
+    if key not in obj:
+        if default is not _REQUIRED:
+            return default
+        raise ValueError(f"{file}: no key {key!r} ({_JSON_KINDS[kind]}); {what}")
+    value = obj[key]
+    ok = isinstance(value, (int, float) if kind is float else kind) and (
+        kind is bool or not isinstance(value, bool))
+    if ok and kind in (int, float):
+        ok = math.isfinite(value) and (at_least is None or value >= at_least)
+    if not ok:
+        expected = _JSON_KINDS[kind] + ("" if at_least is None else f" >= {at_least}")
+        raise ValueError(f"{file}: key {key!r} is {json.dumps(value)[:60]}, expected {expected}; {what}")
     return value
 
 

@@ -13,6 +13,7 @@ so a command does not pay for the others' imports); only the tools and the entry
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import sys
 import time
@@ -137,6 +138,7 @@ def main(argv: list[str]) -> None:
             raise app.UsageError(f"{got}usage: bert-jax <command> [flags]; commands: "
                                  f"{', '.join(COMMANDS)}")
         check_path_flags(command)
+        check_flag_ranges(command)
         if command.compiles:
             from bert_jax.training.compilation_cache import setup_compilation_cache
 
@@ -148,12 +150,34 @@ def main(argv: list[str]) -> None:
         _bad_flag(str(e))
     except (ValueError, OSError, config_lib.MissingExtra) as e:  # bad input, storage, an uninstalled
         # extra: one line, not a traceback
-        print(f"bert-jax {argv[1]}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"bert-jax {argv[1]}: error: {_one_line(_named(e, command))}", file=sys.stderr)
         sys.exit(1)
 
 
 # The flags that name a file or folder (local or gs://), checked as one before any command runs.
-PATH_FLAGS = ("workdir", "checkpoint", "input", "output", "reference", "out", "compilation_cache")
+PATH_FLAGS = ("workdir", "checkpoint", "input", "output", "reference", "out", "compilation_cache",
+              "corpus", "sts", "beir", "squad")
+
+# What to do about an OS error on a path the user gave, by its errno.
+_OS_ADVICE = {errno.ENOENT: "check the path", errno.EISDIR: "a folder where a file is needed",
+              errno.ENOTDIR: "a file where a folder is needed", errno.EACCES: "not readable by you",
+              errno.EEXIST: "already there; choose a path that is not"}
+
+
+def _named(error: BaseException, command: Command | None) -> BaseException | str:
+    """An OS error as the OS words it ("[Errno 2] No such file or directory: 'x'") as a line
+    naming the flag whose path it is, the file and what to do; any other error as it is."""
+    if not (isinstance(error, OSError) and error.filename and error.strerror
+            and str(error).startswith("[Errno")):
+        return error
+    file = os.fspath(error.filename)
+    given = [(name, str(flags.FLAGS[name].value)) for name in (command.flags if command else ())
+             if name in PATH_FLAGS and flags.FLAGS[name].value]
+    flag = next((f"--{name}={value}: " + ("" if file == value else f"{file}: ")
+                 for name, value in given if file == value or file.startswith(value.rstrip("/") + "/")),
+                f"{file}: ")
+    advice = _OS_ADVICE.get(error.errno)
+    return f"{flag}{error.strerror.lower()}" + (f" ({advice})" if advice else "")
 
 
 def check_path_flags(command: Command) -> None:
@@ -170,6 +194,20 @@ def check_path_flags(command: Command) -> None:
     for name, kind in command.writes:
         if flags.FLAGS[name].value is not None:
             paths.check_output(flags.FLAGS[name].value, f"--{name}", kind)
+
+
+# The least value of each count flag (a flag read by several commands means the same in each).
+FLAG_LEAST = {"batch_size": 1, "shard_size": 1, "negatives": 1, "bootstrap": 1, "last": 1,
+              "slices": 1, "beam": 1, "max_restarts": 0}
+
+
+def check_flag_ranges(command: Command) -> None:
+    """Each count flag `command` reads within its range (FLAG_LEAST), before any work: a value
+    out of range is an error naming it, never replaced by the default or left to fail later."""
+    for name in command.flags:
+        value = flags.FLAGS[name].value if name in FLAG_LEAST else None
+        if value is not None and value < FLAG_LEAST[name]:
+            raise ValueError(f"--{name}={value} must be >= {FLAG_LEAST[name]}")
 
 
 def _one_line(error: BaseException) -> str:

@@ -139,7 +139,14 @@ def cmd_embed(args: list[str]) -> None:
     if paths.path(output).exists():
         raise FileExistsError(f"--output={output}: already exists; embed never overwrites a file: "
                               "choose a new --output (or remove that one)")
-    lines = [line.rstrip("\n") for line in text.utf8_lines(require(INPUT, "embed"))]
+    given = require(INPUT, "embed")
+    if given.removesuffix(".gz").endswith(".jsonl"):  # its lines would be embedded as JSON text
+        raise ValueError(f"--input={given}: a corpus of JSON lines embeds into a folder of shards "
+                         "with its ids (--output <folder>); a .npy --output holds one vector per "
+                         "text line")
+    lines = [line.rstrip("\n") for line in text.utf8_lines(given)]
+    if not lines:
+        raise ValueError(f"--input={given}: empty, no line to embed; nothing written")
     vectors = sentence_models.embed(source, lines, batch_size=BATCH_SIZE.value or 32,
                                     spec=_sentence_spec(source))
     with paths.path(output).open("wb") as f:
@@ -162,6 +169,9 @@ def cmd_mine(args: list[str]) -> None:
                               "choose a new --output (or remove that one)")
     corpus = ([line.rstrip("\n") for line in text.utf8_lines(CORPUS.value) if line.strip()]
               if CORPUS.value else None)
+    if corpus == []:
+        raise ValueError(f"--corpus={CORPUS.value}: no passage to mine from (the file is empty or "
+                         "blank); give one passage per line, or leave --corpus out")
     rows = sentence_models.mine_negatives(source, require(INPUT, "mine"), NEGATIVES.value,
                                           corpus=corpus, batch_size=BATCH_SIZE.value or 32)
     with paths.open(output, "w", encoding="utf-8") as f:

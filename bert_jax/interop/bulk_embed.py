@@ -27,6 +27,7 @@ import logging
 import os
 import zipfile
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -107,14 +108,59 @@ def _write_shard(folder, name: str, ids: Sequence[str], vectors: np.ndarray) -> 
     _write(folder, name, buf.getvalue())
 
 
-def _read_shard(file, *arrays: str) -> list[np.ndarray]:
-    """The named arrays of a shard file; a damaged one is a ValueError naming it."""
+def _not_whole(file, why: str) -> ValueError:
+    return ValueError(f"{file}: not a whole shard ({why}); remove that file and run the same "
+                      "`bert-jax embed` again to embed it again")
+
+
+def _read_shard(file, dim: int | None, *, vectors: bool = True) -> tuple[np.ndarray, Any]:
+    """(ids, vectors) of a shard file, checked to be a shard of `dim`-wide vectors (None: any
+    width): ids a list of strings, vectors float32 [len(ids), dim], finite. With vectors=False
+    only the ids are read, and the vectors' shape and type from their header (a resume's check,
+    without reading every kept shard's vectors; load reads them all and checks them finite). A
+    damaged or foreign file is a ValueError naming it."""
     try:
         with paths.path(file).open("rb") as f, np.load(f, allow_pickle=False) as z:
-            return [z[a] for a in arrays]
+            ids = z["ids"]
+            if vectors:
+                got = z["vectors"]
+                shape, dtype = got.shape, got.dtype
+            else:
+                got = None
+                with zipfile.ZipFile(f) as archive, archive.open("vectors.npy") as v:
+                    version = np.lib.format.read_magic(v)
+                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read_header(v)
     except (ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-        raise ValueError(f"{file}: not a whole shard ({type(e).__name__}: {e}); remove that file "
-                         "and run the same `bert-jax embed` again to embed it again") from None
+        raise _not_whole(file, f"{type(e).__name__}: {e}") from None
+    if ids.ndim != 1 or ids.dtype.kind != "U":
+        raise _not_whole(file, f"ids of type {ids.dtype} and shape {ids.shape}, expected strings")
+    dim = dim if dim is not None else shape[-1] if len(shape) == 2 else -1
+    if dtype != np.float32 or tuple(shape) != (len(ids), dim):
+        raise _not_whole(file, f"vectors {dtype} {tuple(shape)}, expected float32 {(len(ids), dim)}: "
+                         f"a vector of {dim} for each of its {len(ids)} ids")
+    if got is not None and not np.isfinite(got).all():
+        raise _not_whole(file, f"{int((~np.isfinite(got)).any(1).sum())} vectors not finite")
+    return ids, got
+
+
+def read_manifest(folder, what: str) -> dict:
+    """The folder's embed.json, each key of the type embed writes (the shard count the rows'),
+    else a ValueError naming the file and key, ending with `what`."""
+    where = paths.path(folder) / MANIFEST
+    manifest = paths.read_json(where, what)
+    for key, kind in _MANIFEST_KEYS.items():
+        paths.json_field(manifest, key, kind, where, what,
+                         at_least=1 if key in ("rows", "shard_size", "shards") else None)
+    if manifest["shards"] != -(-manifest["rows"] // manifest["shard_size"]):
+        raise ValueError(f"{where}: shards={manifest['shards']} is not the {manifest['rows']} rows "
+                         f"in shards of {manifest['shard_size']}; {what}")
+    return manifest
+
+
+_MANIFEST_KEYS = {"format": int, "checkpoint": str, "step": int, "input": str, "fingerprint": str,
+                  "rows": int, "shard_size": int, "shards": int, "sentence": dict}
 
 
 def _check_manifest(folder, manifest: dict) -> bool:
@@ -128,7 +174,8 @@ def _check_manifest(folder, manifest: dict) -> bool:
             raise FileExistsError(f"--output={folder}: a folder with files but no {MANIFEST}; embed "
                                   "writes only into a new folder or one it wrote: choose a new --output")
         return False
-    old = paths.read_json(where, f"embed wrote it; remove the folder {folder} to start again")
+    old = read_manifest(folder, "embed wrote it and reads it to resume: restore it, or choose a "
+                              "new --output (the shards there are kept)")
     differ = [k for k in manifest if k not in _NOT_COMPARED and old.get(k) != manifest[k]]
     if differ:
         raise ValueError(f"{where}: the shards there were made with "
@@ -140,6 +187,15 @@ def _check_manifest(folder, manifest: dict) -> bool:
 
 
 _NOT_COMPARED = ("input",)  # the corpus is its fingerprint: a moved or renamed file resumes
+
+
+def _model_dim(checkpoint_dir: str, step: int) -> int:
+    """The width of the checkpoint's sentence vectors (its encoder's hidden size)."""
+    from bert_jax import models
+    from bert_jax.training import checkpoint
+
+    model_cfg = checkpoint.read_config(checkpoint_dir, step)["model"]
+    return models.split_model_config(model_cfg)[1].emb_dim
 
 
 def hosts() -> tuple[int, int]:
@@ -173,9 +229,10 @@ def embed_to_shards(checkpoint_dir: str, input_path: str, folder: str, *, shard_
         _write(folder, MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     mine = range(p, n, count)
     pending = [k for k in mine if not (root / shard_name(k, n)).exists()]
+    dim = _model_dim(checkpoint_dir, step)
     for k in sorted(set(mine) - set(pending)):  # written whole by an earlier run: its ids
         name = shard_name(k, n)
-        (got,) = _read_shard(root / name, "ids")
+        got, _ = _read_shard(root / name, dim, vectors=False)
         if list(got) != ids[k * shard_size:(k + 1) * shard_size]:
             raise ValueError(f"{root / name}: holds other ids than rows {k * shard_size}-"
                              f"{min(len(ids), (k + 1) * shard_size) - 1} of {input_path}; remove "
@@ -196,7 +253,7 @@ def load(folder: str | os.PathLike) -> tuple[list[str], np.ndarray]:
     """(ids, vectors [rows, dim]) of a folder embed_to_shards wrote, in the corpus's order; a
     missing shard (hosts still at work, or a killed run not yet resumed) is an error naming it."""
     root = paths.path(folder)
-    manifest = paths.read_json(root / MANIFEST, f"{folder} is not a folder `bert-jax embed` wrote")
+    manifest = read_manifest(folder, f"{folder} is not a folder `bert-jax embed` wrote as it is")
     ids: list[str] = []
     parts = []
     for k in range(manifest["shards"]):
@@ -204,7 +261,10 @@ def load(folder: str | os.PathLike) -> tuple[list[str], np.ndarray]:
         if not file.exists():
             raise FileNotFoundError(f"{file}: missing; run the same `bert-jax embed` again to "
                                     "embed the shards not yet written")
-        got, vectors = _read_shard(file, "ids", "vectors")
+        got, vectors = _read_shard(file, parts[0].shape[1] if parts else None)
         ids += [str(i) for i in got]
         parts.append(vectors)
+    if len(ids) != manifest["rows"]:
+        raise ValueError(f"{root / MANIFEST}: rows={manifest['rows']}, but its shards hold "
+                         f"{len(ids)}; remove the folder and embed again")
     return ids, np.concatenate(parts)

@@ -84,30 +84,52 @@ def read_folder(folder: str | os.PathLike) -> tuple[Any, SentenceSpec]:
                  if unknown else f"modules {kinds}")
         raise ValueError(f"{root / 'modules.json'}: {shown}: bert_jax reproduces a Transformer "
                          f"followed by Pooling and Normalize only")
-    transformer = root / modules[0].get("path", "")
+    transformer = root / str(modules[0].get("path", ""))
     settings_file = transformer / "sentence_bert_config.json"
-    settings = _json(settings_file, "the Transformer module's settings") if settings_file.is_file() else {}
+    what = "the Transformer module's settings (sentence-transformers writes them): fix or remove it"
+    settings = paths.read_json(settings_file, what) if settings_file.is_file() else {}
     tokenizer_file = transformer / "tokenizer_config.json"
-    tokenizer = _json(tokenizer_file, "the tokenizer's settings") if tokenizer_file.is_file() else {}
-    # (sentence-transformers 6 keeps max_seq_length as the tokenizer's model_max_length)
-    length = settings.get("max_seq_length") or tokenizer.get("model_max_length")
-    length = int(length) if isinstance(length, int) and 0 < length < 1 << 20 else 512
+    tokenizer = (paths.read_json(tokenizer_file, "the tokenizer's settings")
+                 if tokenizer_file.is_file() else {})
+    # (sentence-transformers 6 keeps max_seq_length as the tokenizer's model_max_length; HF
+    # writes a huge number there for "no limit")
+    length = tokenizer.get("model_max_length")
+    length = length if isinstance(length, int) and 3 <= length < 1 << 20 else 512
+    if settings.get("max_seq_length") is not None:
+        length = paths.json_field(settings, "max_seq_length", int, settings_file, what, at_least=3)
+    lower = paths.json_field(settings, "do_lower_case", bool, settings_file, what, default=False)
     pooling, normalize = "cls", "Normalize" in kinds
     if "Pooling" in kinds:
-        where = root / modules[kinds.index("Pooling")].get("path", "") / "config.json"
-        flags = _json(where, "the Pooling module keeps its mode there")
-        if "pooling_mode" in flags:  # sentence-transformers 6: one name
-            chosen = [flags["pooling_mode"]] if flags["pooling_mode"] in POOLINGS else []
-            other = [] if chosen else [flags["pooling_mode"]]
-        else:
-            chosen = [p for p, flag in _POOLING_FLAGS.items() if flags.get(flag)]
-            other = [flag for flag in _OTHER_FLAGS if flags.get(flag)]
-        if other or len(chosen) != 1:
-            raise ValueError(f"{where}: pooling {other or chosen or 'none'}: bert_jax pools by one "
-                             f"of {list(POOLINGS)} (the [CLS] vector, the mean or the max)")
-        pooling = chosen[0]
-    spec = SentenceSpec(pooling, normalize, length, bool(settings.get("do_lower_case", False)))
-    return transformer, spec
+        where = root / str(modules[kinds.index("Pooling")].get("path", "")) / "config.json"
+        pooling = _pooling(where, transformer)
+    return transformer, SentenceSpec(pooling, normalize, length, lower)
+
+
+def _pooling(where, transformer) -> str:
+    """The pooling a Pooling module's config.json names, one of POOLINGS; its
+    word_embedding_dimension must be the Transformer's hidden size."""
+    what = "the Pooling module's settings (sentence-transformers writes them): fix the file"
+    flags = paths.read_json(where, what)
+    if "pooling_mode" in flags:  # sentence-transformers 6: one name
+        mode = paths.json_field(flags, "pooling_mode", str, where, what)
+        chosen, other = ([mode], []) if mode in POOLINGS else ([], [mode])
+    else:
+        chosen = [p for p, flag in _POOLING_FLAGS.items()
+                  if paths.json_field(flags, flag, bool, where, what, default=False)]
+        other = [flag for flag in _OTHER_FLAGS
+                 if paths.json_field(flags, flag, bool, where, what, default=False)]
+    if other or len(chosen) != 1:
+        raise ValueError(f"{where}: pooling {other or chosen or 'none'}: bert_jax pools by one "
+                         f"of {list(POOLINGS)} (the [CLS] vector, the mean or the max)")
+    dim = paths.json_field(flags, "word_embedding_dimension", int, where, what, default=None)
+    hf_config = transformer / "config.json"
+    hidden = (paths.read_json(hf_config, "the Transformer's Hugging Face config").get("hidden_size")
+              if hf_config.is_file() else None)
+    if dim is not None and isinstance(hidden, int) and dim != hidden:
+        raise ValueError(f"{where}: word_embedding_dimension={dim}, but the Transformer's "
+                         f"{hf_config} has hidden_size={hidden}: the pooled vector is the hidden "
+                         "state; the folder's modules are of different models")
+    return chosen[0]
 
 
 def read_spec(checkpoint_dir: str | os.PathLike) -> SentenceSpec:
@@ -121,11 +143,19 @@ def read_spec(checkpoint_dir: str | os.PathLike) -> SentenceSpec:
         # a trained sentence model (training/contrastive.py) says how it pools in its config
         length = int(config["data"]["max_seq_length"])
         return SentenceSpec(model["embedding_pooling"], bool(model["normalize_embeddings"]), length)
-    given = _json(file, "written by `bert-jax convert st:`")
+    what = "written by `bert-jax convert st:`: fix it, or remove it to pool the [CLS] vector"
+    given = paths.read_json(file, what)
     names = {f.name for f in dataclasses.fields(SentenceSpec)}
-    if not isinstance(given, dict) or set(given) - names:
-        raise ValueError(f"{file}: expected an object with keys {sorted(names)}")
-    return SentenceSpec(**given)
+    if set(given) - names:
+        raise ValueError(f"{file}: keys {sorted(set(given) - names)}; expected only {sorted(names)}")
+    kinds = {"pooling": (str, None), "normalize": (bool, None), "max_seq_length": (int, 3),
+             "do_lower_case": (bool, None)}
+    typed = {k: paths.json_field(given, k, kind, file, what, at_least=least)
+             for k, (kind, least) in kinds.items() if k in given}
+    if typed.get("pooling", "cls") not in POOLINGS:
+        raise ValueError(f"{file}: key 'pooling' is {typed['pooling']!r}; choose one of "
+                         f"{list(POOLINGS)}")
+    return SentenceSpec(**typed)
 
 
 def convert_st(source: str | os.PathLike, out: str | os.PathLike) -> dict[str, Any]:
@@ -235,9 +265,13 @@ def export_st(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
              **{flag: pooling == spec.pooling for pooling, flag in _POOLING_FLAGS.items()},
              **{flag: False for flag in _OTHER_FLAGS}, "include_prompt": True}
     (root / "1_Pooling" / "config.json").write_text(json.dumps(flags, indent=2) + "\n")
-    settings = {"max_seq_length": spec.max_seq_length, "do_lower_case": spec.do_lower_case}
+    # At most the model's positions (sentence-transformers cuts texts there, and a longer one
+    # would index past the position table), as Encoder cuts them.
+    positions = models.split_model_config(model_cfg)[1].max_positions
+    settings = {"max_seq_length": min(spec.max_seq_length, positions or spec.max_seq_length),
+                "do_lower_case": spec.do_lower_case}
     (root / "sentence_bert_config.json").write_text(json.dumps(settings, indent=2) + "\n")
-    return {**report, "sentence": dataclasses.asdict(spec)}
+    return {**report, "sentence": {**dataclasses.asdict(spec), **settings}}
 
 
 def mine_negatives(checkpoint_dir: str | os.PathLike, pairs_file: str | os.PathLike,

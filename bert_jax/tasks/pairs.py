@@ -123,6 +123,9 @@ def read_pairs(path, *, num_negatives: int = 0, skip_bad_rows: bool = False) -> 
     with utf8_errors(path), paths.open(path, encoding="utf-8-sig") as f:
         head = f.read(4096)
         f.seek(0)
+        if not head.strip():
+            raise PairsFormatError(f"{path}: empty (or blank); expected a pair file: JSON lines, "
+                                   "TSV with a header, or SQuAD JSON")
         if head.lstrip().startswith("{") and '"paragraphs"' in head:
             return _squad_pairs(path, num_negatives)
         rows = jsonl_rows(f, bad) if head.lstrip().startswith("{") else _tsv_rows(f, path, bad)
@@ -139,12 +142,8 @@ def _squad_pairs(path, num_negatives: int) -> list[Example]:
     if num_negatives:
         raise PairsFormatError(f"{path}: a SQuAD file has no hard negatives; set "
                                "--config.data.num_negatives=0 (mine some with a pair file)")
-    out = []
-    for article in squad._load_json(path):
-        for para in article["paragraphs"]:
-            out.extend(Example(qa["id"], qa["question"], para["context"], (), None)
-                       for qa in para["qas"])
-    return out
+    return [Example(qid, question, context, (), None)
+            for qid, question, context in squad.questions(path)]
 
 
 @register
@@ -170,8 +169,21 @@ class PairsTask(Task):
         return self.examples(split)[0].score is not None
 
     def read(self, path, training: bool = False) -> list[Example]:
-        return read_pairs(path, num_negatives=self.data.num_negatives if training else 0,
-                          skip_bad_rows=self.data.skip_bad_rows)
+        """The file's examples; for training, of the kind the objective trains on (scored pairs
+        for cosent, queries with positives for the contrastive losses), else a PairsFormatError
+        naming both, before anything compiles."""
+        out = read_pairs(path, num_negatives=self.data.num_negatives if training else 0,
+                         skip_bad_rows=self.data.skip_bad_rows)
+        objective = self.config.train.objective or "contrastive"
+        if training and out and (out[0].score is not None) != (objective == "cosent"):
+            kind, other = (("scored pairs", "a file of queries with positives (or "
+                            "train.objective=cosent)") if out[0].score is not None else
+                           ("pairs without a score", "a file with a score column (or "
+                            "train.objective=contrastive)"))
+            raise PairsFormatError(f"{path}: {kind}, but train.objective={objective!r} trains on "
+                                   f"{'scored pairs' if objective == 'cosent' else 'queries with positives'}"
+                                   f"; give {other}")
+        return out
 
     def encode(self, examples, training: bool) -> tuple[dict[str, np.ndarray], Any]:
         """Queries [N, T] and documents [N, 1 + k, T]: the positive, then (training) the first

@@ -297,6 +297,12 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
     if not relevant or not corpus:
         raise ValueError(f"{qrels_file if corpus else root / 'corpus.jsonl'}: "
                          f"{'no row with a score > 0' if corpus else 'no document'}: nothing to retrieve")
+    # A relevant id absent from the corpus counts (as sentence-transformers counts it); none
+    # present at all is a qrels file of another corpus, every score 0.
+    if not any(d in corpus for docs in relevant.values() for d in docs):
+        example = next(iter(next(iter(relevant.values()))))
+        raise ValueError(f"{qrels_file}: none of its relevant corpus-ids is in {root / 'corpus.jsonl'} "
+                         f"(e.g. {example!r}): the qrels of another corpus; every score would be 0")
     return corpus, queries, relevant
 
 
@@ -309,11 +315,9 @@ def squad_retrieval(path: str | os.PathLike
     by_text: dict[str, str] = {}
     queries: dict[str, str] = {}
     relevant: dict[str, set[str]] = {}
-    for article in squad._load_json(paths.path(path)):
-        for para in article["paragraphs"]:
-            pid = by_text.setdefault(para["context"], f"p{len(by_text)}")
-            corpus[pid] = para["context"]
-            for qa in para["qas"]:
-                queries[qa["id"]] = qa["question"]
-                relevant.setdefault(qa["id"], set()).add(pid)
+    for qid, question, context in squad.questions(path):
+        pid = by_text.setdefault(context, f"p{len(by_text)}")
+        corpus[pid] = context
+        queries[qid] = question
+        relevant.setdefault(qid, set()).add(pid)
     return corpus, queries, relevant

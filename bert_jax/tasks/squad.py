@@ -16,7 +16,7 @@ import math
 import os
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +79,20 @@ def _load_json(path: Path) -> list:
     except ValueError as e:  # not UTF-8 text (utf8_errors names the line)
         raise SquadFormatError(str(e)) from None
     return _field(doc, "data", list, "<top>", path)
+
+
+def questions(path: str | Path) -> Iterator[tuple[str, str, str]]:
+    """(id, question, paragraph) of each question of a SQuAD json file, in order, each field
+    checked as read_squad checks it (a missing or mistyped one names the file and its place)."""
+    path = paths.path(path)
+    for a, article in enumerate(_load_json(path)):
+        for p, para in enumerate(_field(article, "paragraphs", list, f"data[{a}]", path)):
+            where_p = f"data[{a}].paragraphs[{p}]"
+            context = _field(para, "context", str, where_p, path)
+            for q, qa in enumerate(_field(para, "qas", list, where_p, path)):
+                where = f"{where_p}.qas[{q}]"
+                yield (_field(qa, "id", str, where, path), _field(qa, "question", str, where, path),
+                       context)
 
 
 def read_squad(path: str | Path, *, is_training: bool, version_2: bool,

@@ -607,7 +607,14 @@ def speedrun_main(args, overrides: list[str]) -> dict:
     from bert_jax.tools import speedrun
 
     workdir = Path(args.workdir or "runs/speedrun")
-    kw = {"steps": args.steps or speedrun.STEPS, "every": args.every or speedrun.EVERY}
+    kw = {"steps": speedrun.STEPS if args.steps is None else args.steps,
+          "every": speedrun.EVERY if args.every is None else args.every}
+    if args.smoke and (args.steps is not None or args.every is not None):
+        raise ValueError("speedrun --smoke runs its own 2 steps (a checkpoint each); leave --steps "
+                         "and --every out, or leave --smoke out")
+    if kw["steps"] < 1 or not 1 <= kw["every"] <= kw["steps"]:
+        raise ValueError(f"speedrun --steps={kw['steps']} --every={kw['every']}: steps >= 1, and a "
+                         "checkpoint (scored) every 1 to --steps steps")
     if args.smoke:
         kw = speedrun.smoke(paths.shared_data())
     records = workdir / "speedrun.jsonl" if args.smoke else speedrun.RECORDS
@@ -680,6 +687,25 @@ def main() -> None:
     parser.add_argument("--text", default=None, help="text file globs (default: stdlib docstrings)")
     parser.add_argument("--seconds", type=float, default=20)
     args, rest = parser.parse_known_args()
+    try:  # a bad value found while running: one line, as bert-jax's commands say it
+        _dispatch(parser, args, rest)
+    except (ValueError, OSError, config_lib.MissingExtra) as e:
+        parser.exit(1, f"bench {args.what}: error: "
+                       + "; ".join(x.strip() for x in str(e).splitlines() if x.strip()) + "\n")
+
+
+def whole_numbers(flag: str, value: str) -> list[int]:
+    """A comma-separated flag of whole numbers >= 1, else a ValueError naming it."""
+    try:
+        out = [int(x) for x in value.split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise ValueError(f"{flag}={value!r}: comma-separated whole numbers >= 1, e.g. 16384,32768")
+    return out
+
+
+def _dispatch(parser, args, rest: list[str]) -> None:
     if args.what in ("multi30k", "restart", "long", "attention", "longdoc", "longplan", "speedrun"):
         bad = [a for a in rest if not a.startswith("--config.")]
         if bad:
@@ -693,7 +719,7 @@ def main() -> None:
             result = planbench.bench_longplan(
                 args.config or "configs/modernbert.py:base",
                 (args.topologies or "v5litepod-1,v5p-8,v6e-1").split(","),
-                [int(x) for x in (args.lengths or "16384,32768").split(",")],
+                whole_numbers("--lengths", args.lengths or "16384,32768"),
                 [x for x in args.remats.split(",") if x], [a[9:] for a in rest])
             print(result["table"])
             print(json.dumps(result))

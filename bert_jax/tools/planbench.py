@@ -44,8 +44,20 @@ def attention_share(cfg, step: dict, devices: int) -> float | None:
 
 def bench_longplan(config: str, topologies: list[str], lengths: list[int], remats: list[str],
                    overrides: list[str]) -> dict:
+    from bert_jax import models
     from bert_jax.cloud import plan, tpu
 
+    # Every row's config (each slice, length and remat policy) checked before the first plan:
+    # a policy is only tried where a row does not fit, minutes of compiling later.
+    for topology in topologies:
+        try:
+            tpu.parse(topology)
+        except ValueError as e:
+            raise ValueError(f"--topologies: {e}") from None
+        for length in lengths:
+            for remat in ["none", *remats]:
+                models.split_model_config(config_lib.model_config(longplan_config(
+                    config, topology, length, [f"model.remat_policy={remat}", *overrides])))
     if not tpu.libtpu_installed():
         raise SystemExit("bench longplan plans with libtpu: pip install 'bert_jax[tpu]'")
     rows = []

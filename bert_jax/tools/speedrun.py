@@ -53,6 +53,7 @@ TARGET_LOSS = 5.0
 RECIPE = "configs/modernbert.py:mini"
 STEPS, EVERY, BATCH, SEQ_LEN, EVAL_ROWS = 1000, 50, 32, 128, 512
 TASKS = ("sst2", "mrpc", "stsb")
+GLUE_FOLDERS = {"sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B"}  # each task's folder of GLUE
 SEEDS = (0, 1, 2)
 FINETUNE_STEPS = 250
 PEER = "HF ModernBertForMaskedLM"
@@ -160,19 +161,26 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     from bert_jax.training import train
 
     check_recipe(recipe, peer)  # refused now, not after pretraining
+    read_records(records)  # (a damaged records file: said now, not when the record is appended)
     specs = [finetune_spec(recipe, task) for task in tasks]
     work = Path(workdir)
     shared = paths.shared_data()
     corpus_dir = work / "corpus"
-    pb.build_corpus(files or pb.source_files(shared), corpus_dir, vocab_size=vocab_size)
-    tokenizer = tokenizer_lib.load_tokenizer(corpus_dir / "vocab")
-    evalset = pb.heldout_set(corpus_dir / "heldout.txt", tokenizer, rows=eval_rows, seq_len=seq_len)
-    # a config file of the user's (from where they run) or the repository's configs/
+    # The recipe with the user's overrides, and the readouts' data, checked before any work
+    # (the corpus and vocabulary take minutes, the pretraining half an hour).
+    # A config file of the user's (from where they run) or the repository's configs/.
     spec = recipe if Path(recipe.rpartition(":")[0] or recipe).is_file() else str(paths.REPO / recipe)
     given = list(overrides)
     base = config_lib.load(spec, given)
     shape = {"steps": steps, "batch": batch, "seq_len": seq_len, "every": every}
     config = config_lib.load(spec, recipe_overrides(base, corpus_dir, **shape) + given)
+    glue = glue_dir or shared / "glue"
+    if missing := [t for t in tasks if not (glue / GLUE_FOLDERS[t] / "train.tsv").is_file()]:
+        raise FileNotFoundError(f"--glue={glue}: no {GLUE_FOLDERS[missing[0]]}/train.tsv there (the "
+                                f"readouts fine-tune {', '.join(tasks)}); give the GLUE folder")
+    pb.build_corpus(files or pb.source_files(shared), corpus_dir, vocab_size=vocab_size)
+    tokenizer = tokenizer_lib.load_tokenizer(corpus_dir / "vocab")
+    evalset = pb.heldout_set(corpus_dir / "heldout.txt", tokenizer, rows=eval_rows, seq_len=seq_len)
     run_dir = work / ("pretrain_hf" if peer else "pretrain")
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
@@ -196,7 +204,6 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     step_to = pb.time_to([(s, p["heldout_mlm_loss"]) for s, p in points], TARGET_LOSS)
     per_step = float(np.mean([p["tokens_per_step"] for _, p in points]))
     last = points[-1][0]
-    glue = glue_dir or shared / "glue"
     reads = readouts(specs, init_from, glue, work, tasks=tasks, seeds=seeds, steps=finetune_steps,
                      overrides=list(finetune_overrides))
     tokens_to = None if step_to is None else step_to * per_step
@@ -300,10 +307,35 @@ def append_record(record: dict, records: Path) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+# The keys render_table reads of each record, with the type of those it formats as numbers.
+_RECORD_KEYS = {"recipe": str, "overrides": list, "commit": str, "target_loss": float,
+                "steps": int, "final_heldout_loss": float, "readouts": dict, "date": str}
+_MAYBE_NONE = ("time_to_target_s", "step_to_target", "tokens_to_target", "flops_to_target")
+
+
 def read_records(records: Path) -> list[dict]:
+    """The records of a speedrun.jsonl; a line that is not one (edited by hand, cut short) is a
+    ValueError naming the file, line and key."""
     if not records.is_file():
         return []
-    return [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    out = []
+    for n, line in enumerate(records.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        what = "each line is one speedrun's record, as `bench speedrun` appends it: fix or remove it"
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{records}:{n}: not a JSON line ({e}); {what}") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{records}:{n}: a JSON {type(record).__name__}, not a record; {what}")
+        for key, kind in _RECORD_KEYS.items():
+            paths.json_field(record, key, kind, f"{records}:{n}", what)
+        for key in _MAYBE_NONE:
+            if record.get(key, 0) is not None:
+                paths.json_field(record, key, float, f"{records}:{n}", what)
+        out.append(record)
+    return out
 
 
 def render_table(records: list[dict]) -> str:

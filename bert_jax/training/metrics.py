@@ -59,7 +59,13 @@ def _rows(text: str, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
             raise ValueError(f"{where}:{i + 1}: not a metrics row (a JSON object with an integer "
                              f"\"step\", as bert-jax train writes): {line[:80]!r}; remove or fix "
                              "the line")
-        yield line, {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in row.items()}
+        row = {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in row.items()}
+        if bad := next((k for k, v in row.items()
+                        if not isinstance(v, int | float) or isinstance(v, bool)), None):
+            raise ValueError(f"{where}:{i + 1}: {bad!r} is {json.dumps(row[bad])[:40]}, not a number "
+                             "(bert-jax train writes numbers, and \"nan\", \"inf\" or \"-inf\"); "
+                             "remove or fix the line")
+        yield line, row
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ peers.py (here with this environment's transformers), a missing peer is skipped 
 and the table prints ratios."""
 
 import json
+import re
 import shutil
 import sys
 
@@ -344,6 +345,29 @@ def test_speedrun_table_is_rendered_from_the_records_fastest_first(tmp_path):
         speedrun.write_table(doc, records)
 
 
+@pytest.mark.parametrize("line, says", [
+    ('{"recipe": "configs/modernbert.py:mini"', ":2: not a JSON line"),
+    ("[1, 2]", ":2: a JSON list, not a record"),
+    (json.dumps({**speedrun_record("r", None, 0.7), "final_heldout_loss": "low"}),
+     ":2: key 'final_heldout_loss' is \"low\", expected a number"),
+    (json.dumps({k: v for k, v in speedrun_record("r", None, 0.7).items() if k != "readouts"}),
+     ":2: no key 'readouts' (an object)"),
+])
+def test_a_damaged_speedrun_record_is_named_before_a_run(line, says, tmp_path, monkeypatch, capsys):
+    # Found when the run starts, not when its record is appended half an hour later.
+    from bert_jax.tools import bench, speedrun
+
+    records = tmp_path / "speedrun.jsonl"
+    records.write_text(json.dumps(speedrun_record("r", 900.0, 0.7)) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match="speedrun.jsonl" + re.escape(says)):
+        speedrun.read_records(records)
+    monkeypatch.setattr(speedrun, "RECORDS", records)
+    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--workdir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert says in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
 def test_the_speedrun_page_shows_the_table_of_the_records_file():
     """docs/speedrun.md's table is what write_table renders from benchmarks/speedrun.jsonl (it is
     never edited by hand)."""
@@ -364,6 +388,39 @@ def test_speedrun_refuses_a_recipe_without_readouts_before_any_work(tmp_path, mo
                                       "--peer", "--workdir", str(tmp_path / "run")])
     with pytest.raises(SystemExit, match="mirrors a configs/modernbert.py:<size> recipe"):
         bench.main()
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["speedrun", "--steps", "0"], "bench speedrun: error: speedrun --steps=0 --every=50: steps >= 1"),
+    (["speedrun", "--steps", "10", "--every", "20"], "--steps=10 --every=20"),
+    (["speedrun", "--smoke", "--steps", "5"], "--smoke runs its own 2 steps"),
+    (["speedrun", "--steps", "10", "--every", "5", "--config.train.batch_size=abc"],
+     "--config.train.batch_size='abc': expected int"),
+    (["speedrun", "--steps", "10", "--every", "5", "--glue", "{tmp}/nope"],
+     "--glue={tmp}/nope: no SST-2/train.tsv there"),
+    (["longplan", "--lengths", "16k"], "bench longplan: error: --lengths='16k': comma-separated whole"),
+    (["longplan", "--lengths", "0"], "--lengths='0'"),
+    (["longplan", "--lengths", "1024", "--remats", "nope"], "model.remat_policy='nope'; choose one of"),
+    (["longplan", "--lengths", "1024", "--topologies", "v5litepod-1,v9-8"],
+     "--topologies: --topology='v9-8': unknown TPU generation 'v9'"),
+    (["longplan", "--lengths", "1024", "--config.model.attention_block_size=-128"],
+     "model.attention_block_size=-128 must be >= 0"),
+    (["longplan", "--lengths", "1000", "--topologies", "v5litepod-1"],
+     "tiles a sequence of 1000 tokens in blocks of"),
+])
+def test_bench_flags_out_of_range_are_one_line_before_any_work(argv, says, tmp_path, monkeypatch,
+                                                               capsys):
+    # Checked before the corpus, the pretraining or the first plan (minutes to hours later),
+    # never replaced by a default (`--steps 0` once meant 1,000) nor a traceback.
+    from bert_jax.tools import bench
+
+    monkeypatch.setattr(sys, "argv", ["bench", *[a.format(tmp=tmp_path) for a in argv],
+                                      "--workdir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as exit:
+        bench.main()
+    err = capsys.readouterr().err
+    assert exit.value.code == 1 and len(err.splitlines()) == 1 and says.format(tmp=tmp_path) in err, err
     assert not (tmp_path / "run").exists()
 
 

@@ -877,6 +877,13 @@ PLOT_CASES = [
          setup=files(r__metrics_DOT_jsonl='{"step": 1, "loss": 2.0}\n[1, 2]\n')),
     case("plot-metrics-line-no-step", "plot --workdir {tmp}/r", 1, "r/metrics.jsonl:1", "step",
          setup=files(r__metrics_DOT_jsonl='{"loss": 2.0}\n')),
+    # a metric's value that is no number (retrieval's, edited by hand): named, not a float() error
+    case("plot-metrics-value-a-word", "plot --workdir {tmp}/r", 1,
+         "r/metrics.jsonl:2: 'eval/ndcg@10' is \"high\", not a number",
+         setup=files(r__metrics_DOT_jsonl='{"step": 1, "loss": 2.0}\n{"step": 1, "eval/ndcg@10": "high"}\n')),
+    case("plot-metrics-value-a-list", "plot --workdir {tmp}/r", 1,
+         "r/metrics.jsonl:1: 'eval/recall@10' is [1, 2], not a number",
+         setup=files(r__metrics_DOT_jsonl='{"step": 1, "eval/recall@10": [1, 2]}\n')),
 ]
 
 INFO_CASES = [
@@ -1303,13 +1310,105 @@ MODERNBERT_HF_CASES = [
          setup=modernbert_checkpoint(positions="learned")),
 ]
 
+def st_folder(*changes: Callable[[Path], None]):
+    """A setup exporting the shared converted checkpoint as a sentence-transformers folder
+    tmp/st, then changing it."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        from bert_jax.interop import sentence_models
+
+        sentence_models.export_st(ctx["ckpt"], tmp / "st")
+        for change in changes:
+            change(tmp / "st")
+    return setup
+
+
+def json_file(name: str, content):
+    return lambda folder: write(folder / name, json.dumps(content))
+
+
+BEIR_FILES = files(beir__corpus_DOT_jsonl='{"_id": "d1", "text": "the cat sat"}\n',
+                   beir__queries_DOT_jsonl='{"_id": "q1", "text": "cat"}\n',
+                   **{"beir__qrels__test_DOT_tsv": "query-id\tcorpus-id\tscore\nq1\td1\t1\n"},
+                   in_DOT_txt="the cat sat\n", empty_DOT_txt="",
+                   pairs_DOT_jsonl='{"query": "the cat", "positive": "a dog"}\n')
+PAIRS = ("train --config configs/embeddings.py:{loss},tiny" + FINETUNE
+         + " --config.data.train_file=train.tsv --config.data.dev_file=train.tsv --config.train.steps=1")
+SCORED = "sentence1\tsentence2\tscore\n" + "the cat\ta dog\t1.0\n" * 8
+QUERIES = "query\tpositive\n" + "the cat\ta dog\n" * 8
+EMBED = "embed --checkpoint {ckpt} --input {tmp}/in.txt --output {tmp}/v"
+EMBED_CASES = [
+    # the embeddings commands: a path the OS refuses names its flag; counts out of range are
+    # refused before any work, never replaced by the default
+    case("embed-input-missing", EMBED.replace("in.txt", "nope.txt"), 1,
+         "--input={tmp}/nope.txt: no such file or directory (check the path)"),
+    case("embed-input-a-folder", EMBED.replace("in.txt", "beir"), 1,
+         "--input={tmp}/beir: is a directory (a folder where a file is needed)", setup=BEIR_FILES),
+    case("embed-jsonl-into-a-npy", "embed --checkpoint {ckpt} --input {tmp}/c.jsonl --output {tmp}/v.npy",
+         1, "--input={tmp}/c.jsonl: a corpus of JSON lines embeds into a folder of shards",
+         setup=files(c_DOT_jsonl='{"_id": "a", "text": "x"}\n')),
+    case("embed-empty-into-a-npy", "embed --checkpoint {ckpt} --input {tmp}/empty.txt --output "
+         "{tmp}/v.npy", 1, "--input={tmp}/empty.txt: empty, no line to embed", setup=BEIR_FILES),
+    case("embed-batch-zero", EMBED + " --batch_size=0", 1, "--batch_size=0 must be >= 1",
+         setup=BEIR_FILES),
+    case("embed-shard-size-negative", EMBED + " --shard_size=-3", 1, "--shard_size=-3 must be >= 1",
+         setup=BEIR_FILES),
+    case("eval-embeddings-split-missing", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
+         "--split dev", 1, "--beir={tmp}/beir: {tmp}/beir/qrels/dev.tsv: no such file or directory",
+         setup=BEIR_FILES),
+    case("eval-embeddings-beir-a-file", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/in.txt", 1,
+         "--beir={tmp}/in.txt: {tmp}/in.txt/corpus.jsonl: not a directory", setup=BEIR_FILES),
+    case("eval-embeddings-beir-other-scheme", "eval-embeddings --checkpoint {ckpt} --beir s3://b/x", 2,
+         "--beir=s3://b/x", "s3://"),
+    case("eval-embeddings-qrels-of-another-corpus", "eval-embeddings --checkpoint {ckpt} --beir "
+         "{tmp}/beir --split other", 1, "{tmp}/beir/qrels/other.tsv: none of its relevant corpus-ids "
+         "is in {tmp}/beir/corpus.jsonl (e.g. 'd9')", setup=lambda tmp, ctx: (BEIR_FILES(tmp, ctx), write(
+             tmp / "beir" / "qrels" / "other.tsv", "query-id\tcorpus-id\tscore\nq1\td9\t1\n"))),
+    case("eval-embeddings-bootstrap-zero", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
+         "--bootstrap=0", 1, "--bootstrap=0 must be >= 1", setup=BEIR_FILES),
+    case("eval-embeddings-squad-without-paragraphs", "eval-embeddings --checkpoint {ckpt} --squad "
+         "{tmp}/sq.json", 1, "sq.json: data[0].paragraphs is missing",
+         setup=files(sq_DOT_json='{"data": [{"title": "t"}]}')),
+    case("mine-pairs-empty", "mine --checkpoint {ckpt} --input {tmp}/empty.txt --output {tmp}/m.jsonl",
+         1, "{tmp}/empty.txt: empty (or blank); expected a pair file", setup=BEIR_FILES),
+    case("mine-negatives-zero", "mine --checkpoint {ckpt} --input {tmp}/pairs.jsonl --output "
+         "{tmp}/m.jsonl --negatives=0", 1, "--negatives=0 must be >= 1", setup=BEIR_FILES),
+    case("mine-corpus-missing", "mine --checkpoint {ckpt} --input {tmp}/pairs.jsonl --output "
+         "{tmp}/m.jsonl --corpus {tmp}/nope.txt", 1, "--corpus={tmp}/nope.txt: no such file",
+         setup=BEIR_FILES),
+    case("mine-corpus-empty", "mine --checkpoint {ckpt} --input {tmp}/pairs.jsonl --output "
+         "{tmp}/m.jsonl --corpus {tmp}/empty.txt", 1, "--corpus={tmp}/empty.txt: no passage",
+         setup=BEIR_FILES),
+    # the pair file's kind and the objective agree, said before anything compiles
+    case("pairs-cosent-on-unscored", PAIRS.replace("{loss}", "cosent"), 1,
+         "data/train.tsv: pairs without a score, but train.objective='cosent' trains on scored pairs",
+         setup=files(data__train_DOT_tsv=QUERIES)),
+    case("pairs-contrastive-on-scored", PAIRS.replace("{loss}", "contrastive"), 1,
+         "data/train.tsv: scored pairs, but train.objective='contrastive' trains on queries with "
+         "positives", setup=files(data__train_DOT_tsv=SCORED)),
+    # sentence-transformers folders in: each module file's values by key and type
+    case("convert-st-pooling-flag-a-string", "convert st:{tmp}/st {tmp}/out", 1,
+         "st/1_Pooling/config.json: key 'pooling_mode_cls_token' is \"false\", expected true or false",
+         setup=st_folder(json_file("1_Pooling/config.json", {"pooling_mode_cls_token": "false",
+                                                             "pooling_mode_mean_tokens": True}))),
+    case("convert-st-pooling-dimension", "convert st:{tmp}/st {tmp}/out", 1,
+         "word_embedding_dimension=768", "hidden_size=32",
+         setup=st_folder(json_file("1_Pooling/config.json", {"word_embedding_dimension": 768,
+                                                             "pooling_mode_mean_tokens": True}))),
+    case("convert-st-length-negative", "convert st:{tmp}/st {tmp}/out", 1,
+         "st/sentence_bert_config.json: key 'max_seq_length' is -4, expected an integer >= 3",
+         setup=st_folder(json_file("sentence_bert_config.json", {"max_seq_length": -4}))),
+    case("convert-st-settings-a-list", "convert st:{tmp}/st {tmp}/out", 1,
+         "st/sentence_bert_config.json: found a JSON list, expected an object",
+         setup=st_folder(json_file("sentence_bert_config.json", [512]))),
+]
+
 # One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
 CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES_CASES + EVAL_CASES
          + SWEEP_CASES + VOCAB_CASES + EXPORT_CASES + TRANSLATE_CASES + EVAL_TASK_CASES
          + SWEEP_TRIAL_CASES + AVERAGE_CASES + RUN_VALUE_CASES + TFDS_CASES + PLOT_CASES + INFO_CASES
          + PREPARE_CASES + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + MODERN_OPTIM_CASES
          + ROBERTA_CASES + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM_ONLY_CASES
-         + MODERN_ENCODER_CASES + TOKENIZER_JSON_CASES + OUTPUT_PATH_CASES)
+         + MODERN_ENCODER_CASES + TOKENIZER_JSON_CASES + OUTPUT_PATH_CASES + EMBED_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -1530,6 +1629,7 @@ def test_the_table_covers_every_area():
              "attention patterns": PATTERN_CASES, "attention on GPU": ATTENTION_GPU_CASES,
              "ModernBERT in and out": MODERNBERT_HF_CASES,
              "MLM only": MLM_ONLY_CASES, "modern encoder": MODERN_ENCODER_CASES,
-             "tokenizer.json": TOKENIZER_JSON_CASES, "output paths": OUTPUT_PATH_CASES}
+             "tokenizer.json": TOKENIZER_JSON_CASES, "output paths": OUTPUT_PATH_CASES,
+             "embeddings": EMBED_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)

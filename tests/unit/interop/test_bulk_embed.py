@@ -198,3 +198,60 @@ def test_a_bad_corpus_is_one_line_naming_file_line_and_field(tmp_path, lines, me
     (tmp_path / "corpus.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=message):
         bulk_embed.read_corpus(str(tmp_path / "corpus.jsonl"))
+
+
+def _resave(vectors=lambda v: v, ids=lambda i: i):
+    def change(shard):
+        with np.load(shard) as z:
+            got_ids, got = z["ids"], z["vectors"]
+        np.savez(shard, ids=ids(got_ids), vectors=vectors(got))
+    return change
+
+
+@pytest.mark.parametrize("change, says", [
+    (_resave(lambda v: v[:, :5]), r"vectors float32 \(3, 5\), expected float32 \(3, 32\)"),
+    (_resave(lambda v: v[:1]), r"vectors float32 \(1, 32\), expected float32 \(3, 32\)"),
+    (_resave(lambda v: v.astype(np.float64)), r"vectors float64 \(3, 32\), expected float32"),
+    (_resave(ids=lambda i: np.arange(len(i))), r"ids of type int64 .*expected strings"),
+])
+def test_a_shard_of_another_shape_or_type_is_not_kept(checkpoint, corpus, tmp_path, change, says):
+    # A shard replaced by hand with one of another width, row count or type would be "kept"
+    # by a resume and break (or silently skew) what load returns: refused by name, as damage.
+    embed(checkpoint, corpus, tmp_path / "out")
+    shard = tmp_path / "out" / "part-00001-of-00003.npz"
+    change(shard)
+    kept = shard.read_bytes()
+    message = r"part-00001-of-00003.npz: not a whole shard \(" + says + r".*remove that file"
+    with pytest.raises(ValueError, match=message):
+        embed(checkpoint, corpus, tmp_path / "out")
+    with pytest.raises(ValueError, match=message):
+        bulk_embed.load(tmp_path / "out")
+    assert shard.read_bytes() == kept
+
+
+def test_load_refuses_vectors_not_finite(checkpoint, corpus, tmp_path):
+    embed(checkpoint, corpus, tmp_path / "out")
+    _resave(lambda v: np.full_like(v, np.nan))(tmp_path / "out" / "part-00002-of-00003.npz")
+    with pytest.raises(ValueError, match=r"part-00002-of-00003.npz: not a whole shard \(3 vectors "
+                                         "not finite\\)"):
+        bulk_embed.load(tmp_path / "out")
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m.update(shard_size="3"), "key 'shard_size' is \"3\", expected an integer >= 1"),
+    (lambda m: m.pop("fingerprint"), "no key 'fingerprint' \\(a string\\)"),
+    (lambda m: m.update(shards=7), "shards=7 is not the 9 rows in shards of 3"),
+    (lambda m: m.update(sentence=None), "key 'sentence' is null, expected an object"),
+])
+def test_an_embed_json_edited_by_hand_is_named_with_its_key(checkpoint, corpus, tmp_path, edit, says):
+    embed(checkpoint, corpus, tmp_path / "out")
+    manifest = json.loads((tmp_path / "out" / "embed.json").read_text())
+    edit(manifest)
+    (tmp_path / "out" / "embed.json").write_text(json.dumps(manifest))
+    before = {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")}
+    with pytest.raises(ValueError, match=f"embed.json: {says}; embed wrote it .*the shards there "
+                                         "are kept"):
+        embed(checkpoint, corpus, tmp_path / "out")
+    with pytest.raises(ValueError, match=f"embed.json: {says}; .* is not a folder"):
+        bulk_embed.load(tmp_path / "out")
+    assert before == {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import shared_data_dir
+from helpers import FIXTURES, shared_data_dir
 
 from bert_jax.interop import sentence_models
 
@@ -149,3 +149,53 @@ def test_a_modernbert_sentence_model_embeds_as_sentence_transformers_does(tmp_pa
     texts = lines[100:140]
     np.testing.assert_allclose(sentence_models.embed(tmp_path / "ours", texts),
                                reference(st_dir, texts), atol=1e-5)
+
+
+@pytest.mark.parametrize("file, content, says", [
+    # a value of the wrong type is named, never read by its truthiness or replaced by a default
+    ("1_Pooling/config.json", {"pooling_mode_cls_token": "false", "pooling_mode_mean_tokens": True},
+     "key 'pooling_mode_cls_token' is \"false\", expected true or false"),
+    ("1_Pooling/config.json", {"pooling_mode": ["mean"]},
+     "key 'pooling_mode' is \\[\"mean\"\\], expected a string"),
+    ("1_Pooling/config.json", [1], "found a JSON list, expected an object"),
+    ("1_Pooling/config.json", '{"pooling_mode_mean_tokens": tru', "not valid JSON"),
+    ("1_Pooling/config.json", {"word_embedding_dimension": 768, "pooling_mode_mean_tokens": True},
+     "word_embedding_dimension=768, but the Transformer's .*config.json has hidden_size=384"),
+    ("sentence_bert_config.json", {"max_seq_length": -4},
+     "key 'max_seq_length' is -4, expected an integer >= 3"),
+    ("sentence_bert_config.json", {"max_seq_length": 2},
+     "key 'max_seq_length' is 2, expected an integer >= 3"),
+    ("sentence_bert_config.json", {"max_seq_length": 128, "do_lower_case": "no"},
+     "key 'do_lower_case' is \"no\", expected true or false"),
+    ("sentence_bert_config.json", [1], "found a JSON list, expected an object"),
+])
+def test_a_module_file_with_a_bad_value_names_the_file_and_key(tmp_path, file, content, says):
+    folder = tmp_path / "folder"
+    shutil.copytree(PUBLISHED, folder)
+    (folder / file).write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(ValueError, match=f"{file}: {says}"):
+        sentence_models.read_folder(folder)
+
+
+@pytest.mark.parametrize("content, says", [
+    ({"pooling": "mean", "normalize": "yes"}, "key 'normalize' is \"yes\", expected true or false"),
+    ({"pooling": "avg"}, "key 'pooling' is 'avg'; choose one of"),
+    ({"max_seq_length": 1}, "key 'max_seq_length' is 1, expected an integer >= 3"),
+    ({"pool": "mean"}, "keys \\['pool'\\]; expected only"),
+])
+def test_a_sentence_model_json_with_a_bad_value_names_its_key(tmp_path, content, says):
+    (tmp_path / sentence_models.SPEC_FILE).write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=f"{sentence_models.SPEC_FILE}: {says}"):
+        sentence_models.read_spec(tmp_path)
+
+
+def test_an_export_caps_max_seq_length_at_the_model_positions(tmp_path):
+    # sentence-transformers cuts texts at max_seq_length: past the 16 positions of this model
+    # it would index beyond the position table, where Encoder cuts at 16.
+    from bert_jax.interop import convert
+
+    convert.convert_hf(FIXTURES / "tf_bert_tiny", tmp_path / "ckpt")
+    (tmp_path / "ckpt" / sentence_models.SPEC_FILE).write_text(json.dumps({"max_seq_length": 512}))
+    report = sentence_models.export_st(tmp_path / "ckpt", tmp_path / "st")
+    settings = json.loads((tmp_path / "st" / "sentence_bert_config.json").read_text())
+    assert settings["max_seq_length"] == report["sentence"]["max_seq_length"] == 16
