@@ -14,7 +14,7 @@ import ast
 import dataclasses
 import importlib.util
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -310,7 +310,11 @@ def _parse_like(old, text: str):
         return float(text)
     if isinstance(old, str) or old is None:
         return text
-    value = ast.literal_eval(text)  # tuples, lists, dicts
+    try:
+        value = ast.literal_eval(text)  # tuples, lists, dicts
+    except ValueError:  # (its message names an AST node, not the text)
+        raise ValueError("not a Python literal: write it as in a config file, strings quoted, "
+                         "e.g. (64, 128) or (('a', 'b'),)") from None
     if not isinstance(value, type(old)):
         raise ValueError(f"got a {type(value).__name__}")
     return value
@@ -401,6 +405,19 @@ def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int,
         raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by the "
                           f"{num_processes} processes (each loads an equal share)")
     check_phase_batches(spec, shards, num_processes)
+
+
+def check_overrides_read(spec: RunSpec, set_by_user: Collection[str]) -> None:
+    """A model key given on the command line (`set_by_user`: dotted keys) that the run would
+    not read: splash's tile sizes with a kernel that does not tile. (In a config file they
+    stay, ignored, so that a TPU config runs with another kernel elsewhere: docs/attention.md.)"""
+    if attention.kernel(spec.model.attention_kernel).reads_block_size:
+        return
+    given = sorted(k for k in set_by_user if k.startswith("model.attention_block"))
+    if given:
+        raise ConfigError(f"--config.{given[0]}: only a kernel that tiles (splash) reads it; with "
+                          f"model.attention_kernel={spec.model.attention_kernel!r} it would do "
+                          f"nothing: leave it out, or set --config.model.attention_kernel=splash")
 
 
 def check_phase_batches(config: RunSpec | ml_collections.ConfigDict, shards: int,

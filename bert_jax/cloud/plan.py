@@ -75,6 +75,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
         state.check_set_sizes(config, set_by_user)
         config = state.sizes_from_init(config, set_by_user)
     config = config_lib.resolve(config)
+    config_lib.check_overrides_read(config, set_by_user)
     sl = tpu.parse(topology, slices)
     devices = tpu.compile_only_devices(sl)
     setup.check(config, platform="tpu", devices=len(devices), processes=sl.hosts, reads_data=False)

@@ -525,6 +525,7 @@ def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = (),
     whether preempted, goodput)."""
     started = time.time() if started is None else started
     spec = config_lib.resolve(state.sizes_from_init(config_lib.complete(config), set_by_user))
+    config_lib.check_overrides_read(spec, set_by_user)
     setup.check(spec, platform=setup.platform(), devices=jax.device_count(),
                 processes=jax.process_count())
     task = tasks.from_config(spec)  # None for pretraining data
