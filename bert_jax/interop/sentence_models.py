@@ -226,14 +226,20 @@ class Encoder:
         batch_size = -(-batch_size // devices) * devices  # whole rows on every device
         order = np.argsort(-lengths, kind="stable")  # the longest first: its compile first
         out = np.zeros((len(ids), self.dim), np.float32)
+        pending = []  # dispatched, not yet read: the next batch is made while one computes
         for start in range(0, len(ids), batch_size):
             rows = order[start:start + batch_size]
             length = min(self.limit, -(-int(lengths[rows].max()) // BUCKET) * BUCKET)
             batch = self.tokenizer.pair_rows([ids[i] for i in rows], [None] * len(rows), length)
             batch = {k: np.pad(v, [(0, batch_size - len(rows)), (0, 0)]) for k, v in batch.items()}
-            got = self.vectors(self.state, *(jax.device_put(batch[k], self.rows) for k in
-                                             ("input_ids", "token_type_ids", "attention_mask")))
-            out[rows] = np.asarray(got)[:len(rows)]
+            pending.append((rows, self.vectors(self.state, *(
+                jax.device_put(batch[k], self.rows)
+                for k in ("input_ids", "token_type_ids", "attention_mask")))))
+            if len(pending) > 2:
+                done, got = pending.pop(0)
+                out[done] = np.asarray(got)[:len(done)]
+        for done, got in pending:
+            out[done] = np.asarray(got)[:len(done)]
         return out
 
 
