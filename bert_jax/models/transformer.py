@@ -156,6 +156,15 @@ class Stack(nnx.Module):
         self.num_layers = num_layers
         self.scan = cfg.scan_layers
         self.remat_policy = cfg.remat_policy
+        self.attention_kernel = cfg.attention_kernel
+
+    def _period(self, masking: Masking) -> int:
+        """Layers per scanned step: the period of a window's global layers under the xla
+        kernel (models/kernels/xla.py computes local layers banded when it knows them), else 1."""
+        p = masking.pattern
+        if self.attention_kernel != "xla" or masking.window is None or p is None or p.block:
+            return 1
+        return p.global_every if 1 < p.global_every <= self.num_layers else 1
 
     def __call__(self, x_BTD: Array, masking: Masking, *, memory: Memory | None = None,
                  rng: Array | None = None, cache: Cache | None = None,
@@ -171,10 +180,12 @@ class Stack(nnx.Module):
                 lambda x: jnp.concatenate([jnp.ones_like(x[:1]), x]), params["attention_norm"])
         rngs_L = None if rng is None else jax.random.split(rng, self.num_layers)
 
-        def body(h_BTD, xs, layer):
+        def body(h_BTD, xs, layer, kind=None):
             layer_params, layer_rng, layer_cache = xs
             block = nnx.merge(graphdef, layer_params)
-            h_BTD, layer_cache, probs = block(h_BTD, masking.in_layer(layer, self.num_layers),
+            # kind: a static layer index whose attention pattern is this layer's (grouped scan)
+            seen_as = layer if kind is None else kind
+            h_BTD, layer_cache, probs = block(h_BTD, masking.in_layer(seen_as, self.num_layers),
                                               memory=memory, rng=layer_rng, cache=layer_cache,
                                               return_attention=return_attention, layer=layer)
             return h_BTD, (layer_cache, {**probs, **({"hidden": h_BTD} if return_hidden else {})})
@@ -185,17 +196,41 @@ class Stack(nnx.Module):
             return jax.checkpoint(fn, policy=REMAT_POLICIES[self.remat_policy],
                                   prevent_cse=not self.scan)
 
+        def unrolled(h_BTD, xs, layers, kinds):
+            ys = []
+            for j, (i, kind) in enumerate(zip(layers, kinds, strict=True)):
+                step = remat(lambda h_BTD, xs_i, i=i, kind=kind: body(h_BTD, xs_i, i, kind))
+                h_BTD, y = step(h_BTD, jax.tree.map(lambda a, j=j: a[j], xs))
+                ys.append(y)
+            return h_BTD, jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else (None, {})
+
         xs = (params, rngs_L, cache)
-        if self.scan:  # the layer index is traced: attention patterns pick by it (attention.py)
+        period = self._period(masking)
+        if self.scan and period > 1:
+            # One scanned step per period of the pattern (ModernBERT: a global layer and two
+            # local ones), each layer's kind static inside it: the xla kernel computes a local
+            # layer banded, where a traced index would compile both under lax.cond and keep
+            # the dense one's residuals for every layer. The layers after the last whole
+            # period run unrolled.
+            groups = self.num_layers // period
+            head = jax.tree.map(lambda a: a[:groups * period].reshape(groups, period, *a.shape[1:]), xs)
+            kinds = list(range(period))
+            x_BTD, ys = jax.lax.scan(
+                lambda h, xs_g: unrolled(h, xs_g[0], [xs_g[1] * period + j for j in kinds], kinds),
+                x_BTD, (head, jnp.arange(groups)))
+            ys = jax.tree.map(lambda a: a.reshape(groups * period, *a.shape[2:]), ys)
+            rest = list(range(groups * period, self.num_layers))
+            if rest:
+                x_BTD, tail = unrolled(x_BTD, jax.tree.map(lambda a: a[groups * period:], xs),
+                                       rest, rest)
+                ys = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), ys, tail)
+            cache, extras = ys
+        elif self.scan:  # the layer index is traced: attention patterns pick by it (attention.py)
             step = remat(lambda h_BTD, xs_i: body(h_BTD, xs_i[0], xs_i[1]))
             x_BTD, (cache, extras) = jax.lax.scan(step, x_BTD, (xs, jnp.arange(self.num_layers)))
         else:  # a Python int per layer: each layer's static attention pattern
-            ys = []
-            for i in range(self.num_layers):
-                step = remat(lambda h_BTD, xs_i, i=i: body(h_BTD, xs_i, i))
-                x_BTD, y = step(x_BTD, jax.tree.map(lambda a, i=i: a[i], xs))
-                ys.append(y)
-            cache, extras = jax.tree.map(lambda *a: jnp.stack(a), *ys) if ys else (None, {})
+            x_BTD, (cache, extras) = unrolled(x_BTD, xs, range(self.num_layers),
+                                              [None] * self.num_layers)
         if self.final_norm is not None:
             x_BTD = self.final_norm(x_BTD)
             if return_hidden:  # the last layer's output as the stack gives it (HF's last hidden state)

@@ -72,6 +72,43 @@ def test_explicit_softmax_path_equals_the_fused_one():
     assert (np.triu(p[1], k=1) == 0).all()
 
 
+@pytest.mark.parametrize("causal,block,traced", [(False, 0, False), (True, 0, False),
+                                                  (False, 2, False), (False, 0, True)])
+def test_a_short_window_runs_banded_with_the_dense_results(monkeypatch, causal, block, traced):
+    """A window much shorter than the row is computed on the key blocks near each query block
+    (xla.banded): outputs and the gradients of q, k and v are the dense masked computation's,
+    with packed sequences, padding (its last queries see no key within the window: the dense
+    softmax gives them the mean of all values) and a length no block divides; block 2: a
+    block below the window (two blocks each side); traced: scan_layers' traced layer index,
+    a global layer (dense) and a local one (banded)."""
+    from bert_jax.models.kernels import xla
+
+    B, T, N, K, W = 2, 43, 2, 4, 5
+    q, k, v, ct = (jax.random.normal(jax.random.key(i), (B, T, N, K)) for i in range(4))
+    seg = np.zeros((B, T), np.int32)
+    seg[0, :12], seg[0, 12:30], seg[1, :33] = 1, 2, 1
+    pos = np.concatenate([np.arange(12), np.arange(18), np.zeros(13, int)])
+    pos = jnp.asarray(np.stack([pos, np.where(seg[1] > 0, np.arange(T), 0)]))
+    m = Masking(jnp.asarray(seg), jnp.asarray(seg), pos, pos, causal=causal, window=W,
+                pattern=Pattern(num_layers=3, global_every=3) if traced else None)
+    monkeypatch.setattr(xla, "BAND_BLOCK", block)
+    assert xla.band_block(m, T, T) == (block or W)
+
+    def run(q, k, v, layer):
+        out, _ = xla_attention(q, k, v, m.in_layer(layer, 3))
+        return out, jax.grad(lambda *x: (xla_attention(*x, m.in_layer(layer, 3))[0] * ct).sum(),
+                             argnums=(0, 1, 2))(q, k, v)
+
+    for layer in (0, 1) if traced else (1,):
+        banded = jax.jit(lambda *a: run(*a))(q, k, v, layer)  # a new trace each (jit caches)
+        with monkeypatch.context() as patch:
+            patch.setattr(xla, "band_block", lambda *_: None)
+            dense = jax.jit(lambda *a: run(*a))(q, k, v, layer)
+        for got, want in zip(jax.tree.leaves(banded), jax.tree.leaves(dense), strict=True):
+            np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+    assert not np.asarray(dense_mask(m.in_layer(1, 3))[1, 0, -1]).any()  # a query seeing nothing
+
+
 def test_unknown_kernel_is_an_error_naming_the_field():
     with pytest.raises(ValueError, match=r"model.attention_kernel='flash'.*\['cudnn', 'splash', 'xla'\]"):
         models.create_model(models.model_section("bert", models.bert_model_fields("tiny"),

@@ -14,6 +14,7 @@ from flax import nnx
 from bert_jax import models
 from bert_jax.models import layers
 from bert_jax.models.bert import mean_pool
+from bert_jax.models.masking import Masking
 
 MODERN_TINY = dict(vocab_size=101, vocab_multiple=8, emb_dim=32, num_layers=4, num_heads=2,
                    head_dim=16, mlp_dim=48, attention_window=3)
@@ -80,15 +81,22 @@ def test_rope_rotates_half_pairs_as_hugging_face():
         assert out[i + 4] == pytest.approx(x2 * np.cos(a) + x1 * np.sin(a), rel=1e-5)
 
 
-def test_scan_and_unrolled_layers_agree():
-    """Under scan the layer index is traced: the rope base and the window pick by it, and the
-    first layer skips its attention norm, as in the unrolled stack."""
-    ids, mask = ids_and_mask()
+@pytest.mark.parametrize("length", [16, 24])
+def test_scan_and_unrolled_layers_agree(length):
+    """Under scan the rope base and the window pick by the layer, and the first layer skips
+    its attention norm, as in the unrolled stack: the 4 layers scan as one step of a global
+    layer and two local ones (the pattern's period), the fourth unrolled after it; at 24
+    tokens the window of 3 runs banded in the local layers (models/kernels/xla.py)."""
+    from bert_jax.models.kernels import xla
+
+    ids, mask = ids_and_mask(T=length)
     outs = []
     for scan in (False, True):
         model = models.create_model(modern(scan_layers=scan, rope_theta=1000.0, rope_local_theta=10.0))
         outs.append(run(model, ids, mask)["sequence_output"])
     np.testing.assert_allclose(outs[0], outs[1], atol=2e-5)
+    window = xla.band_block(Masking(mask, mask, mask, mask, window=3), length, length)
+    assert window == (3 if length == 24 else None)
 
 
 def test_the_first_layer_reads_the_normalised_embeddings():
