@@ -83,10 +83,12 @@ def test_analytic_training_flops_agree_with_xlas_count(case):
 
 
 def test_local_windows_count_the_windows_keys_while_xla_computes_every_key():
-    """The xla kernel masks a local layer's far keys after computing them; MFU counts only the
-    window's keys (masking.attention_keys). So XLA counts the same FLOPs with and without
-    windows, and the analytic count of the windowed model plus the masked keys' matmuls gives
-    the all-global model's ratio to XLA's count."""
+    """With a window not much shorter than the row (32 each side of 128 tokens: the dense path
+    of models/kernels/xla.py, which bands only windows of at most half the row) the xla kernel
+    masks a local layer's far keys after computing them; MFU counts only the window's keys
+    (masking.attention_keys). So XLA counts the same FLOPs with and without windows, and the
+    analytic count of the windowed model plus the masked keys' matmuls gives the all-global
+    model's ratio to XLA's count."""
     every_global = _compiled_and_analytic(CASES["modernbert, every layer global"])
     compiled, analytic, config = _compiled_and_analytic([*MODERN, "model.attention_window=32"])
     assert compiled == pytest.approx(every_global[0], rel=1e-3)
