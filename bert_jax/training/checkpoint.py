@@ -398,7 +398,10 @@ class TrainCheckpointer:
                 continue
             try:
                 metadata = self.manager.item_metadata(step)
-            except Exception:  # noqa: BLE001 (unreadable metadata: handled by restore below)
+            except Exception as e:  # noqa: BLE001 (unreadable metadata: handled by restore below)
+                failing = storage_failure(e, self.path / str(step), "restoring")
+                if failing is not None:  # not once more at the restore: it is the store
+                    raise failing from None
                 metadata = None
             if config is not None:
                 self._check_same_run(step, config)
