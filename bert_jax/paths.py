@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import contextvars
 import dataclasses
 import glob as glob_lib
 import io
@@ -394,7 +393,8 @@ RETRY_ENV = "BERT_JAX_GCS_RETRY"  # e.g. "tries=10,max_wait_s=32" (docs/training
 class RetryPolicy:
     """How every gs:// request is retried: up to `tries` tries, waiting `first_wait_s` before
     the second and twice as long before each next one (at most `max_wait_s`); a try in which
-    no byte moves for `stall_s` seconds failed. Retried: what GCS documents as transient
+    no byte moves for `stall_s` seconds failed (tensorstore reads it once, at the process's
+    first gs:// path). Retried: what GCS documents as transient
     (408, 429, 5xx, timeouts, dropped connections); anything else fails at once."""
 
     tries: int = 6  # gcsfs's own count
@@ -425,10 +425,11 @@ def retry_policy() -> RetryPolicy:
             number = (int if fields[key] == "int" else float)(value)
         except (KeyError, ValueError):
             number = None
-        if number is None or not math.isfinite(number) or number < (1 if key == "tries" else 0):
+        if (number is None or not math.isfinite(number)
+                or number < (1 if key in ("tries", "stall_s") else 0)):
             raise ValueError(f"${RETRY_ENV}={given}: {item!r} is not one of "
-                             f"{', '.join(f'{k}=<number>' for k in fields)} (tries >= 1, the "
-                             "seconds >= 0)")
+                             f"{', '.join(f'{k}=<number>' for k in fields)} (tries and stall_s "
+                             ">= 1, the waits >= 0)")
         values[key] = number
     return RetryPolicy(**values)
 
@@ -466,7 +467,6 @@ def tensorstore_gave_up(error: BaseException, where: str, operation: str) -> Sto
     return storage_failing(operation, where, int(spent[1]) + 1, None, last)
 
 
-_NESTED = contextvars.ContextVar("bert_jax_gcs_retrying", default=False)
 _OPERATIONS = {"GET": "reading", "HEAD": "reading", "POST": "writing", "PUT": "writing",
                "PATCH": "updating", "DELETE": "deleting"}
 
@@ -497,22 +497,16 @@ def _retrying(request):
     import asyncio
 
     async def _request(self, method, path, *args, **kwargs):
-        if _NESTED.get():  # a request made while retrying one (never, today): tried once
-            return await request(self, method, path, *args, **kwargs)
         policy, start = retry_policy(), time.monotonic()
-        token = _NESTED.set(True)
-        try:
-            for attempt in range(policy.tries):
-                if attempt:
-                    await asyncio.sleep(policy.waits()[attempt - 1])
-                try:
-                    return await request(self, method, path, *args, **kwargs)
-                except Exception as e:  # noqa: BLE001 (judged by _transient)
-                    if not _transient(e):
-                        raise
-                    last = e
-        finally:
-            _NESTED.reset(token)
+        for attempt in range(policy.tries):
+            if attempt:
+                await asyncio.sleep(policy.waits()[attempt - 1])
+            try:
+                return await request(self, method, path, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 (judged by _transient)
+                if not _transient(e):
+                    raise
+                last = e
         operation, where = _described(method, self._format_path(path, args), {
             k: v for k, v in kwargs.items() if k in ("name", "prefix") and v is not None})
         reason = (str(last).splitlines() or [""])[0].strip() or type(last).__name__

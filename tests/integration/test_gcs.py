@@ -384,14 +384,22 @@ def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tri
         paths.path(f"gs://{BUCKET}/cfg/good.json")
 
 
-def test_the_retry_policy_and_its_deadline():
+def test_the_retry_policy_and_its_deadline(monkeypatch):
     from bert_jax import paths
 
-    policy = paths.RetryPolicy()
+    policy = paths.retry_policy()
+    assert policy == paths.RetryPolicy()
     assert policy.waits() == [1, 2, 4, 8, 16] and policy.deadline_s == 31 + 6 * 30
     assert paths.tensorstore_retries(policy) == {"max_retries": 5, "initial_delay": "1.0s",
                                                  "max_delay": "16.0s"}
     assert paths.RetryPolicy(tries=8, max_wait_s=10).waits() == [1, 2, 4, 8, 10, 10, 10]
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", "tries=10, max_wait_s=32")  # docs/training.md's
+    assert paths.retry_policy() == paths.RetryPolicy(tries=10, max_wait_s=32)
+    assert paths.retry_policy().deadline_s == 1 + 2 + 4 + 8 + 16 + 4 * 32 + 10 * 30
+    for bad in ("tries=2.5", "stall_s=0", "first_wait_s=-1", "wait=3", "tries"):
+        monkeypatch.setenv("BERT_JAX_GCS_RETRY", bad)
+        with pytest.raises(ValueError, match=rf"BERT_JAX_GCS_RETRY={bad}: '{bad}' is not one of"):
+            paths.retry_policy()
 
 
 def test_checkpoint_writes_that_keep_failing_stop_in_one_line_and_the_last_checkpoint_stays(
