@@ -288,6 +288,8 @@ class WorkdirLock:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps({**self.me, "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        except StorageFailing:
+            raise  # its own line says what to do (not permissions and space)
         except OSError as e:
             raise OSError(f"cannot write to the workdir {self.path.parent} ({e.strerror or e}); "
                           f"check its permissions and free space") from None

@@ -386,6 +386,15 @@ def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tri
                         + re.escape(_ADVICE), str(failed.value)), str(failed.value)
     assert faults.refused and set(faults.refused.values()) == {3}, faults.refused
     assert paths.read_json(f"gs://{BUCKET}/cfg/good.json", "a config") == {"a": 1}
+    # Uploads (each file's first request names it), a run's lock among them.
+    faults.kind, faults.refused = (lambda request: request.command == "POST"), collections.Counter()
+    with pytest.raises(paths.StorageFailing, match=f"writing gs://{BUCKET}/cfg/new.json failed 3 tries"):
+        paths.path(f"gs://{BUCKET}/cfg/new.json").write_text("{}")
+    with pytest.raises(paths.StorageFailing, match=rf"^Google Cloud Storage kept failing: writing "
+                                                  rf"gs://{BUCKET}/run/run.lock failed 3 tries .*longer\)$"):
+        paths.WorkdirLock(f"gs://{BUCKET}/run").__enter__()
+    assert len(faults.refused) == 2 and set(faults.refused.values()) == {3}, faults.refused
+    faults.kind = lambda request: request.command == "GET" and "bad.json" in unquote(request.path)
     monkeypatch.setenv("BERT_JAX_GCS_RETRY", "tries=1")
     faults.refused.clear()
     with pytest.raises(paths.StorageFailing, match="failed 1 try over"):
