@@ -397,7 +397,7 @@ class RetryPolicy:
     the second and twice as long before each next one (at most `max_wait_s`); a try in which
     no byte moves for `stall_s` seconds failed (tensorstore reads it once, at the process's
     first gs:// path). Retried: what GCS documents as transient
-    (408, 429, 5xx, timeouts, dropped connections); anything else fails at once."""
+    (408, 429, 500-504, timeouts, dropped connections); anything else fails at once."""
 
     tries: int = 6  # gcsfs's own count
     first_wait_s: float = 1.0
