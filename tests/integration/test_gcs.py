@@ -452,7 +452,7 @@ def test_checkpoint_writes_that_keep_failing_stop_in_one_line_and_the_last_check
     np.testing.assert_array_equal(restored["dense"]["kernel"], params["dense"]["kernel"])
 
 
-@pytest.mark.slow  # ~35-55 s: three training runs in-process; the two tests above are the quick ones
+@pytest.mark.slow  # 20-45 s: three training runs in-process; the two tests above are the quick ones
 def test_a_store_that_keeps_failing_stops_a_run_in_one_line_and_it_resumes(failing_gcs, cli, monkeypatch):
     """A run whose checkpoint 4 cannot be written (every tensorstore upload into it answered
     503) after checkpoint 2 was: it stops with one line naming the checkpoints and the last
