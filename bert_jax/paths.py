@@ -8,12 +8,16 @@ writer without object-store support) stages it through `local_copy` / `staged_ou
 Every gs:// path object the code makes (`path`, `workdir_path`, and `glob`, `open`, `local_copy`,
 `staged_output`, `copy_file` which use them) first passes one storage policy,
 `check_reachable`: GCS accepts a connection within CONNECT_DEADLINE_S, else one line naming
-GCS and the network instead of a minute or more of gcsfs retries per request."""
+GCS and the network instead of a minute or more of gcsfs retries per request. A store that
+answers but keeps failing (503s, 429s, stalls) is retried by one policy, `retry_policy()`, for
+every gs:// client (gcsfs here, tensorstore through training/checkpoint.py), and when its
+tries are spent the operation fails in one line (StorageFailing) naming the path."""
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import glob as glob_lib
 import io
 import json
@@ -27,6 +31,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+from urllib.parse import parse_qs, unquote, urlparse
 
 from etils import epath
 
@@ -283,6 +288,8 @@ class WorkdirLock:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps({**self.me, "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        except StorageFailing:
+            raise  # its own line says what to do (not permissions and space)
         except OSError as e:
             raise OSError(f"cannot write to the workdir {self.path.parent} ({e.strerror or e}); "
                           f"check its permissions and free space") from None
@@ -344,8 +351,8 @@ def check_reachable(path: str | os.PathLike, timeout: float = CONNECT_DEADLINE_S
     Other paths: nothing. Checked once per process and endpoint."""
     if not str(path).startswith("gs://"):
         return
+    _use_retry_policy()
     import threading
-    from urllib.parse import urlparse
 
     url = urlparse(_gcs_endpoint())
     host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
@@ -375,3 +382,172 @@ def check_reachable(path: str | os.PathLike, timeout: float = CONNECT_DEADLINE_S
                                     "proxy), then rerun")
         raise ConnectionError(_UNREACHED[(host, port)].replace("{path}", str(path)))
     _REACHED.add((host, port))
+
+
+# Object stores that answer but keep failing (503 or 429 for minutes, a request that stalls):
+# each library has its own retries (gcsfs: 6 tries over ~35 s, no time limit per try;
+# tensorstore, Orbax's array writer: 32 tries over ~15 minutes), so how long a command waits
+# depended on which library made the request. One policy for both, declared here.
+RETRY_ENV = "BERT_JAX_GCS_RETRY"  # e.g. "tries=10,max_wait_s=32" (docs/training.md)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How every gs:// request is retried: up to `tries` tries, waiting `first_wait_s` before
+    the second and twice as long before each next one (at most `max_wait_s`); a try in which
+    no byte moves for `stall_s` seconds failed (tensorstore reads it once, at the process's
+    first gs:// path). Retried: what GCS documents as transient
+    (408, 429, 500-504, timeouts, dropped connections); anything else fails at once."""
+
+    tries: int = 6  # gcsfs's own count
+    first_wait_s: float = 1.0
+    max_wait_s: float = 16.0
+    stall_s: float = 30.0
+
+    def waits(self) -> list[float]:
+        """The waits between the tries."""
+        return [min(self.first_wait_s * 2 ** i, self.max_wait_s) for i in range(self.tries - 1)]
+
+    @property
+    def deadline_s(self) -> float:
+        """The longest one operation is retried: every wait, and every try stalled."""
+        return sum(self.waits()) + self.tries * self.stall_s
+
+
+def retry_policy() -> RetryPolicy:
+    """The policy: RetryPolicy's defaults, or those of $BERT_JAX_GCS_RETRY ("field=value,...";
+    a field unknown or out of range is a ValueError naming it)."""
+    given = os.environ.get(RETRY_ENV, "").strip()
+    fields = {f.name: f.type for f in dataclasses.fields(RetryPolicy)}
+    values: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in given.split(","))):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        try:
+            number = (int if fields[key] == "int" else float)(value)
+        except (KeyError, ValueError):
+            number = None
+        if (number is None or not math.isfinite(number)
+                or number < (1 if key in ("tries", "stall_s") else 0)):
+            raise ValueError(f"${RETRY_ENV}={given}: {item!r} is not one of "
+                             f"{', '.join(f'{k}=<number>' for k in fields)} (tries and stall_s "
+                             ">= 1, the waits >= 0)")
+        values[key] = number
+    return RetryPolicy(**values)
+
+
+def tensorstore_retries(policy: RetryPolicy) -> dict:
+    """The policy as tensorstore's `gcs_request_retries` context resource (max_retries counts
+    the tries after the first; tensorstore's own waits double from initial_delay too)."""
+    return {"max_retries": policy.tries - 1, "initial_delay": f"{policy.first_wait_s}s",
+            "max_delay": f"{policy.max_wait_s}s"}
+
+
+class StorageFailing(ConnectionError):
+    """A gs:// operation whose every try failed (the policy spent): one line for the user."""
+
+
+def storage_failing(operation: str, where: str, tries: int, seconds: float | None,
+                    last: str) -> StorageFailing:
+    """The one line: what failed, how long it was retried (`seconds`, if known), what to do."""
+    spent = f"{tries} {'try' if tries == 1 else 'tries'}" + (
+        "" if seconds is None else f" over {seconds:.0f} s")
+    return StorageFailing(
+        f"Google Cloud Storage kept failing: {operation} {where} failed {spent} (last: {last}); "
+        f"check GCS's status (status.cloud.google.com) and the bucket's permissions and quota, "
+        f"then rerun (a training run resumes from its last complete checkpoint; ${RETRY_ENV} retries longer)")
+
+
+def tensorstore_gave_up(error: BaseException, where: str, operation: str) -> StorageFailing | None:
+    """tensorstore's "All N retry attempts failed" (its retries spent) as the one line; None for
+    any other error."""
+    spent = re.search(r"All (\d+) retry attempts failed: ?([^\[\n]*)(?:.*http_response_code='(\d+)')?",
+                      str(error))
+    if not spent:
+        return None
+    last = " ".join(filter(None, [spent[3] and f"HTTP {spent[3]}", spent[2].strip()])) or "an error"
+    return storage_failing(operation, where, int(spent[1]) + 1, None, last)
+
+
+_OPERATIONS = {"GET": "reading", "HEAD": "reading", "POST": "writing", "PUT": "writing",
+               "PATCH": "updating", "DELETE": "deleting"}
+
+
+def _described(method: str, url: str, params: dict) -> tuple[str, str]:
+    """(the operation, the gs:// path) of a GCS JSON API request, as far as its URL says."""
+    parsed = urlparse(url)
+    query = {k: v[0] for k, v in parse_qs(parsed.query).items()} | {
+        k: str(v) for k, v in params.items()}
+    match = re.search(r"/b/([^/]+)(?:/o(?:/([^/?]+))?)?", parsed.path)
+    if not match:
+        return _OPERATIONS.get(method.upper(), method), url
+    bucket, name = unquote(match[1]), unquote(match[2] or "") or query.get("name", "")
+    if not name and method.upper() == "GET" and match[0].endswith("/o"):
+        return "listing", f"gs://{bucket}/{query.get('prefix', '')}"
+    return _OPERATIONS.get(method.upper(), method), f"gs://{bucket}/{name}".rstrip("/")
+
+
+def _transient(error: BaseException) -> bool:
+    """gcsfs's own judgement (408, 429, 5xx, connection and timeout errors), and a stalled try."""
+    from gcsfs.retry import is_retriable
+
+    return is_retriable(error) or isinstance(error, TimeoutError)
+
+
+def _retrying(request):
+    """gcsfs's raw request method (without its own retries) under the policy."""
+    import asyncio
+
+    async def _request(self, method, path, *args, **kwargs):
+        policy, start = retry_policy(), time.monotonic()
+        for attempt in range(policy.tries):
+            if attempt:
+                await asyncio.sleep(policy.waits()[attempt - 1])
+            try:
+                return await request(self, method, path, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 (judged by _transient)
+                if not _transient(e):
+                    raise
+                last = e
+        operation, where = _described(method, self._format_path(path, args), {
+            k: v for k, v in kwargs.items() if k in ("name", "prefix") and v is not None})
+        reason = (str(last).splitlines() or [""])[0].strip() or type(last).__name__
+        raise storage_failing(operation, where, policy.tries, time.monotonic() - start,
+                              reason[:200]) from None
+
+    return _request
+
+
+_POLICY_FS: dict[type, type] = {}
+
+
+def _use_retry_policy() -> None:
+    """gcsfs's file system for gs:// (the one fsspec and etils epath make) replaced, once, by a
+    subclass whose requests follow the policy (gcsfs retries each request 6 times by a
+    decorator fixed when its class is defined); and a stalled tensorstore request fails after
+    stall_s (its curl transport's low-speed limit, read from the environment)."""
+    import fsspec
+
+    policy = retry_policy()  # a bad $BERT_JAX_GCS_RETRY: at the first gs:// path, not mid-run
+    base = fsspec.get_filesystem_class("gs")
+    if base in _POLICY_FS.values():
+        return
+    from gcsfs.core import GCSFileSystem
+
+    class PolicyGCSFileSystem(base):
+        _request = _retrying(GCSFileSystem._request.__wrapped__)
+
+        def __init__(self, *args, requests_timeout=None, **kwargs):
+            import aiohttp
+
+            stall = retry_policy().stall_s
+            super().__init__(*args, requests_timeout=requests_timeout or aiohttp.ClientTimeout(
+                total=None, sock_connect=stall, sock_read=stall), **kwargs)
+
+    PolicyGCSFileSystem.__name__ = PolicyGCSFileSystem.__qualname__ = f"Policy{base.__name__}"
+    _POLICY_FS[base] = PolicyGCSFileSystem
+    for protocol in ("gs", "gcs"):
+        fsspec.register_implementation(protocol, PolicyGCSFileSystem, clobber=True)
+    stall = str(max(1, round(policy.stall_s)))
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", stall)
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")

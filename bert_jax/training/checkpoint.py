@@ -21,7 +21,7 @@ from etils import epath
 from flax import traverse_util
 
 from bert_jax import log as log_lib
-from bert_jax import models, trees
+from bert_jax import models, paths, trees
 from bert_jax.config import ConfigError
 from bert_jax.models.config import fields_of_kind
 from bert_jax.paths import check_output, workdir_path
@@ -83,7 +83,35 @@ def manager(directory: str | os.PathLike, *, create: bool = False, read_only: bo
             f"{directory}: no checkpoints/ folder; expected a workdir or a `bert-jax convert` output")
     options = options or ocp.CheckpointManagerOptions(create=create, read_only=read_only,
                                                       async_options=async_options())
+    _use_retry_policy()
     return ocp.CheckpointManager(path, options=options, item_handlers=item_handlers or _handlers())
+
+
+def _use_retry_policy() -> None:
+    """paths.retry_policy() for tensorstore's GCS requests (Orbax's arrays). Orbax 0.12 takes no
+    tensorstore context from its caller: each save and restore builds one from these module
+    defaults (tensorstore_utils.get_ts_context), so the policy goes there, at every manager
+    (a changed $BERT_JAX_GCS_RETRY is read again)."""
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    retries = paths.tensorstore_retries(paths.retry_policy())
+    for defaults in (tensorstore_utils._BASE_TS_CONTEXT, tensorstore_utils._DEFAULT_OCDBT_TS_CONTEXT):
+        defaults["gcs_request_retries"] = retries
+
+
+def storage_failure(error: BaseException, where, operation: str) -> paths.StorageFailing | None:
+    """The one line of a store that kept failing while `operation` read or wrote `where` (the
+    policy's tries spent, by gcsfs or by tensorstore), wherever Orbax wrapped it; None when
+    `error` is something else (then the files themselves may be at fault)."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, paths.StorageFailing):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    said = re.search(r"Google Cloud Storage kept failing: [^\n]*", str(error))
+    if said:
+        return paths.StorageFailing(said[0])
+    return paths.tensorstore_gave_up(error, str(where), operation)
 
 
 def async_options(**kwargs) -> ocp.AsyncOptions:
@@ -162,7 +190,11 @@ REREAD_ADVICE = "use another --step, or restore the folder from a copy"  # eval,
 
 def _unreadable(directory, step: int, item: str, error: Exception,
                 advice: str = REREAD_ADVICE) -> ValueError:
-    """A checkpoint item whose files cannot be read, in one line."""
+    """A checkpoint item whose files cannot be read, in one line (storage that kept failing says
+    so: the files are not at fault)."""
+    failing = storage_failure(error, f"{checkpoint_dir(directory)}/{step}", f"reading the {item} of")
+    if failing is not None:
+        return failing
     return ValueError(f"{checkpoint_dir(directory)}/{step}: its {item} cannot be read "
                       f"({type(error).__name__}: {_first_line(error)}); the checkpoint is damaged: "
                       f"{advice}")
@@ -366,7 +398,10 @@ class TrainCheckpointer:
                 continue
             try:
                 metadata = self.manager.item_metadata(step)
-            except Exception:  # noqa: BLE001 (unreadable metadata: handled by restore below)
+            except Exception as e:  # noqa: BLE001 (unreadable metadata: handled by restore below)
+                failing = storage_failure(e, self.path / str(step), "restoring")
+                if failing is not None:  # not once more at the restore: it is the store
+                    raise failing from None
                 metadata = None
             if config is not None:
                 self._check_same_run(step, config)
@@ -381,6 +416,9 @@ class TrainCheckpointer:
                     params=ocp.args.StandardRestore(at["params"]),
                     opt_state=ocp.args.StandardRestore(at["opt_state"]), data=ocp.args.JsonRestore()))
             except Exception as e:  # noqa: BLE001 (any failure here means: files not usable)
+                failing = storage_failure(e, self.path / str(step), "restoring")
+                if failing is not None:  # the files may be good: never set aside for that
+                    raise failing from None
                 problem = f"{type(e).__name__}: {_first_line(e)}"
             else:
                 old_layouts.say(f"{self.path}/{step}", *changed.values())
@@ -448,7 +486,13 @@ class TrainCheckpointer:
             raise self._write_error(e) from None
 
     def _write_error(self, e: Exception) -> OSError:
-        """One line for a save that failed (full disk, no permission, bucket gone)."""
+        """One line for a save that failed (full disk, no permission, bucket gone, storage that
+        kept failing)."""
+        good = self.latest_step()
+        failing = storage_failure(e, self.path, "saving a checkpoint in")
+        if failing is not None:
+            return paths.StorageFailing(f"{failing}; the last complete checkpoint is "
+                                        f"{f'step {good}' if good is not None else 'none yet'}")
         code = re.search(r"os_error_code='(\d+)'", str(e))  # TensorStore names the OS error
         if isinstance(e, OSError) and e.errno:
             reason = os.strerror(e.errno)
@@ -456,7 +500,6 @@ class TrainCheckpointer:
             reason = os.strerror(int(code.group(1)))
         else:
             reason = (str(e).splitlines()[0] if str(e) else type(e).__name__)[:300]
-        good = self.latest_step()
         return OSError(f"cannot write a checkpoint in {self.path} ({reason}); fix the storage (space, "
                        f"permissions, quota) and rerun: it resumes from "
                        f"{f'step {good}' if good is not None else 'the start'}")

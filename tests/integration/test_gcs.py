@@ -7,6 +7,7 @@ write there. Every other path on gs:// too (in-process): globs of text files, a 
 `features`/`translate` inputs and outputs, fine-tuning task files (data.data_dir, --split) and
 their prediction files, `init_from` and `average --out` on gs://."""
 
+import collections
 import functools
 import gzip
 import json
@@ -20,6 +21,7 @@ import time
 from http import HTTPStatus, server
 from urllib.parse import parse_qs, unquote, urlparse
 
+import jax
 import numpy as np
 import pytest
 from helpers import REPO
@@ -81,18 +83,27 @@ def _emulator_handler():
 class Faults:
     """Transient faults a real bucket gives now and then, injected deterministically: every
     `every`-th request answered 503 (Service Unavailable, which GCS returns under load and
-    asks clients to retry) and every `slow`-th delayed `delay` seconds; counted."""
+    asks clients to retry) and every `slow`-th delayed `delay` seconds; counted. And a store
+    that keeps failing: while `kind` is set, every request it picks (a predicate on the
+    request handler) is answered 503, counted by method and path in `refused`."""
 
     def __init__(self, every: int = 0, slow: int = 0, delay: float = 0.0):
         self.every, self.slow, self.delay = every, slow, delay
         self.requests = self.failed = self.delayed = 0
+        self.kind, self.code = None, 503  # (real GCS also answers 429 and 408: see below)
+        self.refused: collections.Counter = collections.Counter()
         self.lock = threading.Lock()
 
-    def fault(self) -> bool:
+    def fault(self, request=None) -> bool:
         """Whether this request fails (after its delay, if it is a slow one)."""
         with self.lock:
             self.requests += 1
             n = self.requests
+            if self.kind is not None and request is not None and self.kind(request):
+                # (tensorstore sends a new cache-busting tensorstore=<nonce> with each try)
+                path = re.sub(r"[?&]tensorstore=\w+", "", request.path)
+                self.refused[f"{request.command} {path}"] += 1
+                return True
             fail = bool(self.every) and n % self.every == 0
             slow = bool(self.slow) and n % self.slow == 0
             self.failed += fail
@@ -113,12 +124,13 @@ def _faulty(handler, faults: Faults):
                 return
             if not self.parse_request():
                 return
-            if faults.fault():
+            if faults.fault(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)  # the body of an upload, dropped
-                body = b'{"error": {"code": 503, "message": "Service Unavailable (injected)"}}'
-                self.send_response(503)
+                body = json.dumps({"error": {"code": faults.code, "message": (
+                    f"{HTTPStatus(faults.code).phrase} (injected)")}}).encode()
+                self.send_response(faults.code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -170,10 +182,17 @@ def gcs():
 def _forget_gcs_clients() -> None:
     """Drops the cached gcsfs clients (etils epath keeps one for the process), so the next
     gs:// access builds one from the current environment."""
+    import fsspec
     from etils.epath import backend
 
     backend.fsspec_backend._get_filesystem.cache_clear()
     gcsfs_core.GCSFileSystem.clear_instance_cache()
+    fsspec.get_filesystem_class("gs").clear_instance_cache()  # paths' subclass: a cache of its own
+
+
+# The variables that point each GCS client at the emulator (_serve's environment).
+_GCS_ENV = ("STORAGE_EMULATOR_HOST", "FSSPEC_GS_TOKEN", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+            "TENSORSTORE_GCS_HTTP_URL", "CLOUD_STORAGE_EMULATOR_ENDPOINT", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
 
 
 @pytest.fixture(scope="module")
@@ -182,9 +201,7 @@ def gcs_here(gcs):
     environment and gcsfs clients are restored afterwards."""
     fs, env = gcs
     with pytest.MonkeyPatch.context() as mp:
-        for key in ("STORAGE_EMULATOR_HOST", "FSSPEC_GS_TOKEN", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
-                    "TENSORSTORE_GCS_HTTP_URL", "CLOUD_STORAGE_EMULATOR_ENDPOINT",
-                    "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+        for key in _GCS_ENV:
             mp.setenv(key, env[key])
         _forget_gcs_clients()
         yield fs
@@ -304,6 +321,173 @@ def test_a_run_survives_transient_storage_faults_and_resumes_exactly():
         httpd.shutdown()
         httpd.server_close()
         thread.join()
+
+
+@pytest.fixture
+def failing_gcs(monkeypatch):
+    """An emulator behind the fault injector, for this process (the `cli` fixture): (gcsfs on it,
+    its Faults, idle until the test sets `kind`)."""
+    faults = Faults()
+    httpd, thread, url, env = _serve(faults)
+    httpd.handle_error = lambda request, address: None  # a client gone mid-answer: no traceback
+    for key in _GCS_ENV:
+        monkeypatch.setenv(key, env[key])
+    _forget_gcs_clients()
+    try:
+        yield gcsfs_core.GCSFileSystem(endpoint_url=url, token="anon", skip_instance_cache=True), faults
+    finally:
+        _forget_gcs_clients()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+def _tensorstore(method: str, step: int):
+    """The requests of tensorstore (Orbax's array writer and reader) with HTTP `method` into a
+    checkpoint `step` (POST: its uploads, GET: its reads)."""
+    def kind(request) -> bool:
+        return (request.command == method and f"/checkpoints/{step}/" in unquote(request.path)
+                and request.headers.get("User-Agent", "").startswith("tensorstore/"))
+    return kind
+
+
+_ADVICE = ("check GCS's status (status.cloud.google.com) and the bucket's permissions and quota, then "
+           "rerun (a training run resumes from its last complete checkpoint; $BERT_JAX_GCS_RETRY "
+           "retries longer)")
+_FAST_RETRIES = "tries=3,first_wait_s=0.01,max_wait_s=0.02"  # the policy's schedule, in ms
+
+
+# Real GCS answers 429 (Too Many Requests) where the emulator never does: more than about one
+# write a second to one object (metrics.jsonl, goodput.json), or a bucket's request rate rising
+# faster than GCS scales it; and 408 (Request Timeout) to a slow upload. GCS documents 408, 429
+# and 5xx as transient (retry with backoff): both libraries retry them by the same policy.
+RETRIED = pytest.mark.parametrize("code", [503, 429, 408])
+
+
+@RETRIED
+def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tries(failing_gcs,
+                                                                                   monkeypatch, code):
+    """Every read of one object answered `code` (gcsfs: etils epath, paths.open, globs): each
+    request is tried as often as $BERT_JAX_GCS_RETRY says (gcsfs alone: 6 times, whatever it
+    says), then one line names the operation and the gs:// path; other objects read on."""
+    from bert_jax import paths
+
+    fs, faults = failing_gcs
+    faults.code = code
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", _FAST_RETRIES)
+    fs.pipe(f"{BUCKET}/cfg/good.json", b'{"a": 1}')
+    fs.pipe(f"{BUCKET}/cfg/bad.json", b'{"a": 2}')
+    faults.kind = lambda request: request.command == "GET" and "bad.json" in unquote(request.path)
+    with pytest.raises(paths.StorageFailing) as failed:
+        paths.read_json(f"gs://{BUCKET}/cfg/bad.json", "a config")
+    assert re.fullmatch(rf"Google Cloud Storage kept failing: reading gs://{BUCKET}/cfg/bad.json failed "
+                        rf"3 tries over \d+ s \(last: {HTTPStatus(code).phrase} \(injected\), "
+                        rf"{code}\); "
+                        + re.escape(_ADVICE), str(failed.value)), str(failed.value)
+    assert faults.refused and set(faults.refused.values()) == {3}, faults.refused
+    assert paths.read_json(f"gs://{BUCKET}/cfg/good.json", "a config") == {"a": 1}
+    # Uploads (each file's first request names it), a run's lock among them.
+    faults.kind, faults.refused = (lambda request: request.command == "POST"), collections.Counter()
+    with pytest.raises(paths.StorageFailing, match=f"writing gs://{BUCKET}/cfg/new.json failed 3 tries"):
+        paths.path(f"gs://{BUCKET}/cfg/new.json").write_text("{}")
+    with pytest.raises(paths.StorageFailing, match=rf"^Google Cloud Storage kept failing: writing "
+                                                  rf"gs://{BUCKET}/run/run.lock failed 3 tries .*longer\)$"):
+        paths.WorkdirLock(f"gs://{BUCKET}/run").__enter__()
+    assert len(faults.refused) == 2 and set(faults.refused.values()) == {3}, faults.refused
+    faults.kind = lambda request: request.command == "GET" and "bad.json" in unquote(request.path)
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", "tries=1")
+    faults.refused.clear()
+    with pytest.raises(paths.StorageFailing, match="failed 1 try over"):
+        paths.read_json(f"gs://{BUCKET}/cfg/bad.json", "a config")
+    assert set(faults.refused.values()) == {1}, faults.refused
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", "tries=0")
+    with pytest.raises(ValueError, match=r"\$BERT_JAX_GCS_RETRY=tries=0: 'tries=0' is not one of "
+                                         r"tries=<number>, first_wait_s=<number>"):
+        paths.path(f"gs://{BUCKET}/cfg/good.json")
+
+
+def test_the_retry_policy_and_its_deadline(monkeypatch):
+    from bert_jax import paths
+
+    policy = paths.retry_policy()
+    assert policy == paths.RetryPolicy()
+    assert policy.waits() == [1, 2, 4, 8, 16] and policy.deadline_s == 31 + 6 * 30
+    assert paths.tensorstore_retries(policy) == {"max_retries": 5, "initial_delay": "1.0s",
+                                                 "max_delay": "16.0s"}
+    assert paths.RetryPolicy(tries=8, max_wait_s=10).waits() == [1, 2, 4, 8, 10, 10, 10]
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", "tries=10, max_wait_s=32")  # docs/training.md's
+    assert paths.retry_policy() == paths.RetryPolicy(tries=10, max_wait_s=32)
+    assert paths.retry_policy().deadline_s == 1 + 2 + 4 + 8 + 16 + 4 * 32 + 10 * 30
+    for bad in ("tries=2.5", "stall_s=0", "first_wait_s=-1", "wait=3", "tries"):
+        monkeypatch.setenv("BERT_JAX_GCS_RETRY", bad)
+        with pytest.raises(ValueError, match=rf"BERT_JAX_GCS_RETRY={bad}: '{bad}' is not one of"):
+            paths.retry_policy()
+
+
+@RETRIED
+def test_checkpoint_writes_that_keep_failing_stop_in_one_line_and_the_last_checkpoint_stays(
+        failing_gcs, monkeypatch, code):
+    """Every tensorstore upload into checkpoint 2 answered `code`: each is tried the policy's 3
+    times (tensorstore alone: 33), the save fails as a store that kept failing (not as
+    damaged files), and checkpoint 1, written before, restores as it was saved."""
+    from bert_jax.training import checkpoint
+
+    fs, faults = failing_gcs
+    faults.code = code
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", _FAST_RETRIES)
+    root = f"gs://{BUCKET}/arrays"
+    params = {"dense": {"kernel": np.arange(12, dtype=np.float32).reshape(3, 4)}}
+    checkpoint.save_params(root, 1, params, {"model": {}})
+    faults.kind = _tensorstore("POST", 2)
+    with pytest.raises(Exception) as failed:  # noqa: PT011 (Orbax's own wrapping of the failure)
+        checkpoint.save_params(root, 2, params, {"model": {}})
+    line = checkpoint.storage_failure(failed.value, f"{root}/checkpoints", "saving a checkpoint in")
+    assert str(line) == (f"Google Cloud Storage kept failing: saving a checkpoint in {root}/checkpoints "
+                         f"failed 3 tries (last: HTTP {code} {HTTPStatus(code).phrase} (injected)); "
+                         f"{_ADVICE}")
+    assert faults.refused and max(faults.refused.values()) == 3, faults.refused  # never more
+    faults.kind = None
+    abstract = {"dense": {"kernel": jax.ShapeDtypeStruct((3, 4), np.float32)}}
+    restored = checkpoint.restore_params(root, abstract, 1)
+    np.testing.assert_array_equal(restored["dense"]["kernel"], params["dense"]["kernel"])
+
+
+@pytest.mark.slow  # 20-45 s: three training runs in-process; the two tests above are the quick ones
+def test_a_store_that_keeps_failing_stops_a_run_in_one_line_and_it_resumes(failing_gcs, cli, monkeypatch):
+    """A run whose checkpoint 4 cannot be written (every tensorstore upload into it answered
+    503) after checkpoint 2 was: it stops with one line naming the checkpoints and the last
+    complete step, each request tried 3 times ($BERT_JAX_GCS_RETRY); rerun with GCS well
+    again, it resumes from step 2."""
+    fs, faults = failing_gcs
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", _FAST_RETRIES)
+    root, workdir = f"{BUCKET}/failing", f"gs://{BUCKET}/failing"
+    train = ["train", f"--config={CONFIG}", f"--workdir={workdir}", *SMALL, "--config.train.steps=4",
+             "--config.train.checkpoint_every=2", "--config.train.eval_steps=1",
+             "--config.schedule.warmup_steps=1"]
+    faults.kind = _tensorstore("POST", 4)
+    code, out, err = cli(train)
+    assert code == 1, err[-3000:]
+    assert max(faults.refused.values()) == 3, faults.refused  # tried 3 times, never more
+    assert err.splitlines()[-1] == (
+        f"bert-jax train: error: Google Cloud Storage kept failing: saving a checkpoint in {workdir}/"
+        f"checkpoints failed 3 tries (last: HTTP 503 Service Unavailable (injected)); {_ADVICE}; the "
+        "last complete checkpoint is step 2")
+    assert "Traceback" not in err
+    faults.kind = None
+    code, out, err = cli(train)
+    assert code == 0, err[-3000:]
+    assert f"resumed from {workdir}/checkpoints/2" in out, out[-2000:]
+    assert listing(fs, f"{root}/checkpoints") == ["2", "4"]
+    # Its reads failing: a resume stops in one line too, and checkpoint 4 is not set aside as
+    # unreadable (as damaged files are): the next run with GCS well resumes from it.
+    faults.kind, faults.refused = _tensorstore("GET", 4), collections.Counter()
+    code, out, err = cli([*train, "--config.train.steps=6"])
+    assert code == 1, err[-3000:]
+    assert max(faults.refused.values()) == 3, faults.refused
+    assert err.splitlines()[-1] == (
+        f"bert-jax train: error: Google Cloud Storage kept failing: restoring {workdir}/checkpoints/4 "
+        f"failed 3 tries (last: HTTP 503 Service Unavailable (injected)); {_ADVICE}")
+    assert listing(fs, f"{root}/checkpoints") == ["2", "4"]
 
 
 def test_launch_checks_the_workdir_is_writable(gcs):
