@@ -173,12 +173,14 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
-def resolve(config) -> RunSpec:
+def resolve(config, *, training: bool = True) -> RunSpec:
     """The run config as typed frozen records (specs.RunSpec), what every module below the
     commands reads: each section read as its record (types and ranges checked, a missing key
     at its default), the model section as its family's config with the compute dtype, the
     data section resolved to its source and task, data.phases as PhaseSpec records. A
-    RunSpec is returned as it is."""
+    RunSpec is returned as it is. `training=False` (eval, translate: a stored config): the
+    optimizer and schedule sections, which they do not read, are not checked (an older
+    version may have stored a value today's records refuse); a spec with their defaults."""
     if isinstance(config, RunSpec):
         return config
     config = complete(config)
@@ -203,8 +205,8 @@ def resolve(config) -> RunSpec:
     return RunSpec(
         model_name=name, model=model, data=data,
         train=read(TrainSpec, config.train, "train"),
-        optimizer=read(OptimizerSpec, config.optimizer, "optimizer"),
-        schedule=read(ScheduleSpec, config.schedule, "schedule"),
+        optimizer=_read_used(OptimizerSpec, config.optimizer, "optimizer", training),
+        schedule=_read_used(ScheduleSpec, config.schedule, "schedule", training),
         mesh=read(MeshSpec, config.mesh, "mesh"), phases=phases(data.keys),
         decode=read(DecodeSpec, config.decode, "decode") if "decode" in config else None,
         seed=config.seed, dtype=config.dtype, init_from=config.init_from,
@@ -212,6 +214,17 @@ def resolve(config) -> RunSpec:
         logical_axis_rules=tuple(tuple(r) if isinstance(r, list) else r
                                  for r in config.logical_axis_rules),
         shard_activations=bool(config.shard_activations), saved=config.to_json())
+
+
+def _read_used(record: type, values, where: str, used: bool):
+    """read(record, values, where), or (a section the command does not use) the record's
+    defaults where it does not read."""
+    try:
+        return read(record, values, where)
+    except ConfigError:
+        if used:
+            raise
+        return record()
 
 
 def _missing(config, defaults, prefix=()) -> list[tuple[tuple[str, ...], Any]]:
@@ -312,7 +325,7 @@ def _parse_like(old, text: str):
         return text
     try:
         value = ast.literal_eval(text)  # tuples, lists, dicts
-    except ValueError:  # (its message names an AST node, not the text)
+    except (ValueError, SyntaxError):  # (its message names an AST node or a parser state)
         raise ValueError("not a Python literal: write it as in a config file, strings quoted, "
                          "e.g. (64, 128) or (('a', 'b'),)") from None
     if not isinstance(value, type(old)):

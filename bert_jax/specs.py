@@ -280,7 +280,8 @@ class DataSpec:
     keys: Any
 
     def __getattr__(self, name: str) -> Any:
-        """A key of the section (`spec.data.max_seq_length`), read from `keys`."""
+        """A key of the section (`spec.data.max_seq_length`), read from `keys`; a key named
+        like a field above (GLUE's `task` and `source`) is read as `spec.data.keys.task`."""
         if name.startswith("__") or name == "keys":  # (copy and pickle probe before __init__)
             raise AttributeError(name)
         return getattr(self.keys, name)

@@ -124,7 +124,15 @@ def cmd_launch(args: list[str]) -> None:
     print(bringup.describe(python, pins))
     for note in notes:
         print(f"warning: not pinned for the workers: {note}", file=sys.stderr)
-    if SKIP_PLAN.value:
+    if SKIP_PLAN.value:  # train's checks still run (plan runs them too): nothing compiles
+        from bert_jax.cloud import tpu
+        from bert_jax.training import setup
+
+        spec = config_lib.resolve(planned)
+        config_lib.check_overrides_read(spec, LoadedConfig.set_by_user())
+        sl = tpu.parse(topology)
+        setup.check(spec, platform="tpu", devices=sl.devices, processes=sl.hosts,
+                    reads_data=False)
         print("warning: --skip_plan: the config was not compiled for the slice", file=sys.stderr)
     else:
         result = plan.plan(planned, topology, set_by_user=LoadedConfig.set_by_user(),

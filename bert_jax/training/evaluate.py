@@ -306,7 +306,7 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
     stored with the checkpoints (see run_config, with the keys `set_by_user` on the command
     line). A result with a non-finite value is an error and never replaces a result already
     written."""
-    config = config_lib.resolve(run_config(config, workdir, set_by_user))
+    config = config_lib.resolve(run_config(config, workdir, set_by_user), training=False)
     setup.check(config, platform=setup.platform(), devices=jax.device_count(),
                 processes=jax.process_count(), training=False)
     task = tasks.from_config(config)

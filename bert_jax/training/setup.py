@@ -32,6 +32,7 @@ def check(spec: RunSpec, *, platform: str, devices: int, processes: int, trainin
     cuDNN's of dropout, are beside the point), lengths, mesh and batch divisibility
     (config.validate, attention's refusals included), then (a training run that `reads_data`;
     plan reads none) whether its TFDS data is prepared."""
+    spec = config_lib.resolve(spec)  # (a RunSpec as it is; a test may give a config)
     try:
         attention.check_platform(spec.model.attention_kernel, platform)
     except ValueError as e:
@@ -65,6 +66,7 @@ class Engine:
 def build(spec: RunSpec, mesh: Mesh, *, training: bool = True) -> Engine:
     """The engine of `spec` on `mesh`; `training=False` (evaluation, features) leaves out the
     optimizer, so the state is the params only."""
+    spec = config_lib.resolve(spec)
     objective = objectives.for_config(spec)
     tx, schedule = optim.make_optimizer(spec) if training else (None, None)
     graphdef, abstract, state_sh = state.abstract_state(spec, mesh, tx)

@@ -140,6 +140,15 @@ def _run_config(checkpoint_dir: str) -> ml_collections.ConfigDict:
     return config
 
 
+def _translate_spec(config: ml_collections.ConfigDict) -> RunSpec:
+    """What translating reads of a stored run config, resolved: the model, mesh, sharding and
+    decode sections as stored; its data source (maybe one registered by the training job's own
+    module, data/sources.py) is not read, so the spec gets a translation data section."""
+    config = config.copy_and_resolve_references()
+    config.data = specs.section(TranslationData)
+    return config_lib.resolve(config, training=False)
+
+
 def check_flags(beam_size: int | None, alpha: float | None, batch_size: int | None) -> None:
     """The decoding flags a user gave (None: the run config's), checked before anything loads."""
     if beam_size is not None and beam_size < 1:
@@ -216,7 +225,7 @@ def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
         raise ValueError(f"--reference={reference} has {len(refs)} lines but --input={input_path} "
                          f"has {len(sources)}; give the reference of the same sentences")
     tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir, config.data.get("tokenizer", ""))
-    spec = config_lib.resolve(config)
+    spec = _translate_spec(config)
     mesh = sharding.make_mesh(spec.mesh)
     graphdef, params = state.restore_params(spec, checkpoint_dir, mesh)
     t0 = time.perf_counter()

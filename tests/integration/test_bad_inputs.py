@@ -924,6 +924,11 @@ LAUNCH_CASES = [
          + " --config.data.data_dir=gs://b/glue --config.init_from=tests/fixtures/bert_tiny_a208b4f "
          "--config.model.emb_dim=64 --config.model.head_dim=32 --skip_plan", 1, "--config.model.emb_dim=64",
          "decides model.emb_dim (32)"),
+    # --skip_plan compiles nothing, but train's checks still run before anything is rented
+    case("launch-skip-plan-tiles-without-splash", LAUNCH + " --skip_plan "
+         "--config.model.attention_block_q=256", 1, "--config.model.attention_block_q", "would do nothing"),
+    case("launch-skip-plan-batch-not-divisible", LAUNCH + " --skip_plan --config.train.batch_size=6", 1,
+         "train.batch_size/grad_accum_steps=6", "not divisible by the batch shards"),
     case("launch-max-restarts-negative", LAUNCH + " --max_restarts=-1", 1, "--max_restarts=-1", ">= 0"),
     case("launch-poll-seconds-zero", LAUNCH + " --poll_seconds 0", 1, "--poll_seconds=0.0", "> 0"),
     case("launch-poll-seconds-nan", LAUNCH + " --poll_seconds nan", 1, "--poll_seconds=nan"),

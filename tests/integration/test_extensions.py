@@ -178,6 +178,23 @@ def test_a_run_resolves_its_config_once_and_below_reads_only_the_spec(cli, tmp_p
     assert not below, f"modules below the command layer that read a ConfigDict: {below}"
 
 
+def test_a_stored_config_is_resolved_for_what_eval_and_translate_read():
+    """eval and translate resolve a stored config without the sections they do not read: an
+    optimizer value an older version stored (today refused), a data source registered by the
+    training job's own module (unknown in translate's process)."""
+    from bert_jax.translation import translate
+
+    config = config_lib.load("configs/multi30k.py")
+    config.optimizer.b2 = 1.0
+    with pytest.raises(config_lib.ConfigError, match=r"optimizer.b2=1.0 must be in \[0, 1\)"):
+        config_lib.resolve(config)
+    assert config_lib.resolve(config, training=False).optimizer == specs.OptimizerSpec()
+    config.data.name = "pairs_registered_elsewhere"
+    spec = translate._translate_spec(config)
+    assert (spec.model_name, spec.decode) == ("transformer", specs.DecodeSpec(**config.decode))
+    assert spec.data.source == "translation"
+
+
 def test_objective_choice_errors():
     model = {"name": "bert_classification", "num_labels": 2}
     with pytest.raises(config_lib.ConfigError, match="train.objective='nope'; choose one of"):
