@@ -153,8 +153,8 @@ def test_a_run_resolves_its_config_once_and_below_reads_only_the_spec(cli, tmp_p
     import ml_collections
     parsed, readers = [], set()
     resolve = config_lib.resolve
-    monkeypatch.setattr(config_lib, "resolve", lambda c: (
-        parsed.append(c) if not isinstance(c, specs.RunSpec) else None) or resolve(c))
+    monkeypatch.setattr(config_lib, "resolve", lambda c, **kw: (
+        parsed.append(c) if not isinstance(c, specs.RunSpec) else None) or resolve(c, **kw))
     cls = ml_collections.ConfigDict
 
     def spying(real):
