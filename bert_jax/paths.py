@@ -160,17 +160,18 @@ def copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         path(dst).write_bytes(path(src).read_bytes())
 
 
-def read_json(p: str | os.PathLike, what: str) -> dict:
-    """The JSON object in file `p`; anything else is a ValueError naming the file and ending
-    with `what` (what the file should be, or what to do)."""
+def read_json(p: str | os.PathLike, what: str, kind: type = dict) -> dict | list:
+    """The JSON object (or, with `kind=list`, array) in file `p`; anything else is a ValueError
+    naming the file and ending with `what` (what the file should be, or what to do)."""
     try:
         value = json.loads(path(p).read_text("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"{p}: missing; {what}") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{p}: not valid JSON ({e}); {what}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{p}: found a JSON {type(value).__name__}, expected an object; {what}")
+    if not isinstance(value, kind):
+        raise ValueError(f"{p}: found a JSON {type(value).__name__}, expected "
+                         f"{'an array' if kind is list else 'an object'}; {what}")
     return value
 
 

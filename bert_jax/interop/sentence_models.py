@@ -57,21 +57,13 @@ class SentenceSpec:
             raise ValueError(f"max_seq_length={self.max_seq_length} must be >= 3")
 
 
-def _json(path: Any, what: str) -> Any:
-    try:
-        return json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: missing; {what}") from None
-    except ValueError as e:
-        raise ValueError(f"{path}: not JSON ({e}); {what}") from None
-
-
 def read_folder(folder: str | os.PathLike) -> tuple[Any, SentenceSpec]:
     """(the Transformer module's Hugging Face folder, the spec) of a sentence-transformers
     folder; a module this code does not reproduce is a ValueError naming it."""
     root = paths.path(folder)
-    modules = _json(root / "modules.json", "a sentence-transformers folder lists its modules there")
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+    modules = paths.read_json(root / "modules.json", "a sentence-transformers folder lists its "
+                              "modules there", kind=list)
+    if not all(isinstance(m, dict) for m in modules):
         raise ValueError(f"{root / 'modules.json'}: expected a list of modules")
     # Module types by class name: sentence-transformers 6 names them by their new modules
     # (sentence_transformers.base.modules.transformer.Transformer), earlier versions

@@ -445,17 +445,16 @@ def _base_optimizer(opt, schedule: optax.Schedule, runs: tuple[specs.StageSpec, 
 def make_optimizer(spec: specs.RunSpec) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """(optax transformation, schedule) from the run's optimizer, schedule and train.steps
     (a section not yet read as its record, as a test may give it, is read here)."""
-    config = spec
     opt = specs.read(specs.OptimizerSpec, spec.optimizer, "optimizer")
     sched = specs.read(specs.ScheduleSpec, spec.schedule, "schedule")
     runs = stages(opt, sched)
-    d_model = config.model.emb_dim if any(s.name == "rsqrt_paper" for s in runs) else None
-    tokens = step_tokens(config) if any(s.warmup_tokens for s in runs) else None
-    schedule = staged(runs, config.train.steps, d_model, tokens=tokens, given=bool(sched.stages))
+    d_model = spec.model.emb_dim if any(s.name == "rsqrt_paper" for s in runs) else None
+    tokens = step_tokens(spec) if any(s.warmup_tokens for s in runs) else None
+    schedule = staged(runs, spec.train.steps, d_model, tokens=tokens, given=bool(sched.stages))
     clip = opt.grad_clip_norm
     # identity() keeps the state's tree structure independent of clipping, so a checkpoint
     # restores whether or not grad_clip_norm changed between runs.
     first: optax.GradientTransformation = (optax.clip_by_global_norm(float(clip)) if clip
                                            else optax.identity())
-    return optax.chain(first, _base_optimizer(opt, schedule, runs, config.train.steps)), schedule
+    return optax.chain(first, _base_optimizer(opt, schedule, runs, spec.train.steps)), schedule
 

@@ -127,25 +127,27 @@ class TranslationEvaluator:
         return results
 
 
-def _run_config(checkpoint_dir: str) -> ml_collections.ConfigDict:
-    """The stored run config of a checkpoint directory (a workdir or an average/convert output)."""
+def _run_spec(checkpoint_dir: str) -> RunSpec:
+    """The stored run config of a checkpoint directory (a workdir or an average/convert output),
+    as translating reads it (_translate_spec), on this machine's devices."""
     stored = checkpoint.read_config(checkpoint_dir)
     if not isinstance(objectives.for_model(stored["model"]), objectives.Translation):
         raise ValueError(f"--checkpoint={checkpoint_dir} holds a model.name="
                          f"{stored['model'].get('name')!r} model; translate needs an encoder-decoder")
     config = config_lib.complete(ml_collections.ConfigDict(stored))
     config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})  # this machine's devices
-    if "data" not in config:  # (a hand-made folder's config: a translation run's data keys)
-        config.data = specs.section(TranslationData)
-    return config
+    return _translate_spec(config)
 
 
 def _translate_spec(config: ml_collections.ConfigDict) -> RunSpec:
     """What translating reads of a stored run config, resolved: the model, mesh, sharding and
-    decode sections as stored; its data source (maybe one registered by the training job's own
-    module, data/sources.py) is not read, so the spec gets a translation data section."""
+    decode sections and the tokenizer as stored; its data source (maybe one registered by the
+    training job's own module, data/sources.py; none in a hand-made folder's config) is not
+    read, so the spec gets a translation data section."""
+    tokenizer = config.data.get("tokenizer", "") if "data" in config else ""
     config = config.copy_and_resolve_references()
     config.data = specs.section(TranslationData)
+    config.data.tokenizer = tokenizer
     return config_lib.resolve(config, training=False)
 
 
@@ -217,15 +219,14 @@ def translate_file(checkpoint_dir: str, input_path: str, output_path: str, *,
     sacreBLEU. Every path may be local or gs://. Flags, output and input are checked before the
     model loads."""
     check_flags(beam_size, alpha, batch_size)
-    config = _run_config(checkpoint_dir)  # its stored config: a few kB, no weights
+    spec = _run_spec(checkpoint_dir)  # its stored config: a few kB, no weights
     check_output(output_path)
     sources = _read_input(input_path)
     refs = bleu.read_lines(reference) if reference else None
     if refs is not None and len(refs) != len(sources):
         raise ValueError(f"--reference={reference} has {len(refs)} lines but --input={input_path} "
                          f"has {len(sources)}; give the reference of the same sentences")
-    tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir, config.data.get("tokenizer", ""))
-    spec = _translate_spec(config)
+    tokenizer = tokenizer_lib.checkpoint_tokenizer(checkpoint_dir, spec.data.tokenizer)
     mesh = sharding.make_mesh(spec.mesh)
     graphdef, params = state.restore_params(spec, checkpoint_dir, mesh)
     t0 = time.perf_counter()

@@ -185,7 +185,7 @@ def test_old_stored_configs_load(tmp_path, name):
     assert jax.tree.map(lambda x: x.shape, nnx.to_pure_dict(nnx.state(loaded, nnx.Param))) \
         == jax.tree.map(lambda x: x.shape, params)
     if name == "transformer":
-        assert translate._run_config(str(tmp_path)).model.name == "transformer"
+        assert translate._run_spec(str(tmp_path)).model_name == "transformer"
     if name == "bert_pretraining":  # its encoder initialises a fine-tuning run (init_from)
         config = config_lib.load(str(REPO / "configs/glue.py:sst2,tiny"), [f"init_from={tmp_path}"])
         config = state.sizes_from_init(config)
