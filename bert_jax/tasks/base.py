@@ -109,6 +109,10 @@ class Task(abc.ABC):
         name = getattr(self.data, f"{split}_file")
         if not name:
             raise config_lib.ConfigError(f"data.{split}_file is empty: set it to the {split} file")
+        return self.file(name)
+
+    def file(self, name: str) -> Path | epath.Path:
+        """A data file's path: `name` under data.data_dir, or itself if absolute or gs://."""
         if paths.is_remote(name):
             return paths.path(name)
         if not self.data.data_dir and not Path(name).is_absolute():
@@ -120,17 +124,20 @@ class Task(abc.ABC):
 
     def examples(self, split: str):
         if split not in self._examples:
-            path = self.path(split)
-            if not path.is_file():
-                where = ("give an existing file" if split not in self.splits
-                         else "check data.data_dir (and the file names)")
-                raise FileNotFoundError(f"{self.data.name} {split} file not found: {path}; {where}")
-            examples = self.read(path, training=split == "train")
-            if not examples:
-                raise ValueError(f"{path}: no examples found; expected a {self.data.name} {split} "
-                                 "file with at least one example")
-            self._examples[split] = examples
+            self._examples[split] = self.read_file(self.path(split), split)
         return self._examples[split]
+
+    def read_file(self, path, split: str) -> list:
+        """The examples of `split`'s file `path`, which must exist and hold one."""
+        if not path.is_file():
+            where = ("give an existing file" if split not in self.splits
+                     else "check data.data_dir (and the file names)")
+            raise FileNotFoundError(f"{self.data.name} {split} file not found: {path}; {where}")
+        examples = self.read(path, training=split == "train")
+        if not examples:
+            raise ValueError(f"{path}: no examples found; expected a {self.data.name} {split} "
+                             "file with at least one example")
+        return examples
 
     def features(self, split: str) -> dict[str, np.ndarray]:
         if split not in self._features:
@@ -153,6 +160,11 @@ class Task(abc.ABC):
 
     def num_train_examples(self) -> int:
         return len(next(iter(self.features("train").values())))
+
+    def train_datasets(self) -> tuple[tuple[int, ...], str]:
+        """(the sizes of the datasets the training features hold one after the other, how
+        batches are drawn from them: data/finetune.py's MIXES); one dataset: ((n,), "")."""
+        return (self.num_train_examples(),), ""
 
 
 def tokenizer_source(config: RunSpec) -> str:

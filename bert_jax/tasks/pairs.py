@@ -27,7 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import config as config_lib
 from bert_jax import paths, specs
+from bert_jax.data import finetune
 from bert_jax.data.rows import BadRows, jsonl_rows, utf8_errors
 from bert_jax.tasks import retrieval, squad
 from bert_jax.tasks.base import Task, register
@@ -157,6 +159,9 @@ class PairsTask(Task):
     class Data(specs.TaskData):
         pack: bool = False  # a text is a whole row
         num_negatives: int = specs.valid(0, ">= 0")  # hard negatives per query in a batch
+        # Several training files (train_file "a.jsonl,b.tsv"): each batch from one of them,
+        # proportional (by their sizes) or round_robin (in turn); data/finetune.py
+        mix: str = "proportional"
 
     @property
     def main_metric(self) -> str:
@@ -167,6 +172,43 @@ class PairsTask(Task):
 
     def scored(self, split: str) -> bool:
         return self.examples(split)[0].score is not None
+
+    def __init__(self, config: specs.RunSpec):
+        super().__init__(config)
+        files = self.train_files()
+        if len(files) > 1 and "" in files:
+            raise config_lib.ConfigError(f"data.train_file={self.data.train_file!r}: an empty "
+                                         "name between commas; give each file's name")
+        if self.data.mix not in finetune.MIXES:
+            raise config_lib.ConfigError(f"data.mix={self.data.mix!r}; choose one of "
+                                         f"{list(finetune.MIXES)}")
+
+    def train_files(self) -> list[str]:
+        """data.train_file's files: one, or several separated by commas."""
+        return [name.strip() for name in self.data.train_file.split(",")]
+
+    def examples(self, split: str):
+        """With several training files, their examples one after the other (each cut to the
+        first data.max_train_examples when > 0)."""
+        files = self.train_files()
+        if split != "train" or len(files) < 2:
+            return super().examples(split)
+        if split not in self._examples:
+            limit = self.data.max_train_examples
+            self._files = [self.read_file(self.file(name), split) for name in files]
+            self._files = [part[:limit] if limit > 0 else part for part in self._files]
+            self._examples[split] = [e for part in self._files for e in part]
+        return self._examples[split]
+
+    def examples_limited(self, split: str):
+        return self.examples(split) if split == "train" and len(self.train_files()) > 1 else (
+            super().examples_limited(split))
+
+    def train_datasets(self) -> tuple[tuple[int, ...], str]:
+        if len(self.train_files()) < 2:
+            return super().train_datasets()
+        self.examples("train")
+        return tuple(len(part) for part in self._files), self.data.mix
 
     def read(self, path, training: bool = False) -> list[Example]:
         """The file's examples; for training, of the kind the objective trains on (scored pairs

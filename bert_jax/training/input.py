@@ -285,12 +285,16 @@ def _check_host_blocks(config: RunSpec, shards: int) -> None:
 
 
 def task_pipeline(config: RunSpec, features: dict[str, np.ndarray], *, train: bool,
-                  batch_size: int | None = None, num_batches: int | None = None) -> FeaturePipeline:
-    """Batches of a fine-tuning task's features (packed when data.pack), this host's share."""
+                  batch_size: int | None = None, num_batches: int | None = None,
+                  datasets: tuple[tuple[int, ...], str] = ((), "")) -> FeaturePipeline:
+    """Batches of a fine-tuning task's features (packed when data.pack), this host's share;
+    `datasets` as Task.train_datasets gives them (training on several files)."""
+    blocks, mix = datasets
     return FeaturePipeline(features, batch_size=batch_size or config.train.batch_size, train=train,
                            seed=config.seed if train else 0, process_index=jax.process_index(),
                            process_count=jax.process_count(), num_batches=num_batches,
-                           pack=pack_options(config, train))
+                           pack=pack_options(config, train), blocks=blocks,
+                           mix=mix or "proportional")
 
 
 def make(config: RunSpec, split: str, *, batch_size: int | None = None, num_batches: int | None = None,
@@ -307,8 +311,10 @@ def make(config: RunSpec, split: str, *, batch_size: int | None = None, num_batc
         if task is None:
             raise ValueError(f"data.name={spec.task!r} is a fine-tuning task: pass its Task "
                              "(tasks.from_config) as `task`")
-        return task_pipeline(config, task.features("train" if split == "train" else task.eval_splits[0]),
-                             train=split == "train", batch_size=global_batch, num_batches=num_batches)
+        train = split == "train"
+        return task_pipeline(config, task.features("train" if train else task.eval_splits[0]),
+                             train=train, batch_size=global_batch, num_batches=num_batches,
+                             datasets=task.train_datasets() if train else ((), ""))
     source = sources.get(spec.source)
     if source.kind == "pairs":
         return translation_pipeline(config, split, batch_size=global_batch, num_batches=num_batches)

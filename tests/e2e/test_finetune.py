@@ -50,8 +50,8 @@ def majority_accuracy(labels) -> float:
 
 @pytest.fixture(scope="module")
 def sst2_run(shared_data, task_vocab, tmp_path_factory):
-    config = glue_config("sst2", shared_data, task_vocab, "data.max_train_examples=6000",
-                         "data.max_seq_length=64", "train.epochs=2.0", "train.eval_every=150")
+    config = glue_config("sst2", shared_data, task_vocab, "data.max_train_examples=3000",
+                         "data.max_seq_length=64", "train.epochs=2.0", "train.eval_every=80")
     workdir = tmp_path_factory.mktemp("sst2")
     return config, workdir, train.train_and_evaluate(config, str(workdir))
 
@@ -61,12 +61,13 @@ def test_sst2_subset_beats_majority(sst2_run, shared_data):
     config, workdir, summary = sst2_run
     dev = glue.read_glue("sst2", shared_data / "glue/SST-2/dev.tsv")
     majority = majority_accuracy([e.label for e in dev])  # 0.509
-    # 6000 examples x 2 epochs / 32 = 375 steps (train.epochs -> train.steps, 10% warmup).
-    assert summary["step"] == summary["steps"] == 375
+    # 3000 examples x 2 epochs / 32 = 188 steps (train.epochs -> train.steps, 10% warmup); it
+    # reached 0.726 on 2026-11-28 (0.748 with twice the examples and steps).
+    assert summary["step"] == summary["steps"] == 188
     assert summary["eval"]["eval/accuracy"] > majority + 0.15, summary["eval"]
     evals = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()
              if "eval/accuracy" in x]
-    assert [e["step"] for e in evals] == [150, 300, 375]
+    assert [e["step"] for e in evals] == [80, 160, 188]
 
 
 @pytest.mark.slow
@@ -76,7 +77,7 @@ def test_eval_best_checkpoint_writes_leaderboard_tsv(sst2_run, shared_data):
              for x in (workdir / "metrics.jsonl").read_text().splitlines() if "eval/accuracy" in x}
     best = max(evals, key=lambda s: (evals[s], s))  # a tie goes to the later step
     kept = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-    assert kept == sorted({best, 375})  # keep_checkpoints=1 (the latest) plus the best
+    assert kept == sorted({best, 188})  # keep_checkpoints=1 (the latest) plus the best
     spec = config_lib.resolve(config)
     resolved = tasks.resolve_steps(spec, tasks.from_config(spec))  # train.steps from the epochs
     [result] = evaluate.evaluate_checkpoints(ml_collections.ConfigDict(json.loads(resolved.saved)),

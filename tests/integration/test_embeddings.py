@@ -10,8 +10,10 @@ import pytest
 from helpers import REPO, assert_stopped_and_resumed_run_matches
 
 from bert_jax import config as config_lib
+from bert_jax import tasks
 from bert_jax.interop import sentence_models
 from bert_jax.tasks import pairs, retrieval
+from bert_jax.training import input as input_lib
 
 st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is not installed "
                          "(pyproject's [test] extras)")
@@ -23,12 +25,13 @@ def pair_files(tmp_path_factory, shared_data):
     pair's sentence as a hard negative (train); dev as retrieval pairs and as scored pairs."""
     out = tmp_path_factory.mktemp("pairs")
     s1, s2, score = retrieval.read_sts(shared_data / "glue" / "STS-B" / "train.tsv")
-    close = [(a, b) for a, b, s in zip(s1, s2, score) if s >= 4][:96]
+    close = [(a, b) for a, b, s in zip(s1, s2, score) if s >= 4]
     rng = random.Random(0)
-    with open(out / "train.jsonl", "w") as f:
-        for a, b in close:
-            f.write(json.dumps({"anchor": a, "positive": b,
-                                "negatives": [rng.choice(close)[1]]}) + "\n")
+    for name, part in (("train.jsonl", close[:96]), ("train2.jsonl", close[96:136])):
+        with open(out / name, "w") as f:  # train2: a second dataset (training on several)
+            for a, b in part:
+                f.write(json.dumps({"anchor": a, "positive": b,
+                                    "negatives": [rng.choice(part)[1]]}) + "\n")
     d1, d2, dscore = retrieval.read_sts(shared_data / "glue" / "STS-B" / "dev.tsv")
     with open(out / "dev.tsv", "w") as f:
         f.write("query\tpositive\n")
@@ -99,6 +102,44 @@ def test_contrastive_training_evaluates_retrieval_and_exports_a_sentence_transfo
     code, _, err = cli(["mine", f"--checkpoint={tmp_path / 'run'}",
                         f"--input={pair_files / 'dev.tsv'}", f"--output={mined}"])
     assert code != 0 and "already exists" in err
+
+
+def test_several_training_files_give_each_batch_from_one_of_them(cli, tmp_path, wordpiece_vocab,
+                                                                pair_files):
+    """data.train_file naming two files: a batch's queries all come from one of them (in turn
+    with mix=round_robin), and the run trains, logs and evaluates as with one."""
+    files = ["train.jsonl", "train2.jsonl"]
+    overrides = [f"data.tokenizer={wordpiece_vocab.parent}", f"data.data_dir={pair_files}",
+                 f"data.train_file={','.join(files)}", "data.dev_file=dev.tsv",
+                 "data.num_negatives=1", "data.mix=round_robin", "model.vocab_size=1500",
+                 "model.num_layers=1", "data.max_seq_length=32", "train.batch_size=16"]
+    spec = config_lib.resolve(config_lib.load(f"{REPO}/configs/embeddings.py:contrastive,tiny",
+                                              overrides))
+    task = tasks.from_config(spec)
+    queries = [{e.query for e in pairs.read_pairs(pair_files / f, num_negatives=1)} for f in files]
+    assert task.train_datasets() == ((96, 40), "round_robin")
+    batches = input_lib.make(spec, "train", task=task)
+    ids = task.tokenizer.encode_batch([q for part in queries for q in part])
+    known = {tuple(i): d for d, part in enumerate(queries) for i in ids[:len(part)] if d == 0} | {
+        tuple(i): 1 for i in ids[len(queries[0]):]}
+    for expected in (0, 1, 0, 1):
+        rows = next(batches)["query_input_ids"]
+        lengths = (rows != 0).sum(-1)  # [CLS] ids [SEP], padded with 0
+        assert {known[tuple(r[1:n - 1])] for r, n in zip(rows, lengths)} == {expected}
+
+    code, out, err = _train(cli, tmp_path / "run", wordpiece_vocab, pair_files,
+                            "--config.data.num_negatives=1", "--config.train.grad_accum_steps=2",
+                            f"--config.data.train_file={','.join(files)}")
+    assert code == 0, err
+    assert 0 < json.loads(out.strip().splitlines()[-1])["eval"]["eval/ndcg@10"] <= 1
+
+    code, _, err = _train(cli, tmp_path / "bad", wordpiece_vocab, pair_files,
+                          "--config.data.train_file=train.jsonl,,train2.jsonl")
+    assert code != 0 and "an empty name between commas" in err, err
+    code, _, err = _train(cli, tmp_path / "bad2", wordpiece_vocab, pair_files,
+                          f"--config.data.train_file={','.join(files)}", "--config.data.mix=shuffle")
+    assert code != 0 and "data.mix='shuffle'; choose one of ['proportional', 'round_robin']" in err, err
+    assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
 def test_pair_files_refuse_bad_rows_naming_file_line_and_field(tmp_path):
