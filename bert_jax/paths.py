@@ -185,19 +185,28 @@ def json_field(obj: dict, key: str, kind: type, file: str | os.PathLike, what: s
     """obj[key] (`default` when absent, if given) of the JSON object read from `file`, checked
     to be of `kind` (bool, int, float: an int too, str, list or dict; a bool is no number, a
     string "false" no bool) and, for numbers, finite and >= `at_least`: anything else is a
-    ValueError naming the file, the key, what was found and `what` (what to do)."""
-    if key not in obj:
-        if default is not _REQUIRED:
-            return default
-        raise ValueError(f"{file}: no key {key!r} ({_JSON_KINDS[kind]}); {what}")
-    value = obj[key]
-    ok = isinstance(value, (int, float) if kind is float else kind) and (
-        kind is bool or not isinstance(value, bool))
-    if ok and kind in (int, float):
-        ok = math.isfinite(value) and (at_least is None or value >= at_least)
-    if not ok:
-        expected = _JSON_KINDS[kind] + ("" if at_least is None else f" >= {at_least}")
-        raise ValueError(f"{file}: key {key!r} is {json.dumps(value)[:60]}, expected {expected}; {what}")
+    ValueError naming the file, the key, what was found and `what` (what to do). A dotted
+    `key` ("sentence.pooling") is a key of nested objects, each named by its whole path
+    (a key with a dot in its name cannot be read this way)."""
+    names = key.split(".")
+    value: object = obj
+    for depth, name in enumerate(names, 1):
+        last = depth == len(names)
+        want, where = kind if last else dict, ".".join(names[:depth])
+        if name not in value:
+            if default is not _REQUIRED:
+                return default
+            raise ValueError(f"{file}: no key {where!r} ({_JSON_KINDS[want]}); {what}")
+        value = value[name]
+        least = at_least if last else None
+        ok = isinstance(value, (int, float) if want is float else want) and (
+            want is bool or not isinstance(value, bool))
+        if ok and want in (int, float):
+            ok = math.isfinite(value) and (least is None or value >= least)
+        if not ok:
+            expected = _JSON_KINDS[want] + ("" if least is None else f" >= {least}")
+            raise ValueError(f"{file}: key {where!r} is {json.dumps(value)[:60]}, expected {expected}; "
+                             f"{what}")
     return value
 
 
