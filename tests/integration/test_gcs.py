@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import jax
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, compile_new_program, jax_cache_of_the_test
 from test_train import CONFIG, SMALL
 
 _INSTALL = "pip install -e '.[test]'"
@@ -404,6 +404,36 @@ def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tri
     with pytest.raises(ValueError, match=r"\$BERT_JAX_GCS_RETRY=tries=0: 'tries=0' is not one of "
                                          r"tries=<number>, first_wait_s=<number>"):
         paths.path(f"gs://{BUCKET}/cfg/good.json")
+
+
+def test_a_gs_cache_whose_writes_keep_failing_is_turned_off_after_one_program(failing_gcs, monkeypatch):
+    """A gs:// compilation cache that passed the probe, whose uploads of programs then keep
+    failing (503 past the policy's 3 tries): the first program's upload is tried 3 times, the
+    cache is turned off with one line, and later programs make no request to the bucket (JAX
+    alone would pay the policy's retries at every program)."""
+    from bert_jax.training import compilation_cache
+
+    fs, faults = failing_gcs
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", _FAST_RETRIES)
+    cache = f"gs://{BUCKET}/jit"
+    warned = []
+    monkeypatch.setattr(compilation_cache.logging.getLogger(compilation_cache.__name__), "warning",
+                        warned.append)
+    with jax_cache_of_the_test():
+        compilation_cache.setup_compilation_cache(cache, "translate", None)
+        faults.kind = lambda request: request.command == "POST" and "-cache" in unquote(request.path)
+        compile_new_program(3.25)
+        assert len(faults.refused) == 1 and set(faults.refused.values()) == {3}, faults.refused
+        assert jax.config.jax_enable_compilation_cache is False
+        asked = faults.requests
+        compile_new_program(4.25)
+        compile_new_program(5.25)
+        assert faults.requests == asked  # off: not a request more
+    assert len(warned) == 1 and re.fullmatch(
+        rf"warning: the compilation cache {cache} failed writing a compiled program \(StorageFailing: "
+        rf"Google Cloud Storage kept failing: writing gs://{BUCKET}/jit/jit_.*-cache failed 3 tries "
+        r".*\); running on without it \(every program compiles from now on; "
+        r"--compilation_cache_required stops the command instead\)", warned[0]), warned
 
 
 def test_the_retry_policy_and_its_deadline(monkeypatch):
