@@ -366,10 +366,12 @@ RETRIED = pytest.mark.parametrize("code", [503, 429, 408])
 
 @RETRIED
 def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tries(failing_gcs,
-                                                                                   monkeypatch, code):
-    """Every read of one object answered `code` (gcsfs: etils epath, paths.open, globs): each
-    request is tried as often as $BERT_JAX_GCS_RETRY says (gcsfs alone: 6 times, whatever it
-    says), then one line names the operation and the gs:// path; other objects read on."""
+                                                                                   monkeypatch, code,
+                                                                                   tmp_path):
+    """Every read of one object answered `code` (gcsfs: etils epath, paths.open, globs, fsspec's
+    get): each request is tried as often as $BERT_JAX_GCS_RETRY says (gcsfs alone: 6 times,
+    whatever it says; a download by get 6 x 6 times), then one line names the operation and
+    the gs:// path; other objects read on."""
     from bert_jax import paths
 
     fs, faults = failing_gcs
@@ -386,6 +388,18 @@ def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tri
                         + re.escape(_ADVICE), str(failed.value)), str(failed.value)
     assert faults.refused and set(faults.refused.values()) == {3}, faults.refused
     assert paths.read_json(f"gs://{BUCKET}/cfg/good.json", "a config") == {"a": 1}
+    # A download into a local file (fsspec's get; the file system paths registered for gs://).
+    import fsspec
+
+    faults.kind, faults.refused = (lambda request: request.command == "GET" and "alt=media" in request.path
+                                   and "bad.json" in unquote(request.path)), collections.Counter()
+    with pytest.raises(paths.StorageFailing, match=rf"^Google Cloud Storage kept failing: reading "
+                                                  rf"gs://{BUCKET}/cfg/bad.json failed 3 tries"):
+        fsspec.filesystem("gs").get(f"gs://{BUCKET}/cfg/bad.json", str(tmp_path / "bad.json"))
+    assert len(faults.refused) == 1 and set(faults.refused.values()) == {3}, faults.refused
+    assert not (tmp_path / "bad.json").exists()
+    fsspec.filesystem("gs").get(f"gs://{BUCKET}/cfg/good.json", str(tmp_path / "good.json"))
+    assert (tmp_path / "good.json").read_text() == '{"a": 1}'
     # Uploads (each file's first request names it), a run's lock among them.
     faults.kind, faults.refused = (lambda request: request.command == "POST"), collections.Counter()
     with pytest.raises(paths.StorageFailing, match=f"writing gs://{BUCKET}/cfg/new.json failed 3 tries"):
