@@ -185,19 +185,28 @@ def json_field(obj: dict, key: str, kind: type, file: str | os.PathLike, what: s
     """obj[key] (`default` when absent, if given) of the JSON object read from `file`, checked
     to be of `kind` (bool, int, float: an int too, str, list or dict; a bool is no number, a
     string "false" no bool) and, for numbers, finite and >= `at_least`: anything else is a
-    ValueError naming the file, the key, what was found and `what` (what to do)."""
-    if key not in obj:
-        if default is not _REQUIRED:
-            return default
-        raise ValueError(f"{file}: no key {key!r} ({_JSON_KINDS[kind]}); {what}")
-    value = obj[key]
-    ok = isinstance(value, (int, float) if kind is float else kind) and (
-        kind is bool or not isinstance(value, bool))
-    if ok and kind in (int, float):
-        ok = math.isfinite(value) and (at_least is None or value >= at_least)
-    if not ok:
-        expected = _JSON_KINDS[kind] + ("" if at_least is None else f" >= {at_least}")
-        raise ValueError(f"{file}: key {key!r} is {json.dumps(value)[:60]}, expected {expected}; {what}")
+    ValueError naming the file, the key, what was found and `what` (what to do). A dotted
+    `key` ("sentence.pooling") is a key of nested objects, each named by its whole path
+    (a key with a dot in its name cannot be read this way)."""
+    names = key.split(".")
+    value: object = obj
+    for depth, name in enumerate(names, 1):
+        last = depth == len(names)
+        want, where = kind if last else dict, ".".join(names[:depth])
+        if name not in value:
+            if default is not _REQUIRED:
+                return default
+            raise ValueError(f"{file}: no key {where!r} ({_JSON_KINDS[want]}); {what}")
+        value = value[name]
+        least = at_least if last else None
+        ok = isinstance(value, (int, float) if want is float else want) and (
+            want is bool or not isinstance(value, bool))
+        if ok and want in (int, float):
+            ok = math.isfinite(value) and (least is None or value >= least)
+        if not ok:
+            expected = _JSON_KINDS[want] + ("" if least is None else f" >= {least}")
+            raise ValueError(f"{file}: key {where!r} is {json.dumps(value)[:60]}, expected {expected}; "
+                             f"{what}")
     return value
 
 
@@ -495,23 +504,34 @@ def _transient(error: BaseException) -> bool:
     return is_retriable(error) or isinstance(error, TimeoutError)
 
 
-def _retrying(request):
-    """gcsfs's raw request method (without its own retries) under the policy."""
+def _request_described(fs, method, path, *args, **kwargs) -> tuple[str, str]:
+    """(the operation, the gs:// path) of gcsfs's _request(method, path, *args, **kwargs)."""
+    return _described(method, fs._format_path(path, args), {
+        k: v for k, v in kwargs.items() if k in ("name", "prefix") and v is not None})
+
+
+def _download_described(fs, rpath, *args, **kwargs) -> tuple[str, str]:
+    """(the operation, the gs:// path) of gcsfs's _get_file_request(rpath, lpath, ...)."""
+    return "reading", "gs://" + fs._strip_protocol(rpath)
+
+
+def _retrying(request, described=_request_described):
+    """One of gcsfs's raw request methods (without its own retries) under the policy; the
+    one line names what `described` makes of its arguments."""
     import asyncio
 
-    async def _request(self, method, path, *args, **kwargs):
+    async def _request(self, *args, **kwargs):
         policy, start = retry_policy(), time.monotonic()
         for attempt in range(policy.tries):
             if attempt:
                 await asyncio.sleep(policy.waits()[attempt - 1])
             try:
-                return await request(self, method, path, *args, **kwargs)
+                return await request(self, *args, **kwargs)
             except Exception as e:  # noqa: BLE001 (judged by _transient)
                 if not _transient(e):
                     raise
                 last = e
-        operation, where = _described(method, self._format_path(path, args), {
-            k: v for k, v in kwargs.items() if k in ("name", "prefix") and v is not None})
+        operation, where = described(self, *args, **kwargs)
         reason = (str(last).splitlines() or [""])[0].strip() or type(last).__name__
         raise storage_failing(operation, where, policy.tries, time.monotonic() - start,
                               reason[:200]) from None
@@ -535,9 +555,19 @@ def _use_retry_policy() -> None:
         return
     from gcsfs.core import GCSFileSystem
 
-    class PolicyGCSFileSystem(base):
-        _request = _retrying(GCSFileSystem._request.__wrapped__)
+    class PolicyRequests(GCSFileSystem):
+        """gcsfs's requests under the policy, right above GCSFileSystem in the order of classes:
+        a subclass's own versions (ExtendedGcsFileSystem's downloads from zonal buckets) run
+        and hand standard buckets' to these."""
 
+        _request = _retrying(GCSFileSystem._request.__wrapped__)
+        # fs.get: a file's download is one request (gcsfs retries it 6 times more, by its own
+        # decorator); a large file's concurrent download is made of _info's and _cat_file's
+        # requests, each under the policy already, so it is not retried whole as well.
+        _get_file_request = _retrying(GCSFileSystem._get_file_request.__wrapped__, _download_described)
+        _get_file_concurrent = GCSFileSystem._get_file_concurrent.__wrapped__
+
+    class PolicyGCSFileSystem(*((PolicyRequests,) if base is GCSFileSystem else (base, PolicyRequests))):
         def __init__(self, *args, requests_timeout=None, **kwargs):
             import aiohttp
 

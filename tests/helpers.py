@@ -2,6 +2,7 @@
 shared data's place, and tokenizer builders and checks. Tests in every folder import it as
 `helpers` (pytest puts tests/, the folder of conftest.py, on sys.path)."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -101,3 +102,33 @@ def assert_stopped_and_resumed_run_matches(config, tmp_path):
     losses = [{r["step"]: r["loss"] for r in metrics.read_metrics(tmp_path / run / "metrics.jsonl")
                if "loss" in r} for run in ("full", "part")]
     assert losses[0] == losses[1] and len(losses[0]) == 6
+
+
+@contextlib.contextmanager
+def jax_cache_of_the_test():
+    """For a block that points JAX's compilation cache somewhere of its own (compilation_cache.
+    setup_compilation_cache): JAX opens its cache once per process, so it is reset before the
+    block and after it, and JAX's settings (the session's cache) and the cache watch restored."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+    from bert_jax.training import compilation_cache
+
+    keys = ("jax_enable_compilation_cache", "jax_compilation_cache_dir", "jax_compilation_cache_max_size")
+    before = {k: getattr(jax.config, k) for k in keys}
+    jax.config.update("jax_compilation_cache_max_size", -1)  # an explicit folder's (no eviction)
+    jax_cache.reset_cache()
+    try:
+        yield
+    finally:
+        compilation_cache._watch(None, False)
+        for k, v in before.items():
+            jax.config.update(k, v)
+        jax_cache.reset_cache()
+
+
+def compile_new_program(scale: float) -> None:
+    """Compiles and runs a program no compilation cache holds yet (one per `scale`)."""
+    import jax
+
+    jax.jit(lambda x: x * scale + 1.0)(jax.numpy.ones(3)).block_until_ready()

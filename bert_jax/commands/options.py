@@ -104,8 +104,9 @@ COMPILATION_CACHE = flags.DEFINE_string(
     "$JAX_COMPILATION_CACHE_DIR if set), off, or a directory (local or gs://)")
 COMPILATION_CACHE_REQUIRED = flags.DEFINE_boolean(
     "compilation_cache_required", False, "with --compilation_cache: a cache that cannot be used "
-    "(unreachable, not writable) stops the command before it starts, rather than the command "
-    "running without a cache after one warning line")
+    "(unreachable, not writable, full) stops the command before it starts, and one that fails "
+    "while it runs stops it then, rather than the command running without a cache after one "
+    "warning line")
 PRINT_COMMANDS = flags.DEFINE_boolean("print_commands", False, "sweep: print one `bert-jax train` "
                                       "command per trial (for a cluster scheduler) instead of running")
 

@@ -7,11 +7,14 @@ none) or JSON lines as a BEIR corpus.jsonl holds them ("_id", "text", optional "
 text embedded is the title and the text joined by a space, as retrieval.read_beir builds it);
 plain or .gz, local or gs://. Its rows are cut into shards of `shard_size` consecutive rows,
 and each shard is written as one file, `part-<k>-of-<n>.npz` (arrays `ids`, strings, and
-`vectors`, float32 [rows, dim]), only when it is whole: a local file under a temporary name
-renamed into place, an object written in one piece. `embed.json` beside them says what the
+`vectors`, float32 [rows, dim], finite), only when it is whole: a local file under a temporary
+name renamed into place, an object written in one piece; then `part-<k>-of-<n>.npz.crc32`, its
+size and CRC32 (one file per shard: hosts write disjoint files). `embed.json` beside them says what the
 folder holds (the checkpoint, the input and a fingerprint of its ids and texts, the pooling,
 the shard size), so a second run into the folder embeds only the shards missing, and a run that
-would mix another corpus, checkpoint or pooling into it is refused before any work. Host p of
+would mix another corpus, checkpoint or pooling into it is refused before any work; a shard
+kept by a resume is checked against its CRC32 (a shard without one, as older versions wrote
+them, has its vectors read and checked finite). Host p of
 P embeds shards p, p + P, p + 2P, ...: the hosts write disjoint files and need no collective.
 Within a shard the texts are sorted by length and batched as Encoder.encode batches them.
 `load(folder)` reads the shards back as (ids, vectors) in the corpus's order.
@@ -102,10 +105,42 @@ def _write(folder, name: str, data: bytes) -> None:
     os.replace(partial, os.path.join(folder, name))
 
 
+SUM = ".crc32"  # beside each shard: {"size", "crc32"} of its bytes as written (integrity.crc32)
+
+
 def _write_shard(folder, name: str, ids: Sequence[str], vectors: np.ndarray) -> None:
+    """The shard, then the record of its bytes (a kill between the two leaves a shard without
+    one: a resume then reads its vectors)."""
+    from bert_jax.training import integrity
+
     buf = io.BytesIO()
     np.savez(buf, ids=np.array(ids, dtype=str), vectors=vectors.astype(np.float32))
     _write(folder, name, buf.getvalue())
+    size, crc = integrity.crc32(buf.getvalue())
+    _write(folder, name + SUM, (json.dumps({"size": size, "crc32": crc}) + "\n").encode())
+
+
+def _shard_bytes(file) -> tuple[bytes, bool]:
+    """(the shard file's bytes, whether they are those embed recorded beside it when it wrote
+    them; False: no record, a shard of an older version or a kill before its record). Bytes
+    that differ from the record (edited, replaced, damaged since) are a ValueError naming the
+    file and what to do."""
+    from bert_jax.training import integrity
+
+    data = paths.path(file).read_bytes()
+    record_file = paths.path(file).parent / (paths.path(file).name + SUM)
+    if not record_file.exists():
+        return data, False
+    what = (f"embed wrote it with {paths.path(file).name}: remove both files and run the same "
+            "`bert-jax embed` again to embed that shard again")
+    record = paths.read_json(record_file, what)
+    want = (paths.json_field(record, "size", int, record_file, what, at_least=0),
+            paths.json_field(record, "crc32", str, record_file, what))
+    got = integrity.crc32(data)
+    if got != want:
+        raise _not_whole(file, f"changed since embed wrote it: {got[0]:,} bytes of CRC32 {got[1]}, "
+                               f"written as {want[0]:,} bytes of CRC32 {want[1]}")
+    return data, True
 
 
 def _not_whole(file, why: str) -> ValueError:
@@ -114,13 +149,16 @@ def _not_whole(file, why: str) -> ValueError:
 
 
 def _read_shard(file, dim: int | None, *, vectors: bool = True) -> tuple[np.ndarray, Any]:
-    """(ids, vectors) of a shard file, checked to be a shard of `dim`-wide vectors (None: any
-    width): ids a list of strings, vectors float32 [len(ids), dim], finite. With vectors=False
-    only the ids are read, and the vectors' shape and type from their header (a resume's check,
-    without reading every kept shard's vectors; load reads them all and checks them finite). A
-    damaged or foreign file is a ValueError naming it."""
+    """(ids, vectors) of a shard file (its bytes checked by _shard_bytes), checked to be a shard
+    of `dim`-wide vectors (None: any width): ids a list of strings, vectors float32 [len(ids),
+    dim], finite. With vectors=False, for a shard whose bytes are those recorded when it was
+    written (finite then), only the ids are decoded, and the vectors' shape and type from their
+    header (a resume's check); otherwise the vectors are read and checked finite. A damaged or
+    foreign file is a ValueError naming it."""
+    data, recorded = _shard_bytes(file)
+    vectors = vectors or not recorded
     try:
-        with paths.path(file).open("rb") as f, np.load(f, allow_pickle=False) as z:
+        with io.BytesIO(data) as f, np.load(f, allow_pickle=False) as z:
             ids = z["ids"]
             if vectors:
                 got = z["vectors"]
@@ -153,6 +191,8 @@ def read_manifest(folder, what: str) -> dict:
     for key, kind in _MANIFEST_KEYS.items():
         paths.json_field(manifest, key, kind, where, what,
                          at_least=1 if key in ("rows", "shard_size", "shards") else None)
+    for key, (kind, least) in sentence_models.SPEC_KINDS.items():  # named by their dotted path
+        paths.json_field(manifest, f"sentence.{key}", kind, where, what, at_least=least)
     if manifest["shards"] != -(-manifest["rows"] // manifest["shard_size"]):
         raise ValueError(f"{where}: shards={manifest['shards']} is not the {manifest['rows']} rows "
                          f"in shards of {manifest['shard_size']}; {what}")
@@ -176,17 +216,31 @@ def _check_manifest(folder, manifest: dict) -> bool:
         return False
     old = read_manifest(folder, "embed wrote it and reads it to resume: restore it, or choose a "
                               "new --output (the shards there are kept)")
-    differ = [k for k in manifest if k not in _NOT_COMPARED and old.get(k) != manifest[k]]
+    was, now = _leaves(old), _leaves(manifest)
+    differ = [k for k in {**now, **was} if k.split(".")[0] in manifest
+              and k.split(".")[0] not in _NOT_COMPARED and was.get(k) != now.get(k)]
     if differ:
         raise ValueError(f"{where}: the shards there were made with "
-                         + ", ".join(f"{k}={old.get(k)!r}" for k in differ) + "; this run has "
-                         + ", ".join(f"{k}={manifest[k]!r}" for k in differ)
+                         + ", ".join(f"{k}={was.get(k)!r}" for k in differ) + "; this run has "
+                         + ", ".join(f"{k}={now.get(k)!r}" for k in differ)
                          + ": one folder holds one embedding; choose a new --output (the shards "
                          "there are kept)")
     return True
 
 
 _NOT_COMPARED = ("input",)  # the corpus is its fingerprint: a moved or renamed file resumes
+
+
+def _leaves(manifest: dict, prefix: str = "") -> dict:
+    """{dotted key: value} of the manifest's values, nested objects' by their keys' paths
+    ("sentence.pooling"), so that what differs is named by its own key."""
+    out = {}
+    for key, value in manifest.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
 
 
 def _model_dim(checkpoint_dir: str, step: int) -> int:
@@ -230,7 +284,9 @@ def embed_to_shards(checkpoint_dir: str, input_path: str, folder: str, *, shard_
     mine = range(p, n, count)
     pending = [k for k in mine if not (root / shard_name(k, n)).exists()]
     dim = _model_dim(checkpoint_dir, step)
-    for k in sorted(set(mine) - set(pending)):  # written whole by an earlier run: its ids
+    # Written by an earlier run: its bytes as its CRC32 says (or, a shard without one, its
+    # vectors finite), its ids this corpus's.
+    for k in sorted(set(mine) - set(pending)):
         name = shard_name(k, n)
         got, _ = _read_shard(root / name, dim, vectors=False)
         if list(got) != ids[k * shard_size:(k + 1) * shard_size]:
@@ -243,7 +299,14 @@ def embed_to_shards(checkpoint_dir: str, input_path: str, folder: str, *, shard_
     for k in pending:
         rows = slice(k * shard_size, (k + 1) * shard_size)
         name = shard_name(k, n)
-        _write_shard(folder, name, ids[rows], encoder.encode(texts[rows], batch_size))
+        vectors = encoder.encode(texts[rows], batch_size)
+        if not np.isfinite(vectors).all():  # a broken checkpoint: nothing written, nothing kept
+            bad = [i for i, ok in zip(ids[rows], np.isfinite(vectors).all(1)) if not ok]
+            raise ValueError(f"{checkpoint_dir}: gives vectors that are not finite (NaN or infinity) "
+                             f"for {len(bad)} of the texts of shard {k} (ids {', '.join(bad[:3])}"
+                             f"{', ...' if len(bad) > 3 else ''}); {root / name} not written (the "
+                             "shards before it are kept): check that checkpoint (`bert-jax eval`)")
+        _write_shard(folder, name, ids[rows], vectors)
         log.info(f"embed: wrote {root / name} ({len(ids[rows])} rows)")
     return {"rows": len(ids), "shards": n, "written": len(pending), "kept": len(mine) - len(pending),
             "output": str(folder)}

@@ -57,6 +57,11 @@ class SentenceSpec:
             raise ValueError(f"max_seq_length={self.max_seq_length} must be >= 3")
 
 
+# Each SentenceSpec field as JSON holds it (sentence_model.json, embed.json): (type, least value).
+SPEC_KINDS = {"pooling": (str, None), "normalize": (bool, None), "max_seq_length": (int, 3),
+              "do_lower_case": (bool, None)}
+
+
 def read_folder(folder: str | os.PathLike) -> tuple[Any, SentenceSpec]:
     """(the Transformer module's Hugging Face folder, the spec) of a sentence-transformers
     folder; a module this code does not reproduce is a ValueError naming it."""
@@ -140,10 +145,8 @@ def read_spec(checkpoint_dir: str | os.PathLike) -> SentenceSpec:
     names = {f.name for f in dataclasses.fields(SentenceSpec)}
     if set(given) - names:
         raise ValueError(f"{file}: keys {sorted(set(given) - names)}; expected only {sorted(names)}")
-    kinds = {"pooling": (str, None), "normalize": (bool, None), "max_seq_length": (int, 3),
-             "do_lower_case": (bool, None)}
     typed = {k: paths.json_field(given, k, kind, file, what, at_least=least)
-             for k, (kind, least) in kinds.items() if k in given}
+             for k, (kind, least) in SPEC_KINDS.items() if k in given}
     if typed.get("pooling", "cls") not in POOLINGS:
         raise ValueError(f"{file}: key 'pooling' is {typed['pooling']!r}; choose one of "
                          f"{list(POOLINGS)}")

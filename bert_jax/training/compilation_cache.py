@@ -1,17 +1,26 @@
 """JAX's persistent cache of compiled programs for a command (--compilation_cache): where it
-lives, so that a restart loads its programs instead of compiling them again."""
+lives, so that a restart loads its programs instead of compiling them again, and what happens
+when it cannot be used, before the run or while it runs."""
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import logging
 import os
 import socket
+import threading
 import uuid
+import warnings
 
 # The cache of local runs: one per user, shared by every run, eval and translation of the
 # machine (entries are keyed by the program, the JAX version, devices and flags).
 LOCAL_COMPILATION_CACHE = "~/.cache/bert_jax/jit"
 LOCAL_COMPILATION_CACHE_BYTES = 8 * 2**30  # least recently used entries go beyond this
+# The probe written before the run: about the size of a small model's larger entries (the
+# tests' tiny models on CPU: up to 0.7 MiB compressed), so that a disk or quota too full to
+# hold a program is found before the run rather than at the first program.
+PROBE_BYTES = 2**20
 
 
 def compilation_cache_dir(setting: str, command: str, workdir: str | None,
@@ -37,19 +46,23 @@ def compilation_cache_dir(setting: str, command: str, workdir: str | None,
 
 def unusable(path: str) -> str | None:
     """Why the cache folder `path` (local or gs://) cannot be used, or None: its storage
-    answers (paths.check_reachable's deadline), the folder can be made, and a probe file in
-    it written and deleted, as JAX will write its entries."""
+    answers (paths.check_reachable's deadline), the folder can be made, and a probe file of
+    PROBE_BYTES in it written and deleted, as JAX will write its entries."""
     from bert_jax import paths
 
+    probe = None
     try:
         folder = paths.path(path)
         folder.mkdir(parents=True, exist_ok=True)
         # hosts sharing a gs:// cache may have equal pids (containers): a name of its own
         probe = folder / f".write-check.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex}"
-        probe.write_text("")
+        probe.write_bytes(bytes(PROBE_BYTES))
         probe.unlink(missing_ok=True)
     except Exception as e:  # noqa: BLE001 (OS errors: no network, permission, a file in the way,
         # a full disk; and gcsfs's own for a bucket that refuses)
+        if probe is not None and not paths.is_remote(path):  # a partial file (an object is
+            with contextlib.suppress(OSError):  # written whole or not at all)
+                probe.unlink(missing_ok=True)
         return getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0]
     return None
 
@@ -69,6 +82,7 @@ def setup_compilation_cache(setting: str, command: str, workdir: str | None,
     import jax
 
     path = compilation_cache_dir(setting, command, workdir)
+    _watch(None, required)
     if path is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return
@@ -91,6 +105,7 @@ def setup_compilation_cache(setting: str, command: str, workdir: str | None,
                     "--compilation_cache_required refuses instead)")
         jax.config.update("jax_enable_compilation_cache", False)
         return
+    _watch(path, required)
     if users_own:
         return  # the user's own JAX settings
     jax.config.update("jax_enable_compilation_cache", True)
@@ -98,3 +113,73 @@ def setup_compilation_cache(setting: str, command: str, workdir: str | None,
     if (setting == "auto" and "://" not in path
             and "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ):
         jax.config.update("jax_compilation_cache_max_size", LOCAL_COMPILATION_CACHE_BYTES)
+
+
+# A cache that passed the probe can fail later (the disk fills, a bucket's permission or quota
+# changes, GCS keeps failing past the retry policy): JAX then warns at each program and goes on,
+# paying the storage's retries at every program. The cache in use while a command runs, and
+# whether the user required it; None when none is.
+_IN_USE: list[tuple[str, bool] | None] = [None]
+_TURNING_OFF = threading.Lock()
+_WRITE = "Error writing persistent compilation cache entry for "
+_READ = "Error reading persistent compilation cache entry for "
+
+
+def _watch(path: str | None, required: bool) -> None:
+    """From now on JAX's warning that it could not write (or, for a storage error, read) an
+    entry of the cache `path` stops the cache at once (`_failed`); None: no cache watched. The
+    hook sits on warnings.showwarning (JAX reports these failures only as warnings), put back
+    on top at each call: a test framework restores showwarning after each test."""
+    _IN_USE[0] = (path, required) if path else None
+    if path is None or getattr(warnings.showwarning, "watches_the_cache", False):
+        return
+    previous = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if not _failed(str(message)):
+            previous(message, category, filename, lineno, file, line)
+
+    showwarning.watches_the_cache = True
+    warnings.showwarning = showwarning
+
+
+def _storage_error(name: str) -> bool:
+    """Whether the exception class `name` (as JAX's warning names it) is the storage failing (an
+    OS error, gcsfs's HTTP error, the retry policy spent), not a damaged entry (a decompression
+    or deserialisation error: JAX compiles that program again and the cache stays)."""
+    builtin = getattr(builtins, name, None)
+    return name in ("StorageFailing", "HttpError") or (
+        isinstance(builtin, type) and issubclass(builtin, OSError))
+
+
+def _failed(message: str) -> bool:
+    """Handles JAX's warning `message` if it says the cache in use failed: without
+    --compilation_cache_required the cache is turned off for the rest of the command with one
+    line saying so and why (True); with it, an OSError ends the command in one line. False for
+    any other warning."""
+    watched = _IN_USE[0]
+    if watched is None or not message.startswith((_WRITE, _READ)):
+        return False
+    error = message.partition("': ")[2]  # "OSError: [Errno 28] No space left on device"
+    if message.startswith(_READ) and not _storage_error(error.partition(":")[0]):
+        return False
+    with _TURNING_OFF:
+        if _IN_USE[0] is None:  # another thread's program turned it off meanwhile
+            return True
+        _IN_USE[0] = None
+        path, required = watched
+        operation = "writing" if message.startswith(_WRITE) else "reading"
+        said = (f"the compilation cache {path} failed {operation} a compiled program "
+                f"({(error.splitlines() or [''])[0][:300]})")
+        if required:
+            raise OSError(f"{said}; fix it, or choose another with --compilation_cache=<dir> (or off), "
+                          "or run without it: drop --compilation_cache_required")
+        import jax
+        from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+        jax.config.update("jax_enable_compilation_cache", False)
+        jax_cache.reset_cache()  # JAX decides once whether it uses its cache: decided again
+        logging.getLogger(__name__).warning(
+            f"warning: {said}; running on without it (every program compiles from now on; "
+            "--compilation_cache_required stops the command instead)")
+    return True

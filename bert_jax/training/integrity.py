@@ -31,10 +31,13 @@ class DamagedCheckpoint(ValueError):
         self.details = details
 
 
-def _crc32(path: epath.Path) -> tuple[int, str]:
-    """(size, CRC32 as 8 hex digits) of a file, read in 16 MiB chunks."""
+def crc32(source: epath.Path | bytes) -> tuple[int, str]:
+    """(size, CRC32 as 8 hex digits) of a file, read in 16 MiB chunks, or of bytes in memory
+    (a file about to be written: embed's shards)."""
+    if isinstance(source, bytes):
+        return len(source), f"{zlib.crc32(source):08x}"
     crc = size = 0
-    with path.open("rb") as f:
+    with source.open("rb") as f:
         while chunk := f.read(_CHUNK):
             crc, size = zlib.crc32(chunk, crc), size + len(chunk)
     return size, f"{crc:08x}"
@@ -56,7 +59,7 @@ def write(step_dir: epath.Path) -> None:
     """Writes `<step_dir>/checksums.json` for the files now in the step (one process does)."""
     files = {}
     for rel in _files(step_dir):
-        size, crc = _crc32(step_dir / rel)
+        size, crc = crc32(step_dir / rel)
         files[rel] = {"size": size, "crc32": crc}
     (step_dir / MANIFEST).write_text(json.dumps({"algorithm": "crc32", "files": files}, indent=1) + "\n")
 
@@ -94,7 +97,7 @@ def verify(step_dir: epath.Path, items: Sequence[str] | None = None) -> bool:
     bad = []
     for rel in wanted:
         try:
-            size, crc = _crc32(step_dir / rel)
+            size, crc = crc32(step_dir / rel)
         except FileNotFoundError:
             bad.append(f"{rel} is missing")
             continue

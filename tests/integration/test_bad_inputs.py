@@ -1345,6 +1345,33 @@ PAIRS = ("train --config configs/embeddings.py:{loss},tiny" + FINETUNE
 SCORED = "sentence1\tsentence2\tscore\n" + "the cat\ta dog\t1.0\n" * 8
 QUERIES = "query\tpositive\n" + "the cat\ta dog\n" * 8
 EMBED = "embed --checkpoint {ckpt} --input {tmp}/in.txt --output {tmp}/v"
+
+
+def embedded(*changes: Callable[[Path], None]):
+    """A setup embedding tmp/in.txt (two texts) into the folder tmp/v, a shard per text, as
+    `EMBED --shard_size=1` does (bulk_embed), then changing the folder."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        from bert_jax.interop import bulk_embed
+
+        write(tmp / "in.txt", "the cat sat\nthe dog\n")
+        bulk_embed.embed_to_shards(str(ctx["ckpt"]), str(tmp / "in.txt"), str(tmp / "v"), shard_size=1)
+        for change in changes:
+            change(tmp / "v")
+    return setup
+
+
+def nan_shard(folder: Path) -> None:
+    """Shard 1's vectors made NaN after embed wrote it (its CRC32 file left as written)."""
+    import numpy as np
+
+    with np.load(folder / "part-00001-of-00002.npz") as z:
+        ids, vectors = z["ids"], z["vectors"]
+    np.savez(folder / "part-00001-of-00002.npz", ids=ids, vectors=np.full_like(vectors, np.nan))
+
+
+EMBED_MANIFEST = {"format": 1, "checkpoint": "/x", "step": 0, "input": "/x/in.txt", "fingerprint": "0",
+                  "rows": 1, "shard_size": 1, "shards": 1,
+                  "sentence": {"normalize": False, "max_seq_length": 512, "do_lower_case": False}}
 EMBED_CASES = [
     # the embeddings commands: a path the OS refuses names its flag; counts out of range are
     # refused before any work, never replaced by the default
@@ -1361,6 +1388,13 @@ EMBED_CASES = [
          setup=BEIR_FILES),
     case("embed-shard-size-negative", EMBED + " --shard_size=-3", 1, "--shard_size=-3 must be >= 1",
          setup=BEIR_FILES),
+    # an output folder changed between a run and its resume: named by file and dotted key
+    case("embed-resume-shard-made-nan", EMBED + " --shard_size=1", 1,
+         "{tmp}/v/part-00001-of-00002.npz: not a whole shard (changed since embed wrote it",
+         "remove that file and run the same `bert-jax embed` again", setup=embedded(nan_shard)),
+    case("embed-json-nested-key-removed", EMBED, 1,
+         "{tmp}/v/embed.json: no key 'sentence.pooling' (a string)", "restore it, or choose a new --output",
+         setup=files(in_DOT_txt="the cat sat\n", v__embed_DOT_json=json.dumps(EMBED_MANIFEST))),
     case("eval-embeddings-split-missing", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
          "--split dev", 1, "--beir={tmp}/beir: {tmp}/beir/qrels/dev.tsv: no such file or directory",
          setup=BEIR_FILES),

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import jax
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, compile_new_program, jax_cache_of_the_test
 from test_train import CONFIG, SMALL
 
 _INSTALL = "pip install -e '.[test]'"
@@ -366,10 +366,12 @@ RETRIED = pytest.mark.parametrize("code", [503, 429, 408])
 
 @RETRIED
 def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tries(failing_gcs,
-                                                                                   monkeypatch, code):
-    """Every read of one object answered `code` (gcsfs: etils epath, paths.open, globs): each
-    request is tried as often as $BERT_JAX_GCS_RETRY says (gcsfs alone: 6 times, whatever it
-    says), then one line names the operation and the gs:// path; other objects read on."""
+                                                                                   monkeypatch, code,
+                                                                                   tmp_path):
+    """Every read of one object answered `code` (gcsfs: etils epath, paths.open, globs, fsspec's
+    get): each request is tried as often as $BERT_JAX_GCS_RETRY says (gcsfs alone: 6 times,
+    whatever it says; a download by get 6 x 6 times), then one line names the operation and
+    the gs:// path; other objects read on."""
     from bert_jax import paths
 
     fs, faults = failing_gcs
@@ -386,6 +388,18 @@ def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tri
                         + re.escape(_ADVICE), str(failed.value)), str(failed.value)
     assert faults.refused and set(faults.refused.values()) == {3}, faults.refused
     assert paths.read_json(f"gs://{BUCKET}/cfg/good.json", "a config") == {"a": 1}
+    # A download into a local file (fsspec's get; the file system paths registered for gs://).
+    import fsspec
+
+    faults.kind, faults.refused = (lambda request: request.command == "GET" and "alt=media" in request.path
+                                   and "bad.json" in unquote(request.path)), collections.Counter()
+    with pytest.raises(paths.StorageFailing, match=rf"^Google Cloud Storage kept failing: reading "
+                                                  rf"gs://{BUCKET}/cfg/bad.json failed 3 tries"):
+        fsspec.filesystem("gs").get(f"gs://{BUCKET}/cfg/bad.json", str(tmp_path / "bad.json"))
+    assert len(faults.refused) == 1 and set(faults.refused.values()) == {3}, faults.refused
+    assert not (tmp_path / "bad.json").exists()
+    fsspec.filesystem("gs").get(f"gs://{BUCKET}/cfg/good.json", str(tmp_path / "good.json"))
+    assert (tmp_path / "good.json").read_text() == '{"a": 1}'
     # Uploads (each file's first request names it), a run's lock among them.
     faults.kind, faults.refused = (lambda request: request.command == "POST"), collections.Counter()
     with pytest.raises(paths.StorageFailing, match=f"writing gs://{BUCKET}/cfg/new.json failed 3 tries"):
@@ -404,6 +418,36 @@ def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tri
     with pytest.raises(ValueError, match=r"\$BERT_JAX_GCS_RETRY=tries=0: 'tries=0' is not one of "
                                          r"tries=<number>, first_wait_s=<number>"):
         paths.path(f"gs://{BUCKET}/cfg/good.json")
+
+
+def test_a_gs_cache_whose_writes_keep_failing_is_turned_off_after_one_program(failing_gcs, monkeypatch):
+    """A gs:// compilation cache that passed the probe, whose uploads of programs then keep
+    failing (503 past the policy's 3 tries): the first program's upload is tried 3 times, the
+    cache is turned off with one line, and later programs make no request to the bucket (JAX
+    alone would pay the policy's retries at every program)."""
+    from bert_jax.training import compilation_cache
+
+    fs, faults = failing_gcs
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", _FAST_RETRIES)
+    cache = f"gs://{BUCKET}/jit"
+    warned = []
+    monkeypatch.setattr(compilation_cache.logging.getLogger(compilation_cache.__name__), "warning",
+                        warned.append)
+    with jax_cache_of_the_test():
+        compilation_cache.setup_compilation_cache(cache, "translate", None)
+        faults.kind = lambda request: request.command == "POST" and "-cache" in unquote(request.path)
+        compile_new_program(3.25)
+        assert len(faults.refused) == 1 and set(faults.refused.values()) == {3}, faults.refused
+        assert jax.config.jax_enable_compilation_cache is False
+        asked = faults.requests
+        compile_new_program(4.25)
+        compile_new_program(5.25)
+        assert faults.requests == asked  # off: not a request more
+    assert len(warned) == 1 and re.fullmatch(
+        rf"warning: the compilation cache {cache} failed writing a compiled program \(StorageFailing: "
+        rf"Google Cloud Storage kept failing: writing gs://{BUCKET}/jit/jit_.*-cache failed 3 tries "
+        r".*\); running on without it \(every program compiles from now on; "
+        r"--compilation_cache_required stops the command instead\)", warned[0]), warned
 
 
 def test_the_retry_policy_and_its_deadline(monkeypatch):

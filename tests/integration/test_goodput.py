@@ -2,10 +2,15 @@
 compilation cache the CLI sets up."""
 
 import json
+import logging
+import re
+import resource
 import shutil
+import signal
 
 import jax
 import pytest
+from helpers import compile_new_program, jax_cache_of_the_test
 
 from bert_jax.training import compilation_cache, goodput
 
@@ -185,6 +190,72 @@ def test_an_unusable_compilation_cache_is_turned_off_or_refused(cli, tmp_path, j
                                        "--compilation_cache_required refuses instead)")
         assert len(err.splitlines()) == 2 and "checkpoint" in err.splitlines()[1], err
         assert not jax.config.jax_enable_compilation_cache
+
+
+def test_a_cache_too_full_for_a_program_is_found_before_the_run(tmp_path):
+    """A disk with room for an empty file but not for a program (here: files over 512 KiB
+    refused, EFBIG, as a full disk refuses with ENOSPC, and as it stops root too): the probe,
+    1 MiB, finds it before the run; its partial probe is removed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (512 << 10, hard))
+    try:
+        reason = compilation_cache.unusable(str(tmp_path / "jit"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert reason == "File too large"
+    assert list((tmp_path / "jit").iterdir()) == []
+    assert compilation_cache.unusable(str(tmp_path / "jit")) is None  # room again
+    assert list((tmp_path / "jit").iterdir()) == []
+
+
+@pytest.fixture
+def own_cache(tmp_path):
+    with jax_cache_of_the_test():
+        yield tmp_path / "jit"
+
+
+@pytest.mark.parametrize("required", [False, True], ids=["turned_off", "stops"])
+def test_a_cache_that_fails_mid_run_is_turned_off_or_stops_the_command(own_cache, required):
+    """A cache that passed the probe and then fails while the command runs (its folder replaced
+    by a file, a fault that stops root too: JAX can write no entry). JAX alone warns at each
+    program and goes on, paying the storage at each; here the first failed write turns the
+    cache off with one line naming it and the error (a later program writes nothing, though
+    the folder is back), or, with --compilation_cache_required, ends the command in one line."""
+    records = []
+    logger = logging.getLogger(compilation_cache.__name__)
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        compilation_cache.setup_compilation_cache(str(own_cache), "translate", None, required)
+        compile_new_program(3.5)
+        assert any(f.name.endswith("-cache") for f in own_cache.iterdir())  # written there
+        shutil.rmtree(own_cache)
+        own_cache.write_text("")
+        said = (rf"the compilation cache {re.escape(str(own_cache))} failed writing a compiled program "
+                r"\(NotADirectoryError: \[Errno 20\] Not a directory: .*-cache'\); ")
+        if required:
+            with pytest.raises(OSError) as stopped:
+                compile_new_program(5.5)
+            assert re.fullmatch(said + re.escape(
+                "fix it, or choose another with --compilation_cache=<dir> (or off), or run without "
+                "it: drop --compilation_cache_required"), str(stopped.value)), str(stopped.value)
+            assert records == [] and jax.config.jax_enable_compilation_cache
+            return
+        compile_new_program(5.5)
+        assert jax.config.jax_enable_compilation_cache is False
+        own_cache.unlink()
+        own_cache.mkdir()
+        compile_new_program(7.5)
+        assert list(own_cache.iterdir()) == []  # off: nothing written, nothing read
+    finally:
+        logger.removeHandler(handler)
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert re.fullmatch("warning: " + said + re.escape(
+        "running on without it (every program compiles from now on; --compilation_cache_required "
+        "stops the command instead)"), records[0].getMessage()), records[0].getMessage()
 
 
 

@@ -89,12 +89,15 @@ def test_a_failed_save_is_one_error_in_a_real_process_and_keeps_the_good_checkpo
         [sys.executable, "-c", small_files_only, "train", "--config", CONFIG, "--workdir",
          str(tmp_path / "run"), *overrides], cwd=REPO, capture_output=True, text=True, timeout=300,
         # Its own compilation cache (the default under $XDG_CACHE_HOME), whose writes fail too:
-        # JAX's warnings about them go to the details file.
+        # the probe (1 MiB, a program's size) finds it before the run, said in one line.
         env={**{k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"},
              "XDG_CACHE_HOME": str(tmp_path / "cache"),
              "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
     assert proc.returncode == 1, proc.stderr
-    *warnings, error = proc.stderr.splitlines()
+    cache, *warnings, error = proc.stderr.splitlines()
+    assert cache == (f"warning: the compilation cache {tmp_path}/cache/bert_jax/jit cannot be used (File "
+                     "too large); running without it (every program compiles; "
+                     "--compilation_cache_required refuses instead)"), proc.stderr
     assert error.startswith(f"bert-jax train: error: cannot write a checkpoint in {tmp_path}/run/checkpoints "
                             "(File too large)") and error.endswith("it resumes from step 4"), proc.stderr
     assert len(warnings) <= 1 and all("their details are in" in w for w in warnings), proc.stderr

@@ -4,6 +4,7 @@ spread over the devices; checked against one device's `Encoder.encode` of the sa
 
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -57,7 +58,9 @@ def test_shards_hold_every_text_with_its_line_number_as_one_device_embeds_it(
     assert report == {"rows": 9, "shards": 3, "written": 3, "kept": 0,
                       "output": str(tmp_path / "out")}
     assert sorted(os.listdir(tmp_path / "out")) == [
-        "embed.json", "part-00000-of-00003.npz", "part-00001-of-00003.npz", "part-00002-of-00003.npz"]
+        "embed.json", "part-00000-of-00003.npz", "part-00000-of-00003.npz.crc32",
+        "part-00001-of-00003.npz", "part-00001-of-00003.npz.crc32",
+        "part-00002-of-00003.npz", "part-00002-of-00003.npz.crc32"]
     ids, vectors = bulk_embed.load(tmp_path / "out")
     assert ids == [str(i + 1) for i, t in enumerate(TEXTS) if t.strip()]  # line numbers
     np.testing.assert_allclose(vectors, one_device, atol=1e-6)
@@ -107,11 +110,12 @@ def test_two_hosts_write_disjoint_shards_that_together_are_the_corpus(
     which every host writes, so that its rerun resumes; then both into one folder."""
     second = embed(checkpoint, corpus, tmp_path / "host1", process_index=1, process_count=2)
     assert (second["written"], sorted(os.listdir(tmp_path / "host1"))) == (
-        1, ["embed.json", "part-00001-of-00003.npz"])
+        1, ["embed.json", "part-00001-of-00003.npz", "part-00001-of-00003.npz.crc32"])
     assert embed(checkpoint, corpus, tmp_path / "host1", process_index=1, process_count=2)["kept"] == 1
     first = embed(checkpoint, corpus, tmp_path / "out", process_index=0, process_count=2)
     assert (first["written"], sorted(os.listdir(tmp_path / "out"))) == (
-        2, ["embed.json", "part-00000-of-00003.npz", "part-00002-of-00003.npz"])
+        2, ["embed.json", "part-00000-of-00003.npz", "part-00000-of-00003.npz.crc32",
+            "part-00002-of-00003.npz", "part-00002-of-00003.npz.crc32"])
     with pytest.raises(FileNotFoundError, match="part-00001"):
         bulk_embed.load(tmp_path / "out")
     assert embed(checkpoint, corpus, tmp_path / "out", process_index=1, process_count=2)["written"] == 1
@@ -132,7 +136,8 @@ def test_the_command_splits_the_shards_over_the_processes_jax_counts(checkpoint,
                           f"--output={tmp_path / 'out'}", "--shard_size=3", "--pooling=mean"])
     assert code == 0, err
     assert started == ["embed"]
-    assert sorted(os.listdir(tmp_path / "out")) == ["embed.json", "part-00001-of-00003.npz"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["embed.json", "part-00001-of-00003.npz",
+                                                    "part-00001-of-00003.npz.crc32"]
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     code, out, err = cli(["embed", f"--checkpoint={checkpoint}", f"--input={corpus}",
                           f"--output={tmp_path / 'v.npy'}"])
@@ -159,7 +164,8 @@ def test_a_folder_of_another_embedding_is_refused_and_its_shards_kept(checkpoint
     other.write_text("another corpus\n")
     with pytest.raises(ValueError, match="fingerprint="):
         embed(checkpoint, str(other), tmp_path / "out")
-    with pytest.raises(ValueError, match="'pooling': 'mean'"):
+    with pytest.raises(ValueError, match="made with sentence.pooling='mean', sentence.normalize=True; "
+                                         "this run has sentence.pooling='cls', sentence.normalize=False"):
         bulk_embed.embed_to_shards(checkpoint, corpus, str(tmp_path / "out"), shard_size=3)
     assert before == {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")}
     (tmp_path / "notes").mkdir()
@@ -217,9 +223,11 @@ def _resave(vectors=lambda v: v, ids=lambda i: i):
 def test_a_shard_of_another_shape_or_type_is_not_kept(checkpoint, corpus, tmp_path, change, says):
     # A shard replaced by hand with one of another width, row count or type would be "kept"
     # by a resume and break (or silently skew) what load returns: refused by name, as damage.
+    # Its CRC32 record removed, as in a folder of an older version (with it: the next test).
     embed(checkpoint, corpus, tmp_path / "out")
     shard = tmp_path / "out" / "part-00001-of-00003.npz"
     change(shard)
+    (tmp_path / "out" / "part-00001-of-00003.npz.crc32").unlink()
     kept = shard.read_bytes()
     message = r"part-00001-of-00003.npz: not a whole shard \(" + says + r".*remove that file"
     with pytest.raises(ValueError, match=message):
@@ -229,12 +237,62 @@ def test_a_shard_of_another_shape_or_type_is_not_kept(checkpoint, corpus, tmp_pa
     assert shard.read_bytes() == kept
 
 
-def test_load_refuses_vectors_not_finite(checkpoint, corpus, tmp_path):
+def test_a_shard_changed_since_it_was_written_is_not_kept(checkpoint, corpus, tmp_path):
+    """A whole shard whose vectors were made NaN after embed wrote it (or any other change): a
+    resume and load compare its bytes with the CRC32 written beside it and name it; in a
+    folder of an older version (no CRC32 files) a resume reads the kept shards' vectors, and
+    refuses the NaN ones. Nothing in the folder is changed by the refusals."""
     embed(checkpoint, corpus, tmp_path / "out")
-    _resave(lambda v: np.full_like(v, np.nan))(tmp_path / "out" / "part-00002-of-00003.npz")
-    with pytest.raises(ValueError, match=r"part-00002-of-00003.npz: not a whole shard \(3 vectors "
-                                         "not finite\\)"):
+    shard = tmp_path / "out" / "part-00002-of-00003.npz"
+    _resave(lambda v: np.full_like(v, np.nan))(shard)
+    before = {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")}
+    changed = (r"part-00002-of-00003.npz: not a whole shard \(changed since embed wrote it: [\d,]+ "
+               r"bytes of CRC32 [0-9a-f]{8}, written as [\d,]+ bytes of CRC32 [0-9a-f]{8}\); remove "
+               r"that file and run the same `bert-jax embed` again")
+    with pytest.raises(ValueError, match=changed):
+        embed(checkpoint, corpus, tmp_path / "out")
+    with pytest.raises(ValueError, match=changed):
         bulk_embed.load(tmp_path / "out")
+    for name in os.listdir(tmp_path / "out"):  # as an older version wrote the folder
+        if name.endswith(".crc32"):
+            (tmp_path / "out" / name).unlink()
+    not_finite = r"part-00002-of-00003.npz: not a whole shard \(3 vectors not finite\); remove"
+    with pytest.raises(ValueError, match=not_finite):
+        embed(checkpoint, corpus, tmp_path / "out")
+    with pytest.raises(ValueError, match=not_finite):
+        bulk_embed.load(tmp_path / "out")
+    assert {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")} == {
+        f: data for f, data in before.items() if not f.endswith(".crc32")}
+    shard.unlink()  # as the line says: the next run embeds it again, with its CRC32
+    assert embed(checkpoint, corpus, tmp_path / "out")["written"] == 1
+    assert len(bulk_embed.load(tmp_path / "out")[0]) == 9
+
+
+def test_a_damaged_crc32_record_is_named(checkpoint, corpus, tmp_path):
+    embed(checkpoint, corpus, tmp_path / "out")
+    (tmp_path / "out" / "part-00000-of-00003.npz.crc32").write_text('{"size": 10}')
+    with pytest.raises(ValueError, match=r"part-00000-of-00003.npz.crc32: no key 'crc32' \(a string\); "
+                                         r"embed wrote it with part-00000-of-00003.npz: remove both files"):
+        embed(checkpoint, corpus, tmp_path / "out")
+
+
+def test_vectors_not_finite_are_never_written(checkpoint, corpus, tmp_path, monkeypatch):
+    """A checkpoint that gives NaN for a text: embed stops naming it and the ids, writes nothing
+    for that shard and keeps the shards before it."""
+    real_encode = sentence_models.Encoder.encode
+
+    def nan_for_rain(self, texts, batch_size=32):
+        vectors = real_encode(self, texts, batch_size)
+        return np.where(np.array([t == "rain" for t in texts])[:, None], np.nan, vectors)
+
+    monkeypatch.setattr(sentence_models.Encoder, "encode", nan_for_rain)
+    said = (re.escape(checkpoint) + r": gives vectors that are not finite \(NaN or infinity\) for 1 "
+            r"of the texts of shard 1 \(ids 8\); .*part-00001-of-00003.npz not written \(the shards "
+            r"before it are kept\): check that checkpoint")
+    with pytest.raises(ValueError, match=said):
+        embed(checkpoint, corpus, tmp_path / "out")
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        "embed.json", "part-00000-of-00003.npz", "part-00000-of-00003.npz.crc32"]
 
 
 @pytest.mark.parametrize("edit, says", [
@@ -242,6 +300,9 @@ def test_load_refuses_vectors_not_finite(checkpoint, corpus, tmp_path):
     (lambda m: m.pop("fingerprint"), "no key 'fingerprint' \\(a string\\)"),
     (lambda m: m.update(shards=7), "shards=7 is not the 9 rows in shards of 3"),
     (lambda m: m.update(sentence=None), "key 'sentence' is null, expected an object"),
+    (lambda m: m["sentence"].pop("pooling"), "no key 'sentence.pooling' \\(a string\\)"),
+    (lambda m: m["sentence"].update(max_seq_length=2),
+     "key 'sentence.max_seq_length' is 2, expected an integer >= 3"),
 ])
 def test_an_embed_json_edited_by_hand_is_named_with_its_key(checkpoint, corpus, tmp_path, edit, says):
     embed(checkpoint, corpus, tmp_path / "out")
