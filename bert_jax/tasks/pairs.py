@@ -10,7 +10,9 @@ Files (local or gs://), by their first character:
 - TSV with a header naming the columns: query/anchor/sentence1, positive/sentence2, negative
   columns (negative, negative_1, ...) and score; the GLUE STS-B files read as they are (scored
   pairs), and the GLUE MRPC files as their paraphrases (Quality 1: the first sentence as the
-  query, the second as its positive).
+  query, the second as its positive);
+- for training, a BEIR folder (corpus.jsonl, queries.jsonl, qrels/train.tsv) or one of its
+  qrels/<split>.tsv files: each query with each of its relevant documents.
 A training row needs data.num_negatives negatives (the first ones are used when it has more).
 
 Scores: a file with scores is STS (Pearson and Spearman of the cosines, main metric
@@ -140,6 +142,27 @@ def read_pairs(path, *, num_negatives: int = 0, skip_bad_rows: bool = False) -> 
     return out
 
 
+def beir_source(path) -> tuple[Any, str] | None:
+    """(folder, qrels split) when `path` is a BEIR folder (corpus.jsonl, queries.jsonl,
+    qrels/: its train split) or one of its qrels/<split>.tsv files; else None."""
+    path = paths.path(path)
+    if path.is_dir() and (path / "corpus.jsonl").exists():
+        return path, "train"
+    if (path.suffix == ".tsv" and path.parent.name == "qrels"
+            and (path.parent.parent / "corpus.jsonl").exists()):
+        return path.parent.parent, path.stem
+    return None
+
+
+def beir_pairs(folder, split: str) -> list[Example]:
+    """Each query of a BEIR folder's qrels/<split>.tsv with each of its relevant documents
+    (score > 0) as a pair, in the qrels' order of queries (a query's documents by id);
+    relevant ids the corpus lacks are left out."""
+    corpus, queries, relevant = retrieval.read_beir(folder, split)
+    return [Example(f"{qid}-{doc}", queries[qid], corpus[doc], (), None)
+            for qid, docs in relevant.items() for doc in sorted(docs) if doc in corpus]
+
+
 def _squad_pairs(path, num_negatives: int) -> list[Example]:
     if num_negatives:
         raise PairsFormatError(f"{path}: a SQuAD file has no hard negatives; set "
@@ -209,6 +232,29 @@ class PairsTask(Task):
             return super().train_datasets()
         self.examples("train")
         return tuple(len(part) for part in self._files), self.data.mix
+
+    def read_file(self, path, split: str) -> list[Example]:
+        """A pair file's examples, or a BEIR folder's (training only): beir_pairs."""
+        beir = beir_source(path)
+        if beir is None:
+            return super().read_file(path, split)
+        if split != "train":
+            raise config_lib.ConfigError(
+                f"{path}: a BEIR folder trains (data.train_file); evaluate one against its whole "
+                f"corpus with `bert-jax eval-embeddings --beir {beir[0]} --split <qrels split>`")
+        if self.data.num_negatives:
+            raise PairsFormatError(f"{path}: a BEIR folder has no hard negatives; set "
+                                   "--config.data.num_negatives=0 (or mine some: `bert-jax mine`)")
+        qrels = beir[0] / "qrels" / f"{beir[1]}.tsv"
+        if not qrels.exists():
+            have = sorted(p.stem for p in (beir[0] / "qrels").glob("*.tsv"))
+            raise FileNotFoundError(f"{path}: a BEIR folder without {qrels} (its qrels: {have}); "
+                                    "give the qrels file of the split to train on, e.g. "
+                                    f"{beir[0] / 'qrels' / (have[0] if have else 'train')}.tsv")
+        if (self.config.train.objective or "contrastive") == "cosent":
+            raise PairsFormatError(f"{path}: a BEIR folder gives queries with positives, but "
+                                   "train.objective='cosent' trains on scored pairs")
+        return beir_pairs(*beir)
 
     def read(self, path, training: bool = False) -> list[Example]:
         """The file's examples; for training, of the kind the objective trains on (scored pairs

@@ -142,6 +142,44 @@ def test_several_training_files_give_each_batch_from_one_of_them(cli, tmp_path, 
     assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
+def test_a_beir_folder_trains_as_its_qrels_pairs(tmp_path, wordpiece_vocab, pair_files):
+    """A BEIR folder (or one of its qrels files) as a training file: each query with each of
+    its relevant documents (score > 0; ids the corpus lacks left out), beside a pair file."""
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    corpus = [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(
+        ["A man plays a guitar.", "A dog runs.", "Two kids swim in a lake."])]
+    queries = [{"_id": "q1", "text": "who plays music?"}, {"_id": "q2", "text": "an animal"}]
+    (beir / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    (beir / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in queries))
+    (beir / "qrels" / "train.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq2\td1\t1\nq1\td2\t0\nq1\td0\t2\nq1\tgone\t1\n")
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td0\t1\n")
+
+    def task(train_file, *more):
+        return tasks.from_config(config_lib.resolve(config_lib.load(
+            f"{REPO}/configs/embeddings.py:contrastive,tiny",
+            [f"data.tokenizer={wordpiece_vocab.parent}", f"data.data_dir={pair_files}",
+             f"data.train_file={train_file}", "data.dev_file=dev.tsv", "model.vocab_size=1500",
+             *more])))
+
+    got = [(e.query, e.positive, e.negatives, e.score) for e in task(beir).examples("train")]
+    assert got == [("an animal", "A dog runs.", (), None),
+                   ("who plays music?", "A man plays a guitar.", (), None)]
+    [one] = task(beir / "qrels" / "test.tsv").examples("train")
+    assert (one.query, one.positive) == ("who plays music?", "A man plays a guitar.")
+    mixed = task(f"{beir},train.jsonl")
+    assert mixed.train_datasets() == ((2, 96), "proportional")
+
+    with pytest.raises(pairs.PairsFormatError, match="a BEIR folder has no hard negatives"):
+        task(beir, "data.num_negatives=1").examples("train")
+    with pytest.raises(FileNotFoundError, match=r"without .*qrels/train.tsv \(its qrels: \['test'\]\)"):
+        (beir / "qrels" / "train.tsv").unlink()
+        task(beir).examples("train")
+    with pytest.raises(config_lib.ConfigError, match="eval-embeddings --beir"):
+        task("train.jsonl", f"data.dev_file={beir}").examples("dev")
+
+
 def test_pair_files_refuse_bad_rows_naming_file_line_and_field(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"query": "a", "positive": "b"}\n{"query": "c"}\n')
