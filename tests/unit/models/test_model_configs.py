@@ -191,10 +191,11 @@ def test_old_stored_configs_load(tmp_path, name):
         config = state.sizes_from_init(config)
         # (the old config's positions: BERT read none then, its table is learned)
         assert config.model.emb_dim == 16 and config.model.positions == "learned"
-        mesh = sharding.make_mesh(config.mesh)
-        _, abstract, state_sh = state.abstract_state(config, mesh)
-        found = state.pretrained(config, state.with_shardings(abstract["params"],
-                                                              state_sh["params"]), mesh)
+        spec = config_lib.resolve(config)
+        mesh = sharding.make_mesh(spec.mesh)
+        _, abstract, state_sh = state.abstract_state(spec, mesh)
+        found = state.pretrained(spec, state.with_shardings(abstract["params"],
+                                                            state_sh["params"]), mesh)
         assert "embeddings" in found["bert"]
 
 
