@@ -218,7 +218,9 @@ def test_gradient_accumulation_equals_one_big_batch():
 
 @pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_state():
-    config = small_config("--config.model.dropout_rate=0.0", "--config.model.attention_dropout_rate=0.0")
+    # The accumulation test's config: its float32 programs come from the compilation cache.
+    config = small_config("--config.model.dropout_rate=0.0",
+                          "--config.model.attention_dropout_rate=0.0", "--config.train.batch_size=32")
     local = next(pipelines.make(config, "train"))
     out = {}
     for dtype in ("float32", "bfloat16"):
