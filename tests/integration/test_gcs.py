@@ -228,9 +228,10 @@ def losses(fs, path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_train_resume_and_eval_in_a_gs_workdir(gcs):
+def test_train_resume_and_eval_in_a_gs_workdir(gcs, gcs_here, cli):
     """Checkpoints, metrics, goodput and (without JAX_COMPILATION_CACHE_DIR) the compiled
-    programs in the bucket; a resume, an eval and a plot from there."""
+    programs in the bucket; a resume, an eval and a plot from there. (Train and resume are
+    processes of their own, using the bucket's compilation cache; eval and plot in-process.)"""
     fs, env = gcs
     env = {k: v for k, v in env.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     root, workdir = f"{BUCKET}/run", f"gs://{BUCKET}/run"
@@ -275,8 +276,9 @@ def test_train_resume_and_eval_in_a_gs_workdir(gcs):
     summary = json.loads(fs.cat(f"{root}/summary.json"))
     assert summary["step"] == 8 and not summary["preempted"]
 
-    out = bert_jax(env, "eval", f"--config={CONFIG}", f"--workdir={workdir}", *SMALL, "--step=all")
-    results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    code, out, err = cli(["eval", f"--config={CONFIG}", f"--workdir={workdir}", *SMALL, "--step=all"])
+    assert code == 0, err[-3000:]
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["step"] for r in results] == [4, 8]
     # The same parameters and validation batches as the run's own final evaluation.
     assert results[-1]["eval/loss"] == pytest.approx(summary["eval"]["eval/loss"], rel=1e-6)
@@ -284,7 +286,9 @@ def test_train_resume_and_eval_in_a_gs_workdir(gcs):
     assert json.loads(fs.cat(f"{root}/eval/step_8.json")) == results[-1]
 
     # The run's curves, drawn from the bucket into it.
-    plotted = json.loads(bert_jax(env, "plot", f"--workdir={workdir}").stdout.splitlines()[-1])
+    code, out, err = cli(["plot", f"--workdir={workdir}"])
+    assert code == 0, err[-3000:]
+    plotted = json.loads(out.splitlines()[-1])
     assert plotted["figure"] == f"{workdir}/plots/metrics.png"
     assert listing(fs, f"{root}/plots") == ["metrics.csv", "metrics.png"]
     csv_rows = fs.cat(f"{root}/plots/metrics.csv").decode().splitlines()
@@ -296,10 +300,12 @@ def test_a_run_survives_transient_storage_faults_and_resumes_exactly():
     """Every 23rd request to the bucket answered 503 and every 10th slowed by 0.1 s, from the
     first request to the last: training, its checkpoints (gcsfs and tensorstore, each with its
     own retries) and a resume after a crash while saving all go through, with the losses of
-    the uninterrupted run. (A run makes ~540 requests: ~23 faults each; every 11th gave ~50,
-    whose retries' back-off, gcsfs's 1-2 s each, made the test 2.5 minutes of waiting.)"""
+    the uninterrupted run. (A run makes ~540 requests: ~23 faults each.) The retries wait
+    milliseconds ($BERT_JAX_GCS_RETRY, the policy's default tries): each fault is still
+    retried by both libraries, without the policy's 1 s back-off (~45 s of sleeping)."""
     faults = Faults(every=23, slow=10, delay=0.1)
     httpd, thread, url, env = _serve(faults)
+    env["BERT_JAX_GCS_RETRY"] = "first_wait_s=0.01,max_wait_s=0.02"
     fs = gcsfs_core.GCSFileSystem(endpoint_url=url, token="anon", skip_instance_cache=True)
     try:
         root, workdir = f"{BUCKET}/flaky", f"gs://{BUCKET}/flaky"
