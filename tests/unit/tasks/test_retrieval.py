@@ -177,14 +177,15 @@ def test_the_command_scores_a_converted_model_as_sentence_transformers_does(mini
                                                                              tmp_path, cli):
     """`bert-jax eval-embeddings` on the converted all-MiniLM-L6-v2 (our embed; converted once a
     session, conftest.py) against the evaluators on SentenceTransformer itself: STS-B dev's
-    first 100 pairs, and a BEIR folder of 60 SQuAD dev questions over their 30 paragraphs."""
+    first 50 pairs, and a BEIR folder of 30 SQuAD dev questions over their 15 paragraphs (equal
+    scores are the point, not the amount: the paragraphs' encoding is most of the test's time)."""
     st, model, _ = minilm
     out, _ = converted_minilm
     sts = _data("glue", "STS-B", "dev.tsv")
-    (tmp_path / "sts.tsv").write_text("".join(sts.read_text("utf-8").splitlines(True)[:101]))
+    (tmp_path / "sts.tsv").write_text("".join(sts.read_text("utf-8").splitlines(True)[:51]))
     corpus, queries, relevant = retrieval.squad_retrieval(_data("squad", "dev-v1.1.json"))
-    corpus = dict(list(corpus.items())[:30])
-    asked = [q for q in queries if relevant[q] <= corpus.keys()][::3][:60]
+    corpus = dict(list(corpus.items())[:15])
+    asked = [q for q in queries if relevant[q] <= corpus.keys()][::3][:30]
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)
     (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": c, "title": "", "text": t}) + "\n"
@@ -197,7 +198,7 @@ def test_the_command_scores_a_converted_model_as_sentence_transformers_does(mini
                              f"--beir={beir}", "--split=dev", "--bootstrap=50"])
     assert code == 0, err
     got = json.loads(stdout.splitlines()[-1])
-    assert (got["sts"]["pairs"], got["beir"]["queries"], got["beir"]["corpus"]) == (100, 60, 30)
+    assert (got["sts"]["pairs"], got["beir"]["queries"], got["beir"]["corpus"]) == (50, 30, 15)
     s1, s2, gold = retrieval.read_sts(tmp_path / "sts.tsv")
     ref = _evaluators(st).EmbeddingSimilarityEvaluator(s1, s2, gold, similarity_fn_names=["cosine"],
                                                        write_csv=False)(model)
