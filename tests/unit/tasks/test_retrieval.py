@@ -195,7 +195,8 @@ def test_the_command_scores_a_converted_model_as_sentence_transformers_does(mini
     (beir / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
         f"{q}\t{c}\t1\n" for q in asked for c in relevant[q]))
     code, stdout, err = cli(["eval-embeddings", f"--checkpoint={out}", f"--sts={tmp_path / 'sts.tsv'}",
-                             f"--beir={beir}", "--split=dev", "--bootstrap=50"])
+                             f"--beir={beir}", "--split=dev", "--bootstrap=50",
+                             "--batch_size=16"])  # 15 paragraphs: one batch, little padding
     assert code == 0, err
     got = json.loads(stdout.splitlines()[-1])
     assert (got["sts"]["pairs"], got["beir"]["queries"], got["beir"]["corpus"]) == (50, 30, 15)
