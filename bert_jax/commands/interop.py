@@ -211,12 +211,9 @@ def cmd_eval_embeddings(args: list[str]) -> None:
     if BM25.value:
         retrieval.import_bm25s()  # missing: said now, not after the dense vectors
 
-    encoder = None  # loaded once, at the first texts: its compiled row lengths serve every set
-
     def vectors(texts: list[str]) -> np.ndarray:
-        nonlocal encoder
-        encoder = encoder or sentence_models.Encoder(source, _sentence_spec(source))
-        return encoder.encode(texts, BATCH_SIZE.value or 32)
+        return sentence_models.embed(source, texts, batch_size=BATCH_SIZE.value or 32,
+                                     spec=_sentence_spec(source))
 
     result: dict = {"checkpoint": source}
     if STS.value:
