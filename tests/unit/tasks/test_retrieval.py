@@ -134,7 +134,7 @@ def test_retrieval_equals_sentence_transformers_on_squad_dev(minilm):
     st, model, _ = minilm
     corpus, queries, relevant = retrieval.squad_retrieval(_data("squad", "dev-v1.1.json"))
     assert (len(corpus), len(queries)) == (2067, 10570)
-    corpus = dict(list(corpus.items())[:150])
+    corpus = dict(list(corpus.items())[:110])  # over 100: recall@100 and MAP@100 rank a part
     # 100 questions of those paragraphs, every 5th (several per paragraph).
     asked = [q for q in queries if relevant[q] <= corpus.keys()][::5][:100]
     queries = {q: queries[q] for q in asked}
