@@ -83,7 +83,7 @@ def test_incremental_decoding_matches_full_pass(name):
         step = lambda t, cache, i: model(t, cache=cache, cache_index=i)
     else:
         full = nnx.jit(lambda m: m(src, tgt))(model)
-        encoded = model.encode(src)
+        encoded = nnx.jit(lambda m: m.encode(src))(model)  # one program, as full is
         src_seg = jnp.ones_like(src)
         step = lambda t, cache, i: model.decode(t, encoded, src_seg, cache=cache,
                                                 cache_index=i)

@@ -134,7 +134,7 @@ def test_retrieval_equals_sentence_transformers_on_squad_dev(minilm):
     st, model, _ = minilm
     corpus, queries, relevant = retrieval.squad_retrieval(_data("squad", "dev-v1.1.json"))
     assert (len(corpus), len(queries)) == (2067, 10570)
-    corpus = dict(list(corpus.items())[:150])
+    corpus = dict(list(corpus.items())[:110])  # over 100: recall@100 and MAP@100 rank a part
     # 100 questions of those paragraphs, every 5th (several per paragraph).
     asked = [q for q in queries if relevant[q] <= corpus.keys()][::5][:100]
     queries = {q: queries[q] for q in asked}
@@ -177,14 +177,15 @@ def test_the_command_scores_a_converted_model_as_sentence_transformers_does(mini
                                                                              tmp_path, cli):
     """`bert-jax eval-embeddings` on the converted all-MiniLM-L6-v2 (our embed; converted once a
     session, conftest.py) against the evaluators on SentenceTransformer itself: STS-B dev's
-    first 100 pairs, and a BEIR folder of 60 SQuAD dev questions over their 30 paragraphs."""
+    first 50 pairs, and a BEIR folder of 30 SQuAD dev questions over their 15 paragraphs (equal
+    scores are the point, not the amount: the paragraphs' encoding is most of the test's time)."""
     st, model, _ = minilm
     out, _ = converted_minilm
     sts = _data("glue", "STS-B", "dev.tsv")
-    (tmp_path / "sts.tsv").write_text("".join(sts.read_text("utf-8").splitlines(True)[:101]))
+    (tmp_path / "sts.tsv").write_text("".join(sts.read_text("utf-8").splitlines(True)[:51]))
     corpus, queries, relevant = retrieval.squad_retrieval(_data("squad", "dev-v1.1.json"))
-    corpus = dict(list(corpus.items())[:30])
-    asked = [q for q in queries if relevant[q] <= corpus.keys()][::3][:60]
+    corpus = dict(list(corpus.items())[:15])
+    asked = [q for q in queries if relevant[q] <= corpus.keys()][::3][:30]
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)
     (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": c, "title": "", "text": t}) + "\n"
@@ -194,10 +195,11 @@ def test_the_command_scores_a_converted_model_as_sentence_transformers_does(mini
     (beir / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
         f"{q}\t{c}\t1\n" for q in asked for c in relevant[q]))
     code, stdout, err = cli(["eval-embeddings", f"--checkpoint={out}", f"--sts={tmp_path / 'sts.tsv'}",
-                             f"--beir={beir}", "--split=dev", "--bootstrap=50"])
+                             f"--beir={beir}", "--split=dev", "--bootstrap=50",
+                             "--batch_size=16"])  # 15 paragraphs: one batch, little padding
     assert code == 0, err
     got = json.loads(stdout.splitlines()[-1])
-    assert (got["sts"]["pairs"], got["beir"]["queries"], got["beir"]["corpus"]) == (100, 60, 30)
+    assert (got["sts"]["pairs"], got["beir"]["queries"], got["beir"]["corpus"]) == (50, 30, 15)
     s1, s2, gold = retrieval.read_sts(tmp_path / "sts.tsv")
     ref = _evaluators(st).EmbeddingSimilarityEvaluator(s1, s2, gold, similarity_fn_names=["cosine"],
                                                        write_csv=False)(model)

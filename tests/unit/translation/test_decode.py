@@ -56,15 +56,15 @@ def full_logits(model, src_BS, tgt_BT) -> jax.Array:
 
 
 forward = nnx.jit(full_logits)
-# alpha and eos_id traced: one compile serves every alpha and EOS id below.
+# alpha and eos_id traced: one compile serves every alpha and EOS id below, and each
+# (model, beam size) compiles once for the module (the tests below share them).
 beam = nnx.jit(decode.beam_search, static_argnames=("beam_size", "max_extra"))
 greedy = nnx.jit(decode.greedy_search, static_argnames=("max_extra",))
 
 
 def test_beam_of_one_is_greedy(small, src):
-    ids = np.asarray(decode.greedy_search(small, src, eos_id=EOS, max_extra=MAX_EXTRA))
-    beam_ids, scores = decode.beam_search(small, src, eos_id=EOS, beam_size=1, alpha=0.0,
-                                          max_extra=MAX_EXTRA)
+    ids = np.asarray(greedy(small, src, eos_id=EOS, max_extra=MAX_EXTRA))
+    beam_ids, scores = beam(small, src, eos_id=EOS, beam_size=1, alpha=0.0, max_extra=MAX_EXTRA)
     np.testing.assert_array_equal(beam_ids, ids)
     assert ids.shape == (8, 6 + MAX_EXTRA) and ids.dtype == np.int32
     ended = (ids == EOS).any(axis=1)
@@ -87,10 +87,10 @@ def test_cache_changes_nothing(small, src):
         tok = np.where(done, 0, np.argmax(logits[:, 1:], axis=-1) + 1)  # pad is never generated
         tgt[:, t] = tok
         done |= (tok == EOS) | (t + 1 >= np.array(limits))
-    np.testing.assert_array_equal(decode.greedy_search(small, src, eos_id=EOS,
-                                                       max_extra=MAX_EXTRA), tgt)
+    np.testing.assert_array_equal(greedy(small, src, eos_id=EOS, max_extra=MAX_EXTRA), tgt)
 
-    encoded = small.encode(src, src_segments_BS=(src != 0).astype(jnp.int32))
+    # jitted, as the search runs it (eagerly, each of its operations is a compile of its own)
+    encoded = jax.jit(lambda s: small.encode(s, src_segments_BS=(s != 0).astype(jnp.int32)))(src)
     step = jax.jit(lambda tok, cache, i: small.decode(tok, encoded, (src != 0).astype(jnp.int32),
                                                       cache=cache, cache_index=i))
     cache, tgt_in, cached = small.init_cache(B, T), shift_right(tgt, np.ones_like(tgt)), []
@@ -196,8 +196,8 @@ def test_translate_fn_on_a_mesh_with_scanned_layers(small, src, beam_size, mesh_
     ids = translate(params, src)
     assert ids.sharding.is_equivalent_to(sharding.batch_sharding(mesh, 2), 2)
     if beam_size == 1:
-        expected = decode.greedy_search(small, src, eos_id=EOS, max_extra=MAX_EXTRA)
+        expected = greedy(small, src, eos_id=EOS, max_extra=MAX_EXTRA)
     else:
-        expected = decode.beam_search(small, src, eos_id=EOS, beam_size=beam_size, alpha=0.6,
-                                      max_extra=MAX_EXTRA)[0]
+        expected = beam(small, src, eos_id=EOS, beam_size=beam_size, alpha=0.6,
+                        max_extra=MAX_EXTRA)[0]
     np.testing.assert_array_equal(ids, expected)
