@@ -4,7 +4,7 @@
 # corpora, its mean-pooled vectors scored as they are, then contrastive training
 # (MultipleNegativesRankingLoss, in-batch negatives) from that checkpoint on the SQuAD training
 # subset beside the repo (its questions and paragraphs), scored again: STS-B dev and SQuAD dev
-# as retrieval, with BM25 beside. Not yet timed at full length (1,500 + 400 steps); its
+# as retrieval, with BM25 beside. At 600 + 200 steps: 48 min on 2 busy cores (docs/retrieval.md); its
 # PRETRAIN_STEPS=20 CONTRASTIVE_STEPS=10 run is the check that it goes through.
 # Usage: bash benchmarks/retrieval_recipe.sh [workdir]
 # (default runs/retrieval_recipe; each step's JSON line is appended to <workdir>/scores.jsonl).
