@@ -10,8 +10,9 @@ comes from one of them, as sentence-transformers' multi-dataset batch samplers t
 from (seed, dataset, epoch). `mix` says which dataset batch i comes from: "round_robin", the
 datasets in turn; "proportional", rounds of sum_d max(1, n_d // B) batches, n_d // B (at
 least 1) from dataset d of n_d examples, in an order drawn from (seed, round), so the larger
-datasets give more batches and each is read through at the same pace. Either is a function
-of i alone: the produced count still resumes it exactly.
+datasets give more batches and each is read through at about the same pace (exactly when
+every n_d is a multiple of B; a dataset smaller than a batch is read more than once a round).
+Either is a function of i alone: the produced count still resumes it exactly.
 Evaluation: one pass in order, the last batch padded with `example_weight` 0 rows; every host
 walks the same batches (their shares), so multi-host evaluation stays in step.
 
@@ -95,6 +96,7 @@ class FeaturePipeline:
             self._streams = [_Stream(n, [seed, d]) for d, n in enumerate(self.blocks)]
             self._starts = np.cumsum((0, *self.blocks[:-1]))
             self._round = tuple(max(1, n // batch_size) for n in self.blocks)
+            self._order: tuple = (-1, None, None)  # (round, its order, ranks): source()
 
     def __iter__(self):
         return self
@@ -119,12 +121,17 @@ class FeaturePipeline:
         k = len(self.blocks)
         if self.mix == "round_robin":
             return i % k, i // k
-        per_round = sum(self._round)
-        r, pos = divmod(i, per_round)
-        order = np.random.default_rng([self.seed, r]).permutation(
-            np.repeat(np.arange(k), self._round))
+        r, pos = divmod(i, sum(self._round))
+        if self._order[0] != r:  # round r's order, and each batch's count among its dataset's
+            order = np.random.default_rng([self.seed, r]).permutation(
+                np.repeat(np.arange(k), self._round))
+            rank = np.empty_like(order)
+            for d in range(k):
+                rank[order == d] = np.arange(self._round[d])
+            self._order = (r, order, rank)
+        _, order, rank = self._order
         d = int(order[pos])
-        return d, r * self._round[d] + int((order[:pos] == d).sum())
+        return d, r * self._round[d] + int(rank[pos])
 
     def __next__(self) -> dict[str, np.ndarray]:
         if self.num_batches is not None and self.produced >= self.num_batches:

@@ -115,6 +115,9 @@ def _write_shard(folder, name: str, ids: Sequence[str], vectors: np.ndarray) -> 
 
     buf = io.BytesIO()
     np.savez(buf, ids=np.array(ids, dtype=str), vectors=vectors.astype(np.float32))
+    record = paths.path(folder) / (name + SUM)
+    if record.exists():  # a record left from a shard removed to be embedded again: not this one's
+        record.unlink()
     _write(folder, name, buf.getvalue())
     size, crc = integrity.crc32(buf.getvalue())
     _write(folder, name + SUM, (json.dumps({"size": size, "crc32": crc}) + "\n").encode())

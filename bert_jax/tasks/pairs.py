@@ -202,6 +202,9 @@ class PairsTask(Task):
         if len(files) > 1 and "" in files:
             raise config_lib.ConfigError(f"data.train_file={self.data.train_file!r}: an empty "
                                          "name between commas; give each file's name")
+        if len(files) > 1 and self.data.pack:
+            raise config_lib.ConfigError(f"data.train_file names {len(files)} files, which are "
+                                         "batched unpacked: set --config.data.pack=false")
         if self.data.mix not in finetune.MIXES:
             raise config_lib.ConfigError(f"data.mix={self.data.mix!r}; choose one of "
                                          f"{list(finetune.MIXES)}")

@@ -139,6 +139,9 @@ def test_several_training_files_give_each_batch_from_one_of_them(cli, tmp_path, 
     code, _, err = _train(cli, tmp_path / "bad2", wordpiece_vocab, pair_files,
                           f"--config.data.train_file={','.join(files)}", "--config.data.mix=shuffle")
     assert code != 0 and "data.mix='shuffle'; choose one of ['proportional', 'round_robin']" in err, err
+    code, _, err = _train(cli, tmp_path / "bad3", wordpiece_vocab, pair_files,
+                          f"--config.data.train_file={','.join(files)}", "--config.data.pack=true")
+    assert code != 0 and "names 2 files, which are batched unpacked: set --config.data.pack=false" in err, err
     assert not (tmp_path / "bad" / "checkpoints").exists()
 
 

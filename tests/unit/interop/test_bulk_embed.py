@@ -316,3 +316,30 @@ def test_an_embed_json_edited_by_hand_is_named_with_its_key(checkpoint, corpus, 
     with pytest.raises(ValueError, match=f"embed.json: {says}; .* is not a folder"):
         bulk_embed.load(tmp_path / "out")
     assert before == {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")}
+
+
+def test_a_shard_written_again_replaces_the_record_of_the_one_removed(tmp_path):
+    """A shard removed to be embedded again leaves its .crc32 behind; if the next run is
+    killed between writing the shard and its record, the old record must not condemn the new
+    shard: writing a shard removes the stale record first."""
+    vectors = np.ones((2, 3), np.float32)
+    bulk_embed._write_shard(str(tmp_path), "part-0-of-1.npz", ["a", "b"], vectors)
+    (tmp_path / "part-0-of-1.npz").unlink()  # as the error line says to
+    real_write = bulk_embed._write
+    calls = []
+
+    def killed_before_the_record(folder, name, data):
+        calls.append(name)
+        if name.endswith(bulk_embed.SUM):
+            raise KeyboardInterrupt  # killed between the shard and its record
+        real_write(folder, name, data)
+
+    bulk_embed._write = killed_before_the_record
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bulk_embed._write_shard(str(tmp_path), "part-0-of-1.npz", ["a", "b"], 2 * vectors)
+    finally:
+        bulk_embed._write = real_write
+    assert calls == ["part-0-of-1.npz", "part-0-of-1.npz.crc32"]
+    ids, got = bulk_embed._read_shard(tmp_path / "part-0-of-1.npz", 3)  # no record: read, checked
+    assert list(ids) == ["a", "b"] and (got == 2).all()
