@@ -57,18 +57,25 @@ def info_nce(q_BD: Array, d_BND: Array, w_B: Array, scale: Array, symmetric: boo
     negatives of all queries), its own positive the label; symmetric: the mean of that and each
     positive against every query. Padding examples (w = 0) neither count nor compete. With the
     texts' keys (text_keys [B], [B, N]), a document equal to a query's positive is not its
-    negative, nor (symmetric) a query equal to a positive's query, or whose positive equals it:
-    sentence-transformers leaves such batches to its NoDuplicatesBatchSampler, while SQuAD's
-    questions share paragraphs."""
+    negative, nor the positive of another row of the same query (a query with several relevant
+    documents, as BEIR's qrels give), nor (symmetric) a query equal to a positive's query, or
+    whose positive equals it: sentence-transformers leaves such batches to its
+    NoDuplicatesBatchSampler, while SQuAD's questions share paragraphs."""
     B, N, _ = d_BND.shape
     q, d = _unit(q_BD), _unit(d_BND.reshape(B * N, -1))
     live = jnp.repeat(w_B > 0, N)  # [B*N] documents that compete
     target = jnp.arange(B) * N
     logits = jnp.where(live[None, :], scale * (q @ d.T), -jnp.inf)  # [B, B*N]
+    not_own = jnp.arange(B * N)[None, :] != target[:, None]
     if document_keys is not None:
         flat = document_keys.reshape(B * N)
-        copy = (flat[None, :] == flat[target][:, None]) & (jnp.arange(B * N)[None, :] != target[:, None])
+        copy = (flat[None, :] == flat[target][:, None]) & not_own
         logits = jnp.where(copy, -jnp.inf, logits)
+    if query_keys is not None:  # the positive of another row of the same query: also relevant
+        own = jnp.repeat(query_keys, N)  # [B*N] the query each document belongs to
+        positive = (jnp.arange(B * N) % N == 0)[None, :]
+        logits = jnp.where(positive & (own[None, :] == query_keys[:, None]) & not_own, -jnp.inf,
+                           logits)
     logp = jax.nn.log_softmax(logits, axis=-1)
     ce_B = -logp[jnp.arange(B), target]
     others = jnp.where(jnp.arange(B * N)[None, :] == target[:, None], -jnp.inf, logits)

@@ -78,6 +78,25 @@ def test_a_document_equal_to_a_querys_positive_is_not_its_negative():
     np.testing.assert_allclose(sym, (expected + backward) / 2, rtol=1e-5)
 
 
+def test_another_positive_of_the_same_query_is_not_its_negative():
+    """Rows 2 and 3 are one query with two relevant documents (a BEIR qrels' query): neither
+    row counts the other's positive as a negative; their hard negatives still compete."""
+    q, d = _embeddings(B=4, N=2)
+    q[3] = q[2]
+    ids = RNG.integers(4, 64, (4, 3, 6))
+    ids[3, 0] = ids[2, 0]  # the same query text
+    keys = {"query_keys": contrastive.text_keys(ids[:, 0]),
+            "document_keys": contrastive.text_keys(ids[:, 1:])}
+    w = np.ones(4, np.float32)
+    logits = np.array(20.0 * contrastive._unit(q) @ contrastive._unit(d.reshape(8, -1)).T)
+    logits[2, 6] = logits[3, 4] = -np.inf  # the other row's positive (its negative, 7 and 5, stays)
+    expected = sum(-(logits[i, 2 * i] - np.logaddexp.reduce(logits[i])) for i in range(4))
+    got, _ = contrastive.info_nce(q, d, w, 20.0, False, **keys)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    plain, _ = contrastive.info_nce(q, d, w, 20.0, False)
+    assert plain > got
+
+
 def test_cosent_and_matryoshka_equal_sentence_transformers():
     q, d = _embeddings(B=8, N=1)
     score = RNG.uniform(0, 5, len(q)).astype(np.float32)
@@ -88,7 +107,7 @@ def test_cosent_and_matryoshka_equal_sentence_transformers():
     # similarity renormalises the truncated vectors.
     cfg = {"name": "bert_embedding", "emb_dim": 16, "matryoshka_dims": (16, 8, 4)}
     objective = objectives.for_model(cfg)
-    batch = {"query_input_ids": np.zeros((8, 4), np.int32)}
+    batch = {"query_input_ids": np.arange(32, dtype=np.int32).reshape(8, 4)}  # 8 distinct queries
     terms, metrics = objective.loss({"query": q, "document": d, "scale": np.full(8, 20.0)}, batch)
     mnrl = st_losses.MultipleNegativesRankingLoss(None)
     expected = sum(_st(mnrl, q[:, :k], d[:, 0, :k]) for k in (16, 8, 4))
