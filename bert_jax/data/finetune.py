@@ -82,7 +82,7 @@ class FeaturePipeline:
         self.num_batches = num_batches if num_batches is not None else (
             None if train else math.ceil(self.num_examples / batch_size))
         self.produced = 0
-        self._perm_epoch, self._perm = -1, None
+        self._stream = _Stream(self.num_examples, [seed])  # the training stream of one dataset
         self.blocks = tuple(blocks) if train and len(blocks) > 1 else ()
         if self.blocks:
             if sum(self.blocks) != self.num_examples or min(self.blocks) < 1:
@@ -101,20 +101,11 @@ class FeaturePipeline:
     def __iter__(self):
         return self
 
-    def _epoch_order(self, epoch: int) -> np.ndarray:
-        if epoch != self._perm_epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._perm, self._perm_epoch = rng.permutation(self.num_examples), epoch
-        return self._perm
-
     def _rows(self, start: int, stop: int) -> np.ndarray:
         """Example indices of global stream positions [start, stop)."""
-        n = self.num_examples
         if not self.train:
-            return np.arange(start, min(stop, n))
-        pos = np.arange(start, stop)
-        return np.concatenate([self._epoch_order(int(e))[pos[pos // n == e] % n]
-                               for e in np.unique(pos // n)])
+            return np.arange(start, min(stop, self.num_examples))
+        return self._stream.rows(start, stop)
 
     def source(self, i: int) -> tuple[int, int]:
         """(dataset, its batch count before) of global batch i, with several datasets."""
