@@ -451,6 +451,7 @@ class TrainCheckpointer:
         except Exception:  # noqa: BLE001 (no readable config: restore decides below)
             return
         refuse_other_run(f"{self.path}/{step}", stored, config)
+        say_data_changes(f"{self.path}/{step}", stored, config)
 
     def _check_fits(self, step: int, metadata, abstract_params, abstract_opt_state) -> None:
         """A readable checkpoint whose arrays do not match the config is the user's config
@@ -539,6 +540,32 @@ def refuse_other_run(where: str, stored: dict, config: dict) -> None:
                           f"of this config ({opt_diff}); to resume it pass "
                           f"--config.optimizer.name={stored['optimizer']['name']}, or train "
                           f"in a new --workdir")
+
+
+# Keys of the data section that name what is evaluated or how the input is read, not which
+# batches a run trains on: a resume that changes them reads the same training stream (grain's
+# worker processes keep the order).
+NOT_TRAINING_DATA = ("dev_file", "test_file", "test_files", "eval_files", "eval_masked_lm_prob",
+                     "tfds_eval_split", "bleu_sentences", "beam_size", "alpha", "skip_bad_rows",
+                     "worker_count")
+
+
+def say_data_changes(where: str, stored: dict, config: dict) -> None:
+    """A warning naming each key of the data section that differs from the one stored with
+    checkpoint `where`: the run resumes (the user may mean it: a new mixture for a later
+    stage), but its batches from here on follow the new data, not the stored run's stream
+    (several training files or data.mix: a different order from the resumed step on)."""
+    before, now = stored.get("data", {}), config.get("data", {})
+    if not (isinstance(before, dict) and isinstance(now, dict)):
+        return
+    keys = [k for k in sorted(set(before) | set(now)) if k not in NOT_TRAINING_DATA]
+    diff = "; ".join(f"data.{k}: {before.get(k, '(unset)')!r} in the checkpoint, "
+                     f"{now.get(k, '(unset)')!r} here" for k in keys if before.get(k) != now.get(k))
+    if diff:
+        log.warning(f"warning: resuming {where} with other training data ({diff}): the batches "
+                    f"from this step on follow the new data, not the stream the checkpoint's run "
+                    f"would have read; to continue that stream, resume with its config "
+                    f"({where}/config)")
 
 
 def check_resumes(workdir: str | os.PathLike, config: dict) -> None:

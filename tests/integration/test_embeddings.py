@@ -132,6 +132,16 @@ def test_several_training_files_give_each_batch_from_one_of_them(cli, tmp_path, 
                             f"--config.data.train_file={','.join(files)}")
     assert code == 0, err
     assert 0 < json.loads(out.strip().splitlines()[-1])["eval"]["eval/ndcg@10"] <= 1
+    # Resumed with another mix: it trains on, and says its batches are not the stored stream's.
+    code, out, err = _train(cli, tmp_path / "run", wordpiece_vocab, pair_files,
+                            "--config.data.num_negatives=1", "--config.train.grad_accum_steps=2",
+                            f"--config.data.train_file={','.join(files)}", "--config.train.steps=5",
+                            "--config.data.mix=round_robin", "--config.data.dev_file=train2.jsonl")
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["step"] == 5
+    assert (f"resuming {tmp_path / 'run'}/checkpoints/4 with other training data (data.mix: "
+            f"'proportional' in the checkpoint, 'round_robin' here): the batches") in err, err
+    assert "data.dev_file" not in err  # what is evaluated is not the training stream
 
     code, _, err = _train(cli, tmp_path / "bad", wordpiece_vocab, pair_files,
                           "--config.data.train_file=train.jsonl,,train2.jsonl")
