@@ -555,7 +555,9 @@ def say_data_changes(where: str, stored: dict, config: dict) -> None:
     checkpoint `where`: the run resumes (the user may mean it: a new mixture for a later
     stage), but its batches from here on follow the new data, not the stored run's stream
     (several training files or data.mix: a different order from the resumed step on)."""
-    before, now = stored.get("data", {}), config.get("data", {})
+    if "data" not in stored or "data" not in config:  # an older stored config: nothing to compare
+        return
+    before, now = stored["data"], config["data"]
     if not (isinstance(before, dict) and isinstance(now, dict)):
         return
     keys = [k for k in sorted(set(before) | set(now)) if k not in NOT_TRAINING_DATA]
