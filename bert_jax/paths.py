@@ -539,6 +539,17 @@ def _retrying(request, described=_request_described):
     return _request
 
 
+def _without_gcsfs_retries(cls: type, name: str):
+    """gcsfs's method `name` without its retry decorator (the `__wrapped__` the decorator
+    keeps), for the policy to retry alone. A gcsfs whose method keeps no `__wrapped__`: the
+    method itself (the policy still bounds the tries around it; any retries of gcsfs's own
+    then run inside each); one without the method: None (not overridden)."""
+    method = getattr(cls, name, None)
+    if method is None:
+        return None
+    return getattr(method, "__wrapped__", method)
+
+
 _POLICY_FS: dict[type, type] = {}
 
 
@@ -555,17 +566,19 @@ def _use_retry_policy() -> None:
         return
     from gcsfs.core import GCSFileSystem
 
-    class PolicyRequests(GCSFileSystem):
-        """gcsfs's requests under the policy, right above GCSFileSystem in the order of classes:
-        a subclass's own versions (ExtendedGcsFileSystem's downloads from zonal buckets) run
-        and hand standard buckets' to these."""
-
-        _request = _retrying(GCSFileSystem._request.__wrapped__)
-        # fs.get: a file's download is one request (gcsfs retries it 6 times more, by its own
-        # decorator); a large file's concurrent download is made of _info's and _cat_file's
-        # requests, each under the policy already, so it is not retried whole as well.
-        _get_file_request = _retrying(GCSFileSystem._get_file_request.__wrapped__, _download_described)
-        _get_file_concurrent = GCSFileSystem._get_file_concurrent.__wrapped__
+    # fs.get: a file's download is one request (gcsfs retries it 6 times more, by its own
+    # decorator); a large file's concurrent download is made of _info's and _cat_file's
+    # requests, each under the policy already, so it is not retried whole as well.
+    overrides = {}
+    for name, described in (("_request", _request_described), ("_get_file_request", _download_described),
+                            ("_get_file_concurrent", None)):
+        method = _without_gcsfs_retries(GCSFileSystem, name)
+        if method is not None:
+            overrides[name] = method if described is None else _retrying(method, described)
+    # gcsfs's requests under the policy, right above GCSFileSystem in the order of classes:
+    # a subclass's own versions (ExtendedGcsFileSystem's downloads from zonal buckets) run
+    # and hand standard buckets' to these.
+    PolicyRequests = type("PolicyRequests", (GCSFileSystem,), overrides)
 
     class PolicyGCSFileSystem(*((PolicyRequests,) if base is GCSFileSystem else (base, PolicyRequests))):
         def __init__(self, *args, requests_timeout=None, **kwargs):

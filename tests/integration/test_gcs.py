@@ -426,6 +426,45 @@ def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tri
         paths.path(f"gs://{BUCKET}/cfg/good.json")
 
 
+def test_the_retry_policy_holds_with_a_gcsfs_whose_methods_keep_no_wrapped(failing_gcs, monkeypatch):
+    """A gcsfs version whose request method keeps no `__wrapped__` (here: the undecorated one,
+    passed through a plain function) and has no `_get_file_concurrent`: the policy's file system
+    still builds (nothing made up for the missing method) and a read that keeps failing is tried
+    exactly the policy's 3 times, then named in one line."""
+    import fsspec
+
+    from bert_jax import paths
+
+    fs, faults = failing_gcs
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", _FAST_RETRIES)
+    gcsfs_class = gcsfs_core.GCSFileSystem
+    undecorated, calls = gcsfs_class._request.__wrapped__, []
+
+    async def request(self, *args, **kwargs):  # no __wrapped__: gcsfs's retries are not on it
+        calls.append(args[0])
+        return await undecorated(self, *args, **kwargs)
+
+    monkeypatch.setattr(gcsfs_class, "_request", request)
+    monkeypatch.delattr(gcsfs_class, "_get_file_concurrent")
+    for protocol in ("gs", "gcs"):  # as before the first gs:// path: gcsfs's own class
+        monkeypatch.setitem(sys.modules["fsspec.registry"]._registry, protocol, gcsfs_class)
+    monkeypatch.setattr(paths, "_POLICY_FS", {})
+    _forget_gcs_clients()
+    fs.pipe(f"{BUCKET}/cfg/bad.json", b'{"a": 2}')
+    faults.kind = lambda request: request.command == "GET" and "bad.json" in unquote(request.path)
+    calls.clear()
+    with pytest.raises(paths.StorageFailing, match=rf"^Google Cloud Storage kept failing: reading "
+                                                  rf"gs://{BUCKET}/cfg/bad.json failed 3 tries"):
+        paths.read_json(f"gs://{BUCKET}/cfg/bad.json", "a config")
+    policy_fs = fsspec.get_filesystem_class("gs")
+    assert policy_fs.__name__ == "PolicyGCSFileSystem" and not hasattr(policy_fs, "_get_file_concurrent")
+    # each request refused (the object's, then a folder's of that name) tried 3 times, no more
+    assert set(faults.refused.values()) == {3}, faults.refused
+    assert len(calls) == faults.refused.total(), calls
+    faults.kind = None
+    assert paths.read_json(f"gs://{BUCKET}/cfg/bad.json", "a config") == {"a": 2}
+
+
 def test_a_gs_cache_whose_writes_keep_failing_is_turned_off_after_one_program(failing_gcs, monkeypatch):
     """A gs:// compilation cache that passed the probe, whose uploads of programs then keep
     failing (503 past the policy's 3 tries): the first program's upload is tried 3 times, the
