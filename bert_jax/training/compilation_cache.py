@@ -154,9 +154,10 @@ def _watch(path: str | None, required: bool) -> None:
 
 
 def _watch_jax_caches() -> bool:
-    """Wraps the get and put of every cache JAX opens from now on (JAX makes each one by its
-    get_file_cache, again after each reset), so that a storage error reaches `_failed` before
-    JAX turns it into a warning; False where this JAX has no get_file_cache (nothing done)."""
+    """Wraps the get and put of the cache JAX has open, if any, and of every cache it opens
+    from now on (JAX makes each one by its get_file_cache, again after each reset), so that a
+    storage error reaches `_failed` before JAX turns it into a warning; False where this JAX
+    has no get_file_cache (nothing done)."""
     try:
         from jax._src import compilation_cache as jax_internal
     except ImportError:
@@ -164,13 +165,15 @@ def _watch_jax_caches() -> bool:
     make = getattr(jax_internal, "get_file_cache", None)
     if make is None:
         return False
+    if getattr(jax_internal, "_cache", None) is not None:  # opened before the watch
+        _wrap(jax_internal._cache)
     if getattr(make, "watches_the_cache", False):
         return True
 
     def get_file_cache(path):
         made = make(path)
         if isinstance(made, tuple) and made:  # (the cache, its path)
-            _wrap(getattr(made[0], "_base_cache", made[0]))  # a verifying cache: what it wraps
+            _wrap(made[0])
         return made
 
     get_file_cache.watches_the_cache, get_file_cache.__wrapped__ = True, make
@@ -179,7 +182,12 @@ def _watch_jax_caches() -> bool:
 
 
 def _wrap(cache) -> None:
-    """The cache object's get and put, failing on a storage error, handed to `_failed` first."""
+    """The cache object's get and put (a verifying cache: those of the cache it wraps), failing
+    on a storage error, handed to `_failed` first; once."""
+    cache = getattr(cache, "_base_cache", cache)
+    if getattr(cache, "watched_by_bert_jax", False):
+        return
+    cache.watched_by_bert_jax = True
     get, put = cache.get, cache.put
 
     def watched_get(key):

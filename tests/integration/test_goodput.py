@@ -288,6 +288,28 @@ def test_a_cache_that_fails_mid_run_is_turned_off_or_stops_the_command(own_cache
 
 
 
+def test_a_cache_jax_opened_before_the_watch_is_watched_too(own_cache, monkeypatch):
+    """JAX opened the cache before the command set it up (a program compiled first, under the
+    user's own JAX settings): its get and put are wrapped then, so its failure mid-run turns it
+    off with warnings filtered to "ignore" as well."""
+    import warnings
+
+    warned = []
+    monkeypatch.setattr(logging.getLogger(compilation_cache.__name__), "warning", warned.append)
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(own_cache))
+    compile_new_program(2.75)  # JAX opens the cache here
+    assert any(f.name.endswith("-cache") for f in own_cache.iterdir())
+    compilation_cache.setup_compilation_cache(str(own_cache), "translate", None)
+    warnings.simplefilter("ignore")
+    shutil.rmtree(own_cache)
+    own_cache.write_text("")
+    compile_new_program(6.75)
+    assert jax.config.jax_enable_compilation_cache is False
+    assert len(warned) == 1 and warned[0].startswith(f"warning: the compilation cache {own_cache} failed "
+                                                     "writing a compiled program (NotADirectoryError"), warned
+
+
 def train_argv(workdir, *overrides):
     """`bert-jax train` of test_nothing_lost's tiny run (its tests compile the same programs)."""
     from test_nothing_lost import CONFIG, SMALL
