@@ -155,8 +155,9 @@ def divert_library_errors() -> None:
         elif "persistent compilation cache entry" in str(message):
             # JAX could not read or write a cached program (a full disk, a file size limit,
             # a bucket without write access): it compiles instead, so the run goes on. One
-            # line names the details file. (A cache the command set up is watched before
-            # this: compilation_cache turns it off, or stops, at its first failed write.)
+            # line names the details file. (A cache the command set up is watched at the
+            # cache itself: compilation_cache turns it off, or stops, at its first failed
+            # write, before JAX would warn.)
             noise.write(warnings.formatwarning(message, category, filename, lineno, line))
         else:
             show(message, category, filename, lineno, file, line)

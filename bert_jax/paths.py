@@ -28,7 +28,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 from urllib.parse import parse_qs, unquote, urlparse
@@ -238,6 +238,79 @@ def local_copy(src: str | os.PathLike, *, keep=None) -> Iterator[Path]:
         elif remote.is_file():
             copy_file(remote, local)
         yield local
+
+
+class CopyFolderUnusable(OSError):
+    """A local folder for copies that cannot be made, or whose disk has no room for them."""
+
+
+def _copied_from(copy: Path) -> Path:
+    return copy.with_name(copy.name + ".source")
+
+
+def cached_copies(urls: Sequence[str], folder: str | os.PathLike) -> list[Path]:
+    """Local copies of the objects `urls` (gs://), kept in `folder` (<folder>/<bucket>/<name>)
+    for later commands: each downloaded by gcsfs (every request under the retry policy, its
+    deadline included) unless the copy there has the object's size, generation and MD5, as
+    recorded beside it (<copy>.source) when it was made. A copy is written into a temporary
+    file and renamed, its record after it, so it is whole or absent and never taken for
+    another version. CopyFolderUnusable (nothing downloaded) when `folder` cannot be made or its
+    disk has less room than the downloads need."""
+    import fsspec
+
+    planned = []
+    for url in urls:
+        check_reachable(url)
+        fs, name = fsspec.core.url_to_fs(str(url))
+        if any(part in ("", ".", "..") for part in name.split("/")):
+            raise ValueError(f"{url}: an object name with an empty, '.' or '..' part has no local "
+                             "copy; rename the object")
+        info = fs.info(name)
+        planned.append((fs, name, Path(folder) / name,
+                        {key: info.get(key) for key in ("size", "generation", "md5Hash")}))
+    missing = [p for p in planned if not _copy_fresh(p[2], p[3])]
+    if missing:
+        need = sum(int(source["size"]) for *_, source in missing)
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(folder).free
+        except OSError as e:
+            raise CopyFolderUnusable(f"cannot make {folder} ({e.strerror or e})") from None
+        if need > free:
+            raise CopyFolderUnusable(f"{folder} has {_size(free)} free, the copies need {_size(need)}")
+    for fs, name, copy, source in missing:
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        _copied_from(copy).unlink(missing_ok=True)  # the record goes first, comes back last
+        part = copy.with_name(f".{copy.name}.{socket.gethostname()}.{os.getpid()}.part")
+        try:
+            fs.get(name, str(part))
+            if part.stat().st_size != int(source["size"]):
+                raise OSError(f"gs://{name}: downloaded {part.stat().st_size} bytes, the object "
+                              f"holds {source['size']}; rerun")
+            os.replace(part, copy)
+            part.with_suffix(".source").write_text(json.dumps(source))
+            os.replace(part.with_suffix(".source"), _copied_from(copy))
+        finally:
+            part.unlink(missing_ok=True)
+            part.with_suffix(".source").unlink(missing_ok=True)
+    return [copy for _, _, copy, _ in planned]
+
+
+def _size(n: int) -> str:
+    """A byte count for people: 512 bytes, 3.2 KiB, 1.5 GiB."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _copy_fresh(copy: Path, source: dict) -> bool:
+    """Whether `copy` is the object `source` describes (its record says so, its size agrees)."""
+    try:
+        return (json.loads(_copied_from(copy).read_text()) == source
+                and copy.stat().st_size == int(source["size"]))
+    except (OSError, ValueError):
+        return False
 
 
 @contextlib.contextmanager
@@ -539,6 +612,17 @@ def _retrying(request, described=_request_described):
     return _request
 
 
+def _without_gcsfs_retries(cls: type, name: str):
+    """gcsfs's method `name` without its retry decorator (the `__wrapped__` the decorator
+    keeps), for the policy to retry alone. A gcsfs whose method keeps no `__wrapped__`: the
+    method itself (the policy still bounds the tries around it; any retries of gcsfs's own
+    then run inside each); one without the method: None (not overridden)."""
+    method = getattr(cls, name, None)
+    if method is None:
+        return None
+    return getattr(method, "__wrapped__", method)
+
+
 _POLICY_FS: dict[type, type] = {}
 
 
@@ -555,17 +639,19 @@ def _use_retry_policy() -> None:
         return
     from gcsfs.core import GCSFileSystem
 
-    class PolicyRequests(GCSFileSystem):
-        """gcsfs's requests under the policy, right above GCSFileSystem in the order of classes:
-        a subclass's own versions (ExtendedGcsFileSystem's downloads from zonal buckets) run
-        and hand standard buckets' to these."""
-
-        _request = _retrying(GCSFileSystem._request.__wrapped__)
-        # fs.get: a file's download is one request (gcsfs retries it 6 times more, by its own
-        # decorator); a large file's concurrent download is made of _info's and _cat_file's
-        # requests, each under the policy already, so it is not retried whole as well.
-        _get_file_request = _retrying(GCSFileSystem._get_file_request.__wrapped__, _download_described)
-        _get_file_concurrent = GCSFileSystem._get_file_concurrent.__wrapped__
+    # fs.get: a file's download is one request (gcsfs retries it 6 times more, by its own
+    # decorator); a large file's concurrent download is made of _info's and _cat_file's
+    # requests, each under the policy already, so it is not retried whole as well.
+    overrides = {}
+    for name, described in (("_request", _request_described), ("_get_file_request", _download_described),
+                            ("_get_file_concurrent", None)):
+        method = _without_gcsfs_retries(GCSFileSystem, name)
+        if method is not None:
+            overrides[name] = method if described is None else _retrying(method, described)
+    # gcsfs's requests under the policy, right above GCSFileSystem in the order of classes:
+    # a subclass's own versions (ExtendedGcsFileSystem's downloads from zonal buckets) run
+    # and hand standard buckets' to these.
+    PolicyRequests = type("PolicyRequests", (GCSFileSystem,), overrides)
 
     class PolicyGCSFileSystem(*((PolicyRequests,) if base is GCSFileSystem else (base, PolicyRequests))):
         def __init__(self, *args, requests_timeout=None, **kwargs):

@@ -112,11 +112,48 @@ class TextDocuments:
         return self.docs[i]
 
 
+# gs:// shards are copied to this machine's disk and read there: array_record's reader opens
+# gs:// itself (google-cloud-cpp), with retries of its own that the retry policy cannot reach.
+SHARD_CACHE_ENV = "BERT_JAX_SHARD_CACHE"  # a folder, or "off" (docs/pretraining.md)
+
+
+def shard_cache(environ=os.environ) -> str | None:
+    """The folder gs:// shards are copied into: $BERT_JAX_SHARD_CACHE (None for "off": read
+    from the bucket), else <$XDG_CACHE_HOME or ~/.cache>/bert_jax/shards."""
+    given = environ.get(SHARD_CACHE_ENV, "").strip()
+    if given == "off":
+        return None
+    if given:
+        return os.path.abspath(os.path.expanduser(given))
+    return os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bert_jax", "shards")
+
+
+def _readable(files: list[str]) -> list[str]:
+    """`files` with each gs:// shard replaced by its local copy (paths.cached_copies, under the
+    retry policy); as given when copies are off, or, with one warning line, when the folder for
+    them cannot hold them (array_record then reads the bucket, by its own retries)."""
+    remote = [f for f in files if paths.is_remote(f)]
+    folder = shard_cache()
+    if not remote or folder is None:
+        return files
+    try:
+        copies = dict(zip(remote, map(str, paths.cached_copies(remote, folder)), strict=True))
+    except paths.CopyFolderUnusable as e:
+        logging.getLogger(__name__).warning(
+            f"warning: the shard cache {e}; reading the shards from the bucket instead (array_record's "
+            f"own GCS client: its retries, not ${paths.RETRY_ENV}'s); set ${SHARD_CACHE_ENV} to a "
+            "folder with room (or to off, to read the bucket without this line)")
+        return files
+    return [copies.get(f, f) for f in files]
+
+
 class ArrayRecordDocuments:
-    """Pre-tokenized documents written by `bert-jax prepare` (local or gs://: array_record
-    >= 0.8.6 reads gs:// objects itself, with Application Default Credentials)."""
+    """Pre-tokenized documents written by `bert-jax prepare`, local or gs:// (copied to this
+    machine first, `_readable`; with copies off, array_record >= 0.8.6 reads gs:// objects
+    itself, with Application Default Credentials)."""
 
     def __init__(self, files: Sequence[str]):
+        files = _readable(list(files))
         try:
             self.source = grain.sources.ArrayRecordDataSource(list(files))
         except RuntimeError as e:  # the C++ reader's "open() failed: ...; opening <file>"

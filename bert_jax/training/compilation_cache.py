@@ -121,26 +121,93 @@ def setup_compilation_cache(setting: str, command: str, workdir: str | None,
 # whether the user required it; None when none is.
 _IN_USE: list[tuple[str, bool] | None] = [None]
 _TURNING_OFF = threading.Lock()
+# jax_raise_persistent_cache_errors as it was before a required cache stopped the command
+# (set for JAX to let that error through; put back by the next _watch)
+_RAISE_BEFORE: list[bool] = []
 _WRITE = "Error writing persistent compilation cache entry for "
 _READ = "Error reading persistent compilation cache entry for "
 
 
 def _watch(path: str | None, required: bool) -> None:
-    """From now on JAX's warning that it could not write (or, for a storage error, read) an
-    entry of the cache `path` stops the cache at once (`_failed`); None: no cache watched. The
-    hook sits on warnings.showwarning (JAX reports these failures only as warnings), put back
-    on top at each call: a test framework restores showwarning after each test."""
+    """From now on a failed write of an entry of the cache `path` (or a failed read, for a
+    storage error) stops the cache at once (`_failed`); None: no cache watched. Seen at the
+    cache object itself: each cache JAX opens has its get and put wrapped (`_watch_jax_caches`),
+    so warnings filtered to "ignore" or a showwarning hook that does not chain change nothing.
+    A JAX without that opening point: seen through JAX's warning of the failure instead (a hook
+    on warnings.showwarning, put back on top at each call: a test framework restores
+    showwarning after each test)."""
     _IN_USE[0] = (path, required) if path else None
-    if path is None or getattr(warnings.showwarning, "watches_the_cache", False):
+    if _RAISE_BEFORE:
+        import jax
+
+        jax.config.update("jax_raise_persistent_cache_errors", _RAISE_BEFORE.pop())
+    if path is None or _watch_jax_caches() or getattr(warnings.showwarning, "watches_the_cache", False):
         return
     previous = warnings.showwarning
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
-        if not _failed(str(message)):
+        if not _failed_warning(str(message)):
             previous(message, category, filename, lineno, file, line)
 
     showwarning.watches_the_cache = True
     warnings.showwarning = showwarning
+
+
+def _watch_jax_caches() -> bool:
+    """Wraps the get and put of the cache JAX has open, if any, and of every cache it opens
+    from now on (JAX makes each one by its get_file_cache, again after each reset), so that a
+    storage error reaches `_failed` before JAX turns it into a warning; False where this JAX
+    has no get_file_cache (nothing done)."""
+    try:
+        from jax._src import compilation_cache as jax_internal
+    except ImportError:
+        return False
+    make = getattr(jax_internal, "get_file_cache", None)
+    if make is None:
+        return False
+    if getattr(jax_internal, "_cache", None) is not None:  # opened before the watch
+        _wrap(jax_internal._cache)
+    if getattr(make, "watches_the_cache", False):
+        return True
+
+    def get_file_cache(path):
+        made = make(path)
+        if isinstance(made, tuple) and made:  # (the cache, its path)
+            _wrap(made[0])
+        return made
+
+    get_file_cache.watches_the_cache, get_file_cache.__wrapped__ = True, make
+    jax_internal.get_file_cache = get_file_cache
+    return True
+
+
+def _wrap(cache) -> None:
+    """The cache object's get and put (a verifying cache: those of the cache it wraps), failing
+    on a storage error, handed to `_failed` first; once."""
+    cache = getattr(cache, "_base_cache", cache)
+    if getattr(cache, "watched_by_bert_jax", False):
+        return
+    cache.watched_by_bert_jax = True
+    get, put = cache.get, cache.put
+
+    def watched_get(key):
+        try:
+            return get(key)
+        except Exception as e:
+            if not any(_storage_error(c.__name__) for c in type(e).__mro__) or not _failed(
+                    "reading", f"{type(e).__name__}: {e}"):
+                raise
+            return None  # turned off: a miss, the program compiles
+
+    def watched_put(key, value):
+        try:
+            return put(key, value)
+        except Exception as e:
+            if not _failed("writing", f"{type(e).__name__}: {e}"):
+                raise
+            return None
+
+    cache.get, cache.put = watched_get, watched_put
 
 
 def _storage_error(name: str) -> bool:
@@ -152,29 +219,40 @@ def _storage_error(name: str) -> bool:
         isinstance(builtin, type) and issubclass(builtin, OSError))
 
 
-def _failed(message: str) -> bool:
-    """Handles JAX's warning `message` if it says the cache in use failed: without
-    --compilation_cache_required the cache is turned off for the rest of the command with one
-    line saying so and why (True); with it, an OSError ends the command in one line. False for
-    any other warning."""
-    watched = _IN_USE[0]
-    if watched is None or not message.startswith((_WRITE, _READ)):
+def _failed_warning(message: str) -> bool:
+    """`_failed` for JAX's warning `message` if it says the cache in use failed (a read: by a
+    storage error); False for any other warning."""
+    if not message.startswith((_WRITE, _READ)):
         return False
     error = message.partition("': ")[2]  # "OSError: [Errno 28] No space left on device"
     if message.startswith(_READ) and not _storage_error(error.partition(":")[0]):
+        return False
+    return _failed("writing" if message.startswith(_WRITE) else "reading", error)
+
+
+def _failed(operation: str, error: str) -> bool:
+    """The cache in use failed `operation` ("writing" or "reading") with `error` ("OSError:
+    [Errno 28] No space left on device"): without --compilation_cache_required it is turned off
+    for the rest of the command with one line saying so and why (True); with it, an OSError
+    ends the command in one line. False when no cache is watched."""
+    import jax
+
+    watched = _IN_USE[0]
+    if watched is None:
         return False
     with _TURNING_OFF:
         if _IN_USE[0] is None:  # another thread's program turned it off meanwhile
             return True
         _IN_USE[0] = None
         path, required = watched
-        operation = "writing" if message.startswith(_WRITE) else "reading"
         said = (f"the compilation cache {path} failed {operation} a compiled program "
                 f"({(error.splitlines() or [''])[0][:300]})")
         if required:
+            # raised inside JAX's own handling of cache errors: let through, not warned
+            _RAISE_BEFORE.append(jax.config.jax_raise_persistent_cache_errors)
+            jax.config.update("jax_raise_persistent_cache_errors", True)
             raise OSError(f"{said}; fix it, or choose another with --compilation_cache=<dir> (or off), "
                           "or run without it: drop --compilation_cache_required")
-        import jax
         from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
         jax.config.update("jax_enable_compilation_cache", False)

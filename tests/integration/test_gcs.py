@@ -426,6 +426,129 @@ def test_gcsfs_requests_that_keep_failing_stop_in_one_line_after_the_policys_tri
         paths.path(f"gs://{BUCKET}/cfg/good.json")
 
 
+def test_the_retry_policy_holds_with_a_gcsfs_whose_methods_keep_no_wrapped(failing_gcs, monkeypatch):
+    """A gcsfs version whose request method keeps no `__wrapped__` (here: the undecorated one,
+    passed through a plain function) and has no `_get_file_concurrent`: the policy's file system
+    still builds (nothing made up for the missing method) and a read that keeps failing is tried
+    exactly the policy's 3 times, then named in one line."""
+    import fsspec
+
+    from bert_jax import paths
+
+    fs, faults = failing_gcs
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", _FAST_RETRIES)
+    gcsfs_class = gcsfs_core.GCSFileSystem
+    undecorated, calls = gcsfs_class._request.__wrapped__, []
+
+    async def request(self, *args, **kwargs):  # no __wrapped__: gcsfs's retries are not on it
+        calls.append(args[0])
+        return await undecorated(self, *args, **kwargs)
+
+    monkeypatch.setattr(gcsfs_class, "_request", request)
+    monkeypatch.delattr(gcsfs_class, "_get_file_concurrent")
+    for protocol in ("gs", "gcs"):  # as before the first gs:// path: gcsfs's own class
+        monkeypatch.setitem(sys.modules["fsspec.registry"]._registry, protocol, gcsfs_class)
+    monkeypatch.setattr(paths, "_POLICY_FS", {})
+    _forget_gcs_clients()
+    fs.pipe(f"{BUCKET}/cfg/bad.json", b'{"a": 2}')
+    faults.kind = lambda request: request.command == "GET" and "bad.json" in unquote(request.path)
+    calls.clear()
+    with pytest.raises(paths.StorageFailing, match=rf"^Google Cloud Storage kept failing: reading "
+                                                  rf"gs://{BUCKET}/cfg/bad.json failed 3 tries"):
+        paths.read_json(f"gs://{BUCKET}/cfg/bad.json", "a config")
+    policy_fs = fsspec.get_filesystem_class("gs")
+    assert policy_fs.__name__ == "PolicyGCSFileSystem" and not hasattr(policy_fs, "_get_file_concurrent")
+    # each request refused (the object's, then a folder's of that name) tried 3 times, no more
+    assert set(faults.refused.values()) == {3}, faults.refused
+    assert len(calls) == faults.refused.total(), calls
+    faults.kind = None
+    assert paths.read_json(f"gs://{BUCKET}/cfg/bad.json", "a config") == {"a": 2}
+
+
+def _shard_documents(shift: int) -> list:
+    return [[np.arange(i, i + 3, dtype=np.int32) + shift, np.array([7, i], np.int32)] for i in range(5)]
+
+
+def _as_lists(docs) -> list:
+    return [[s.tolist() for s in docs[i]] for i in range(len(docs))]
+
+
+def test_gs_shards_are_copied_under_the_retry_policy_then_read_from_the_copy(failing_gcs, monkeypatch,
+                                                                           tmp_path):
+    """array_record shards on gs:// are downloaded into the shard cache by gcsfs, each request
+    under the retry policy (array_record's own reader would retry by google-cloud-cpp's rules):
+    a download that keeps failing stops after the policy's 3 tries in one line, leaving nothing
+    in the cache; once GCS is well the documents read are the ones written, the next read takes
+    the copy without downloading, and a shard rewritten since (same size) is downloaded again."""
+    from bert_jax import paths
+    from bert_jax.data import documents
+
+    fs, faults = failing_gcs
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", _FAST_RETRIES)
+    cache = tmp_path / "shards"
+    monkeypatch.setenv("BERT_JAX_SHARD_CACHE", str(cache))
+    shard = f"gs://{BUCKET}/shards/train-00000.array_record"
+    assert documents.write_array_record(_shard_documents(0), shard) == 5
+    downloads = []
+
+    def download(request) -> bool:
+        path = unquote(request.path)
+        if request.command == "GET" and "alt=media" in path and "train-00000" in path:
+            downloads.append(request.path)
+            return refuse
+        return False
+
+    def read():
+        return documents.ArrayRecordDocuments(documents.expand(f"gs://{BUCKET}/shards/train-*"))
+
+    faults.kind, refuse = download, True
+    with pytest.raises(paths.StorageFailing, match=rf"^Google Cloud Storage kept failing: reading "
+                                                  rf"{shard} failed 3 tries .*longer\)$"):
+        read()
+    assert set(faults.refused.values()) == {3} and len(downloads) == 3, (faults.refused, downloads)
+    assert [p for p in cache.rglob("*") if p.is_file()] == []  # nothing partial, nothing recorded
+    refuse = False
+    downloads.clear()
+    assert _as_lists(read()) == _as_lists(_shard_documents(0)) and len(downloads) == 1
+    assert (cache / BUCKET / "shards" / "train-00000.array_record").is_file()
+    assert _as_lists(read()) == _as_lists(_shard_documents(0)) and len(downloads) == 1  # the copy
+    documents.write_array_record(_shard_documents(100), shard)  # the same size, other bytes
+    assert _as_lists(read()) == _as_lists(_shard_documents(100)) and len(downloads) == 2
+
+
+def test_gs_shards_without_room_for_copies_are_read_from_the_bucket_after_one_line(failing_gcs,
+                                                                                  monkeypatch, tmp_path):
+    """A shard cache whose disk has no room for the shards: one warning line naming the folder,
+    the room and what to do; the shards are then read from the bucket by array_record itself
+    (as with BERT_JAX_SHARD_CACHE=off, which says nothing)."""
+    import collections as collections_lib
+
+    from bert_jax import paths
+    from bert_jax.data import documents
+
+    fs, faults = failing_gcs
+    cache = tmp_path / "shards"
+    monkeypatch.setenv("BERT_JAX_SHARD_CACHE", str(cache))
+    shard = f"gs://{BUCKET}/shards/train-00000.array_record"
+    documents.write_array_record(_shard_documents(0), shard)
+    disk = collections_lib.namedtuple("usage", "total used free")
+    monkeypatch.setattr(paths.shutil, "disk_usage", lambda folder: disk(2**30, 2**30, 0))
+    warned = []
+    monkeypatch.setattr(documents.logging.getLogger(documents.__name__), "warning", warned.append)
+    stored = documents.ArrayRecordDocuments([shard])
+    assert _as_lists(stored) == _as_lists(_shard_documents(0))
+    assert fs.info(f"{BUCKET}/shards/train-00000.array_record")["size"] == 128 * 1024  # (padded)
+    assert warned == [
+        f"warning: the shard cache {cache} has 0 bytes free, the copies need 128.0 KiB; reading "
+        "the shards from the bucket instead (array_record's own GCS client: its retries, not "
+        "$BERT_JAX_GCS_RETRY's); set $BERT_JAX_SHARD_CACHE to a folder with room (or to off, to "
+        "read the bucket without this line)"]
+    assert [p for p in cache.rglob("*") if p.is_file()] == []
+    monkeypatch.setenv("BERT_JAX_SHARD_CACHE", "off")
+    assert _as_lists(documents.ArrayRecordDocuments([shard])) == _as_lists(_shard_documents(0))
+    assert len(warned) == 1
+
+
 def test_a_gs_cache_whose_writes_keep_failing_is_turned_off_after_one_program(failing_gcs, monkeypatch):
     """A gs:// compilation cache that passed the probe, whose uploads of programs then keep
     failing (503 past the policy's 3 tries): the first program's upload is tried 3 times, the
@@ -652,9 +775,11 @@ def test_sentencepiece_tokenizer_on_gs(corpus, gcs_here, cli):
         tokenizer_lib.load_tokenizer(corpus)  # named as given, not as gs:/bucket/corpus
 
 
-def test_prepared_array_record_shards_on_gs(corpus, vocab, gcs_here, cli):
-    """`prepare --out gs://...` uploads the shards; training reads them from the bucket (the
-    array_record reader opens gs:// itself) as it reads the text."""
+def test_prepared_array_record_shards_on_gs(corpus, vocab, gcs_here, cli, monkeypatch, tmp_path):
+    """`prepare --out gs://...` uploads the shards; training reads them from the bucket as it
+    reads the text: through local copies (the shard cache), or, with the cache off, by the
+    array_record reader opening gs:// itself."""
+    monkeypatch.setenv("BERT_JAX_SHARD_CACHE", str(tmp_path / "shards"))
     from bert_jax import config as config_lib
     from bert_jax.data import documents, sources
     from bert_jax.data import tokenizer as tokenizer_lib
@@ -677,9 +802,18 @@ def test_prepared_array_record_shards_on_gs(corpus, vocab, gcs_here, cli):
     assert len(stored) == counts["train"] == len(train_ids)
     for i in (0, len(stored) - 1):  # the same documents and token ids as the text gives
         assert [s.tolist() for s in stored[i]] == [s.tolist() for s in docs[int(train_ids[i])]]
+    assert (tmp_path / "shards" / BUCKET / "shards" / "train-00000.array_record").is_file()
+    monkeypatch.setenv("BERT_JAX_SHARD_CACHE", "off")
+    direct = documents.ArrayRecordDocuments(documents.expand(f"{shards}/train-*"))
+    assert [s.tolist() for s in direct[len(stored) - 1]] == [s.tolist() for s in stored[len(stored) - 1]]
+    monkeypatch.delenv("BERT_JAX_SHARD_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the default folder
     config = config_lib.load(CONFIG, text + ["data.name=array_record", f"data.train_files={shards}/train-*",
                                              f"data.eval_files={shards}/validation-*"])
     assert next(pipelines.make(config, "train"))["input_ids"].shape == (8, 32)
+    copies = tmp_path / "xdg" / "bert_jax" / "shards" / BUCKET / "shards"
+    assert sorted(p.name for p in copies.iterdir()) == ["train-00000.array_record",
+                                                        "train-00000.array_record.source"]
     with pytest.raises(FileExistsError, match=f"{shards} exists and is not empty"):
         sources.prepare(config_lib.resolve(text_config), shards)
 

@@ -216,20 +216,47 @@ def own_cache(tmp_path):
         yield tmp_path / "jit"
 
 
+def _silence_warnings(how: str, monkeypatch) -> None:
+    """JAX's warnings as a user or a library may leave them: `shown` (as Python shows them),
+    `ignored` (filtered to "ignore"), `unchained` (a showwarning hook that calls no other);
+    `shown_by_an_older_jax`: shown, by a JAX without get_file_cache (the cache watched through
+    its warnings)."""
+    import warnings
+
+    if how == "ignored":
+        warnings.simplefilter("ignore")  # (pytest puts the filters back after the test)
+    elif how == "unchained":
+        monkeypatch.setattr(warnings, "showwarning", lambda *args, **kwargs: None)
+
+
+WARNINGS = pytest.mark.parametrize("warnings_are", ["shown", "ignored", "unchained", "shown_by_an_older_jax"])
+
+
+@WARNINGS
 @pytest.mark.parametrize("required", [False, True], ids=["turned_off", "stops"])
-def test_a_cache_that_fails_mid_run_is_turned_off_or_stops_the_command(own_cache, required):
+def test_a_cache_that_fails_mid_run_is_turned_off_or_stops_the_command(own_cache, required, warnings_are,
+                                                                        monkeypatch):
     """A cache that passed the probe and then fails while the command runs (its folder replaced
     by a file, a fault that stops root too: JAX can write no entry). JAX alone warns at each
     program and goes on, paying the storage at each; here the first failed write turns the
     cache off with one line naming it and the error (a later program writes nothing, though
-    the folder is back), or, with --compilation_cache_required, ends the command in one line."""
+    the folder is back), or, with --compilation_cache_required, ends the command in one line.
+    Seen at the cache itself: the same whether JAX's warnings are shown, ignored, or taken by a
+    hook installed after the cache's (one that passes them on to no one)."""
     records = []
     logger = logging.getLogger(compilation_cache.__name__)
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append
     logger.addHandler(handler)
+    if warnings_are == "shown_by_an_older_jax":
+        from jax._src import compilation_cache as jax_internal
+
+        opens = jax_internal.get_file_cache  # JAX's own, unwrapped by an earlier test's watch
+        monkeypatch.setattr(jax_internal, "get_file_cache", getattr(opens, "__wrapped__", opens))
+        monkeypatch.setattr(compilation_cache, "_watch_jax_caches", lambda: False)
     try:
         compilation_cache.setup_compilation_cache(str(own_cache), "translate", None, required)
+        _silence_warnings(warnings_are, monkeypatch)
         compile_new_program(3.5)
         assert any(f.name.endswith("-cache") for f in own_cache.iterdir())  # written there
         shutil.rmtree(own_cache)
@@ -243,6 +270,8 @@ def test_a_cache_that_fails_mid_run_is_turned_off_or_stops_the_command(own_cache
                 "fix it, or choose another with --compilation_cache=<dir> (or off), or run without "
                 "it: drop --compilation_cache_required"), str(stopped.value)), str(stopped.value)
             assert records == [] and jax.config.jax_enable_compilation_cache
+            compilation_cache._watch(None, False)  # the next command's: JAX's setting as it was
+            assert jax.config.jax_raise_persistent_cache_errors is False
             return
         compile_new_program(5.5)
         assert jax.config.jax_enable_compilation_cache is False
@@ -257,6 +286,28 @@ def test_a_cache_that_fails_mid_run_is_turned_off_or_stops_the_command(own_cache
         "running on without it (every program compiles from now on; --compilation_cache_required "
         "stops the command instead)"), records[0].getMessage()), records[0].getMessage()
 
+
+
+def test_a_cache_jax_opened_before_the_watch_is_watched_too(own_cache, monkeypatch):
+    """JAX opened the cache before the command set it up (a program compiled first, under the
+    user's own JAX settings): its get and put are wrapped then, so its failure mid-run turns it
+    off with warnings filtered to "ignore" as well."""
+    import warnings
+
+    warned = []
+    monkeypatch.setattr(logging.getLogger(compilation_cache.__name__), "warning", warned.append)
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(own_cache))
+    compile_new_program(2.75)  # JAX opens the cache here
+    assert any(f.name.endswith("-cache") for f in own_cache.iterdir())
+    compilation_cache.setup_compilation_cache(str(own_cache), "translate", None)
+    warnings.simplefilter("ignore")
+    shutil.rmtree(own_cache)
+    own_cache.write_text("")
+    compile_new_program(6.75)
+    assert jax.config.jax_enable_compilation_cache is False
+    assert len(warned) == 1 and warned[0].startswith(f"warning: the compilation cache {own_cache} failed "
+                                                     "writing a compiled program (NotADirectoryError"), warned
 
 
 def train_argv(workdir, *overrides):
