@@ -254,8 +254,9 @@ def cached_copies(urls: Sequence[str], folder: str | os.PathLike) -> list[Path]:
     deadline included) unless the copy there has the object's size, generation and MD5, as
     recorded beside it (<copy>.source) when it was made. A copy is written into a temporary
     file and renamed, its record after it, so it is whole or absent and never taken for
-    another version. CopyFolderUnusable (nothing downloaded) when `folder` cannot be made or its
-    disk has less room than the downloads need."""
+    another version. CopyFolderUnusable (nothing downloaded) when `folder` cannot be made or the
+    downloads would take more than half of its disk's free room (a run's checkpoints may need
+    the rest)."""
     import fsspec
 
     planned = []
@@ -276,8 +277,9 @@ def cached_copies(urls: Sequence[str], folder: str | os.PathLike) -> list[Path]:
             free = shutil.disk_usage(folder).free
         except OSError as e:
             raise CopyFolderUnusable(f"cannot make {folder} ({e.strerror or e})") from None
-        if need > free:
-            raise CopyFolderUnusable(f"{folder} has {_size(free)} free, the copies need {_size(need)}")
+        if 2 * need > free:  # at most half: checkpoints, logs and caches may share the disk
+            raise CopyFolderUnusable(f"{folder} has {_size(free)} free, the copies need {_size(need)} "
+                                     f"(and may take at most half of it)")
     for fs, name, copy, source in missing:
         copy.parent.mkdir(parents=True, exist_ok=True)
         _copied_from(copy).unlink(missing_ok=True)  # the record goes first, comes back last

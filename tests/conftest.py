@@ -18,6 +18,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bert_jax_test_jit_")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# gs:// shards' local copies (docs/pretraining.md) in a folder of the session, not the user's
+# ~/.cache; the tests of the default folder set their own $XDG_CACHE_HOME.
+if "BERT_JAX_SHARD_CACHE" not in os.environ:
+    os.environ["BERT_JAX_SHARD_CACHE"] = tempfile.mkdtemp(prefix="bert_jax_test_shards_")
+    atexit.register(shutil.rmtree, os.environ["BERT_JAX_SHARD_CACHE"], True)
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402

@@ -518,7 +518,8 @@ def test_gs_shards_are_copied_under_the_retry_policy_then_read_from_the_copy(fai
 
 def test_gs_shards_without_room_for_copies_are_read_from_the_bucket_after_one_line(failing_gcs,
                                                                                   monkeypatch, tmp_path):
-    """A shard cache whose disk has no room for the shards: one warning line naming the folder,
+    """A shard cache whose disk has no room for the shards (they may take half its free room:
+    a run's checkpoints may share it): one warning line naming the folder,
     the room and what to do; the shards are then read from the bucket by array_record itself
     (as with BERT_JAX_SHARD_CACHE=off, which says nothing)."""
     import collections as collections_lib
@@ -532,17 +533,17 @@ def test_gs_shards_without_room_for_copies_are_read_from_the_bucket_after_one_li
     shard = f"gs://{BUCKET}/shards/train-00000.array_record"
     documents.write_array_record(_shard_documents(0), shard)
     disk = collections_lib.namedtuple("usage", "total used free")
-    monkeypatch.setattr(paths.shutil, "disk_usage", lambda folder: disk(2**30, 2**30, 0))
+    monkeypatch.setattr(paths.shutil, "disk_usage", lambda folder: disk(2**30, 2**30, 200 * 1024))
     warned = []
     monkeypatch.setattr(documents.logging.getLogger(documents.__name__), "warning", warned.append)
     stored = documents.ArrayRecordDocuments([shard])
     assert _as_lists(stored) == _as_lists(_shard_documents(0))
     assert fs.info(f"{BUCKET}/shards/train-00000.array_record")["size"] == 128 * 1024  # (padded)
     assert warned == [
-        f"warning: the shard cache {cache} has 0 bytes free, the copies need 128.0 KiB; reading "
-        "the shards from the bucket instead (array_record's own GCS client: its retries, not "
-        "$BERT_JAX_GCS_RETRY's); set $BERT_JAX_SHARD_CACHE to a folder with room (or to off, to "
-        "read the bucket without this line)"]
+        f"warning: the shard cache {cache} has 200.0 KiB free, the copies need 128.0 KiB (and "
+        "may take at most half of it); reading the shards from the bucket instead (array_record's "
+        "own GCS client: its retries, not $BERT_JAX_GCS_RETRY's); set $BERT_JAX_SHARD_CACHE to a "
+        "folder with room (or to off, to read the bucket without this line)"]
     assert [p for p in cache.rglob("*") if p.is_file()] == []
     monkeypatch.setenv("BERT_JAX_SHARD_CACHE", "off")
     assert _as_lists(documents.ArrayRecordDocuments([shard])) == _as_lists(_shard_documents(0))
