@@ -106,9 +106,14 @@ def _gate_replica_parallel_writes() -> None:
     from orbax.checkpoint._src.metadata import array_metadata_store
 
     store = getattr(current, "_array_metadata_store", None) or array_metadata_store.Store()
-    handlers.register_type_handler(jax.Array, handlers.ArrayHandler(
-        array_metadata_store=store,
-        min_slice_bytes_for_replica_parallel=gate), override=True)
+    quiet = logging.getLogger("absl")  # Orbax warns of every override, in each process
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        handlers.register_type_handler(jax.Array, handlers.ArrayHandler(
+            array_metadata_store=store, min_slice_bytes_for_replica_parallel=gate), override=True)
+    finally:
+        quiet.setLevel(level)
 
 
 def _use_retry_policy() -> None:
