@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import errno
 import glob as glob_lib
 import io
 import json
@@ -248,15 +249,25 @@ def _copied_from(copy: Path) -> Path:
     return copy.with_name(copy.name + ".source")
 
 
+# Errors of this machine's disk while copies are written (full, over a quota or a file-size
+# limit, read-only, not permitted): the copies are given up, not the run (a gs:// error raised
+# as an OSError carries no errno).
+_LOCAL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def cached_copies(urls: Sequence[str], folder: str | os.PathLike) -> list[Path]:
     """Local copies of the objects `urls` (gs://), kept in `folder` (<folder>/<bucket>/<name>)
     for later commands: each downloaded by gcsfs (every request under the retry policy, its
     deadline included) unless the copy there has the object's size, generation and MD5, as
     recorded beside it (<copy>.source) when it was made. A copy is written into a temporary
     file and renamed, its record after it, so it is whole or absent and never taken for
-    another version. CopyFolderUnusable (nothing downloaded) when `folder` cannot be made or the
+    another version. The processes of one machine take turns (a lock on `folder`): the first
+    downloads, the others find its copies. CopyFolderUnusable (nothing left half-written) when
+    `folder` cannot be made or written, its disk fills or refuses while copying, or the
     downloads would take more than half of its disk's free room (a run's checkpoints may need
     the rest)."""
+    import fcntl
+
     import fsspec
 
     planned = []
@@ -269,33 +280,49 @@ def cached_copies(urls: Sequence[str], folder: str | os.PathLike) -> list[Path]:
         info = fs.info(name)
         planned.append((fs, name, Path(folder) / name,
                         {key: info.get(key) for key in ("size", "generation", "md5Hash")}))
-    missing = [p for p in planned if not _copy_fresh(p[2], p[3])]
-    if missing:
-        need = sum(int(source["size"]) for *_, source in missing)
-        try:
-            Path(folder).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        lock = os.open(folder, os.O_RDONLY)
+    except OSError as e:
+        raise CopyFolderUnusable(f"cannot make {folder} ({e.strerror or e})") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process of this machine may be copying them
+        missing = [p for p in planned if not _copy_fresh(p[2], p[3])]
+        if missing:
+            need = sum(int(source["size"]) for *_, source in missing)
             free = shutil.disk_usage(folder).free
-        except OSError as e:
-            raise CopyFolderUnusable(f"cannot make {folder} ({e.strerror or e})") from None
-        if 2 * need > free:  # at most half: checkpoints, logs and caches may share the disk
-            raise CopyFolderUnusable(f"{folder} has {_size(free)} free, the copies need {_size(need)} "
-                                     f"(and may take at most half of it)")
-    for fs, name, copy, source in missing:
+            if 2 * need > free:  # at most half: checkpoints, logs and caches may share the disk
+                raise CopyFolderUnusable(f"{folder} has {_size(free)} free, the copies need "
+                                         f"{_size(need)} (and may take at most half of it)")
+        for fs, name, copy, source in missing:
+            _download(fs, name, copy, source, folder)
+    finally:
+        os.close(lock)  # (and its lock)
+    return [copy for _, _, copy, _ in planned]
+
+
+def _download(fs, name: str, copy: Path, source: dict, folder) -> None:
+    """gs://`name` into `copy` through a temporary file, its record (`source`) after it; a
+    local disk error is CopyFolderUnusable with nothing of this copy left."""
+    part = copy.with_name(f".{copy.name}.{socket.gethostname()}.{os.getpid()}.part")
+    try:
         copy.parent.mkdir(parents=True, exist_ok=True)
         _copied_from(copy).unlink(missing_ok=True)  # the record goes first, comes back last
-        part = copy.with_name(f".{copy.name}.{socket.gethostname()}.{os.getpid()}.part")
-        try:
-            fs.get(name, str(part))
-            if part.stat().st_size != int(source["size"]):
-                raise OSError(f"gs://{name}: downloaded {part.stat().st_size} bytes, the object "
-                              f"holds {source['size']}; rerun")
-            os.replace(part, copy)
-            part.with_suffix(".source").write_text(json.dumps(source))
-            os.replace(part.with_suffix(".source"), _copied_from(copy))
-        finally:
-            part.unlink(missing_ok=True)
-            part.with_suffix(".source").unlink(missing_ok=True)
-    return [copy for _, _, copy, _ in planned]
+        fs.get(name, str(part))
+        if part.stat().st_size != int(source["size"]):
+            raise OSError(f"gs://{name}: downloaded {part.stat().st_size} bytes, the object "
+                          f"holds {source['size']}; rerun")
+        os.replace(part, copy)
+        part.with_suffix(".source").write_text(json.dumps(source))
+        os.replace(part.with_suffix(".source"), _copied_from(copy))
+    except OSError as e:
+        if e.errno not in _LOCAL_DISK_ERRNOS:
+            raise
+        copy.unlink(missing_ok=True)  # (its record is gone already)
+        raise CopyFolderUnusable(f"cannot write copies in {folder} ({e.strerror or e})") from None
+    finally:
+        part.unlink(missing_ok=True)
+        part.with_suffix(".source").unlink(missing_ok=True)
 
 
 def _size(n: int) -> str:

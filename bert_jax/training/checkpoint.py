@@ -88,16 +88,21 @@ def manager(directory: str | os.PathLike, *, create: bool = False, read_only: bo
     return ocp.CheckpointManager(path, options=options, item_handlers=item_handlers or _handlers())
 
 
-# An array replicated over devices is written by its replicas together, each a slice of it
-# (Orbax's replica-parallel saving), only where a slice holds at least this much: each slice is
-# an op dispatched (and at its first shape compiled) on the device, which for a small array
-# costs more than the whole write (a tiny BERT on 8 CPU devices: 700 slices, 4.4 s a save).
+# In a one-process run, an array replicated over devices is written by its replicas together,
+# each a slice of it (Orbax's replica-parallel saving), only where a slice holds at least this
+# much: each slice is an op dispatched (and at its first shape compiled) on the device, which
+# for a small array costs more than the whole write (a tiny BERT on 8 CPU devices: 700 slices,
+# 4.4 s a save), and one process writes every slice anyway. Runs of several processes keep
+# Orbax's default: there the slices spread the writing over the hosts (BERT-base on 16 data
+# replicas: every matrix under 1 MiB a slice, which would leave host 0 writing them all).
 MIN_SLICE_BYTES_FOR_REPLICA_PARALLEL = 1 << 20
 
 
 def _gate_replica_parallel_writes() -> None:
     """Orbax's handler of jax.Arrays (its global registry, which StandardCheckpointHandler
-    reads) with MIN_SLICE_BYTES_FOR_REPLICA_PARALLEL; once per process."""
+    reads) with MIN_SLICE_BYTES_FOR_REPLICA_PARALLEL, in a one-process run; once."""
+    if jax.process_count() > 1:
+        return
     handlers = ocp.type_handlers
     current = handlers.get_type_handler(jax.Array)
     gate = MIN_SLICE_BYTES_FOR_REPLICA_PARALLEL
@@ -575,23 +580,25 @@ def refuse_other_run(where: str, stored: dict, config: dict) -> None:
 # batches a run trains on: a resume that changes them reads the same training stream (grain's
 # worker processes keep the order).
 NOT_TRAINING_DATA = ("dev_file", "test_file", "test_files", "eval_files", "eval_masked_lm_prob",
-                     "tfds_eval_split", "bleu_sentences", "beam_size", "alpha", "skip_bad_rows",
-                     "worker_count")
+                     "tfds_eval_split", "bleu_sentences", "skip_bad_rows", "worker_count",
+                     "n_best_size", "max_answer_length", "null_score_diff_threshold")
 
 
 def say_data_changes(where: str, stored: dict, config: dict) -> None:
     """A warning naming each key of the data section that differs from the one stored with
     checkpoint `where`: the run resumes (the user may mean it: a new mixture for a later
     stage), but its batches from here on follow the new data, not the stored run's stream
-    (several training files or data.mix: a different order from the resumed step on)."""
+    (several training files or data.mix: a different order from the resumed step on). A key
+    the stored section lacks is not compared: a checkpoint of an older version has no key that
+    version did not know (data.mix: one training file then)."""
     if "data" not in stored or "data" not in config:  # an older stored config: nothing to compare
         return
     before, now = stored["data"], config["data"]
     if not (isinstance(before, dict) and isinstance(now, dict)):
         return
-    keys = [k for k in sorted(set(before) | set(now)) if k not in NOT_TRAINING_DATA]
-    diff = "; ".join(f"data.{k}: {before.get(k, '(unset)')!r} in the checkpoint, "
-                     f"{now.get(k, '(unset)')!r} here" for k in keys if before.get(k) != now.get(k))
+    keys = [k for k in sorted(set(before) & set(now)) if k not in NOT_TRAINING_DATA]
+    diff = "; ".join(f"data.{k}: {before[k]!r} in the checkpoint, {now[k]!r} here"
+                     for k in keys if before[k] != now[k])
     if diff:
         log.warning(f"warning: resuming {where} with other training data ({diff}): the batches "
                     f"from this step on follow the new data, not the stream the checkpoint's run "

@@ -190,12 +190,15 @@ def _wrap(cache) -> None:
     cache.watched_by_bert_jax = True
     get, put = cache.get, cache.put
 
+    # A lock not had in time (JAX's LRU cache: filelock.Timeout, an OSError too) is other
+    # processes using the cache, not its storage failing: JAX warns and compiles, as before.
     def watched_get(key):
         try:
             return get(key)
         except Exception as e:
-            if not any(_storage_error(c.__name__) for c in type(e).__mro__) or not _failed(
-                    "reading", f"{type(e).__name__}: {e}"):
+            if (isinstance(e, TimeoutError)
+                    or not any(_storage_error(c.__name__) for c in type(e).__mro__)
+                    or not _failed("reading", f"{type(e).__name__}: {e}")):
                 raise
             return None  # turned off: a miss, the program compiles
 
@@ -203,7 +206,7 @@ def _wrap(cache) -> None:
         try:
             return put(key, value)
         except Exception as e:
-            if not _failed("writing", f"{type(e).__name__}: {e}"):
+            if isinstance(e, TimeoutError) or not _failed("writing", f"{type(e).__name__}: {e}"):
                 raise
             return None
 

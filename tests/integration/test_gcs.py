@@ -516,6 +516,77 @@ def test_gs_shards_are_copied_under_the_retry_policy_then_read_from_the_copy(fai
     assert _as_lists(read()) == _as_lists(_shard_documents(100)) and len(downloads) == 2
 
 
+def test_gs_shards_whose_copies_cannot_be_written_are_read_from_the_bucket(failing_gcs, monkeypatch,
+                                                                          tmp_path):
+    """A disk that refuses the copy while it is written (here a file-size limit below the shard's
+    size, as a full disk or a quota would): one warning line naming the folder and the error,
+    nothing half-written left, and the documents read from the bucket."""
+    import resource
+    import signal
+
+    from bert_jax.data import documents
+
+    cache = tmp_path / "shards"
+    monkeypatch.setenv("BERT_JAX_SHARD_CACHE", str(cache))
+    shard = f"gs://{BUCKET}/shards/train-00000.array_record"
+    documents.write_array_record(_shard_documents(0), shard)  # 128 KiB on GCS
+    warned = []
+    monkeypatch.setattr(documents.logging.getLogger(documents.__name__), "warning", warned.append)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, hard))
+    try:
+        stored = documents.ArrayRecordDocuments([shard])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert _as_lists(stored) == _as_lists(_shard_documents(0))
+    assert warned == [f"warning: the shard cache cannot write copies in {cache} (File too large); reading "
+                      "the shards from the bucket instead (array_record's own GCS client: its retries, "
+                      "not $BERT_JAX_GCS_RETRY's); set $BERT_JAX_SHARD_CACHE to a folder with room (or "
+                      "to off, to read the bucket without this line)"], warned
+    assert [p for p in cache.rglob("*") if p.is_file()] == []
+
+
+def test_processes_of_one_machine_copy_each_shard_once(failing_gcs, monkeypatch, tmp_path):
+    """Several processes (threads here: the lock is the folder's) opening the same gs:// shards
+    at once: one downloads each shard, the others wait for it and take its copies."""
+    import threading
+
+    from bert_jax import paths
+    from bert_jax.data import documents
+
+    fs, faults = failing_gcs
+    shards = [f"gs://{BUCKET}/shards/train-0000{i}.array_record" for i in range(2)]
+    for i, shard in enumerate(shards):
+        documents.write_array_record(_shard_documents(10 * i), shard)
+    downloads = []
+
+    def count(request) -> bool:
+        if request.command == "GET" and "alt=media" in unquote(request.path):
+            downloads.append(request.path)
+        return False
+
+    faults.kind = count
+    results, errors = [], []
+
+    def copy():
+        try:
+            results.append(paths.cached_copies(shards, tmp_path / "shards"))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=copy) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(results) == 3 and len({tuple(r) for r in results}) == 1
+    assert len(downloads) == 2, downloads
+    for i, copy in enumerate(results[0]):
+        assert _as_lists(documents.ArrayRecordDocuments([str(copy)])) == _as_lists(_shard_documents(10 * i))
+
+
 def test_gs_shards_without_room_for_copies_are_read_from_the_bucket_after_one_line(failing_gcs,
                                                                                   monkeypatch, tmp_path):
     """A shard cache whose disk has no room for the shards (they may take half its free room:

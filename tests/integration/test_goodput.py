@@ -310,6 +310,26 @@ def test_a_cache_jax_opened_before_the_watch_is_watched_too(own_cache, monkeypat
                                                      "writing a compiled program (NotADirectoryError"), warned
 
 
+def test_a_lock_not_had_in_time_leaves_the_cache_on(own_cache):
+    """JAX's LRU cache raises filelock.Timeout (a TimeoutError, so an OSError) when other
+    processes hold its lock past 10 s: contention, not the storage failing. The error goes back
+    to JAX, which warns and compiles that program; the cache stays on."""
+    compilation_cache.setup_compilation_cache(str(own_cache), "translate", None, True)
+
+    class Busy:
+        def get(self, key, *value):
+            raise TimeoutError(f"The file lock '{own_cache}/lock' could not be acquired.")
+
+        put = get
+
+    busy = Busy()
+    compilation_cache._wrap(busy)
+    for call in (lambda: busy.get("k"), lambda: busy.put("k", b"")):
+        with pytest.raises(TimeoutError):
+            call()
+    assert jax.config.jax_enable_compilation_cache is True
+
+
 def train_argv(workdir, *overrides):
     """`bert-jax train` of test_nothing_lost's tiny run (its tests compile the same programs)."""
     from test_nothing_lost import CONFIG, SMALL

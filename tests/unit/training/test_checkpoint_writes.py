@@ -39,3 +39,22 @@ def test_small_replicated_arrays_are_written_whole_and_large_ones_split_among_re
         back = mngr.restore(1, args=ocp.args.Composite(params=ocp.args.StandardRestore(tree)))["params"]
     for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(tree), strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_runs_of_several_processes_keep_orbax_replica_parallel_writes(monkeypatch):
+    """With several processes the slices of a replicated array spread the writing over the
+    hosts, so the gate is left to one-process runs: Orbax's handler stays as it was."""
+    default = ocp.type_handlers.ArrayHandler()
+    ocp.type_handlers.register_type_handler(jax.Array, default, override=True)
+    try:
+        monkeypatch.setattr(jax, "process_count", lambda: 2)
+        checkpoint._gate_replica_parallel_writes()
+        assert ocp.type_handlers.get_type_handler(jax.Array) is default
+        monkeypatch.setattr(jax, "process_count", lambda: 1)
+        checkpoint._gate_replica_parallel_writes()
+        gated = ocp.type_handlers.get_type_handler(jax.Array)
+        assert gated is not default
+        assert gated._min_slice_bytes_for_replica_parallel == checkpoint.MIN_SLICE_BYTES_FOR_REPLICA_PARALLEL
+    finally:
+        monkeypatch.undo()
+        checkpoint._gate_replica_parallel_writes()
