@@ -307,11 +307,15 @@ def _download(fs, name: str, copy: Path, source: dict, folder) -> None:
     part = copy.with_name(f".{copy.name}.{socket.gethostname()}.{os.getpid()}.part")
     try:
         copy.parent.mkdir(parents=True, exist_ok=True)
+        # Parts this machine left: downloads killed before their end (the lock is ours now).
+        for stale in copy.parent.glob(f".{copy.name}.{socket.gethostname()}.*.part"):
+            stale.unlink(missing_ok=True)
         _copied_from(copy).unlink(missing_ok=True)  # the record goes first, comes back last
         fs.get(name, str(part))
-        if part.stat().st_size != int(source["size"]):
-            raise OSError(f"gs://{name}: downloaded {part.stat().st_size} bytes, the object "
-                          f"holds {source['size']}; rerun")
+        if part.stat().st_size != int(source["size"]) or not _md5_is(part, source["md5Hash"]):
+            raise OSError(f"gs://{name}: the bytes downloaded are not those GCS listed for it "
+                          f"({part.stat().st_size} bytes, {source['size']} listed; or another "
+                          f"MD5): it was rewritten while it was copied; rerun")
         os.replace(part, copy)
         part.with_suffix(".source").write_text(json.dumps(source))
         os.replace(part.with_suffix(".source"), _copied_from(copy))
@@ -323,6 +327,21 @@ def _download(fs, name: str, copy: Path, source: dict, folder) -> None:
     finally:
         part.unlink(missing_ok=True)
         part.with_suffix(".source").unlink(missing_ok=True)
+
+
+def _md5_is(path: Path, md5: str | None) -> bool:
+    """Whether the file's MD5 is `md5` (GCS's base64 of the digest); True when GCS gave none
+    (a composite object has only a CRC32C)."""
+    if not md5:
+        return True
+    import base64
+    import hashlib
+
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return base64.b64encode(digest.digest()).decode("ascii") == md5
 
 
 def _size(n: int) -> str:

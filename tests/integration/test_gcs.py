@@ -548,6 +548,38 @@ def test_gs_shards_whose_copies_cannot_be_written_are_read_from_the_bucket(faili
     assert [p for p in cache.rglob("*") if p.is_file()] == []
 
 
+def test_a_shard_rewritten_while_it_is_copied_is_refused_and_a_killed_copys_part_removed(
+        failing_gcs, monkeypatch, tmp_path):
+    """The bytes downloaded must have the MD5 GCS listed for the object (a shard rewritten with
+    the same size between the listing and the download): one line, nothing kept. A part file a
+    killed download of this machine left is removed at the next copy."""
+    import socket
+
+    from bert_jax import paths
+    from bert_jax.data import documents
+
+    shard = f"gs://{BUCKET}/shards/train-00000.array_record"
+    documents.write_array_record(_shard_documents(0), shard)
+    cache = tmp_path / "shards"
+    info = gcsfs_core.GCSFileSystem.info
+
+    def listed_before_a_rewrite(self, path, **kwargs):
+        return {**info(self, path, **kwargs), "md5Hash": "kAFQmDzST7DWlj99KOF/cg=="}
+
+    monkeypatch.setattr(gcsfs_core.GCSFileSystem, "info", listed_before_a_rewrite)
+    with pytest.raises(OSError, match=rf"^{shard}: the bytes downloaded are not those GCS listed "
+                                      r"for it \(131072 bytes, 131072 listed; or another MD5\): it "
+                                      r"was rewritten while it was copied; rerun$"):
+        paths.cached_copies([shard], cache)
+    assert [p for p in cache.rglob("*") if p.is_file()] == []
+    monkeypatch.setattr(gcsfs_core.GCSFileSystem, "info", info)
+    killed = cache / BUCKET / "shards" / f".train-00000.array_record.{socket.gethostname()}.999999.part"
+    killed.write_bytes(b"half")
+    (copy,) = paths.cached_copies([shard], cache)
+    assert not killed.exists()
+    assert _as_lists(documents.ArrayRecordDocuments([str(copy)])) == _as_lists(_shard_documents(0))
+
+
 def test_processes_of_one_machine_copy_each_shard_once(failing_gcs, monkeypatch, tmp_path):
     """Several processes (threads here: the lock is the folder's) opening the same gs:// shards
     at once: one downloads each shard, the others wait for it and take its copies."""
