@@ -241,6 +241,11 @@ def local_copy(src: str | os.PathLike, *, keep=None) -> Iterator[Path]:
         yield local
 
 
+def user_cache(name: str, environ=os.environ) -> str:
+    """This user's cache folder `name` of bert_jax: <$XDG_CACHE_HOME or ~/.cache>/bert_jax/<name>."""
+    return os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bert_jax", name)
+
+
 class CopyFolderUnusable(OSError):
     """A local folder for copies that cannot be made, or whose disk has no room for them."""
 

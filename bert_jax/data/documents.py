@@ -125,7 +125,7 @@ def shard_cache(environ=os.environ) -> str | None:
         return None
     if given:
         return os.path.abspath(os.path.expanduser(given))
-    return os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bert_jax", "shards")
+    return paths.user_cache("shards", environ)
 
 
 def _readable(files: list[str]) -> list[str]:

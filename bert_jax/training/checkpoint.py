@@ -596,9 +596,7 @@ def say_data_changes(where: str, stored: dict, config: dict) -> None:
     before, now = stored["data"], config["data"]
     if not (isinstance(before, dict) and isinstance(now, dict)):
         return
-    keys = [k for k in sorted(set(before) & set(now)) if k not in NOT_TRAINING_DATA]
-    diff = "; ".join(f"data.{k}: {before[k]!r} in the checkpoint, {now[k]!r} here"
-                     for k in keys if before[k] != now[k])
+    diff = changed_fields(before, now, [k for k in sorted(now) if k not in NOT_TRAINING_DATA], "data.")
     if diff:
         log.warning(f"warning: resuming {where} with other training data ({diff}): the batches "
                     f"from this step on follow the new data, not the stream the checkpoint's run "

@@ -15,7 +15,6 @@ import warnings
 
 # The cache of local runs: one per user, shared by every run, eval and translation of the
 # machine (entries are keyed by the program, the JAX version, devices and flags).
-LOCAL_COMPILATION_CACHE = "~/.cache/bert_jax/jit"
 LOCAL_COMPILATION_CACHE_BYTES = 8 * 2**30  # least recently used entries go beyond this
 # The probe written before the run: about the size of a small model's larger entries (the
 # tests' tiny models on CPU: up to 0.7 MiB compressed), so that a disk or quota too full to
@@ -28,9 +27,9 @@ def compilation_cache_dir(setting: str, command: str, workdir: str | None,
     """Where JAX keeps compiled programs for `command` (None: nowhere) from --compilation_cache.
     auto: a JAX_COMPILATION_CACHE_DIR the user set; for train and eval with a gs:// workdir,
     <workdir>/compilation_cache (a pod's restart gets fresh VMs: their local disks are gone,
-    the bucket is not, and every worker shares it); else LOCAL_COMPILATION_CACHE, shared by
-    the machine's runs (reruns, sweep trials, eval and translate of one model), kept out of
-    workdirs so they stay small to copy."""
+    the bucket is not, and every worker shares it); else <$XDG_CACHE_HOME or
+    ~/.cache>/bert_jax/jit (paths.user_cache), shared by the machine's runs (reruns, sweep
+    trials, eval and translate of one model), kept out of workdirs so they stay small to copy."""
     if setting == "off":
         return None
     if setting != "auto":
@@ -39,9 +38,9 @@ def compilation_cache_dir(setting: str, command: str, workdir: str | None,
         return environ["JAX_COMPILATION_CACHE_DIR"]
     if command in ("train", "eval") and workdir and workdir.startswith("gs://"):
         return workdir.rstrip("/") + "/compilation_cache"
-    base = environ.get("XDG_CACHE_HOME")
-    return (os.path.join(base, "bert_jax", "jit") if base
-            else os.path.expanduser(LOCAL_COMPILATION_CACHE))
+    from bert_jax import paths
+
+    return paths.user_cache("jit", environ)
 
 
 def unusable(path: str) -> str | None:
