@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 import warnings
 
@@ -187,7 +188,7 @@ def _wrap(cache) -> None:
     if getattr(cache, "watched_by_bert_jax", False):
         return
     cache.watched_by_bert_jax = True
-    get, put = cache.get, cache.put
+    get, put = cache.get, _whole_entries_put(cache) or cache.put
 
     # A lock not had in time (JAX's LRU cache: filelock.Timeout, an OSError too) is other
     # processes using the cache, not its storage failing: JAX warns and compiles, as before.
@@ -210,6 +211,57 @@ def _wrap(cache) -> None:
             return None
 
     cache.get, cache.put = watched_get, watched_put
+
+
+def _whole_entries_put(cache):
+    """For JAX's LRU cache in a local folder: its put, writing each entry to a temporary file of
+    the folder moved into place (os.replace), so that no reader (another process sharing the
+    folder: JAX reads without a lock when eviction is off) sees a part of an entry, and a write
+    that fails or is interrupted leaves no entry. JAX's own writes the entry in place. As
+    JAX's: an entry already there is kept; with eviction on, under the folder's lock, the
+    least recently used entries evicted first and the entry's access time written (before the
+    entry: evicting reads the access time of every entry). A process killed mid-write leaves
+    its .entry-*.tmp, which nothing reads. None for any other cache (a gs:// object is written
+    whole or not at all)."""
+    try:
+        from jax._src.lru_cache import LRUCache
+    except ImportError:
+        return None
+    if type(cache) is not LRUCache or "://" in str(cache.path):
+        return None
+    jax_put = cache.put
+
+    def put(key: str, value: bytes) -> None:
+        if not key or (cache.eviction_enabled and len(value) > cache.max_size):
+            return jax_put(key, value)  # JAX's refusal, nothing written
+        folder = str(cache.path)
+        entry, atime = (os.path.join(folder, f"{key}-{kind}") for kind in ("cache", "atime"))
+        if cache.eviction_enabled:
+            cache.lock.acquire(timeout=cache.lock_timeout_secs)
+        part = None
+        try:
+            if os.path.exists(entry):
+                return None
+            cache._evict_if_needed(additional_size=len(value))
+            if cache.eviction_enabled:
+                with open(atime, "wb") as f:
+                    f.write(time.time_ns().to_bytes(8, "little"))
+            part = os.path.join(folder, f".entry-{uuid.uuid4().hex}.tmp")  # not *-cache: not an entry
+            with open(part, "xb") as f:
+                f.write(value)
+            os.replace(part, entry)
+            part = None
+        except BaseException:
+            for left in ([part] if part else []) + ([atime] if cache.eviction_enabled else []):
+                with contextlib.suppress(OSError):
+                    os.unlink(left)
+            raise
+        finally:
+            if cache.eviction_enabled:
+                cache.lock.release()
+        return None
+
+    return put
 
 
 def _storage_error(name: str) -> bool:

@@ -262,7 +262,7 @@ def test_a_cache_that_fails_mid_run_is_turned_off_or_stops_the_command(own_cache
         shutil.rmtree(own_cache)
         own_cache.write_text("")
         said = (rf"the compilation cache {re.escape(str(own_cache))} failed writing a compiled program "
-                r"\(NotADirectoryError: \[Errno 20\] Not a directory: .*-cache'\); ")
+                r"\(NotADirectoryError: \[Errno 20\] Not a directory: .*'\); ")
         if required:
             with pytest.raises(OSError) as stopped:
                 compile_new_program(5.5)
@@ -328,6 +328,107 @@ def test_a_lock_not_had_in_time_leaves_the_cache_on(own_cache):
         with pytest.raises(TimeoutError):
             call()
     assert jax.config.jax_enable_compilation_cache is True
+
+
+def _stopping_midway(monkeypatch, folder, midway) -> None:
+    """Every file opened for writing in `folder` (but an access time's) writes half of what it
+    is given, calls `midway()`, then the rest: an entry's write caught in the middle, as
+    another process (or a full disk) would catch it."""
+    import builtins
+    import io
+
+    opens = builtins.open
+
+    class Halting:
+        def __init__(self, file):
+            self.file = file
+
+        def write(self, data):
+            data = bytes(data)
+            self.file.write(data[: len(data) // 2])
+            self.file.flush()
+            midway()
+            return self.file.write(data[len(data) // 2:]) + len(data) // 2
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+    def open_(file, mode="r", *args, **kwargs):
+        opened = opens(file, mode, *args, **kwargs)
+        if (any(m in mode for m in "wxa") and str(file).startswith(str(folder))
+                and not str(file).endswith("-atime")):
+            return Halting(opened)
+        return opened
+
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(io, "open", open_)
+
+
+def _watched_lru_cache(folder, max_size, monkeypatch):
+    """JAX's LRU cache of `folder` as the watch wraps it (no cache in use: errors go back to JAX)."""
+    from jax._src.lru_cache import LRUCache
+
+    monkeypatch.setattr(compilation_cache, "_IN_USE", [None])
+    cache = LRUCache(str(folder), max_size=max_size)
+    compilation_cache._wrap(cache)
+    return cache
+
+
+@pytest.mark.parametrize("max_size", [-1, 1 << 20], ids=["no_eviction", "eviction"])
+def test_an_entry_whose_write_fails_midway_is_not_left_behind(tmp_path, max_size, monkeypatch):
+    """A disk that fills (or a process killed) in the middle of an entry leaves no part of it
+    for the next process to read: JAX writes the entry in place; the watch writes it beside
+    and moves it into place."""
+    import errno
+    import os
+
+    folder = tmp_path / "jit"
+    cache = _watched_lru_cache(folder, max_size, monkeypatch)
+
+    def full():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    _stopping_midway(monkeypatch, folder, full)
+    with pytest.raises(OSError, match="No space left on device"):
+        cache.put("jit_f-0123", bytes(range(256)) * 8)
+    assert sorted(f.name for f in folder.iterdir() if f.name != ".lockfile") == []
+    assert cache.get("jit_f-0123") is None
+
+
+def test_a_reader_never_sees_part_of_an_entry(tmp_path, monkeypatch):
+    """Another process reading an entry while it is written (JAX reads without a lock when
+    eviction is off, as under an explicit JAX_COMPILATION_CACHE_DIR) finds no entry, then the
+    whole entry; never its first half."""
+    folder = tmp_path / "jit"
+    cache = _watched_lru_cache(folder, -1, monkeypatch)
+    read = []
+    _stopping_midway(monkeypatch, folder, lambda: read.append(cache.get("jit_f-0123")))
+    value = bytes(range(256)) * 8
+    cache.put("jit_f-0123", value)
+    assert read == [None]
+    assert cache.get("jit_f-0123") == value
+    assert [f.name for f in folder.iterdir()] == ["jit_f-0123-cache"]
+
+
+def test_whole_entries_keep_jax_cache_rules(tmp_path, monkeypatch):
+    """As JAX's own put: an entry there is kept (not overwritten); with eviction on, each entry
+    has its access time and the least recently used goes first when the folder is full (JAX's
+    eviction reads the access times the put wrote)."""
+    cache = _watched_lru_cache(tmp_path / "jit", 3000, monkeypatch)
+    cache.put("jit_a-1", b"a" * 1000)
+    cache.put("jit_a-1", b"b" * 1000)
+    assert cache.get("jit_a-1") == b"a" * 1000
+    cache.put("jit_b-2", b"b" * 1000)
+    (tmp_path / "jit" / "jit_b-2-atime").write_bytes(bytes(8))  # b: the least recently used
+    cache.put("jit_c-3", b"c" * 1500)
+    assert sorted(f.name for f in (tmp_path / "jit").iterdir()) == [
+        ".lockfile", "jit_a-1-atime", "jit_a-1-cache", "jit_c-3-atime", "jit_c-3-cache"]
 
 
 def train_argv(workdir, *overrides):
