@@ -263,28 +263,22 @@ _LOCAL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errn
 def cached_copies(urls: Sequence[str], folder: str | os.PathLike) -> list[Path]:
     """Local copies of the objects `urls` (gs://), kept in `folder` (<folder>/<bucket>/<name>)
     for later commands: each downloaded by gcsfs (every request under the retry policy, its
-    deadline included) unless the copy there has the object's size, generation and MD5, as
-    recorded beside it (<copy>.source) when it was made. A copy is written into a temporary
-    file and renamed, its record after it, so it is whole or absent and never taken for
-    another version. The processes of one machine take turns (a lock on `folder`): the first
-    downloads, the others find its copies. CopyFolderUnusable (nothing left half-written) when
-    `folder` cannot be made or written, its disk fills or refuses while copying, or the
-    downloads would take more than half of its disk's free room (a run's checkpoints may need
-    the rest)."""
+    deadline included; a few at a time) unless the copy there has the object's size,
+    generation and MD5, as recorded beside it (<copy>.source) when it was made. The objects'
+    metadata comes from one listing a folder (a few paged requests for thousands of shards),
+    not one request a shard. A copy is written into a temporary file and renamed, its record
+    after it, so it is whole or absent and never taken for another version. The processes of
+    one machine take turns (a lock on `folder`): the first downloads, the others find its
+    copies. Each process notes the copies it took (<folder>/.readers/<host>.<pid>) and each
+    use touches a copy's record: copies no live process of this machine took are evicted,
+    least recently used first, when new ones would make the folder hold more than half the
+    room it and its disk's free space make (_make_room). CopyFolderUnusable (nothing left
+    half-written, nothing evicted) when `folder` cannot be made or written, its disk fills or
+    refuses while copying, or the downloads would take more than half of its disk's free room
+    with every evictable copy removed (a run's checkpoints may need the rest)."""
     import fcntl
 
-    import fsspec
-
-    planned = []
-    for url in urls:
-        check_reachable(url)
-        fs, name = fsspec.core.url_to_fs(str(url))
-        if any(part in ("", ".", "..") for part in name.split("/")):
-            raise ValueError(f"{url}: an object name with an empty, '.' or '..' part has no local "
-                             "copy; rename the object")
-        info = fs.info(name)
-        planned.append((fs, name, Path(folder) / name,
-                        {key: info.get(key) for key in ("size", "generation", "md5Hash")}))
+    planned = _listed(urls, folder)
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
         lock = os.open(folder, os.O_RDONLY)
@@ -292,18 +286,54 @@ def cached_copies(urls: Sequence[str], folder: str | os.PathLike) -> list[Path]:
         raise CopyFolderUnusable(f"cannot make {folder} ({e.strerror or e})") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process of this machine may be copying them
-        missing = [p for p in planned if not _copy_fresh(p[2], p[3])]
+        _note_reader(folder, [copy for _, _, copy, _ in planned])
+        fresh = {copy for _, _, copy, source in planned if _copy_fresh(copy, source)}
+        _used_now(fresh)
+        missing = list({p[2]: p for p in planned if p[2] not in fresh}.values())  # each copy once
         if missing:
-            need = sum(int(source["size"]) for *_, source in missing)
-            free = shutil.disk_usage(folder).free
-            if 2 * need > free:  # at most half: checkpoints, logs and caches may share the disk
-                raise CopyFolderUnusable(f"{folder} has {_size(free)} free, the copies need "
-                                         f"{_size(need)} (and may take at most half of it)")
-        for fs, name, copy, source in missing:
-            _download(fs, name, copy, source, folder)
+            _make_room(folder, sum(int(source["size"]) for *_, source in missing),
+                       {copy for _, _, copy, _ in planned}, {copy for _, _, copy, _ in missing})
+        _download_all(missing, folder)
     finally:
         os.close(lock)  # (and its lock)
     return [copy for _, _, copy, _ in planned]
+
+
+def _listed(urls: Sequence[str], folder: str | os.PathLike) -> list[tuple]:
+    """(file system, object name, copy's path in `folder`, {size, generation, md5Hash})
+    for each gs:// url, the metadata from one listing of each folder (narrowed to the names'
+    common prefix; gcsfs's cached listings bypassed, its requests under the retry policy). An
+    object name no copy can have, or no such object, is one line naming the url."""
+    import fsspec
+
+    wanted: dict[str, tuple] = {}  # folder -> (its file system, its names wanted)
+    named = []
+    for url in urls:
+        check_reachable(url)
+        fs, name = fsspec.core.url_to_fs(str(url))
+        if "/" not in name.strip("/"):
+            raise ValueError(f"{url}: names a bucket, not an object; give the shard's gs:// path")
+        if any(part in ("", ".", "..") for part in name.split("/")):
+            raise ValueError(f"{url}: an object name with an empty, '.' or '..' part has no local "
+                             "copy; rename the object")
+        parent, _, base = name.rpartition("/")
+        wanted.setdefault(f"{fs.protocol}|{parent}", (fs, parent, set()))[2].add(base)
+        named.append((url, fs, name))
+    listed: dict[str, dict] = {}
+    for fs, parent, bases in wanted.values():
+        try:
+            found = fs.ls(parent, detail=True, refresh=True, prefix=os.path.commonprefix(sorted(bases)))
+        except FileNotFoundError:
+            found = []  # (nothing there: each url is named below)
+        listed.update((info["name"], info) for info in found if info.get("type") == "file")
+    planned = []
+    for url, fs, name in named:
+        if name not in listed:
+            raise FileNotFoundError(f"{url}: no such object; check the path")
+        info = listed[name]
+        planned.append((fs, name, Path(folder) / name,
+                        {key: info.get(key) for key in ("size", "generation", "md5Hash")}))
+    return planned
 
 
 def _download(fs, name: str, copy: Path, source: dict, folder) -> None:
@@ -316,7 +346,9 @@ def _download(fs, name: str, copy: Path, source: dict, folder) -> None:
         for stale in copy.parent.glob(f".{copy.name}.{socket.gethostname()}.*.part"):
             stale.unlink(missing_ok=True)
         _copied_from(copy).unlink(missing_ok=True)  # the record goes first, comes back last
-        fs.get(name, str(part))
+        # One request (under the policy): gcsfs's chunked download of a large object would ask
+        # for its metadata first, a request a shard that the folder's listing spared.
+        fs.get_file(name, str(part), **({"concurrency": 1} if hasattr(fs, "_get_file_concurrent") else {}))
         if part.stat().st_size != int(source["size"]) or not _md5_is(part, source["md5Hash"]):
             raise OSError(f"gs://{name}: the bytes downloaded are not those GCS listed for it "
                           f"({part.stat().st_size} bytes, {source['size']} listed; or another "
@@ -366,6 +398,125 @@ def _copy_fresh(copy: Path, source: dict) -> bool:
         return False
 
 
+# The copies each process of this machine took from a folder (<folder>/.readers/<host>.<pid>,
+# a line each, relative to the folder): a copy is read after cached_copies returns, by readers
+# that hold no lock, so eviction keeps every copy a live process took. (Bucket names start
+# with a letter or digit: no bucket's copies are in there.)
+READERS = ".readers"
+
+
+_NOTED: dict[str, set[str]] = {}  # each list (its path: host and pid) -> the names this process wrote
+
+
+def _note_reader(folder, copies: Sequence[Path]) -> None:
+    """Adds `copies` to this process's list of copies taken from `folder`. A folder that
+    refuses it (read-only) has nothing evicted from it by this module, which cannot write there."""
+    record = Path(folder) / READERS / f"{socket.gethostname()}.{os.getpid()}"
+    noted = _NOTED.setdefault(str(record), set())
+    new = sorted({c.relative_to(folder).as_posix() for c in copies} - noted)
+    try:
+        record.parent.mkdir(exist_ok=True)
+        with builtins.open(record, "a") as f:
+            f.writelines(f"{name}\n" for name in new)
+        noted.update(new)
+    except OSError:
+        pass  # a download needed writes there too, and says why it cannot
+
+
+def _used_now(copies) -> None:
+    """Marks `copies` used now (their records' mtime: eviction removes the least recently used)."""
+    for copy in copies:
+        with contextlib.suppress(OSError):  # a read-only folder: nothing is evicted from it
+            os.utime(_copied_from(copy))
+
+
+def _in_use(folder) -> set[str] | None:
+    """The copies (relative to `folder`) a live process took: this machine's processes that are
+    still running, and (not knowable from here) every process of another host naming the
+    folder; the lists of this machine's processes that are gone are removed. None when a list
+    cannot be read (nothing is then known to be free)."""
+    used: set[str] = set()
+    here = socket.gethostname()
+    for record in sorted((Path(folder) / READERS).glob("*")):
+        host, _, pid = record.name.rpartition(".")
+        if host == here and _gone(pid):
+            record.unlink(missing_ok=True)
+            continue
+        try:
+            used.update(record.read_text().splitlines())
+        except (OSError, ValueError):
+            return None
+    return used
+
+
+def _kept_copies(folder) -> list[tuple[float, int, Path]]:
+    """(last use, size, path) of each copy in `folder` (<bucket>/<name> with its record beside
+    it: a file this module did not make is never taken for one); last use: its record's mtime."""
+    copies = []
+    for root, _, files in os.walk(folder):
+        if Path(root) == Path(folder):
+            continue  # copies are in bucket folders (the readers' lists are in .readers)
+        for name in files:
+            copy = Path(root) / name
+            if name.startswith(".") or name.endswith(".source"):
+                continue  # parts being written, records
+            with contextlib.suppress(OSError, ValueError, TypeError):  # no record, or not ours
+                record = _copied_from(copy)
+                if "generation" in json.loads(record.read_text()):
+                    copies.append((record.stat().st_mtime, copy.stat().st_size, copy))
+    return copies
+
+
+def _make_room(folder, need: int, needed: set[Path], replaced: set[Path]) -> None:
+    """Room for `need` bytes of new copies in `folder` (replacing the copies `replaced`, if
+    there): they may take at most half its disk's free room, counting the room of copies
+    evicted first (else CopyFolderUnusable, nothing evicted). The folder's copies may hold at
+    most half the room they and the free space make together: past it, copies not in
+    `needed` that no live process took are removed, least recently used first (record
+    first, so a copy half-removed is no copy)."""
+    free = shutil.disk_usage(folder).free
+    copies = _kept_copies(folder)
+    in_use = _in_use(folder)
+    evictable = sorted((c for c in copies if in_use is not None and c[2] not in needed
+                        and c[2].relative_to(folder).as_posix() not in in_use), key=lambda c: c[:2])
+    spare = sum(size for _, size, _ in evictable)
+    if 2 * need > free + spare:  # at most half: checkpoints, logs and caches may share the disk
+        also = f" and {_size(spare)} in copies no process uses now" if spare else ""
+        raise CopyFolderUnusable(f"{folder} has {_size(free)} free{also}, the copies need "
+                                 f"{_size(need)} (and may take at most half of {'both' if spare else 'it'})")
+    budget = (free + sum(size for _, size, _ in copies)) / 2
+    held = sum(size for _, size, copy in copies if copy not in replaced)
+    for _, size, copy in evictable:
+        if held + need <= budget:
+            break
+        _copied_from(copy).unlink(missing_ok=True)
+        copy.unlink(missing_ok=True)
+        held -= size
+
+
+_DOWNLOADS_AT_ONCE = 4  # a few at once: each shard is one request (_download)
+
+
+def _download_all(missing: list[tuple], folder) -> None:
+    """_download for each of `missing`, a few at a time; the first error (in their order) is
+    raised once every download begun has ended (each leaves its copy whole or nothing)."""
+    if len(missing) < 2:
+        for p in missing:
+            _download(*p, folder)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(_DOWNLOADS_AT_ONCE, thread_name_prefix="bert_jax_copy") as pool:
+        started = [pool.submit(_download, *p, folder) for p in missing]
+        try:
+            for future in started:
+                future.result()
+        except BaseException:
+            for future in started:
+                future.cancel()  # those not begun; the pool's end waits for the others
+            raise
+
+
 @contextlib.contextmanager
 def staged_output(out: str | os.PathLike) -> Iterator[Path]:
     """A local folder to write `out`'s files into: `out` itself when local; for a URL, a
@@ -398,6 +549,19 @@ def _zombie(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+def _gone(pid) -> bool:
+    """Whether process `pid` of this machine is known to be gone (no such process, or a zombie);
+    not a pid, or another user's process: False."""
+    try:
+        pid = int(pid)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return False
+    return _zombie(pid)
 
 
 class WorkdirLock:
@@ -446,14 +610,7 @@ class WorkdirLock:
             return False
         if holder.get("pid") == self.me["pid"]:
             return True  # this process, e.g. a second run in-process after a crash
-        try:
-            pid = int(holder["pid"])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except (PermissionError, ValueError, KeyError, TypeError):
-            return False
-        return _zombie(pid)
+        return _gone(holder.get("pid"))
 
     def __exit__(self, *exc) -> None:
         if self.held and self._holder().get("pid") == self.me["pid"]:

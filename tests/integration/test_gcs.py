@@ -473,6 +473,13 @@ def _as_lists(docs) -> list:
     return [[s.tolist() for s in docs[i]] for i in range(len(docs))]
 
 
+def _files_kept(cache) -> list:
+    """The files in a shard cache (copies, records, parts), not its lists of the copies each
+    process took (.readers)."""
+    return sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*")
+                  if p.is_file() and p.relative_to(cache).parts[0] != ".readers")
+
+
 def test_gs_shards_are_copied_under_the_retry_policy_then_read_from_the_copy(failing_gcs, monkeypatch,
                                                                            tmp_path):
     """array_record shards on gs:// are downloaded into the shard cache by gcsfs, each request
@@ -506,7 +513,7 @@ def test_gs_shards_are_copied_under_the_retry_policy_then_read_from_the_copy(fai
                                                   rf"{shard} failed 3 tries .*longer\)$"):
         read()
     assert set(faults.refused.values()) == {3} and len(downloads) == 3, (faults.refused, downloads)
-    assert [p for p in cache.rglob("*") if p.is_file()] == []  # nothing partial, nothing recorded
+    assert _files_kept(cache) == []  # nothing partial, nothing recorded
     refuse = False
     downloads.clear()
     assert _as_lists(read()) == _as_lists(_shard_documents(0)) and len(downloads) == 1
@@ -545,7 +552,7 @@ def test_gs_shards_whose_copies_cannot_be_written_are_read_from_the_bucket(faili
                       "the shards from the bucket instead (array_record's own GCS client: its retries, "
                       "not $BERT_JAX_GCS_RETRY's); set $BERT_JAX_SHARD_CACHE to a folder with room (or "
                       "to off, to read the bucket without this line)"], warned
-    assert [p for p in cache.rglob("*") if p.is_file()] == []
+    assert _files_kept(cache) == []
 
 
 def test_a_shard_rewritten_while_it_is_copied_is_refused_and_a_killed_copys_part_removed(
@@ -561,18 +568,19 @@ def test_a_shard_rewritten_while_it_is_copied_is_refused_and_a_killed_copys_part
     shard = f"gs://{BUCKET}/shards/train-00000.array_record"
     documents.write_array_record(_shard_documents(0), shard)
     cache = tmp_path / "shards"
-    info = gcsfs_core.GCSFileSystem.info
+    list_objects = gcsfs_core.GCSFileSystem._list_objects
 
-    def listed_before_a_rewrite(self, path, **kwargs):
-        return {**info(self, path, **kwargs), "md5Hash": "kAFQmDzST7DWlj99KOF/cg=="}
+    async def listed_before_a_rewrite(self, path, **kwargs):
+        listed = await list_objects(self, path, **kwargs)
+        return [{**o, "md5Hash": "kAFQmDzST7DWlj99KOF/cg=="} for o in listed]
 
-    monkeypatch.setattr(gcsfs_core.GCSFileSystem, "info", listed_before_a_rewrite)
+    monkeypatch.setattr(gcsfs_core.GCSFileSystem, "_list_objects", listed_before_a_rewrite)
     with pytest.raises(OSError, match=rf"^{shard}: the bytes downloaded are not those GCS listed "
                                       r"for it \(131072 bytes, 131072 listed; or another MD5\): it "
                                       r"was rewritten while it was copied; rerun$"):
         paths.cached_copies([shard], cache)
-    assert [p for p in cache.rglob("*") if p.is_file()] == []
-    monkeypatch.setattr(gcsfs_core.GCSFileSystem, "info", info)
+    assert _files_kept(cache) == []
+    monkeypatch.setattr(gcsfs_core.GCSFileSystem, "_list_objects", list_objects)
     killed = cache / BUCKET / "shards" / f".train-00000.array_record.{socket.gethostname()}.999999.part"
     killed.write_bytes(b"half")
     (copy,) = paths.cached_copies([shard], cache)
@@ -619,6 +627,161 @@ def test_processes_of_one_machine_copy_each_shard_once(failing_gcs, monkeypatch,
         assert _as_lists(documents.ArrayRecordDocuments([str(copy)])) == _as_lists(_shard_documents(10 * i))
 
 
+def _metadata_or_download(seen: collections.Counter):
+    """A Faults.kind refusing nothing, counting the object reads (downloads) and the other
+    reads (listings, an object's metadata) by the path they ask for."""
+    def kind(request) -> bool:
+        path = unquote(request.path)
+        if request.command == "GET":
+            what = urlparse(path).path.rsplit("/o", 1)[-1] or "list"  # (an object's name)
+            seen["download" if "alt=media" in path else what] += 1
+        return False
+    return kind
+
+
+def test_shard_metadata_comes_from_one_listing_a_folder_not_a_request_a_shard(failing_gcs, monkeypatch,
+                                                                              tmp_path):
+    """20 shards in one folder and 2 in another: their sizes, generations and MD5s come from one
+    listing a folder (2 requests, not 20 or more), under the retry policy (a listing that keeps
+    failing: the policy's 3 tries, one line); the copies hold the objects' bytes, a second call
+    downloads nothing, a shard rewritten (same size) is downloaded again. A download that keeps
+    failing among several (a few run at once) leaves the others whole and itself nothing; a
+    missing object or a bucket's URL is one line, nothing copied."""
+    from bert_jax import paths
+
+    fs, faults = failing_gcs
+    monkeypatch.setenv("BERT_JAX_GCS_RETRY", _FAST_RETRIES)
+    cache = tmp_path / "shards"
+    names = [f"shards/train-{i:05d}.array_record" for i in range(20)] + [
+        f"more/valid-{i:05d}.array_record" for i in range(2)]
+    for i, name in enumerate(names):
+        fs.pipe(f"{BUCKET}/{name}", f"shard {i:03d} ".encode() * 50)
+    fs.pipe(f"{BUCKET}/shards/other.txt", b"not wanted")
+    urls = [f"gs://{BUCKET}/{name}" for name in names]
+    seen = collections.Counter()
+    faults.kind = _metadata_or_download(seen)
+    copies = paths.cached_copies(urls, cache)
+    assert seen == {"list": 2, "download": 22}, seen  # no request for one object's metadata
+    assert copies == [cache / BUCKET / name for name in names]
+    assert [c.read_bytes() for c in copies] == [f"shard {i:03d} ".encode() * 50 for i in range(22)]
+    seen.clear()
+    assert paths.cached_copies(urls, cache) == copies and seen == {"list": 2}, seen
+    fs.pipe(f"{BUCKET}/{names[7]}", b"rewritten " * 50)  # the same size
+    seen.clear()
+    assert paths.cached_copies(urls, cache) == copies and seen == {"list": 2, "download": 1}, seen
+    assert copies[7].read_bytes() == b"rewritten " * 50
+
+    # A listing that keeps failing: retried by the policy, then one line naming it.
+    faults.kind = lambda request: request.command == "GET" and "alt=media" not in request.path
+    with pytest.raises(paths.StorageFailing, match=rf"^Google Cloud Storage kept failing: listing "
+                                                  rf"gs://{BUCKET}/shards/train-0000 failed 3 tries"):
+        paths.cached_copies(urls[:10], cache)
+    assert set(faults.refused.values()) == {3}, faults.refused
+
+    # One download of several keeps failing: the others are whole copies with their records.
+    for i, name in enumerate(names[:6]):
+        fs.pipe(f"{BUCKET}/{name}", f"second {i:02d} ".encode() * 50)
+    faults.kind = lambda request: "alt=media" in request.path and "train-00003" in unquote(request.path)
+    with pytest.raises(paths.StorageFailing, match=rf"reading gs://{BUCKET}/{names[3]} failed 3 tries"):
+        paths.cached_copies(urls[:6], cache)
+    # (its old copy, whole, without its record: not taken for the object until downloaded again)
+    assert copies[3].read_bytes() == b"shard 003 " * 50
+    assert not (cache / BUCKET / (names[3] + ".source")).exists()
+    for i in (0, 1, 2, 4, 5):
+        assert copies[i].read_bytes() == f"second {i:02d} ".encode() * 50
+    assert not [f for f in _files_kept(cache) if f.endswith(".part") or "/." in f]
+    faults.kind = None
+    kept = _files_kept(cache)
+    with pytest.raises(FileNotFoundError, match=rf"^gs://{BUCKET}/shards/nothing\.array_record: no such "
+                                                r"object; check the path$"):
+        paths.cached_copies([urls[0], f"gs://{BUCKET}/shards/nothing.array_record"], cache)
+    with pytest.raises(FileNotFoundError, match=rf"^gs://{BUCKET}/gone/x: no such object"):
+        paths.cached_copies([f"gs://{BUCKET}/gone/x"], cache)  # (no such folder either)
+    with pytest.raises(ValueError, match=rf"^gs://{BUCKET}/: names a bucket, not an object; give the "
+                                         r"shard's gs:// path$"):
+        paths.cached_copies([f"gs://{BUCKET}/"], cache)
+    assert _files_kept(cache) == kept
+
+
+# A process of this machine that copies shards (cached_copies): a line of gs:// URLs on its
+# input, "copied" on its output once they are there; it ends when its input does.
+_COPIER = """import sys
+from bert_jax import paths
+for line in sys.stdin:
+    paths.cached_copies(line.split(), sys.argv[1])
+    print("copied", flush=True)
+"""
+
+
+def _copier(cache, *urls: str) -> subprocess.Popen:
+    """A copying process (its emulator: this process's environment) that has copied `urls`."""
+    proc = subprocess.Popen([sys.executable, "-c", _COPIER, str(cache)], cwd=REPO, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc.stdin.write(" ".join(urls) + "\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == "copied\n", proc.communicate()
+    return proc
+
+
+def _ended(proc: subprocess.Popen) -> None:
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0
+
+
+def test_copies_no_live_process_took_are_evicted_least_recently_used_first(failing_gcs, monkeypatch,
+                                                                         tmp_path):
+    """The folder's copies may hold half the room they and the disk's free space make (here a
+    disk with 256 KiB free): past it, the copies least recently used (a reuse counts) that no
+    running process of this machine took are removed, record first; those a process still
+    running took (another one, or this one) stay, and so does a file that is no copy (no
+    record). A download that would not fit even with every such copy removed is one line,
+    and nothing is removed."""
+    from bert_jax import paths
+
+    fs, faults = failing_gcs
+    cache, kib = tmp_path / "shards", 1024
+    urls = {}
+    for name, size in (("a0", 64), ("a1", 64), ("a2", 64), ("a3", 64), ("big", 256)):
+        fs.pipe(f"{BUCKET}/shards/{name}", name.encode()[-1:] * (size * kib))
+        urls[name] = f"gs://{BUCKET}/shards/{name}"
+    copy = {name: cache / BUCKET / "shards" / name for name in urls}
+    record = {name: cache / BUCKET / "shards" / f"{name}.source" for name in urls}
+    _ended(_copier(cache, urls["a0"], urls["a1"]))  # a run gone since
+    os.utime(record["a0"], (1000, 1000))
+    os.utime(record["a1"], (2000, 2000))
+    _ended(_copier(cache, urls["a0"]))  # another one, gone too, used a0 again
+    assert record["a0"].stat().st_mtime > 2000 and record["a1"].stat().st_mtime == 2000
+    running = _copier(cache, urls["a2"])
+    mine = cache / BUCKET / "shards" / "notes.txt"  # not a copy (no record): never removed
+    mine.write_text("mine")
+    os.utime(mine, (0, 0))
+    try:
+        disk = collections.namedtuple("usage", "total used free")
+        monkeypatch.setattr(paths.shutil, "disk_usage", lambda folder: disk(2**30, 2**30, 256 * kib))
+        # 3 copies of 64 KiB held, 64 KiB more: 256 KiB > (256 + 192) / 2 = 224 KiB: one goes.
+        assert paths.cached_copies([urls["a3"]], cache) == [copy["a3"]]
+        assert _files_kept(cache) == [f"{BUCKET}/shards/{name}{suffix}" for name in ("a0", "a2", "a3")
+                                      for suffix in ("", ".source")] + [f"{BUCKET}/shards/notes.txt"]
+        assert copy["a3"].read_bytes() == b"3" * (64 * kib)
+        readers = sorted(p.name for p in (cache / ".readers").iterdir())  # the gone ones' lists removed
+        assert readers == sorted(f"{socket.gethostname()}.{pid}" for pid in (running.pid, os.getpid()))
+        # 256 KiB more needs 512 KiB free: 256 KiB and a0's 64 KiB (a2: the running one's, a3: ours).
+        with pytest.raises(paths.CopyFolderUnusable, match=(
+                rf"^{re.escape(str(cache))} has 256.0 KiB free and 64.0 KiB in copies no process uses "
+                r"now, the copies need 256.0 KiB \(and may take at most half of both\)$")):
+            paths.cached_copies([urls["big"]], cache)
+        assert _files_kept(cache) == [f"{BUCKET}/shards/{name}{suffix}" for name in ("a0", "a2", "a3")
+                                      for suffix in ("", ".source")] + [f"{BUCKET}/shards/notes.txt"]
+    finally:
+        _ended(running)
+    # Once it ended, its copy may go too: with 384 KiB free, a0 and a2 make room for big.
+    monkeypatch.setattr(paths.shutil, "disk_usage", lambda folder: disk(2**30, 2**30, 384 * kib))
+    assert paths.cached_copies([urls["big"]], cache) == [copy["big"]]
+    assert _files_kept(cache) == [f"{BUCKET}/shards/{name}{suffix}" for name in ("a3", "big")
+                                  for suffix in ("", ".source")] + [f"{BUCKET}/shards/notes.txt"]
+    assert copy["big"].read_bytes() == b"g" * (256 * kib)
+
+
 def test_gs_shards_without_room_for_copies_are_read_from_the_bucket_after_one_line(failing_gcs,
                                                                                   monkeypatch, tmp_path):
     """A shard cache whose disk has no room for the shards (they may take half its free room:
@@ -647,7 +810,7 @@ def test_gs_shards_without_room_for_copies_are_read_from_the_bucket_after_one_li
         "may take at most half of it); reading the shards from the bucket instead (array_record's "
         "own GCS client: its retries, not $BERT_JAX_GCS_RETRY's); set $BERT_JAX_SHARD_CACHE to a "
         "folder with room (or to off, to read the bucket without this line)"]
-    assert [p for p in cache.rglob("*") if p.is_file()] == []
+    assert _files_kept(cache) == []
     monkeypatch.setenv("BERT_JAX_SHARD_CACHE", "off")
     assert _as_lists(documents.ArrayRecordDocuments([shard])) == _as_lists(_shard_documents(0))
     assert len(warned) == 1
