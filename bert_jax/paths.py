@@ -340,12 +340,14 @@ def _download(fs, name: str, copy: Path, source: dict, folder) -> None:
     """gs://`name` into `copy` through a temporary file, its record (`source`) after it; a
     local disk error is CopyFolderUnusable with nothing of this copy left."""
     part = copy.with_name(f".{copy.name}.{socket.gethostname()}.{os.getpid()}.part")
+    unrecorded = False  # the copy there, if any, has lost its record: removed if this fails
     try:
         copy.parent.mkdir(parents=True, exist_ok=True)
         # Parts this machine left: downloads killed before their end (the lock is ours now).
         for stale in copy.parent.glob(f".{copy.name}.{socket.gethostname()}.*.part"):
             stale.unlink(missing_ok=True)
         _copied_from(copy).unlink(missing_ok=True)  # the record goes first, comes back last
+        unrecorded = True
         # One request (under the policy): gcsfs's chunked download of a large object would ask
         # for its metadata first, a request a shard that the folder's listing spared.
         fs.get_file(name, str(part), **({"concurrency": 1} if hasattr(fs, "_get_file_concurrent") else {}))
@@ -356,13 +358,16 @@ def _download(fs, name: str, copy: Path, source: dict, folder) -> None:
         os.replace(part, copy)
         part.with_suffix(".source").write_text(json.dumps(source))
         os.replace(part.with_suffix(".source"), _copied_from(copy))
+        unrecorded = False
     except OSError as e:
         if e.errno not in _LOCAL_DISK_ERRNOS:
             raise
-        copy.unlink(missing_ok=True)  # (its record is gone already)
         raise CopyFolderUnusable(f"cannot write copies in {folder} ({e.strerror or e})") from None
     finally:
         part.unlink(missing_ok=True)
+        if unrecorded:  # an old copy no record vouches for (never read, never evicted): gone
+            with contextlib.suppress(OSError):
+                copy.unlink(missing_ok=True)
         part.with_suffix(".source").unlink(missing_ok=True)
 
 
@@ -398,29 +403,58 @@ def _copy_fresh(copy: Path, source: dict) -> bool:
         return False
 
 
-# The copies each process of this machine took from a folder (<folder>/.readers/<host>.<pid>,
-# a line each, relative to the folder): a copy is read after cached_copies returns, by readers
-# that hold no lock, so eviction keeps every copy a live process took. (Bucket names start
-# with a letter or digit: no bucket's copies are in there.)
+# The copies each process took from a folder (<folder>/.readers/<host>.<pid>, a line each,
+# relative to the folder): a copy is read after cached_copies returns, by readers that hold no
+# lock, so eviction keeps every copy a live process took. Each process keeps its list open
+# with a shared flock for as long as it lives (its forked children inherit it; they read the
+# copies too): the kernel drops the lock however the process ends (kill -9 too), also for a
+# process in another container sharing the folder, so a list whose lock can be taken
+# exclusively is a gone process's. (Bucket names start with a letter or digit: no bucket's
+# copies are in there.)
 READERS = ".readers"
 
 
-_NOTED: dict[str, set[str]] = {}  # each list (its path: host and pid) -> the names this process wrote
+_LISTS: dict[str, tuple[int, set[str]]] = {}  # this process's list in a folder -> (its fd, names)
 
 
 def _note_reader(folder, copies: Sequence[Path]) -> None:
-    """Adds `copies` to this process's list of copies taken from `folder`. A folder that
-    refuses it (read-only) has nothing evicted from it by this module, which cannot write there."""
+    """Adds `copies` to this process's list of copies taken from `folder` (opened and locked
+    the first time, again if it was removed). A read-only folder: nothing is evicted from it.
+    Any other failure (a full disk) is CopyFolderUnusable: this process does not read copies
+    it could not keep from being evicted."""
+    import fcntl
+
     record = Path(folder) / READERS / f"{socket.gethostname()}.{os.getpid()}"
-    noted = _NOTED.setdefault(str(record), set())
-    new = sorted({c.relative_to(folder).as_posix() for c in copies} - noted)
     try:
-        record.parent.mkdir(exist_ok=True)
-        with builtins.open(record, "a") as f:
-            f.writelines(f"{name}\n" for name in new)
-        noted.update(new)
+        fd, noted = _LISTS.get(str(record), (None, set()))
+        if fd is None or not _same_file(fd, record):
+            if fd is not None:
+                os.close(fd)
+            record.parent.mkdir(exist_ok=True)
+            fd, noted = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), set()
+            _LISTS[str(record)] = (fd, noted)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        new = sorted({c.relative_to(folder).as_posix() for c in copies} - noted)
+        if new:  # (a newline first: a line a failed write cut short is never glued to a name)
+            _append(fd, "".join(f"\n{name}" for name in new).encode() + b"\n")
+            noted.update(new)
+    except OSError as e:
+        if e.errno == errno.EROFS:
+            return
+        raise CopyFolderUnusable(f"cannot note this process's copies in {record} "
+                                 f"({e.strerror or e})") from None
+
+
+def _append(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
     except OSError:
-        pass  # a download needed writes there too, and says why it cannot
+        return False
 
 
 def _used_now(copies) -> None:
@@ -431,21 +465,33 @@ def _used_now(copies) -> None:
 
 
 def _in_use(folder) -> set[str] | None:
-    """The copies (relative to `folder`) a live process took: this machine's processes that are
-    still running, and (not knowable from here) every process of another host naming the
-    folder; the lists of this machine's processes that are gone are removed. None when a list
-    cannot be read (nothing is then known to be free)."""
+    """The copies (relative to `folder`) that live processes took (the lists whose lock is
+    held); the lists of gone processes are removed. None when a list cannot be read (nothing
+    is then known to be free)."""
+    import fcntl
+
     used: set[str] = set()
-    here = socket.gethostname()
     for record in sorted((Path(folder) / READERS).glob("*")):
-        host, _, pid = record.name.rpartition(".")
-        if host == here and _gone(pid):
-            record.unlink(missing_ok=True)
-            continue
         try:
-            used.update(record.read_text().splitlines())
-        except (OSError, ValueError):
+            fd = os.open(record, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        except OSError:
             return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its process lives
+            try:
+                used.update(filter(None, record.read_text().splitlines()))
+            except (OSError, ValueError):
+                return None
+            continue
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):  # (another user's: kept, and nothing is lost)
+            record.unlink()
     return used
 
 
@@ -489,8 +535,11 @@ def _make_room(folder, need: int, needed: set[Path], replaced: set[Path]) -> Non
     for _, size, copy in evictable:
         if held + need <= budget:
             break
-        _copied_from(copy).unlink(missing_ok=True)
-        copy.unlink(missing_ok=True)
+        try:
+            _copied_from(copy).unlink(missing_ok=True)
+            copy.unlink(missing_ok=True)
+        except OSError:
+            continue  # not removable here (another user's): kept, and counted
         held -= size
 
 

@@ -8,6 +8,7 @@ write there. Every other path on gs:// too (in-process): globs of text files, a 
 their prediction files, `init_from` and `average --out` on gs://."""
 
 import collections
+import errno
 import functools
 import gzip
 import json
@@ -684,9 +685,8 @@ def test_shard_metadata_comes_from_one_listing_a_folder_not_a_request_a_shard(fa
     faults.kind = lambda request: "alt=media" in request.path and "train-00003" in unquote(request.path)
     with pytest.raises(paths.StorageFailing, match=rf"reading gs://{BUCKET}/{names[3]} failed 3 tries"):
         paths.cached_copies(urls[:6], cache)
-    # (its old copy, whole, without its record: not taken for the object until downloaded again)
-    assert copies[3].read_bytes() == b"shard 003 " * 50
-    assert not (cache / BUCKET / (names[3] + ".source")).exists()
+    # (its old copy, which no record vouches for any more, removed with the failure)
+    assert not copies[3].exists() and not (cache / BUCKET / (names[3] + ".source")).exists()
     for i in (0, 1, 2, 4, 5):
         assert copies[i].read_bytes() == f"second {i:02d} ".encode() * 50
     assert not [f for f in _files_kept(cache) if f.endswith(".part") or "/." in f]
@@ -752,6 +752,9 @@ def test_copies_no_live_process_took_are_evicted_least_recently_used_first(faili
     _ended(_copier(cache, urls["a0"]))  # another one, gone too, used a0 again
     assert record["a0"].stat().st_mtime > 2000 and record["a1"].stat().st_mtime == 2000
     running = _copier(cache, urls["a2"])
+    # A list no live process holds (its lock free: a process of another host or container
+    # that is gone) protects nothing and is removed; the running one's is held.
+    (cache / ".readers" / "elsewhere.1").write_text(f"{BUCKET}/shards/a1\n")
     mine = cache / BUCKET / "shards" / "notes.txt"  # not a copy (no record): never removed
     mine.write_text("mine")
     os.utime(mine, (0, 0))
@@ -780,6 +783,16 @@ def test_copies_no_live_process_took_are_evicted_least_recently_used_first(faili
     assert _files_kept(cache) == [f"{BUCKET}/shards/{name}{suffix}" for name in ("a3", "big")
                                   for suffix in ("", ".source")] + [f"{BUCKET}/shards/notes.txt"]
     assert copy["big"].read_bytes() == b"g" * (256 * kib)
+
+    # A list this process cannot write (a full disk): one line, and no copy is read.
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    (cache / ".readers" / f"{socket.gethostname()}.{os.getpid()}").unlink()  # (written again)
+    monkeypatch.setattr(paths, "_append", full)
+    with pytest.raises(paths.CopyFolderUnusable, match=rf"^cannot note this process's copies in "
+                                                       rf"{re.escape(str(cache))}/.readers/.*No space"):
+        paths.cached_copies([urls["a3"]], cache)
 
 
 def test_gs_shards_without_room_for_copies_are_read_from_the_bucket_after_one_line(failing_gcs,
