@@ -30,6 +30,23 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and the fix."""
 
 
+# Words a user may write to switch a setting that takes a folder: in another case or spelling
+# than the setting's own keywords, each would otherwise be a folder of that name in the
+# current directory (`--compilation_cache=OFF` caching into ./OFF).
+SWITCH_WORDS = frozenset({"auto", "off", "on", "none", "no", "false", "true", "0", "1",
+                          "disable", "disabled", "default"})
+
+
+def folder_or_keyword(value: str, keywords: tuple[str, ...], what: str) -> str:
+    """`value` of a setting `what` that is one of `keywords` (exactly) or a folder: a
+    ConfigError for a switch word that is not one of them as written (SWITCH_WORDS)."""
+    if value not in keywords and value.strip().lower() in SWITCH_WORDS | set(keywords):
+        raise ConfigError(f"{what}={value!r} reads as a switch, not a folder: write "
+                          f"{' or '.join(keywords)} (lowercase), or ./{value.strip()} for a folder "
+                          "of that name")
+    return value
+
+
 def valid(default: Any, values: str) -> Any:
     """A numeric field with its default and its valid values, written ">= 0", "> 0", an
     interval "[0, 1)", or "any" (any finite number): every int and float field of a record

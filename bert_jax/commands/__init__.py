@@ -22,7 +22,7 @@ from collections.abc import Callable
 from absl import app, flags, logging
 
 from bert_jax import config as config_lib
-from bert_jax import paths
+from bert_jax import paths, specs
 from bert_jax.commands import cloud, data, interop, options, peers, sweep, training, translate, viz
 
 
@@ -188,6 +188,8 @@ def check_path_flags(command: Command) -> None:
         value = flags.FLAGS[name].value if name in PATH_FLAGS else None
         if value is not None and not (name == "compilation_cache" and value in ("auto", "off")):
             try:
+                if name == "compilation_cache":  # OFF, none, 0: not folders
+                    specs.folder_or_keyword(value, ("auto", "off"), "--compilation_cache")
                 paths.check_given(value, f"--{name}")
             except ValueError as e:
                 raise app.UsageError(str(e)) from None

@@ -19,7 +19,7 @@ import grain
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from bert_jax import paths
+from bert_jax import paths, specs
 from bert_jax.data import pretraining
 from bert_jax.data import text as text_lib
 from bert_jax.paths import workdir_path
@@ -120,7 +120,8 @@ SHARD_CACHE_ENV = "BERT_JAX_SHARD_CACHE"  # a folder, or "off" (docs/pretraining
 def shard_cache(environ=os.environ) -> str | None:
     """The folder gs:// shards are copied into: $BERT_JAX_SHARD_CACHE (None for "off": read
     from the bucket), else <$XDG_CACHE_HOME or ~/.cache>/bert_jax/shards."""
-    given = environ.get(SHARD_CACHE_ENV, "").strip()
+    given = specs.folder_or_keyword(environ.get(SHARD_CACHE_ENV, "").strip(), ("off",),
+                                    f"${SHARD_CACHE_ENV}")  # OFF, none, 0: not folders
     if given == "off":
         return None
     if given:

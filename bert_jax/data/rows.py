@@ -15,14 +15,18 @@ from bert_jax.data import text
 log = logging.getLogger(__name__)
 
 SKIP_HINT = ". Fix the file or set data.skip_bad_rows=True to skip such rows"
+FIX_HINT = ". Fix that row of the file"  # read outside a run's config: no key skips rows
 
 
 class BadRows:
-    """One reader's bad rows: the first raises `error`, or when skipping they are counted for `warn`."""
+    """One reader's bad rows: the first raises `error`, or when skipping they are counted for
+    `warn`. `skip` None: the file is read outside a run's config (`mine`, `eval-embeddings`),
+    where no data.skip_bad_rows exists to set, so the error's hint is to fix the file."""
 
-    def __init__(self, path: str | os.PathLike, skip: bool, error: type[ValueError],
+    def __init__(self, path: str | os.PathLike, skip: bool | None, error: type[ValueError],
                  hint: str = SKIP_HINT) -> None:
-        self.path, self.skip, self.error, self.hint = path, skip, error, hint
+        self.path, self.skip, self.error = path, bool(skip), error
+        self.hint = FIX_HINT if skip is None else hint
         self.count, self.first = 0, ""
 
     def __call__(self, message: str) -> None:

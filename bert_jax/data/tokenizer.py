@@ -751,9 +751,10 @@ def required_dir(directory: str | Path, key: str = "data.tokenizer") -> str | Pa
 
 
 def checkpoint_tokenizer(checkpoint_dir: str | Path, data_tokenizer: str = "") -> Tokenizer:
-    """The tokenizer a checkpoint directory carries, else its run's data.tokenizer."""
-    directory = checkpoint_dir if has_tokenizer(checkpoint_dir) else data_tokenizer
-    return load_tokenizer(required_dir(directory, "the checkpoint's tokenizer (data.tokenizer)"))
+    """The tokenizer a checkpoint directory carries, else its run's data.tokenizer; with
+    neither, load_tokenizer's error naming the checkpoint directory and the files it lacks."""
+    directory = checkpoint_dir if has_tokenizer(checkpoint_dir) or not data_tokenizer else data_tokenizer
+    return load_tokenizer(directory)
 
 
 def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,

@@ -286,7 +286,7 @@ def mine_negatives(checkpoint_dir: str | os.PathLike, pairs_file: str | os.PathL
     come back as {"query", "positive", "negatives"} in the file's order."""
     from bert_jax.tasks import pairs, retrieval
 
-    rows = pairs.read_pairs(pairs_file)
+    rows = pairs.read_pairs(pairs_file, skip_bad_rows=None)  # no config: no key skips rows
     if not rows:
         raise ValueError(f"{pairs_file}: no pairs to mine for")
     if rows[0].score is not None:

@@ -127,7 +127,7 @@ def _label(spec: TaskSpec, raw: str, line: int, bad: BadRows) -> str | float | N
     return None
 
 
-def read_glue(task: str, path: str | Path, *, skip_bad_rows: bool = False) -> list[Example]:
+def read_glue(task: str, path: str | Path, *, skip_bad_rows: bool | None = False) -> list[Example]:
     """Examples of a GLUE task file (local or gs://) in its original layout; unlabeled test
     files give label None."""
     spec, path = task_spec(task), paths.path(path)

@@ -120,8 +120,9 @@ def _tsv_rows(f, path, bad: BadRows):
         yield line, row
 
 
-def read_pairs(path, *, num_negatives: int = 0, skip_bad_rows: bool = False) -> list[Example]:
-    """The examples of a pair file (the module docstring's formats)."""
+def read_pairs(path, *, num_negatives: int = 0, skip_bad_rows: bool | None = False) -> list[Example]:
+    """The examples of a pair file (the module docstring's formats); `skip_bad_rows` None:
+    read outside a run's config (`mine`), where BadRows' hint is to fix the row."""
     path = paths.path(path)
     bad = BadRows(path, skip_bad_rows, PairsFormatError)
     with utf8_errors(path), paths.open(path, encoding="utf-8-sig") as f:
@@ -274,6 +275,8 @@ class PairsTask(Task):
             raise PairsFormatError(f"{path}: {kind}, but train.objective={objective!r} trains on "
                                    f"{'scored pairs' if objective == 'cosent' else 'queries with positives'}"
                                    f"; give {other}")
+        if out and out[0].score is not None:
+            retrieval.check_scores_differ(path, [e.score for e in out])
         return out
 
     def encode(self, examples, training: bool) -> tuple[dict[str, np.ndarray], Any]:

@@ -225,10 +225,23 @@ def _with_bootstrap(per_query: dict[str, np.ndarray], n: int, seed: int
 
 def read_sts(path: str | os.PathLike) -> tuple[list[str], list[str], list[float]]:
     """(sentences1, sentences2, scores 0..5) of a GLUE STS-B tsv with its score column."""
-    examples = glue.read_glue("stsb", path)
+    examples = glue.read_glue("stsb", path, skip_bad_rows=None)  # no config: no key skips
     if any(e.label is None for e in examples):
         raise ValueError(f"{path}: no score column (a test file?); STS needs the gold scores")
-    return [e.text_a for e in examples], [e.text_b for e in examples], [e.label for e in examples]
+    scores = check_scores_differ(path, [e.label for e in examples])
+    return [e.text_a for e in examples], [e.text_b for e in examples], scores
+
+
+def check_scores_differ(path, scores: Sequence[float]) -> Sequence[float]:
+    """`scores`, the gold scores of a file of scored pairs, when at least two differ; else a
+    ValueError naming the file: the Spearman and Pearson of constant scores are undefined
+    (scoring's 0.0), and CoSENT learns nothing from pairs none of which ranks above another."""
+    if len(set(scores)) < 2:
+        found = f"{len(scores)} pair(s), every score {scores[0]}" if scores else "no pairs"
+        raise ValueError(f"{path}: {found}; scored pairs are ranked and correlated by their "
+                         "scores, which must differ: give a file of pairs with varied scores "
+                         "(as the STS-B train.tsv and dev.tsv)")
+    return scores
 
 
 def beir_record(path, line_no: int, line: str, fields: Sequence[str]) -> dict:
@@ -238,8 +251,11 @@ def beir_record(path, line_no: int, line: str, fields: Sequence[str]) -> dict:
         record = json.loads(line)
     except ValueError as e:
         raise ValueError(f"{path}:{line_no}: not JSON ({e})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}:{line_no}: a JSON {type(record).__name__}, expected an object "
+                         f"(a BEIR record has _id and {', '.join(fields)})")
     for field in ("_id", *fields):
-        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+        if not isinstance(record.get(field), str):
             raise ValueError(f"{path}:{line_no}: field {field!r} missing or not a string; "
                              f"a BEIR record has _id and {', '.join(fields)}")
     return record

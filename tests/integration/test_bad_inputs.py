@@ -848,6 +848,10 @@ WMT = ("train --config configs/wmt.py:base --workdir {tmp}/w --config.data.token
 # TFDS datasets, metrics files, info's and prepare's flags.
 RUN_VALUE_CASES = [
     case("train-workdir-empty", PRETRAIN.replace("{tmp}/w", "''"), 2, "--workdir is empty"),
+    case("compilation-cache-off-in-capitals", PRETRAIN + " --compilation_cache=OFF", 2,
+         "--compilation_cache='OFF' reads as a switch, not a folder", "./OFF"),
+    case("attention-checkpoint-without-tokenizer", "attention --checkpoint {preln} --text 'the cat' "
+         "--out {tmp}/a.png", 1, "no tokenizer in {preln}: looked for vocab.txt"),
     case("workdir-inside-a-file", PRETRAIN.replace("{tmp}/w", "{tmp}/f/run"), 1, "inside {tmp}/f, a file",
          setup=files(f="a file")),
     case("masked-lm-prob-above-one", PRETRAIN + " --config.data.masked_lm_prob=1.5", 1,
@@ -1342,7 +1346,7 @@ BEIR_FILES = files(beir__corpus_DOT_jsonl='{"_id": "d1", "text": "the cat sat"}\
                    pairs_DOT_jsonl='{"query": "the cat", "positive": "a dog"}\n')
 PAIRS = ("train --config configs/embeddings.py:{loss},tiny" + FINETUNE
          + " --config.data.train_file=train.tsv --config.data.dev_file=train.tsv --config.train.steps=1")
-SCORED = "sentence1\tsentence2\tscore\n" + "the cat\ta dog\t1.0\n" * 8
+SCORED = "sentence1\tsentence2\tscore\n" + "the cat\ta dog\t1.0\n" * 4 + "the cat\ta cat\t4.0\n" * 4
 QUERIES = "query\tpositive\n" + "the cat\ta dog\n" * 8
 EMBED = "embed --checkpoint {ckpt} --input {tmp}/in.txt --output {tmp}/v"
 
@@ -1443,6 +1447,23 @@ EMBED_CASES = [
     case("convert-st-settings-a-list", "convert st:{tmp}/st {tmp}/out", 1,
          "st/sentence_bert_config.json: found a JSON list, expected an object",
          setup=st_folder(json_file("sentence_bert_config.json", [512]))),
+    # a file a command reads outside a run's config: its bad row's hint is no data.* key
+    case("mine-row-without-positive", "mine --checkpoint {ckpt} --input {tmp}/p.jsonl --output "
+         "{tmp}/m.jsonl", 1, "p.jsonl:1: field 'positive'", "expected a non-empty string",
+         "Fix that row of the file", setup=files(p_DOT_jsonl='{"query": "the cat"}\n')),
+    case("eval-embeddings-sts-score-a-word", "eval-embeddings --checkpoint {ckpt} --sts {tmp}/sts.tsv",
+         1, "sts.tsv:2: score column 'score': found 'high'", "Fix that row of the file",
+         setup=files(sts_DOT_tsv=STSB_ROWS.format("high"))),
+    # scored pairs whose scores do not differ: no correlation to report, no ranking to learn
+    case("eval-embeddings-sts-one-score", "eval-embeddings --checkpoint {ckpt} --sts {tmp}/sts.tsv",
+         1, "{tmp}/sts.tsv: 2 pair(s), every score 3.0", "must differ",
+         setup=files(sts_DOT_tsv=STSB_ROWS.format(3) + STSB_ROWS.format(3).splitlines(True)[1])),
+    case("pairs-cosent-one-score", PAIRS.replace("{loss}", "cosent"), 1,
+         "data/train.tsv: 8 pair(s), every score 1.0", "must differ",
+         setup=files(data__train_DOT_tsv="sentence1\tsentence2\tscore\n" + "the cat\ta dog\t1.0\n" * 8)),
+    case("embed-beir-row-a-list", "embed --checkpoint {ckpt} --input {tmp}/c.jsonl --output {tmp}/v", 1,
+         "{tmp}/c.jsonl:1: a JSON list, expected an object (a BEIR record has _id and text)",
+         setup=files(c_DOT_jsonl='["d1", "the cat"]\n')),
 ]
 
 # One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.

@@ -43,3 +43,21 @@ def test_a_value_outside_its_range_is_refused(record, key, value, said):
              specs.ScheduleSpec: "schedule"}.get(record, "data")
     with pytest.raises(specs.ConfigError, match=re.escape(said)):
         specs.read(record, {key: value}, where)
+
+
+@pytest.mark.parametrize("value", ["OFF", "Off", " none", "false", "0", "disabled"])
+def test_a_switch_word_for_the_shard_cache_is_refused_not_made_a_folder(value):
+    from bert_jax.data import documents
+
+    with pytest.raises(specs.ConfigError, match=re.escape(f"$BERT_JAX_SHARD_CACHE={value.strip()!r} "
+                                                          "reads as a switch, not a folder: write off")):
+        documents.shard_cache({"BERT_JAX_SHARD_CACHE": value})
+
+
+def test_the_shard_cache_takes_off_a_folder_or_nothing(tmp_path):
+    from bert_jax.data import documents
+
+    assert documents.shard_cache({"BERT_JAX_SHARD_CACHE": "off"}) is None
+    assert documents.shard_cache({"BERT_JAX_SHARD_CACHE": f"{tmp_path}/OFF"}) == f"{tmp_path}/OFF"
+    assert documents.shard_cache({"BERT_JAX_SHARD_CACHE": "", "XDG_CACHE_HOME": str(tmp_path)}) == \
+        f"{tmp_path}/bert_jax/shards"
