@@ -281,6 +281,14 @@ def _jsonl(path, fields: Sequence[str]) -> dict[str, dict]:
     return out
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def read_beir(folder: str | os.PathLike, split: str = "test"
               ) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
     """(corpus id -> "title text", query id -> text, query id -> relevant corpus ids) of a BEIR
@@ -295,8 +303,14 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
     with utf8_errors(qrels_file), paths.open(qrels_file, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             cols = line.rstrip("\n").split("\t")
-            if line_no == 1 or not line.strip():
-                continue  # the header (query-id, corpus-id, score)
+            if line_no == 1:  # the header, which BEIR's loader skips unread: a row there is lost
+                if len(cols) != 3 or _is_number(cols[2]):
+                    raise ValueError(f"{qrels_file}:1: {line.strip()[:60]!r} is not the header a "
+                                     "qrels file starts with (query-id, corpus-id, score, "
+                                     "tab-separated); add that line")
+                continue
+            if not line.strip():
+                continue
             if len(cols) != 3:
                 raise ValueError(f"{qrels_file}:{line_no}: {len(cols)} columns; expected query-id, "
                                  "corpus-id, score")

@@ -1410,6 +1410,10 @@ EMBED_CASES = [
          "{tmp}/beir --split other", 1, "{tmp}/beir/qrels/other.tsv: none of its relevant corpus-ids "
          "is in {tmp}/beir/corpus.jsonl (e.g. 'd9')", setup=lambda tmp, ctx: (BEIR_FILES(tmp, ctx), write(
              tmp / "beir" / "qrels" / "other.tsv", "query-id\tcorpus-id\tscore\nq1\td9\t1\n"))),
+    case("eval-embeddings-qrels-without-header", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir",
+         1, "{tmp}/beir/qrels/test.tsv:1: 'q1\\td1\\t1' is not the header a qrels file starts with",
+         "add that line", setup=lambda tmp, ctx: (BEIR_FILES(tmp, ctx), write(
+             tmp / "beir" / "qrels" / "test.tsv", "q1\td1\t1\nq1\td2\t1\n"))),
     case("eval-embeddings-bootstrap-zero", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
          "--bootstrap=0", 1, "--bootstrap=0 must be >= 1", setup=BEIR_FILES),
     case("eval-embeddings-squad-without-paragraphs", "eval-embeddings --checkpoint {ckpt} --squad "
