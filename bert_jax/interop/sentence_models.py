@@ -76,11 +76,14 @@ def read_folder(folder: str | os.PathLike) -> tuple[Any, SentenceSpec]:
     types = [str(m.get("type", "")) for m in modules]
     kinds = [t.rsplit(".", 1)[-1] if t.startswith("sentence_transformers.") else t for t in types]
     unknown = [(m, k) for m, k in zip(modules, kinds) if k not in ("Transformer", "Pooling", "Normalize")]
-    if unknown or kinds.count("Transformer") != 1 or kinds[0] != "Transformer":
+    # each at most once, in that order: pooled twice, or normalised before pooling, is
+    # another model than the one bert_jax would convert
+    ordered = [k for k in ("Transformer", "Pooling", "Normalize") if k in kinds]
+    if unknown or kinds != ordered or kinds[:1] != ["Transformer"]:
         shown = (f"module {unknown[0][0].get('name')!r} of type {unknown[0][0].get('type')!r}"
                  if unknown else f"modules {kinds}")
         raise ValueError(f"{root / 'modules.json'}: {shown}: bert_jax reproduces a Transformer "
-                         f"followed by Pooling and Normalize only")
+                         f"followed by Pooling and Normalize only (each once, in that order)")
     transformer = root / str(modules[0].get("path", ""))
     settings_file = transformer / "sentence_bert_config.json"
     what = "the Transformer module's settings (sentence-transformers writes them): fix or remove it"

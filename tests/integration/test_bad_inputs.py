@@ -1339,6 +1339,11 @@ def json_file(name: str, content):
     return lambda folder: write(folder / name, json.dumps(content))
 
 
+def st_module(kind: str, path: str) -> dict:
+    """One entry of a sentence-transformers modules.json."""
+    return {"name": kind, "path": path, "type": f"sentence_transformers.models.{kind}"}
+
+
 BEIR_FILES = files(beir__corpus_DOT_jsonl='{"_id": "d1", "text": "the cat sat"}\n',
                    beir__queries_DOT_jsonl='{"_id": "q1", "text": "cat"}\n',
                    **{"beir__qrels__test_DOT_tsv": "query-id\tcorpus-id\tscore\nq1\td1\t1\n"},
@@ -1448,6 +1453,17 @@ EMBED_CASES = [
     case("convert-st-length-negative", "convert st:{tmp}/st {tmp}/out", 1,
          "st/sentence_bert_config.json: key 'max_seq_length' is -4, expected an integer >= 3",
          setup=st_folder(json_file("sentence_bert_config.json", {"max_seq_length": -4}))),
+    # its modules: a Transformer, then Pooling and Normalize, each once and in that order
+    case("convert-st-pooled-twice", "convert st:{tmp}/st {tmp}/out", 1,
+         "st/modules.json: modules ['Transformer', 'Pooling', 'Pooling']", "each once, in that order",
+         setup=st_folder(json_file("modules.json", [st_module("Transformer", ""),
+                                                    st_module("Pooling", "1_Pooling"),
+                                                    st_module("Pooling", "1_Pooling")]))),
+    case("convert-st-normalized-before-pooling", "convert st:{tmp}/st {tmp}/out", 1,
+         "st/modules.json: modules ['Transformer', 'Normalize', 'Pooling']",
+         setup=st_folder(json_file("modules.json", [st_module("Transformer", ""),
+                                                    st_module("Normalize", "2_Normalize"),
+                                                    st_module("Pooling", "1_Pooling")]))),
     case("convert-st-settings-a-list", "convert st:{tmp}/st {tmp}/out", 1,
          "st/sentence_bert_config.json: found a JSON list, expected an object",
          setup=st_folder(json_file("sentence_bert_config.json", [512]))),
