@@ -62,9 +62,7 @@ def read_corpus(path: str) -> tuple[list[str], list[str]]:
             ids.append(str(number))
             texts.append(line.rstrip("\n"))
             continue
-        record = retrieval.beir_record(path, number, line, ["text"])
-        if not isinstance(record.get("title") or "", str):
-            raise ValueError(f"{path}:{number}: field 'title' is not a string")
+        record = retrieval.beir_record(path, number, line, ["text"], ["title"])
         doc = retrieval.document_text(record)
         if not doc:
             raise ValueError(f"{path}:{number}: field 'text' is empty (and no title): nothing "

@@ -244,9 +244,11 @@ def check_scores_differ(path, scores: Sequence[float]) -> Sequence[float]:
     return scores
 
 
-def beir_record(path, line_no: int, line: str, fields: Sequence[str]) -> dict:
+def beir_record(path, line_no: int, line: str, fields: Sequence[str],
+                optional: Sequence[str] = ()) -> dict:
     """One line of a BEIR JSON-lines file as its record, which must have "_id" and `fields`
-    (strings); anything else is a ValueError naming the file, line and field."""
+    (strings), and may have `optional` (strings or null: a corpus's "title"); anything else is
+    a ValueError naming the file, line and field."""
     try:
         record = json.loads(line)
     except ValueError as e:
@@ -258,6 +260,10 @@ def beir_record(path, line_no: int, line: str, fields: Sequence[str]) -> dict:
         if not isinstance(record.get(field), str):
             raise ValueError(f"{path}:{line_no}: field {field!r} missing or not a string; "
                              f"a BEIR record has _id and {', '.join(fields)}")
+    for field in optional:
+        if not isinstance(record.get(field) or "", str):
+            raise ValueError(f"{path}:{line_no}: field {field!r} is not a string (found "
+                             f"{record[field]!r}); give a string, null, or no {field}")
     return record
 
 
@@ -267,14 +273,15 @@ def document_text(record: dict) -> str:
     return f"{record.get('title') or ''} {record['text']}".strip()
 
 
-def _jsonl(path, fields: Sequence[str]) -> dict[str, dict]:
-    """id -> record of a JSON-lines file whose records have "_id" and `fields` (strings)."""
+def _jsonl(path, fields: Sequence[str], optional: Sequence[str] = ()) -> dict[str, dict]:
+    """id -> record of a JSON-lines file whose records have "_id" and `fields` (strings)
+    (beir_record)."""
     out: dict[str, dict] = {}
     with utf8_errors(path), paths.open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            record = beir_record(path, line_no, line, fields)
+            record = beir_record(path, line_no, line, fields, optional)
             if record["_id"] in out:
                 raise ValueError(f"{path}:{line_no}: field '_id': {record['_id']!r} twice")
             out[record["_id"]] = record
@@ -296,7 +303,7 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
     header row; score > 0 is relevant). The corpus text is the title and the text joined by a
     space, stripped, as BEIR's sentence-transformers examples build it."""
     root = paths.path(folder)
-    corpus = {i: document_text(r) for i, r in _jsonl(root / "corpus.jsonl", ["text"]).items()}
+    corpus = {i: document_text(r) for i, r in _jsonl(root / "corpus.jsonl", ["text"], ["title"]).items()}
     queries = {i: r["text"] for i, r in _jsonl(root / "queries.jsonl", ["text"]).items()}
     qrels_file = root / "qrels" / f"{split}.tsv"
     relevant: dict[str, set[str]] = {}

@@ -1419,6 +1419,10 @@ EMBED_CASES = [
          1, "{tmp}/beir/qrels/test.tsv:1: 'q1\\td1\\t1' is not the header a qrels file starts with",
          "add that line", setup=lambda tmp, ctx: (BEIR_FILES(tmp, ctx), write(
              tmp / "beir" / "qrels" / "test.tsv", "q1\td1\t1\nq1\td2\t1\n"))),
+    case("eval-embeddings-beir-title-a-number", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir",
+         1, "{tmp}/beir/corpus.jsonl:1: field 'title' is not a string (found 5)", setup=lambda tmp, ctx: (
+             BEIR_FILES(tmp, ctx), write(tmp / "beir" / "corpus.jsonl",
+                                         '{"_id": "d1", "title": 5, "text": "the cat sat"}\n'))),
     case("eval-embeddings-bootstrap-zero", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
          "--bootstrap=0", 1, "--bootstrap=0 must be >= 1", setup=BEIR_FILES),
     case("eval-embeddings-squad-without-paragraphs", "eval-embeddings --checkpoint {ckpt} --squad "
