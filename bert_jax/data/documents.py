@@ -58,11 +58,9 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     try:
         data = file.read_bytes()
         if str(path).endswith(".gz"):
-            data = gzip.decompress(data)
+            with text_lib.gzip_errors(path):
+                data = gzip.decompress(data)
         text = data.decode("utf-8")
-    except (gzip.BadGzipFile, EOFError) as e:
-        raise ValueError(f"{path}: not a readable gzip file ({e}); decompress it or drop the "
-                         ".gz suffix if it is plain text") from None
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
         raise text_lib.not_text(path, line, data.split(b"\n")[line - 1],

@@ -3,6 +3,7 @@ prepare and training, and the one error of every reader for a file that is not U
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import logging
@@ -95,6 +96,17 @@ def check_start(path: str | os.PathLike, size: int = 1 << 16) -> None:
 STRAY_LINES = 0.01
 
 
+@contextlib.contextmanager
+def gzip_errors(path: str | os.PathLike) -> Iterator[None]:
+    """gzip's own errors reading `path` (a .gz name on a plain or cut-short file) as one line
+    naming the file and the fix."""
+    try:
+        yield
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise ValueError(f"{path}: not a readable gzip file ({e}); decompress it or drop the "
+                         ".gz suffix if it is plain text") from None
+
+
 def utf8_lines(path: str) -> Iterator[str]:
     """The lines of a UTF-8 text file, plain or .gz (local or gs://), as text-mode reading gives
     them: the one reader of text files for vocab, prepare and training. A binary or UTF-16
@@ -102,7 +114,8 @@ def utf8_lines(path: str) -> Iterator[str]:
     STRAY_LINES of the lines are replaced with one warning naming the first, more stop too."""
     bad: list[tuple[int, bytes, UnicodeDecodeError]] = []
     number = 0
-    with paths.path(path).open("rb") as raw, (gzip.open(raw) if path.endswith(".gz") else raw) as f:
+    with (paths.path(path).open("rb") as raw, (gzip.open(raw) if path.endswith(".gz") else raw) as f,
+          gzip_errors(path)):
         for number, line in enumerate(f, 1):
             try:
                 text = line.decode("utf-8")

@@ -1393,6 +1393,9 @@ EMBED_CASES = [
          setup=files(c_DOT_jsonl='{"_id": "a", "text": "x"}\n')),
     case("embed-empty-into-a-npy", "embed --checkpoint {ckpt} --input {tmp}/empty.txt --output "
          "{tmp}/v.npy", 1, "--input={tmp}/empty.txt: empty, no line to embed", setup=BEIR_FILES),
+    case("embed-gz-not-gzip", "embed --checkpoint {ckpt} --input {tmp}/c.txt.gz --output {tmp}/v", 1,
+         "{tmp}/c.txt.gz: not a readable gzip file", "drop the .gz suffix",
+         setup=files(c_DOT_txt_DOT_gz="the cat sat\n")),
     case("embed-batch-zero", EMBED + " --batch_size=0", 1, "--batch_size=0 must be >= 1",
          setup=BEIR_FILES),
     case("embed-shard-size-negative", EMBED + " --shard_size=-3", 1, "--shard_size=-3 must be >= 1",
