@@ -1,35 +1,50 @@
 """The processes of a multi-process run watch each other: one that ends without finishing its
-command (killed, crashed, out of memory, stopped by an error of its own) stops the others at
-once with one line naming it. Without this they wait in their next collective until JAX's
-coordination service misses the lost one's heartbeats (JAX's default: 100 s) and aborts
-them with a C++ check failure and every thread's stack.
+command (killed, crashed, out of memory, stopped by an error of its own), or whose host stops
+answering (power, network), stops the others within seconds with one line naming it. Without
+this they wait in their next collective until JAX's coordination service misses the lost
+one's heartbeats (JAX's default: 100 s) and aborts them with a C++ check failure and every
+thread's stack.
 
-Each process listens on a TCP port and publishes where (address, port, pid, host name) in
-JAX's key-value store; each connects to every other one and waits on that connection. The
-kernel closes a process's sockets however it ends (kill -9 too), and a process that finished
-its command says `done` first, so the end of a connection without it is a lost peer. A host
-that vanishes without closing its connections (power, network), or that this one cannot
-reach (a firewall between hosts: one warning), is left to JAX's heartbeats. So is a run of more
-than MAX_PROCESSES: every process holds a connection (and a thread) per peer, which on a pod of
-hundreds of hosts would cost each of them hundreds of file descriptors.
+A star, so that a pod of hundreds of hosts costs each process one connection and one thread:
+process 0 listens on a TCP port and publishes where (address, port, pid, host name) in JAX's
+key-value store; every other process connects to it and says which process it is. Process 0
+watches all of those connections from one thread (selectors); each other process watches its
+connection to process 0. The kernel closes a process's sockets however it ends (kill -9 too),
+and a process that finished its command says `done` first, so the end of a connection without
+it is a lost peer; a host that vanishes without closing them is found by TCP keepalive (about
+25 s of silence, _KEEPALIVE_*). Process 0, on losing a peer, first tells every other one which
+(`lost ...`), so that all of them stop naming the lost process; when process 0 itself is lost,
+the others see their connection to it end. A process that cannot reach process 0 (a firewall
+between hosts) gives one warning and is left to JAX's heartbeats.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import selectors
 import socket
 import sys
 import threading
 
-_DONE = b"done\n"
+_DONE = b"done\n"  # either way: the sender finished its command, its end is not a fault
+_HELLO = b"hello "  # + b"<index>|<pid>|<host>\n": a process's first line to process 0
+_LOST = b"lost "  # + what happened to which process + b"\n": process 0 to the others
 _KEY = "bert_jax/peers/{}"
+_THREAD = "bert_jax-peers"  # the one watching thread of each process
 _CONNECT_TIMEOUT_MS = 300_000  # as JAX's own initialization_timeout: peers start unevenly
-_REACH_TIMEOUT_S = 10.0  # a published peer that does not accept in this time cannot be reached
-MAX_PROCESSES = 64  # above it, 2 x (n - 1) sockets per process: left to JAX's heartbeats
-_accepted: list[socket.socket] = []
+_REACH_TIMEOUT_S = 10.0  # process 0 published but not accepting in this time: cannot be reached
+# TCP keepalive on every watched connection: after _KEEPALIVE_IDLE_S without traffic the kernel
+# probes the peer every _KEEPALIVE_INTERVAL_S and ends the connection (ETIMEDOUT) after
+# _KEEPALIVE_PROBES unanswered probes, so a silent host is found within 10 + 5 x 3 = 25 s
+# (JAX's heartbeats: 100 s); data sent and not acknowledged is given as long (TCP_USER_TIMEOUT).
+_KEEPALIVE_IDLE_S = 10
+_KEEPALIVE_INTERVAL_S = 5
+_KEEPALIVE_PROBES = 3
+_SPARE_FILES = 256  # process 0's own files (checkpoints, logs, JAX's) beside one per peer
 _lock = threading.Lock()
 _finished = threading.Event()  # this process finished its command
-_watching: list[socket.socket] = []
+_conns: list[socket.socket] = []  # the connections to tell `done` when this process finishes
 
 
 def _address(coordinator: str | None) -> str:
@@ -47,88 +62,237 @@ def _address(coordinator: str | None) -> str:
 
 
 def watch(command: str) -> None:
-    """After jax.distributed.initialize: publish this process, connect to every other one (all
-    at once, each within _REACH_TIMEOUT_S), and stop this one with one line on stderr when a
-    peer's connection ends without `done`. Peers that cannot be reached: one warning."""
+    """After jax.distributed.initialize: process 0 publishes where it listens and watches every
+    other process from one thread; each other process connects to it (within
+    _REACH_TIMEOUT_S) and watches that connection. A peer lost stops this process with one line
+    on stderr naming it. Process 0 out of reach: one warning."""
     import jax
     from jax._src import distributed  # its client (the key-value store): no public handle
 
     state = distributed.global_state
     me, n = jax.process_index(), jax.process_count()
-    if state.client is None or not 2 <= n <= MAX_PROCESSES:
+    if state.client is None or n < 2:
         return
     _finished.clear()  # this command's
-    listener = socket.create_server(("", 0), backlog=max(n, 8))
-    where = f"{_address(state.coordinator_address)}:{listener.getsockname()[1]}"
-    state.client.key_value_set(_KEY.format(me), f"{where}|{os.getpid()}|{socket.gethostname()}")
-    threading.Thread(target=_accept, args=(listener,), daemon=True).start()
-    unreachable: list[str] = []
-
-    def connect(other: int) -> None:
-        address, pid, host = state.client.blocking_key_value_get(
-            _KEY.format(other), _CONNECT_TIMEOUT_MS).split("|")
-        ip, port = address.rsplit(":", 1)
-        try:
-            conn = socket.create_connection((ip, int(port)), timeout=_REACH_TIMEOUT_S)
-        except OSError as e:  # a firewall between hosts: the run goes on, watched by JAX alone
-            unreachable.append(f"{other} of {n} at {address} ({e.strerror or e})")
-            return
-        conn.settimeout(None)
-        _watching.append(conn)
-        threading.Thread(target=_wait, args=(conn, f"process {other} of {n} ({host}, pid {pid})",
-                                              command), daemon=True, name=f"bert_jax-peer-{other}").start()
-
-    connecting = [threading.Thread(target=connect, args=(other,), daemon=True)
-                  for other in range(n) if other != me]
-    for t in connecting:
-        t.start()
-    for t in connecting:
-        t.join()
-    if unreachable:
-        print(f"warning: cannot watch process{'es' if len(unreachable) > 1 else ''} "
-              f"{', '.join(sorted(unreachable))}: if {'one' if len(unreachable) > 1 else 'it'} is "
-              "lost, this process waits for JAX's heartbeat timeout", file=sys.stderr)
-
-
-def _accept(listener: socket.socket) -> None:
-    """Keeps the peers' connections open (closed by the kernel when this process ends) for as
-    long as the process lives; one accepted after this process finished is told so at once."""
-    with listener:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return  # the listener closed
-            with _lock:
-                _accepted.append(conn)
-                if _finished.is_set():
-                    _say_done(conn)
-
-
-def _say_done(conn: socket.socket) -> None:
+    with _lock:
+        _conns.clear()
+    if me == 0:
+        _check_files(n)
+        listener = socket.create_server(("", 0), backlog=n)
+        where = f"{_address(state.coordinator_address)}:{listener.getsockname()[1]}"
+        state.client.key_value_set(_KEY.format(0), f"{where}|{os.getpid()}|{socket.gethostname()}")
+        threading.Thread(target=_Leader(command, n, listener).run, daemon=True, name=_THREAD).start()
+        return
+    address, pid, host = state.client.blocking_key_value_get(
+        _KEY.format(0), _CONNECT_TIMEOUT_MS).split("|")
+    ip, port = address.rsplit(":", 1)
     try:
-        conn.sendall(_DONE)
+        conn = socket.create_connection((ip, int(port)), timeout=_REACH_TIMEOUT_S)
+        conn.settimeout(None)
+        _keep_alive(conn)
+        conn.sendall(_HELLO + f"{me}|{os.getpid()}|{socket.gethostname()}\n".encode())
+    except OSError as e:  # a firewall between hosts: the run goes on, watched by JAX alone
+        print(f"warning: cannot watch process 0 of {n} at {address} ({e.strerror or e}): if "
+              f"{'it' if n == 2 else 'any process'} is lost, this process waits for JAX's "
+              "heartbeat timeout", file=sys.stderr)
+        return
+    with _lock:
+        _conns.append(conn)
+    threading.Thread(target=_follow, args=(conn, f"process 0 of {n} ({host}, pid {pid})", command),
+                     daemon=True, name=_THREAD).start()
+
+
+def _check_files(n: int) -> None:
+    """Process 0 holds a connection (a file descriptor) per peer: raise its soft limit to fit
+    them, or warn in one line where the hard limit does not allow it."""
+    try:
+        import resource
+    except ImportError:  # no such limit (Windows)
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = n - 1 + _SPARE_FILES
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+            return
+        except (ValueError, OSError):
+            pass
+    print(f"warning: process 0 may open {soft} files and watching the other {n - 1} processes takes "
+          f"one each: raise its limit (ulimit -n) to {need} or more; a process it cannot accept is "
+          "left to JAX's heartbeat timeout", file=sys.stderr)
+
+
+def _keep_alive(conn: socket.socket) -> None:
+    """Keepalive probes on a watched connection, so that a silent peer ends it (ETIMEDOUT)."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    silent_ms = 1000 * (_KEEPALIVE_IDLE_S + _KEEPALIVE_INTERVAL_S * _KEEPALIVE_PROBES)
+    # (macOS names the idle time TCP_KEEPALIVE; a platform without an option keeps its default)
+    idle = getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None))
+    for option, value in ((idle, _KEEPALIVE_IDLE_S),
+                          (getattr(socket, "TCP_KEEPINTVL", None), _KEEPALIVE_INTERVAL_S),
+                          (getattr(socket, "TCP_KEEPCNT", None), _KEEPALIVE_PROBES),
+                          (getattr(socket, "TCP_USER_TIMEOUT", None), silent_ms)):
+        if option is not None:
+            try:
+                conn.setsockopt(socket.IPPROTO_TCP, option, value)
+            except OSError:
+                pass
+
+
+def _what(peer: str, error: OSError | None) -> str:
+    """What happened to a peer whose connection ended (error: how, if not at its end)."""
+    if error is not None and error.errno in (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return f"{peer} stopped answering (its host is down or cut off from this one's network)"
+    return (f"{peer} ended before finishing (killed, crashed, or stopped by an error of its own: "
+            "its log says which)")
+
+
+def _stop(command: str, what: str) -> None:
+    print(f"bert-jax {command}: error: {what}; this process stops too. Rerun the job on every "
+          "host: a training run resumes from its last checkpoint", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)  # the main thread may be blocked in a collective that can never complete
+
+
+def _send(conn: socket.socket, line: bytes) -> None:
+    try:
+        conn.sendall(line)
     except OSError:
         pass  # that peer is gone already
 
 
-def _wait(conn: socket.socket, peer: str, command: str) -> None:
+def _receive(conn: socket.socket) -> tuple[bytes, OSError | None]:
+    """What the peer sent (b"" at the connection's end, with the error that ended it if any)."""
     try:
-        said = conn.recv(len(_DONE), socket.MSG_WAITALL)  # all of it, or less at its end
-    except OSError:
-        said = b""
-    if said == _DONE or _finished.is_set():
-        return  # it finished its command, or this one did: its end is not a fault
-    print(f"bert-jax {command}: error: {peer} ended before finishing (killed, crashed, or stopped "
-          "by an error of its own: its log says which); this process stops too. Rerun the job on "
-          "every host: a training run resumes from its last checkpoint", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(1)  # the main thread may be blocked in a collective that can never complete
+        return conn.recv(4096), None
+    except OSError as e:
+        return b"", e
+
+
+def _follow(conn: socket.socket, leader: str, command: str) -> None:
+    """A process other than 0: waits on its connection to process 0 (`leader`) until process 0
+    says `done`, names a lost process, or ends."""
+    pending = b""
+    while True:
+        data, error = _receive(conn)
+        if not data:
+            if not _finished.is_set():  # after this process finished, its end is not a fault
+                _stop(command, _what(leader, error))
+            return
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            if line == _DONE.strip():
+                return  # process 0 finished its command
+            if line.startswith(_LOST):
+                if not _finished.is_set():
+                    _stop(command, line[len(_LOST):].decode(errors="replace"))
+                return
+
+
+class _Peer:
+    """Process 0's view of one connection: the process (once it said hello), whether it is done."""
+
+    def __init__(self, address):
+        self.name = f"a process at {address[0]}:{address[1]} (before it said which)"
+        self.pending = b""
+        self.done = False
+
+
+class _Leader:
+    """Process 0's one thread: accepts the others' connections and watches them all, until
+    every one has connected and ended, or one is lost (told to the others, then the stop)."""
+
+    def __init__(self, command: str, n: int, listener: socket.socket):
+        self.command, self.n, self.listener = command, n, listener
+        self.selector = selectors.DefaultSelector()
+        self.peers: dict[socket.socket, _Peer] = {}
+        self.named = 0  # the processes that said hello
+
+    def run(self) -> None:
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        try:
+            while self.listener is not None or self.peers:
+                for key, _ in self.selector.select():
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    elif (lost := self._read(key.fileobj)) is not None:
+                        self._lose(lost)
+                        return
+        finally:  # (reached only where os._exit is not the real one: tests)
+            for conn in [*self.peers, *([self.listener] if self.listener else [])]:
+                conn.close()
+            self.selector.close()
+
+    def _accept(self) -> None:
+        """Every connection waiting to be accepted (each told `done` if this process finished)."""
+        while self.listener is not None:
+            try:
+                conn, address = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of file descriptors (see _check_files): accept no more
+                print(f"warning: process 0 cannot watch more processes ({e.strerror or e}); one "
+                      "lost is left to JAX's heartbeat timeout", file=sys.stderr)
+                self._close_listener()
+                return
+            conn.setblocking(False)
+            _keep_alive(conn)
+            self.peers[conn] = _Peer(address)
+            self.selector.register(conn, selectors.EVENT_READ)
+            with _lock:
+                _conns.append(conn)
+                if _finished.is_set():
+                    _send(conn, _DONE)
+
+    def _close_listener(self) -> None:
+        self.selector.unregister(self.listener)
+        self.listener.close()
+        self.listener = None
+
+    def _read(self, conn: socket.socket) -> str | None:
+        """Reads what a peer sent; at its connection's end, what was lost (None if no fault)."""
+        peer = self.peers[conn]
+        data, error = _receive(conn)
+        if isinstance(error, BlockingIOError | InterruptedError):
+            return None
+        if data:
+            *lines, peer.pending = (peer.pending + data).split(b"\n")
+            for line in lines:
+                if line.startswith(_HELLO) and line.count(b"|") == 2:
+                    index, pid, host = line[len(_HELLO):].decode(errors="replace").split("|")
+                    peer.name = f"process {index} of {self.n} ({host}, pid {pid})"
+                    self.named += 1
+                    if self.named == self.n - 1 and self.listener is not None:
+                        self._close_listener()  # every process connected
+                elif line == _DONE.strip():
+                    peer.done = True
+            return None
+        self.selector.unregister(conn)
+        del self.peers[conn]
+        with _lock:
+            _conns.remove(conn)
+        conn.close()
+        return None if peer.done or _finished.is_set() else _what(peer.name, error)
+
+    def _lose(self, what: str) -> None:
+        """Tells every other process (those still waiting to be accepted too) which one was lost,
+        then stops this one."""
+        self._accept()
+        with _lock:
+            if _finished.is_set():
+                return
+            for conn, peer in self.peers.items():
+                if not peer.done:
+                    _send(conn, _LOST + what.encode() + b"\n")
+        _stop(self.command, what)
 
 
 def finished() -> None:
     """This process finished its command: tell the peers that its end is not a fault."""
     with _lock:
         _finished.set()
-        for conn in _accepted:
-            _say_done(conn)
+        for conn in _conns:
+            _send(conn, _DONE)
