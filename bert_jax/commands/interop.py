@@ -121,6 +121,10 @@ def cmd_embed(args: list[str]) -> None:
     source, output = require(CHECKPOINT, "embed"), require(OUTPUT, "embed")
     if args:
         raise app.UsageError(f"embed takes no arguments (got {args}); use --input and --output")
+    if output.lower().endswith(".npy") and not output.endswith(".npy"):
+        raise ValueError(f"--output={output}: ends like a .npy file but not in lowercase, which "
+                         "would be a folder of shards; give '.npy' for one array file, or a "
+                         "folder name without it")
     paths.check_output(output, "--output", "file" if output.endswith(".npy") else "folder")
     maybe_initialize_distributed("embed")  # several hosts: each embeds its shards
     if not output.endswith(".npy"):

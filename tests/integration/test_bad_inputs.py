@@ -1223,6 +1223,9 @@ OUTPUT_PATH_CASES = [
          "{tmp}/f/v.npy", 1, "--output={tmp}/f/v.npy is inside {tmp}/f, a file", setup=A_FILE),
     case("embed-shards-into-a-file", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
          "{tmp}/f", 1, "--output={tmp}/f is a file, not a folder", setup=A_FILE),
+    case("embed-npy-not-in-lowercase", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/v.NPY", 1, "--output={tmp}/v.NPY: ends like a .npy file but not in lowercase",
+         "give '.npy' for one array file"),
     case("embed-corpus-id-twice", "embed --checkpoint {ckpt} --input {tmp}/c.jsonl --output {tmp}/v",
          1, "c.jsonl:2: field '_id': 'a' twice (first on line 1)",
          setup=files(c_DOT_jsonl='{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n')),
