@@ -23,7 +23,7 @@ load) left the plateau at step ~60 and fell ~0.18 per 20 steps at full learning 
 (6.52 -> 6.17 from step 100 to 140) and reached 5.84 (5.67 with the 0.02 init) at step 200 after
 its decay. STEPS = 1,000 (about 30 minutes at 1-2 s a step on 2 cores) keeps the learning rate
 up five times longer; extrapolating that slope, 5.0 falls in the second half of such a run. That
-is an extrapolation, not a measurement: no run of 1,000 steps has been recorded yet. Each record
+was an extrapolation; the first full run crossed 5.0 at step 377 (docs/speedrun.md). Each record
 holds the target it was timed against, so a changed target shows in the table.
 """
 
@@ -118,12 +118,20 @@ def training_flops(config, seq_len: int, tokens: float) -> float:
 
 
 def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=paths.REPO, capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
+    """The checkout's commit, "+changes" after it when tracked files differ from it: taken when
+    a run starts (the code it imports then is the code that runs)."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=paths.REPO, capture_output=True, text=True,
+                                 timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if not head:
         return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -161,6 +169,7 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     from bert_jax.training import train
 
     check_recipe(recipe, peer)  # refused now, not after pretraining
+    code = commit()  # (now: the checkout may change while the run goes on)
     read_records(records)  # (a damaged records file: said now, not when the record is appended)
     specs = [finetune_spec(recipe, task) for task in tasks]
     work = Path(workdir)
@@ -209,7 +218,7 @@ def run(workdir: str, *, recipe: str = RECIPE, overrides: list[str] = (), steps:
     tokens_to = None if step_to is None else step_to * per_step
     record = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
-        "commit": commit(), "label": label, "recipe": recipe,
+        "commit": code, "label": label, "recipe": recipe,
         "trainer": PEER if peer else "bert_jax", "overrides": given,
         "steps": last, "rows": f"{batch} x {seq_len}", "target_loss": TARGET_LOSS,
         "seeds": list(seeds), "pretrain_seed": config.seed, "cpu_count": os.cpu_count(),

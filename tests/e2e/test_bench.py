@@ -6,6 +6,7 @@ and the table prints ratios."""
 import json
 import re
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -445,6 +446,30 @@ def test_speedrun_recipe_readouts_and_flops():
                                                  "min": 0.5, "max": 0.9}
 
 
+def test_a_record_names_the_commit_its_run_started_from(tmp_path, monkeypatch):
+    """The commit of the checkout (and "+changes" when tracked files differ from it), taken
+    when a run starts: a checkout that moves on while a run goes on does not relabel it."""
+    from bert_jax.tools import speedrun
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(speedrun.paths, "REPO", tmp_path)
+    first = git("rev-parse", "HEAD")
+    assert speedrun.commit() == first and re.fullmatch(r"[0-9a-f]{40}", first)
+    (tmp_path / "notes.txt").write_text("untracked: not the code\n")
+    assert speedrun.commit() == first
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert speedrun.commit() == first + "+changes"
+    monkeypatch.setattr(speedrun.paths, "REPO", tmp_path / "nowhere")
+    assert speedrun.commit() == "unknown"
+
+
 @pytest.mark.slow  # two pretraining steps, scoring, a fine-tuning, twice: ~60 s on 2 cores
 def test_bench_speedrun_smoke_appends_records_that_the_table_renders(shared_data, tmp_path, monkeypatch):
     """Ours and the peer (HF's ModernBertForMaskedLM, scored as its conversion into ours
@@ -463,7 +488,7 @@ def test_bench_speedrun_smoke_appends_records_that_the_table_renders(shared_data
     assert record["recipe"] == "configs/modernbert.py:tiny" and record["label"] == "lr 2e-3"
     assert record["overrides"] == ["optimizer.learning_rate=2e-3"] and record["seeds"] == [0]
     assert record["steps"] == 2 and 0 < record["tokens"] <= 2 * 8 * 128 and record["flops"] > 0
-    assert record["commit"] == "unknown" or len(record["commit"]) == 40
+    assert record["commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}(\+changes)?", record["commit"])
     assert record["target_loss"] == speedrun.TARGET_LOSS
     assert record["time_to_target_s"] is None and record["flops_to_target"] is None  # 2 steps
     assert 0 < record["final_heldout_loss"] < 2 * np.log(8192)
