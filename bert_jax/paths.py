@@ -408,9 +408,10 @@ def _copy_fresh(copy: Path, source: dict) -> bool:
 # lock, so eviction keeps every copy a live process took. Each process keeps its list open
 # with a shared flock for as long as it lives (its forked children inherit it; they read the
 # copies too): the kernel drops the lock however the process ends (kill -9 too), also for a
-# process in another container sharing the folder, so a list whose lock can be taken
-# exclusively is a gone process's. (Bucket names start with a letter or digit: no bucket's
-# copies are in there.)
+# process in another container of this host sharing the folder, so a list of this host whose
+# lock can be taken exclusively is a gone process's. Another host's lists are kept (their
+# copies too): its locks may not reach this machine. (Bucket names start with a letter or
+# digit: no bucket's copies are in there.)
 READERS = ".readers"
 
 
@@ -465,13 +466,24 @@ def _used_now(copies) -> None:
 
 
 def _in_use(folder) -> set[str] | None:
-    """The copies (relative to `folder`) that live processes took (the lists whose lock is
-    held); the lists of gone processes are removed. None when a list cannot be read (nothing
-    is then known to be free)."""
+    """The copies (relative to `folder`) that live processes took: those of lists whose lock
+    is held, and of every list another host wrote (a folder shared between machines may have
+    locks that only hold on each machine, as NFS mounted with local locks: a free lock there
+    proves nothing); the lists of this host's gone processes are removed. None when a list
+    cannot be read (nothing is then known to be free)."""
     import fcntl
 
     used: set[str] = set()
+    here = socket.gethostname()
     for record in sorted((Path(folder) / READERS).glob("*")):
+        if record.name.rpartition(".")[0] != here:
+            try:
+                used.update(filter(None, record.read_text().splitlines()))
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError):
+                return None
+            continue
         try:
             fd = os.open(record, os.O_RDONLY)
         except FileNotFoundError:

@@ -172,20 +172,21 @@ def _receive(conn: socket.socket) -> tuple[bytes, OSError | None]:
 
 
 def _follow(conn: socket.socket, leader: str, command: str) -> None:
-    """A process other than 0: waits on its connection to process 0 (`leader`) until process 0
-    says `done`, names a lost process, or ends."""
-    pending = b""
+    """A process other than 0: waits on its connection to process 0 (`leader`) until it ends
+    or names a lost process. Process 0 that finished its command says `done` and goes on
+    telling the others of a lost one, so its end after `done` is not a fault."""
+    pending, leader_done = b"", False
     while True:
         data, error = _receive(conn)
         if not data:
-            if not _finished.is_set():  # after this process finished, its end is not a fault
+            if not (leader_done or _finished.is_set()):  # after this one finished: no fault
                 _stop(command, _what(leader, error))
             return
         *lines, pending = (pending + data).split(b"\n")
         for line in lines:
             if line == _DONE.strip():
-                return  # process 0 finished its command
-            if line.startswith(_LOST):
+                leader_done = True  # process 0 finished its command
+            elif line.startswith(_LOST):
                 if not _finished.is_set():
                     _stop(command, line[len(_LOST):].decode(errors="replace"))
                 return
@@ -198,6 +199,7 @@ class _Peer:
         self.name = f"a process at {address[0]}:{address[1]} (before it said which)"
         self.pending = b""
         self.done = False
+        self.named = False  # said a hello of one of the run's processes: else not watched
 
 
 class _Leader:
@@ -219,8 +221,8 @@ class _Leader:
                     if key.fileobj is self.listener:
                         self._accept()
                     elif (lost := self._read(key.fileobj)) is not None:
-                        self._lose(lost)
-                        return
+                        if self._lose(lost):
+                            return
         finally:  # (reached only where os._exit is not the real one: tests)
             for conn in [*self.peers, *([self.listener] if self.listener else [])]:
                 conn.close()
@@ -261,9 +263,8 @@ class _Leader:
         if data:
             *lines, peer.pending = (peer.pending + data).split(b"\n")
             for line in lines:
-                if line.startswith(_HELLO) and line.count(b"|") == 2:
-                    index, pid, host = line[len(_HELLO):].decode(errors="replace").split("|")
-                    peer.name = f"process {index} of {self.n} ({host}, pid {pid})"
+                if not peer.named and (hello := _hello(line, self.n)):
+                    peer.name, peer.named = hello, True
                     self.named += 1
                     if self.named == self.n - 1 and self.listener is not None:
                         self._close_listener()  # every process connected
@@ -275,19 +276,31 @@ class _Leader:
         with _lock:
             _conns.remove(conn)
         conn.close()
-        return None if peer.done or _finished.is_set() else _what(peer.name, error)
+        # (a connection that never said a run's hello, a port scan say, is no process of it)
+        return None if peer.done or not peer.named else _what(peer.name, error)
 
-    def _lose(self, what: str) -> None:
+    def _lose(self, what: str) -> bool:
         """Tells every other process (those still waiting to be accepted too) which one was lost,
-        then stops this one."""
+        then stops this one; once this one finished its command it goes on (False)."""
         self._accept()
         with _lock:
-            if _finished.is_set():
-                return
             for conn, peer in self.peers.items():
                 if not peer.done:
                     _send(conn, _LOST + what.encode() + b"\n")
+            if _finished.is_set():
+                return False
         _stop(self.command, what)
+        return True
+
+
+def _hello(line: bytes, n: int) -> str | None:
+    """The process a `hello <index>|<pid>|<host>` line names, if it is one of the run's others."""
+    if not line.startswith(_HELLO) or line.count(b"|") != 2:
+        return None
+    index, pid, host = line[len(_HELLO):].decode(errors="replace").split("|")
+    if not (index.isdigit() and 1 <= int(index) < n):
+        return None
+    return f"process {index} of {n} ({host}, pid {pid})"
 
 
 def finished() -> None:

@@ -9,6 +9,7 @@ import io
 import logging
 import os
 import re
+import zlib
 from collections.abc import Iterator
 
 from bert_jax import paths
@@ -102,7 +103,7 @@ def gzip_errors(path: str | os.PathLike) -> Iterator[None]:
     naming the file and the fix."""
     try:
         yield
-    except (gzip.BadGzipFile, EOFError) as e:
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # (zlib: a damaged deflate stream)
         raise ValueError(f"{path}: not a readable gzip file ({e}); decompress it or drop the "
                          ".gz suffix if it is plain text") from None
 

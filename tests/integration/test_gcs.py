@@ -752,9 +752,11 @@ def test_copies_no_live_process_took_are_evicted_least_recently_used_first(faili
     _ended(_copier(cache, urls["a0"]))  # another one, gone too, used a0 again
     assert record["a0"].stat().st_mtime > 2000 and record["a1"].stat().st_mtime == 2000
     running = _copier(cache, urls["a2"])
-    # A list no live process holds (its lock free: a process of another host or container
-    # that is gone) protects nothing and is removed; the running one's is held.
-    (cache / ".readers" / "elsewhere.1").write_text(f"{BUCKET}/shards/a1\n")
+    # A list of this host no live process holds (its lock free: a gone process, of another
+    # container too, whatever its pid names now: 1 runs) protects nothing and is removed; the
+    # running one's is held; another host's is kept (locks may not cross machines).
+    (cache / ".readers" / f"{socket.gethostname()}.1").write_text(f"{BUCKET}/shards/a1\n")
+    (cache / ".readers" / "elsewhere.1").write_text(f"{BUCKET}/shards/zz\n")
     mine = cache / BUCKET / "shards" / "notes.txt"  # not a copy (no record): never removed
     mine.write_text("mine")
     os.utime(mine, (0, 0))
@@ -767,7 +769,8 @@ def test_copies_no_live_process_took_are_evicted_least_recently_used_first(faili
                                       for suffix in ("", ".source")] + [f"{BUCKET}/shards/notes.txt"]
         assert copy["a3"].read_bytes() == b"3" * (64 * kib)
         readers = sorted(p.name for p in (cache / ".readers").iterdir())  # the gone ones' lists removed
-        assert readers == sorted(f"{socket.gethostname()}.{pid}" for pid in (running.pid, os.getpid()))
+        assert readers == sorted([*(f"{socket.gethostname()}.{pid}" for pid in (running.pid, os.getpid())),
+                                  "elsewhere.1"])
         # 256 KiB more needs 512 KiB free: 256 KiB and a0's 64 KiB (a2: the running one's, a3: ours).
         with pytest.raises(paths.CopyFolderUnusable, match=(
                 rf"^{re.escape(str(cache))} has 256.0 KiB free and 64.0 KiB in copies no process uses "

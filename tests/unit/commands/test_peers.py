@@ -255,6 +255,36 @@ def test_process_0_watches_100_processes_with_one_thread(monkeypatch, capsys):
         conn.close()
 
 
+def test_process_0_ignores_strangers_and_after_it_finished_still_tells_of_a_lost_one(monkeypatch,
+                                                                                  capsys):
+    """Process 0 of 3: connections that never say a hello of the run's processes (a port scan,
+    process 0's own index, an index past the run) end without a fault; once process 0 finished
+    its command, a process lost is still told to the others (their commands may go on), and
+    process 0 does not stop."""
+    published = {}
+    peers = _fake_run(monkeypatch, 0, 3, published)
+    exits = []
+    monkeypatch.setattr(peers.os, "_exit", exits.append)
+    peers.watch("embed")
+    address, _, _ = published["bert_jax/peers/0"].split("|")
+    ip, port = address.rsplit(":", 1)
+    for said in (b"", b"GET / HTTP/1.0\n", b"hello 0|1|x\n", b"hello 3|1|x\n", b"hello one|1|x\n"):
+        with socket.create_connection((ip, int(port))) as stranger:
+            stranger.sendall(said)
+    one, two = (socket.create_connection((ip, int(port))) for _ in range(2))
+    one.sendall(b"hello 1|1001|host-1\n")
+    two.sendall(b"hello 2|1002|host-2\n")
+    peers.finished()
+    assert _recv_line(one) == _recv_line(two) == b"done\n"
+    two.close()  # lost after process 0 finished
+    assert _recv_line(one) == f"lost process 2 of 3 (host-2, pid 1002){ENDED}\n".encode()
+    one.close()
+    for thread in threading.enumerate():
+        if thread.name == "bert_jax-peers":
+            thread.join(120)
+    assert exits == [] and capsys.readouterr().err == ""
+
+
 def test_watched_connections_probe_a_silent_peer(monkeypatch):
     """Process 1's connection to process 0 (and process 0's end of it) has TCP keepalive at 10 s
     idle, 5 s x 3 probes, and gives unacknowledged data as long (25 s)."""
@@ -289,8 +319,19 @@ def test_what_process_0_says_stops_this_process(monkeypatch, capsys):
     monkeypatch.setattr(peers.os, "_exit", exits.append)
     monkeypatch.setattr(peers, "_finished", threading.Event())
     leader = "process 0 of 3 (host-0, pid 7)"
-    for said in ([b"do", b"ne\n"], [b"lost process 2 of 3 (host-2, pid 9) ended before finishing\n"],
-                 [b"hello\n"]):
+
+    class Pieces:  # what process 0 sent, as the reads get it
+        def __init__(self, *parts):
+            self.parts = list(parts)
+
+        def recv(self, size):
+            return self.parts.pop(0) if self.parts else b""
+
+    peers._follow(Pieces(b"do", b"ne\n"), leader, "train")  # done, then its end: no fault
+    # Process 0 finished, then tells of a process lost after it: this one stops naming it.
+    peers._follow(Pieces(b"done\nlo", b"st process 1 of 3 (host-1, pid 8)", b" ended\n"), leader,
+                  "train")
+    for said in ([b"lost process 2 of 3 (host-2, pid 9) ended before finishing\n"], [b"hello\n"]):
         mine, theirs = socket.socketpair()
         for part in said:
             theirs.sendall(part)
@@ -310,8 +351,9 @@ def test_what_process_0_says_stops_this_process(monkeypatch, capsys):
         theirs.close()
         peers._follow(mine, leader, "train")
         mine.close()
-    assert exits == [1, 1, 1]
+    assert exits == [1, 1, 1, 1]
     assert capsys.readouterr().err.splitlines() == [
+        f"bert-jax train: error: process 1 of 3 (host-1, pid 8) ended{AFTER}",
         f"bert-jax train: error: process 2 of 3 (host-2, pid 9) ended before finishing{AFTER}",
         f"bert-jax train: error: {leader}{ENDED}{AFTER}",
         f"bert-jax train: error: {leader}{SILENT}{AFTER}"]

@@ -81,6 +81,12 @@ def test_read_lines_plain_and_gz(tmp_path):
     (tmp_path / "bad.gz").write_text("not gzip")
     with pytest.raises(ValueError, match="bad.gz: not a readable gzip file"):
         bleu.read_lines(tmp_path / "bad.gz")
+    # A gzip header before a damaged deflate stream (zlib's own error, not gzip's).
+    damaged = bytearray(gzip.compress(text.encode("utf-8") * 20))
+    damaged[12:40] = b"\xff" * 28
+    (tmp_path / "damaged.gz").write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match="damaged.gz: not a readable gzip file"):
+        bleu.read_lines(tmp_path / "damaged.gz")
 
 
 def test_newstest2014_against_itself():
