@@ -471,40 +471,34 @@ def _in_use(folder) -> set[str] | None:
     locks that only hold on each machine, as NFS mounted with local locks: a free lock there
     proves nothing); the lists of this host's gone processes are removed. None when a list
     cannot be read (nothing is then known to be free)."""
-    import fcntl
-
     used: set[str] = set()
     here = socket.gethostname()
     for record in sorted((Path(folder) / READERS).glob("*")):
-        if record.name.rpartition(".")[0] != here:
-            try:
-                used.update(filter(None, record.read_text().splitlines()))
-            except FileNotFoundError:
-                continue
-            except (OSError, ValueError):
-                return None
-            continue
         try:
-            fd = os.open(record, os.O_RDONLY)
+            if record.name.rpartition(".")[0] == here and _lock_free(record):
+                with contextlib.suppress(OSError):  # (another user's: kept, and nothing is lost)
+                    record.unlink()
+                continue
+            used.update(filter(None, record.read_text().splitlines()))
         except FileNotFoundError:
             continue
-        except OSError:
+        except (OSError, ValueError):
             return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # its process lives
-            try:
-                used.update(filter(None, record.read_text().splitlines()))
-            except (OSError, ValueError):
-                return None
-            continue
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        with contextlib.suppress(OSError):  # (another user's: kept, and nothing is lost)
-            record.unlink()
     return used
+
+
+def _lock_free(record: Path) -> bool:
+    """Whether no process holds a lock on `record` (its process is gone)."""
+    import fcntl
+
+    fd = os.open(record, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _kept_copies(folder) -> list[tuple[float, int, Path]]:
