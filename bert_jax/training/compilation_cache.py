@@ -21,6 +21,11 @@ LOCAL_COMPILATION_CACHE_BYTES = 8 * 2**30  # least recently used entries go beyo
 # tests' tiny models on CPU: up to 0.7 MiB compressed), so that a disk or quota too full to
 # hold a program is found before the run rather than at the first program.
 PROBE_BYTES = 2**20
+# A temporary entry file (.entry-*.tmp) older than this was left by a process killed while it
+# wrote the entry: swept when a process opens the cache. An entry is written in well under a
+# second, so another live process's file in flight is never this old.
+STALE_PART_SECONDS = 3600
+PART_PREFIX, PART_SUFFIX = ".entry-", ".tmp"  # a temporary entry file's name (not *-cache)
 
 
 def compilation_cache_dir(setting: str, command: str, workdir: str | None,
@@ -221,14 +226,16 @@ def _whole_entries_put(cache):
     JAX's: an entry already there is kept; with eviction on, under the folder's lock, the
     least recently used entries evicted first and the entry's access time written (before the
     entry: evicting reads the access time of every entry). A process killed mid-write leaves
-    its .entry-*.tmp, which nothing reads. None for any other cache (a gs:// object is written
-    whole or not at all)."""
+    its .entry-*.tmp, which nothing reads and the next process to open the cache removes once
+    it is STALE_PART_SECONDS old (sweep_stale_parts). None for any other cache (a gs:// object
+    is written whole or not at all)."""
     try:
         from jax._src.lru_cache import LRUCache
     except ImportError:
         return None
     if type(cache) is not LRUCache or "://" in str(cache.path):
         return None
+    sweep_stale_parts(str(cache.path))
     jax_put = cache.put
 
     def put(key: str, value: bytes) -> None:
@@ -246,7 +253,7 @@ def _whole_entries_put(cache):
             if cache.eviction_enabled:
                 with open(atime, "wb") as f:
                     f.write(time.time_ns().to_bytes(8, "little"))
-            part = os.path.join(folder, f".entry-{uuid.uuid4().hex}.tmp")  # not *-cache: not an entry
+            part = os.path.join(folder, f"{PART_PREFIX}{uuid.uuid4().hex}{PART_SUFFIX}")
             with open(part, "xb") as f:
                 f.write(value)
             os.replace(part, entry)
@@ -262,6 +269,31 @@ def _whole_entries_put(cache):
         return None
 
     return put
+
+
+def sweep_stale_parts(folder: str, now: float | None = None) -> list[str]:
+    """Removes the temporary entry files (.entry-*.tmp) of the cache `folder` last modified
+    more than STALE_PART_SECONDS before `now` (default: the current time), those of processes
+    killed while writing; younger ones may be another process's write in flight and stay.
+    Returns the names removed. A file that another process removes first, or that cannot be
+    removed, is left to it: sweeping never fails the command."""
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        if not (name.startswith(PART_PREFIX) and name.endswith(PART_SUFFIX)):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if now - os.stat(path).st_mtime > STALE_PART_SECONDS:
+                os.unlink(path)
+                removed.append(name)
+        except OSError:
+            continue
+    return removed
 
 
 def _storage_error(name: str) -> bool:

@@ -431,6 +431,34 @@ def test_whole_entries_keep_jax_cache_rules(tmp_path, monkeypatch):
         ".lockfile", "jit_a-1-atime", "jit_a-1-cache", "jit_c-3-atime", "jit_c-3-cache"]
 
 
+def test_temporary_entries_of_killed_processes_are_swept_when_the_cache_opens(tmp_path, monkeypatch):
+    """A .entry-*.tmp left by a process killed mid-write is removed by the next process to open
+    the cache once it is an hour old (by its modification time); a younger one may be another
+    live process's write in flight and stays, as do entries and other files."""
+    import os
+    import time
+
+    folder = tmp_path / "jit"
+    folder.mkdir()
+    now = time.time()
+    ages = {".entry-old.tmp": 3601, ".entry-young.tmp": 3599, ".entry-future.tmp": -60,
+            "jit_a-1-cache": 10 * 3600, "old.tmp": 10 * 3600, ".entry-old.txt": 10 * 3600}
+    for name, age in ages.items():
+        (folder / name).write_bytes(b"x")
+        os.utime(folder / name, (now - age, now - age))
+    assert compilation_cache.sweep_stale_parts(str(folder), now=now) == [".entry-old.tmp"]
+    assert sorted(f.name for f in folder.iterdir()) == sorted(set(ages) - {".entry-old.tmp"})
+    # Opening the cache sweeps, at the current time: the young one made two hours old goes.
+    os.utime(folder / ".entry-young.tmp", (now - 7200, now - 7200))
+    cache = _watched_lru_cache(folder, -1, monkeypatch)
+    assert sorted(f.name for f in folder.iterdir()) == sorted(
+        [".entry-future.tmp", "jit_a-1-cache", "old.tmp", ".entry-old.txt"])
+    assert compilation_cache.sweep_stale_parts(str(tmp_path / "missing")) == []
+    cache.put("jit_b-2", b"b")  # (its own temporary file is gone once the entry is in place)
+    assert (folder / "jit_b-2-cache").read_bytes() == b"b"
+    assert [f.name for f in folder.glob(".entry-*.tmp")] == [".entry-future.tmp"]
+
+
 def train_argv(workdir, *overrides):
     """`bert-jax train` of test_nothing_lost's tiny run (its tests compile the same programs)."""
     from test_nothing_lost import CONFIG, SMALL
