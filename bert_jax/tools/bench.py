@@ -244,7 +244,7 @@ def bench_long(workdir: str, overrides: list[str]) -> dict:
     books = paths.shared_data() / "text" / "gutenberg"
     train_books = sorted(str(p) for p in books.glob("*.txt") if p.name not in LONG_HELDOUT)
     if not train_books:
-        raise SystemExit(f"no books in {books} (set BERT_JAX_SHARED_DATA)")
+        raise FileNotFoundError(f"no books in {books} (set BERT_JAX_SHARED_DATA)")
     work = Path(workdir)
     vocab = work / "vocab"
     config_path = str(paths.REPO / "configs" / "bert_pretrain.py") + ":long"
@@ -300,7 +300,7 @@ def build_longdoc(out: Path, words: int = 2800, per_book: int = 0) -> Path:
         for name, label in named:
             path = books / f"{name}.txt"
             if not path.is_file():
-                raise SystemExit(f"no book {path} (set BERT_JAX_SHARED_DATA)")
+                raise FileNotFoundError(f"no book {path} (set BERT_JAX_SHARED_DATA)")
             text = path.read_bytes().decode("utf-8", errors="replace").split()
             starts = range(0, len(text) - words + 1, words)
             rows[split] += [(" ".join(text[i:i + words]), label)
@@ -367,7 +367,7 @@ def bench_attention(config: str, topologies: list[str], lengths: list[int], kern
     from bert_jax.cloud import plan, tpu
 
     if not tpu.libtpu_installed():
-        raise SystemExit("bench attention plans with libtpu: pip install 'bert_jax[tpu]'")
+        raise config_lib.MissingExtra("planning needs libtpu: pip install 'bert_jax[tpu]'")
     rows = []
     for topology in topologies:
         for length in lengths:
@@ -525,7 +525,7 @@ def attention_main(args, overrides: list[str]) -> dict:
     lengths = [int(x) for x in split(args.lengths or "512,2048,8192")]
     unknown = [p for p in split(args.patterns) if p not in ATTENTION_PATTERNS]
     if unknown:
-        raise SystemExit(f"--patterns: {unknown[0]!r}; choose from {', '.join(ATTENTION_PATTERNS)}")
+        raise ValueError(f"--patterns: {unknown[0]!r}; choose from {', '.join(ATTENTION_PATTERNS)}")
     result = bench_attention(args.config or "configs/bert_pretrain.py:base",
                              split(args.topologies or "v5litepod-8,v5p-8"), lengths, split(args.kernels),
                              split(args.patterns), overrides)
@@ -619,10 +619,7 @@ def speedrun_main(args, overrides: list[str]) -> dict:
         kw = speedrun.smoke(paths.shared_data())
     records = workdir / "speedrun.jsonl" if args.smoke else speedrun.RECORDS
     recipe = args.recipe or ("configs/modernbert.py:tiny" if args.smoke else speedrun.RECIPE)
-    try:  # a recipe without readouts (or a peer for it): one line, before any work
-        speedrun.check_recipe(recipe, args.peer)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    speedrun.check_recipe(recipe, args.peer)  # a recipe without readouts (or a peer): before any work
     record = speedrun.run(str(workdir), recipe=recipe, overrides=overrides, records=records,
                           label=args.label, peer=args.peer,
                           glue_dir=Path(args.glue) if args.glue else None, **kw)

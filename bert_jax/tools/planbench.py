@@ -59,7 +59,7 @@ def bench_longplan(config: str, topologies: list[str], lengths: list[int], remat
                 models.split_model_config(config_lib.model_config(longplan_config(
                     config, topology, length, [f"model.remat_policy={remat}", *overrides])))
     if not tpu.libtpu_installed():
-        raise SystemExit("bench longplan plans with libtpu: pip install 'bert_jax[tpu]'")
+        raise config_lib.MissingExtra("planning needs libtpu: pip install 'bert_jax[tpu]'")
     rows = []
     for topology in topologies:
         sl = tpu.parse(topology)

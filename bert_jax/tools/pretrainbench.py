@@ -69,7 +69,7 @@ def source_files(shared: Path) -> list[Path]:
              *sorted((text / "gutenberg").glob("*.txt"))]
     missing = [str(p) for p in files if not p.is_file()]
     if missing or len(files) < 3:
-        raise SystemExit(f"bench pretrain: no corpus at {text} ({missing[:1] or 'no books'}); "
+        raise FileNotFoundError(f"no corpus at {text} ({missing[:1] or 'no books'}); "
                          "set BERT_JAX_SHARED_DATA to the shared data folder")
     return files
 

@@ -378,22 +378,15 @@ def test_the_speedrun_page_shows_the_table_of_the_records_file():
     assert f"{speedrun.TABLE_START}\n{table}\n{speedrun.TABLE_END}" in speedrun.DOC.read_text()
 
 
-def test_speedrun_refuses_a_recipe_without_readouts_before_any_work(tmp_path, monkeypatch):
-    from bert_jax.tools import bench
-
-    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--recipe", "configs/glue.py:sst2",
-                                      "--workdir", str(tmp_path / "run")])
-    with pytest.raises(SystemExit, match="no fine-tuning recipe for 'configs/glue.py:sst2'"):
-        bench.main()
-    monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--recipe", "configs/bert_pretrain.py:mini",
-                                      "--peer", "--workdir", str(tmp_path / "run")])
-    with pytest.raises(SystemExit, match="mirrors a configs/modernbert.py:<size> recipe"):
-        bench.main()
-    assert not (tmp_path / "run").exists()
-
-
 @pytest.mark.parametrize("argv, says", [
     (["speedrun", "--steps", "0"], "bench speedrun: error: speedrun --steps=0 --every=50: steps >= 1"),
+    # A recipe without readouts (or a peer for it), as every other error of the tool.
+    (["speedrun", "--recipe", "configs/glue.py:sst2"],
+     "bench speedrun: error: speedrun: no fine-tuning recipe for 'configs/glue.py:sst2'"),
+    (["speedrun", "--recipe", "configs/bert_pretrain.py:mini", "--peer"],
+     "bench speedrun: error: speedrun --peer: HF's ModernBertForMaskedLM mirrors a "
+     "configs/modernbert.py:<size> recipe"),
+    (["attention", "--patterns", "full,nope"], "bench attention: error: --patterns: 'nope'; choose from"),
     (["speedrun", "--steps", "10", "--every", "20"], "--steps=10 --every=20"),
     (["speedrun", "--smoke", "--steps", "5"], "--smoke runs its own 2 steps"),
     (["speedrun", "--steps", "10", "--every", "5", "--config.train.batch_size=abc"],
