@@ -85,6 +85,19 @@ def check_output(value: str | os.PathLike, what: str, kind: str) -> None:
             return
 
 
+def make_output_folder(value: str | os.PathLike, what: str) -> None:
+    """Makes the folder of the output file `value` (`what`: its flag) where it is missing, as
+    the commands that write folders make theirs, before anything is computed; one that cannot
+    be made is an error naming the flag. (A bucket has no folders: gs:// passes.)"""
+    if is_remote(value):
+        return
+    try:
+        Path(value).absolute().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"{what}={value}: cannot create its folder ({e.strerror or e}); choose "
+                      f"another {what}") from None
+
+
 def is_remote(path: str | os.PathLike) -> bool:
     """True for an object-store URL such as gs://bucket/run."""
     return "://" in str(path)

@@ -143,6 +143,7 @@ def cmd_embed(args: list[str]) -> None:
     if paths.path(output).exists():
         raise FileExistsError(f"--output={output}: already exists; embed never overwrites a file: "
                               "choose a new --output (or remove that one)")
+    paths.make_output_folder(output, "--output")
     given = require(INPUT, "embed")
     if given.removesuffix(".gz").endswith(".jsonl"):  # its lines would be embedded as JSON text
         raise ValueError(f"--input={given}: a corpus of JSON lines embeds into a folder of shards "
@@ -171,6 +172,7 @@ def cmd_mine(args: list[str]) -> None:
     if paths.path(output).exists():
         raise FileExistsError(f"--output={output}: already exists; mine never overwrites a file: "
                               "choose a new --output (or remove that one)")
+    paths.make_output_folder(output, "--output")
     corpus = ([line.rstrip("\n") for line in text.utf8_lines(CORPUS.value) if line.strip()]
               if CORPUS.value else None)
     if corpus == []:

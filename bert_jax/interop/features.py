@@ -63,11 +63,7 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
     if paths.path(output_file).exists():  # it may hold the features of an earlier run
         raise FileExistsError(f"--output={output_file}: already exists; features never overwrites "
                               "a file: choose a new --output (or remove that one)")
-    try:
-        paths.path(output_file).parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OSError(f"--output={output_file}: cannot create its folder ({e.strerror or e}); "
-                      "choose another --output") from None
+    paths.make_output_folder(output_file, "--output")
     model_cfg = checkpoint.read_config(checkpoint_dir)["model"]
     name, fields = models.split_model_config(model_cfg)
     if models.CONFIGS[name] is not models.BertConfig:

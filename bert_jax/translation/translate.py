@@ -175,11 +175,7 @@ def check_output(output_path: str) -> None:
                               "--output, or delete that one first")
     if paths.is_remote(output_path):
         return  # a bucket has no folders to make; the upload at the end creates the object
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OSError(f"--output={output_path}: cannot create its folder ({e.strerror or e}); choose "
-                      "another --output") from None
+    paths.make_output_folder(output_path, "--output")
     if not os.access(out.parent, os.W_OK):
         raise PermissionError(f"--output={output_path}: its folder {out.parent} is not writable; choose "
                               "another --output")

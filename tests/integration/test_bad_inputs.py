@@ -1221,6 +1221,17 @@ OUTPUT_PATH_CASES = [
          setup=A_FOLDER),
     case("embed-output-inside-a-file", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
          "{tmp}/f/v.npy", 1, "--output={tmp}/f/v.npy is inside {tmp}/f, a file", setup=A_FILE),
+    # a missing folder is made (test_an_output_file_in_a_missing_folder_gets_its_folder); one
+    # that cannot be is named
+    case("mine-output-inside-a-file", "mine --checkpoint {ckpt} --input {tmp}/pairs.jsonl --output "
+         "{tmp}/f/new/m.jsonl", 1, "--output={tmp}/f/new/m.jsonl is inside {tmp}/f, a file",
+         setup=lambda tmp, ctx: (A_FILE(tmp, ctx), BEIR_FILES(tmp, ctx))),
+    case("features-output-folder-name-too-long", FEATURES.replace("{tmp}/out.jsonl",
+         "{tmp}/" + "x" * 300 + "/out.jsonl"), 1, "--output={tmp}/" + "x" * 300, "name too long",
+         setup=features_input()),
+    case("embed-output-folder-name-too-long", "embed --checkpoint {ckpt} --input {tmp}/in.txt "
+         "--output {tmp}/" + "x" * 300 + "/v.npy", 1, "--output={tmp}/" + "x" * 300, "name too long",
+         setup=features_input()),
     case("embed-shards-into-a-file", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
          "{tmp}/f", 1, "--output={tmp}/f is a file, not a folder", setup=A_FILE),
     case("embed-npy-not-in-lowercase", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
@@ -1667,6 +1678,25 @@ def test_translate_checks_flags_and_output_before_the_model_and_keeps_an_output(
         code, _, err = cli([*argv, *extra])
         assert code == 1, err
     assert (tmp_path / "out.txt").read_text() == written
+
+
+def test_an_output_file_in_a_missing_folder_gets_its_folder(shared, cli, tmp_path):
+    # As every command that writes a folder (train, vocab, prepare, average, export) makes it
+    # with its parents, every command that writes a file makes the file's folder: never a
+    # "no such file" for the output. (Where it cannot be made, the table's rows name --output.)
+    write(tmp_path / "in.txt", "the cat sat\nhello world\n")
+    write(tmp_path / "pairs.jsonl", "".join(json.dumps({"query": q, "positive": p}) + "\n" for q, p in (
+        ("the cat", "a cat sat"), ("the dog", "a dog sat"), ("hello", "hello world"))))
+    commands = {
+        "features": "features --checkpoint {ckpt} --input {tmp}/in.txt --output {out} --layers=-1",
+        "embed": "embed --checkpoint {ckpt} --input {tmp}/in.txt --output {out}",
+        "mine": "mine --checkpoint {ckpt} --input {tmp}/pairs.jsonl --output {out} --negatives=1",
+        "translate": "translate --checkpoint {mt} --input {tmp}/in.txt --output {out} --beam=1",
+    }
+    for name, argv in commands.items():
+        out = tmp_path / name / "new" / ("out.npy" if name == "embed" else "out.txt")
+        code, _, err = cli(shlex.split(argv.format(**shared, tmp=tmp_path, out=out)))
+        assert code == 0 and out.is_file() and out.stat().st_size > 0, (name, err)
 
 
 def test_a_failing_sweep_trial_is_reported_failed_and_tried_again(tmp_path, monkeypatch):
