@@ -17,6 +17,7 @@ import csv
 import itertools
 import json
 import logging
+import math
 import shlex
 import statistics
 import subprocess
@@ -192,12 +193,15 @@ def run_sweep(sweep, workdir: str, print_commands: bool = False, spec: str = "th
 
 
 def _best_eval(trial_dir: Path, metric: str) -> dict[str, Any] | None:
-    """The evaluation (metrics.jsonl line) with the highest `metric`."""
-    path = trial_dir / "metrics.jsonl"
+    """The evaluation (metrics.jsonl line) with the highest `metric`, ranked as checkpoints are
+    (nan, an undefined metric, below every number; ties: the later step)."""
+    from bert_jax.training import checkpoint, metrics
+
+    path = trial_dir / metrics.METRICS_FILE
     if not path.is_file():
         return None
-    evals = [r for r in map(json.loads, path.read_text().splitlines()) if metric in r]
-    return max(evals, key=lambda r: r[metric]) if evals else None
+    evals = [r for r in metrics.read_metrics(path) if metric in r]
+    return max(evals, key=lambda r: (checkpoint.rank_value(r[metric]), r["step"])) if evals else None
 
 
 def write_results(sweep, root: Path, settings: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -228,11 +232,12 @@ def write_results(sweep, root: Path, settings: list[dict[str, Any]]) -> list[dic
 
 
 def _groups(sweep, rows: list[dict[str, Any]], metric: str | None) -> dict[tuple, list[float]]:
-    """{setting (the grid values but the seed): [metric of each finished trial]}."""
+    """{setting (the grid values but the seed): [metric of each finished trial whose metric is
+    defined (not nan)]}."""
     keys = [k for k in sweep.grid.keys() if k != "seed"]
     groups: dict[tuple, list[float]] = {}
     for r in rows:
-        if metric and r.get(metric) is not None:
+        if metric and r.get(metric) is not None and not math.isnan(r[metric]):
             groups.setdefault(tuple(r[k] for k in keys), []).append(r[metric])
     return groups
 

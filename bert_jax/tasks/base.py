@@ -4,6 +4,7 @@ a task reads with."""
 from __future__ import annotations
 
 import abc
+import logging
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -15,6 +16,8 @@ from bert_jax import config as config_lib
 from bert_jax import paths, specs
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.specs import RunSpec
+
+log = logging.getLogger(__name__)
 
 TASKS: dict[str, type[Task]] = {}  # data.name -> its Task, in the order registered
 
@@ -100,6 +103,14 @@ class Task(abc.ABC):
         self._examples: dict[str, Any] = {}
         self._features: dict[str, dict[str, np.ndarray]] = {}
         self._meta: dict[str, Any] = {}  # per split: what maps outputs back to examples
+        self._said: set[str] = set()  # the warnings said (say_once)
+
+    def say_once(self, warning: str | None) -> None:
+        """Logs the warning line `warning` (None: nothing) the first time only: a run
+        evaluates every train.eval_every steps, and a file's property is worth one line."""
+        if warning is not None and warning not in self._said:
+            self._said.add(warning)
+            log.warning(warning)
 
     def path(self, split: str) -> Path | epath.Path:
         """The file of `split`: data.<split>_file under data.data_dir, or split itself if a path

@@ -288,7 +288,16 @@ class GlueTask(Task):
 
     def score(self, split: str, outputs) -> dict[str, float]:
         task = self._task_split(split)[0]
-        return scoring.glue_metrics(task, self.features(split)["label_ids"], self._predictions(outputs))
+        gold, preds = self.features(split)["label_ids"], self._predictions(outputs)
+        if self.spec.labels is None:  # STS-B: undefined correlations (nan) are said, with the file
+            self.say_once(scoring.constant_note(self._where(split), gold, preds))
+        return scoring.glue_metrics(task, gold, preds)
+
+    def _where(self, split: str) -> str:
+        """The split's file, as a message names it (a TFDS split: its dataset and split)."""
+        if self.data.source == "tfds" and split in self.splits:
+            return "tfds glue/{}, split {}".format(*self._task_split(split))
+        return str(self.path(split))
 
     def write_predictions(self, split: str, outputs, out_dir: Path) -> list:
         """The GLUE leaderboard layout: <Task>.tsv with `index<TAB>prediction` rows."""

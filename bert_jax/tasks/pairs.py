@@ -33,7 +33,7 @@ from bert_jax import config as config_lib
 from bert_jax import paths, specs
 from bert_jax.data import finetune
 from bert_jax.data.rows import BadRows, jsonl_rows, utf8_errors
-from bert_jax.tasks import retrieval, squad
+from bert_jax.tasks import retrieval, scoring, squad
 from bert_jax.tasks.base import Task, register
 
 QUERY_KEYS = ("query", "anchor", "sentence1")
@@ -316,9 +316,10 @@ class PairsTask(Task):
     def score(self, split: str, outputs) -> dict[str, float]:
         examples = self.examples(split)
         if self.scored(split):
-            values = retrieval.sts_metrics(outputs["query"],
-                                           outputs["document"][:, 0],
-                                           [e.score for e in examples])
+            gold = [e.score for e in examples]
+            values = retrieval.sts_metrics(outputs["query"], outputs["document"][:, 0], gold)
+            self.say_once(scoring.constant_note(str(self.path(split)), gold, retrieval.pair_cosines(
+                outputs["query"], outputs["document"][:, 0])))
         else:
             per_query = retrieval.retrieval_metrics(*self._corpus(split, outputs))
             values = {k: v.mean() for k, v in per_query.items()}

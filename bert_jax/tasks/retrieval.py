@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -43,13 +44,19 @@ def _check_rows(a: np.ndarray, b: np.ndarray, what: str) -> None:
                          "and [M, D] with the same D")
 
 
+def pair_cosines(emb1: np.ndarray, emb2: np.ndarray) -> np.ndarray:
+    """[N] cosine of each pair of rows of two [N, D] arrays."""
+    return (_unit(emb1) * _unit(emb2)).sum(-1)
+
+
 def sts_metrics(emb1: np.ndarray, emb2: np.ndarray, gold: Sequence[float]) -> dict[str, float]:
-    """Pearson and Spearman (average ranks for ties) of the pairs' cosine against `gold`."""
+    """Pearson and Spearman (average ranks for ties) of the pairs' cosine against `gold`; nan
+    where either side is constant (scoring.pearson)."""
     emb1, emb2, gold = np.asarray(emb1), np.asarray(emb2), np.asarray(gold, np.float64)
     _check_rows(emb1, emb2, "sts_metrics")
     if not len(emb1) == len(emb2) == len(gold):
         raise ValueError(f"sts_metrics: {len(emb1)} and {len(emb2)} embeddings for {len(gold)} scores")
-    cosine = (_unit(emb1) * _unit(emb2)).sum(-1)
+    cosine = pair_cosines(emb1, emb2)
     return {"pearson_cosine": scoring.pearson(gold, cosine),
             "spearman_cosine": scoring.spearman(gold, cosine)}
 
@@ -158,15 +165,22 @@ def ranking_metrics(top: np.ndarray, corpus_ids: Sequence[str], relevant: Sequen
 def bootstrap(statistic: Callable[[np.ndarray], Mapping[str, float]], n_items: int, *,
               n: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, tuple[float, float]]:
     """Percentile-bootstrap intervals of each value of `statistic(indices)` over `n` resamples
-    (with replacement) of the `n_items` items (queries or pairs), seeded."""
+    (with replacement) of the `n_items` items (queries or pairs), seeded. A resample where a
+    value is undefined (nan: a correlation of a resample whose scores are all equal) is left
+    out of that value's interval; nan if it is undefined in every one."""
     rng = np.random.default_rng(seed)
     draws: dict[str, list[float]] = {}
     for _ in range(n):
         for name, value in statistic(rng.integers(0, n_items, n_items)).items():
             draws.setdefault(name, []).append(value)
     tail = 100 * (1 - level) / 2
-    return {name: tuple(float(v) for v in np.percentile(values, [tail, 100 - tail]))
-            for name, values in draws.items()}
+    out = {}
+    for name, values in draws.items():
+        defined = np.asarray(values, np.float64)
+        defined = defined[~np.isnan(defined)]
+        out[name] = (tuple(float(v) for v in np.percentile(defined, [tail, 100 - tail]))
+                     if defined.size else (math.nan, math.nan))
+    return out
 
 
 def with_intervals(values: Mapping[str, float], intervals: Mapping[str, tuple[float, float]]
@@ -235,7 +249,7 @@ def read_sts(path: str | os.PathLike) -> tuple[list[str], list[str], list[float]
 def check_scores_differ(path, scores: Sequence[float]) -> Sequence[float]:
     """`scores`, the gold scores of a file of scored pairs, when at least two differ; else a
     ValueError naming the file: the Spearman and Pearson of constant scores are undefined
-    (scoring's 0.0), and CoSENT learns nothing from pairs none of which ranks above another."""
+    (scoring's nan), and CoSENT learns nothing from pairs none of which ranks above another."""
     if len(set(scores)) < 2:
         found = f"{len(scores)} pair(s), every score {scores[0]}" if scores else "no pairs"
         raise ValueError(f"{path}: {found}; scored pairs are ranked and correlated by their "

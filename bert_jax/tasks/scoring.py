@@ -1,13 +1,21 @@
 """Classification and regression metrics for GLUE and SWAG in plain numpy (values are fractions, 0..1).
 
-They agree with sklearn.metrics / scipy.stats (tests check), except that a correlation with a
-constant input is 0.0 here where scipy returns nan: an eval dict stays finite and comparable.
+They agree with sklearn.metrics / scipy.stats (tests check). As scipy's, a correlation with a
+constant input (every gold score equal, or every prediction) is undefined: nan, never a number
+that would rank beside real ones; `constant_note` says why in words, and checkpoint selection
+ranks nan below every number.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import ArrayLike
+
+# The metrics that are nan when one side is constant (pearson, spearman and their mean for
+# GLUE STS-B; of the cosines for scored pairs): undefined, not a failed run.
+CORRELATIONS = frozenset({"pearson", "spearman", "corr", "pearson_cosine", "spearman_cosine"})
 
 # The metric that ranks checkpoints of each task; glue_metrics(task, ...) always contains it.
 MAIN_METRIC = {
@@ -56,13 +64,19 @@ def matthews_corrcoef(labels: ArrayLike, preds: ArrayLike) -> float:
     return float(cov_yp / denom) if denom else 0.0
 
 
+def _constant(x: np.ndarray) -> bool:
+    return bool(np.all(x == x[0]))
+
+
 def pearson(x: ArrayLike, y: ArrayLike) -> float:
-    """Pearson correlation; 0.0 if either input is constant (scipy returns nan)."""
+    """Pearson correlation; nan if either input is constant (as scipy.stats.pearsonr)."""
     a, b = _pair(x, y, np.float64)
+    if _constant(a) or _constant(b):
+        return math.nan
     a, b = a - a.mean(), b - b.mean()
     denom = np.sqrt((a @ a) * (b @ b))
     # Clip: rounding can put a perfect correlation a hair outside [-1, 1].
-    return float(np.clip(a @ b / denom, -1.0, 1.0)) if denom else 0.0
+    return float(np.clip(a @ b / denom, -1.0, 1.0))
 
 
 def _average_ranks(x: np.ndarray) -> np.ndarray:
@@ -77,9 +91,25 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def spearman(x: ArrayLike, y: ArrayLike) -> float:
-    """Spearman rank correlation (average ranks for ties); 0.0 if either input is constant."""
+    """Spearman rank correlation (average ranks for ties); nan if either input is constant (as
+    scipy.stats.spearmanr)."""
     a, b = _pair(x, y, np.float64)
     return pearson(_average_ranks(a), _average_ranks(b))
+
+
+def constant_note(where: str, gold: ArrayLike, preds: ArrayLike) -> str | None:
+    """The warning line for correlations that are undefined (nan) because every gold score of
+    `where` (a file) is equal, or every prediction on it; None when both sides vary."""
+    y, p = _pair(gold, preds, np.float64)
+    if _constant(y):
+        return (f"warning: {where}: every gold score is {y[0]:g} ({y.size} pair(s)); Pearson and "
+                "Spearman of constant scores are undefined: reported as nan (a model is ranked on "
+                "a dev file whose scores differ, as the STS-B dev.tsv)")
+    if _constant(p):
+        return (f"warning: {where}: the model predicts {p[0]:g} for every one of its {p.size} "
+                "pair(s); Pearson and Spearman of constant predictions are undefined: reported "
+                "as nan (such a checkpoint ranks below every other)")
+    return None
 
 
 def glue_metrics(task: str, labels: ArrayLike, preds: ArrayLike) -> dict[str, float]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import gc
 import logging
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -164,10 +165,17 @@ def _handlers() -> dict:
             "data": ocp.JsonCheckpointHandler(), "config": ocp.JsonCheckpointHandler()}
 
 
+def rank_value(score: float) -> float:
+    """A score as checkpoints are ranked by it (higher is better): nan (an undefined metric,
+    e.g. the correlation of constant predictions) below every number, never beside them (a
+    comparison with nan is always False, which would leave the order to chance)."""
+    return -math.inf if math.isnan(score) else score
+
+
 def best_step(scores: dict[int, float | None]) -> int | None:
-    """The step with the highest score (None scores ignored); ties go to the later step, as
-    Orbax's BestN keeps (TrainCheckpointer's policy) do."""
-    scored = {s: v for s, v in scores.items() if v is not None}
+    """The step with the highest score (None scores ignored, nan below every number); ties go
+    to the later step, as Orbax's BestN keeps (TrainCheckpointer's policy) do."""
+    scored = {s: rank_value(v) for s, v in scores.items() if v is not None}
     return max(scored, key=lambda s: (scored[s], s)) if scored else None
 
 
@@ -179,7 +187,7 @@ def _preservation_policy(keep: int, best_metric: str | None, kept: Sequence[int]
     if kept:
         policies.append(policy.CustomSteps(steps=list(kept)))
     if best_metric:
-        policies.append(policy.BestN(get_metric_fn=lambda m: m[best_metric], n=1,
+        policies.append(policy.BestN(get_metric_fn=lambda m: rank_value(m[best_metric]), n=1,
                                      keep_checkpoints_without_metrics=False))
     return policy.AnyPreservationPolicy(policies)
 
@@ -380,7 +388,8 @@ class TrainCheckpointer:
                       async_options=async_options(post_finalization_callback=self._write_checksums))
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, **common)
         if best_metric or kept:
-            best = dict(best_fn=lambda m: m[best_metric], best_mode="max") if best_metric else {}
+            best = (dict(best_fn=lambda m: rank_value(m[best_metric]), best_mode="max")
+                    if best_metric else {})
             options = ocp.CheckpointManagerOptions(
                 preservation_policy=_preservation_policy(keep, best_metric, kept), **best,
                 **common)

@@ -29,6 +29,7 @@ from bert_jax import paths, tasks
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import workdir_path
 from bert_jax.specs import RunSpec
+from bert_jax.tasks import scoring
 from bert_jax.training import checkpoint, setup, sharding, state
 from bert_jax.training import input as pipelines
 
@@ -211,6 +212,9 @@ def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> lis
         return steps
     if spec == "best":
         best = checkpoint.best_step(scored)
+        if best is not None and np.isnan(scored[best]):
+            log.info(f"--step=best: {best_metric} is nan (undefined) at every checkpoint of {path} "
+                     f"that has it; taking the latest of them, step {best}")
         if best is None and best_metric is None:
             raise ValueError("--step=best: pretraining runs keep no best checkpoint (no task metric); "
                              "use --step=latest, all or a step number")
@@ -221,6 +225,13 @@ def chosen_steps(workdir: str, spec: str, best_metric: str | None = None) -> lis
     if not spec.isdigit() or int(spec) not in steps:
         raise ValueError(f"--step={spec!r}: use latest, best, all or one of {steps}")
     return [int(spec)]
+
+
+def undefined(name: str, value: float) -> bool:
+    """Whether the metric `name` (eval/pearson, eval/<split>/spearman_cosine...) is nan because
+    it is undefined, a correlation with a constant side (the task said which in a warning), not
+    because the model failed: a model whose outputs are not finite has a non-finite loss too."""
+    return bool(np.isnan(value)) and name.rsplit("/", 1)[-1] in scoring.CORRELATIONS
 
 
 def _check_split_file(split: str, config: RunSpec, workdir: str) -> None:
@@ -304,8 +315,8 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
     tasks also write their predictions to <workdir>/eval/step_<N>/. A `split` other than the
     task's dev split writes to <workdir>/eval/<split name>/ instead. `config` None: the one
     stored with the checkpoints (see run_config, with the keys `set_by_user` on the command
-    line). A result with a non-finite value is an error and never replaces a result already
-    written."""
+    line). A result with a non-finite value (but an `undefined` correlation) is an error and
+    never replaces a result already written."""
     config = config_lib.resolve(run_config(config, workdir, set_by_user), training=False)
     setup.check(config, platform=setup.platform(), devices=jax.device_count(),
                 processes=jax.process_count(), training=False)
@@ -335,7 +346,7 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
             else:
                 metrics = evaluator.run(params, out_dir=out, splits=[split] if split else None)
             result = {"step": step, **metrics}
-            bad = sorted(k for k, v in metrics.items() if not np.isfinite(v))
+            bad = sorted(k for k, v in metrics.items() if not np.isfinite(v) and not undefined(k, v))
             if bad:
                 raise ValueError(f"checkpoint step {step}: {', '.join(bad)} not finite "
                                  f"({metrics[bad[0]]}); {out.with_suffix('.json')} left as it was")

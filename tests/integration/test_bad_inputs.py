@@ -20,6 +20,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tokenizers
 from flax import nnx
@@ -30,6 +31,7 @@ from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import convert, export
 from bert_jax.training import checkpoint, sharding, state, train
+from bert_jax.training import metrics as metrics_lib
 
 WORDS = ("the a an cat dog sat on mat hello world good bad movie is was what who where when "
          "why how film it this that and or not very").split()
@@ -1730,6 +1732,57 @@ def test_a_failing_sweep_trial_is_reported_failed_and_tried_again(tmp_path, monk
         sweep.run_sweep(config, str(tmp_path))
     assert [r.split(",")[3] for r in (tmp_path / "results.csv").read_text().splitlines()[1:]] == [
         "finished", "unfinished"]
+
+
+def test_a_dev_file_of_equal_scores_reports_nan_and_says_so_once(shared, cli, tmp_path):
+    # Pearson and Spearman of constant gold scores (a one-row dev file, as the table's) are
+    # undefined: nan (as scipy's), one warning line naming the file, and the run, `eval
+    # --step best` and its result go on (no checkpoint outranks another by them).
+    rows = "".join(STSB_ROWS.format(score).splitlines(True)[1] for score in (0.5, 2.0, 3.5, 5.0))
+    glue(train=STSB_ROWS.format(1) + rows, dev=STSB_ROWS.format(1), task="STS-B")(tmp_path, {})
+    argv = shlex.split(STSB.format(tmp=tmp_path, vocab=shared["vocab"])) + [
+        "--config.train.steps=2", "--config.train.eval_every=1", "--config.train.checkpoint_every=1"]
+    code, out, err = cli(argv)
+    dev = tmp_path / "data" / "STS-B" / "dev.tsv"
+    said = (f"warning: {dev}: every gold score is 1 (1 pair(s)); Pearson and Spearman of constant "
+            "scores are undefined: reported as nan")
+    assert code == 0 and [line[:len(said)] for line in err.splitlines()] == [said], err
+    evals = [r for r in metrics_lib.read_metrics(tmp_path / "w" / "metrics.jsonl") if "eval/pearson" in r]
+    assert len(evals) == 2 and all(np.isnan(r[k]) for r in evals for k in ("eval/pearson", "eval/corr"))
+    assert all(np.isfinite(r["eval/loss"]) for r in evals)
+    code, out, err = cli(["eval", f"--workdir={tmp_path / 'w'}", "--step=best"])
+    assert code == 0 and [line[:len(said)] for line in err.splitlines()] == [said], err
+    [result] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert result["step"] == 2 and np.isnan(result["eval/spearman"]), out  # all nan: the latest
+    assert "eval/pearson is nan (undefined) at every checkpoint" in out
+
+
+def test_a_sweep_ranks_an_undefined_metric_below_every_number(tmp_path, monkeypatch):
+    # A correlation of constant predictions is nan ("nan" in metrics.jsonl): a trial's best
+    # evaluation is its best defined one, and a trial with none is no setting's best.
+    from bert_jax.commands import sweep
+
+    evals = {1e-3: ["nan", 0.25, 0.5, 0.5, "nan"], 2e-3: ["nan", "nan"]}
+
+    def trial(s, setting, workdir):  # a stand-in for the trial's `bert-jax train` process
+        folder = Path(workdir) / sweep.trial_name(setting)
+        lines = "".join(json.dumps({"step": i + 1, "eval/pearson": v}) + "\n"
+                        for i, v in enumerate(evals[setting["optimizer.learning_rate"]]))
+        summary = {"step": 5, "steps": 5, "best_metric": "eval/pearson"}
+        return [sys.executable, "-c", f"import pathlib; d = pathlib.Path({str(folder)!r}); "
+                f"(d / 'metrics.jsonl').write_text({lines!r}); "
+                f"(d / 'summary.json').write_text({json.dumps(summary)!r})"]
+
+    config = sweep.sweep_config("configs/glue.py:stsb,tiny", {"optimizer.learning_rate": (1e-3, 2e-3)})
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sweep, "command", trial)
+    out = sweep.run_sweep(config, str(tmp_path))
+    [(step1, value1), (step2, value2)] = [(r["best_step"], r["eval/pearson"]) for r in out["rows"]]
+    assert (step1, value1) == (4, 0.5)  # the later of the tied best, not a nan step
+    assert step2 == 2 and value2 != value2  # none defined: the latest, nan
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| 1 | 0.5000 | 0.5000 |" in markdown and "learning_rate=0.001 (0.5000)" in markdown
+    assert "| nan |" in markdown
 
 
 def test_an_empty_workdir_writes_nothing_in_the_current_directory(cli, tmp_path, monkeypatch):

@@ -372,6 +372,10 @@ def test_stage_end_checkpoints_are_kept_beside_the_newest(tmp_path):
 @pytest.mark.parametrize("keep,accuracies,kept,best", [
     (1, [0.5, 0.75, 0.6, 0.75, 0.7], [4, 5], 4),   # the best of two tied steps is the later
     (2, [0.5, 0.75, 0.6, 0.75, 0.75], [4, 5], 5),  # both kept and tied: the later one
+    # nan (undefined: a correlation of constant predictions) ranks below every number
+    (1, [float("nan"), 0.5, 0.4], [2, 3], 2),
+    (1, [0.5, float("nan"), 0.4, float("nan")], [1, 4], 1),
+    (1, [float("nan"), float("nan"), float("nan")], [3], 3),  # all undefined: the latest
 ])
 def test_best_checkpoint_is_kept_and_ties_go_to_the_later_step(tmp_path, keep, accuracies, kept, best):
     """keep=K latest plus the best by the task metric: Orbax's BestN and `eval --step best`
@@ -385,5 +389,5 @@ def test_best_checkpoint_is_kept_and_ties_go_to_the_later_step(tmp_path, keep, a
     ckpt.manager.close()
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == kept
     assert evaluate.chosen_steps(str(tmp_path), "best", "eval/accuracy") == [best]
-    assert evaluate.chosen_steps(str(tmp_path), "latest") == [5]
+    assert evaluate.chosen_steps(str(tmp_path), "latest") == [len(accuracies)]
     assert evaluate.chosen_steps(str(tmp_path), "all") == kept

@@ -76,12 +76,29 @@ def test_perfect_and_constant_correlations():
     x = np.arange(10.0)
     assert scoring.pearson(x, 3 * x + 1) == 1.0  # clipped, never 1.0000000000000002
     assert scoring.spearman(x, -x ** 3) == -1.0
-    # Constant input: scipy returns nan (with a warning); we define it as 0.0 to keep eval dicts finite.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert np.isnan(stats.pearsonr(x, np.ones(10))[0])
-    assert scoring.pearson(x, np.ones(10)) == 0.0
-    assert scoring.spearman(np.ones(10), x) == 0.0
+
+def test_a_constant_side_is_undefined_as_in_scipy():
+    # Every gold score equal (a one-row dev file too), or every prediction: scipy returns nan
+    # (with a warning), and so do we (0.0 would rank beside real correlations), saying why.
+    x = np.arange(10.0)
+    for a, b in ((x, np.ones(10)), (np.full(10, 3.0), x), (np.ones(10), np.ones(10)), ([2.0], [4.0])):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if len(a) > 1:  # (scipy refuses fewer than two)
+                assert np.isnan(stats.pearsonr(a, b)[0]) and np.isnan(stats.spearmanr(a, b)[0])
+        assert np.isnan(scoring.pearson(a, b)) and np.isnan(scoring.spearman(b, a))
+        metrics_ = scoring.glue_metrics("stsb", a, b)
+        assert set(metrics_) == {"pearson", "spearman", "corr"} and all(map(np.isnan, metrics_.values()))
+        assert set(metrics_) <= scoring.CORRELATIONS
+    assert scoring.constant_note("d/dev.tsv", np.full(3, 2.5), x[:3]) == (
+        "warning: d/dev.tsv: every gold score is 2.5 (3 pair(s)); Pearson and Spearman of constant "
+        "scores are undefined: reported as nan (a model is ranked on a dev file whose scores "
+        "differ, as the STS-B dev.tsv)")
+    assert scoring.constant_note("d/dev.tsv", x[:4], np.full(4, 1.25)).startswith(
+        "warning: d/dev.tsv: the model predicts 1.25 for every one of its 4 pair(s); Pearson and "
+        "Spearman of constant predictions are undefined: reported as nan")
+    assert scoring.constant_note("d/dev.tsv", x, -x) is None
+    assert scoring.constant_note("d/dev.tsv", x, np.full(10, np.nan)) is None  # not finite: not constant
 
 
 def test_bad_inputs():
