@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 from absl import app
 
@@ -203,7 +204,7 @@ def cmd_eval_embeddings(args: list[str]) -> None:
     import numpy as np
 
     from bert_jax.interop import sentence_models
-    from bert_jax.tasks import retrieval
+    from bert_jax.tasks import retrieval, scoring
 
     source = CHECKPOINT.value
     if args or not (STS.value or BEIR.value or SQUAD.value):
@@ -227,6 +228,9 @@ def cmd_eval_embeddings(args: list[str]) -> None:
         both = vectors(s1 + s2)  # one load and compilation for the two sides
         result["sts"] = {"pairs": len(gold), **retrieval.evaluate_sts(
             both[:len(s1)], both[len(s1):], gold, n=BOOTSTRAP.value)}
+        if note := scoring.constant_note(f"--sts={STS.value}", gold, retrieval.pair_cosines(
+                both[:len(s1)], both[len(s1):])):  # (gold scores that are all equal: refused)
+            logging.getLogger(__name__).warning(note)
     for name, data in (("beir", BEIR.value), ("squad", SQUAD.value)):
         if not data:
             continue

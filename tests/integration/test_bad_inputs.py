@@ -1757,6 +1757,18 @@ def test_a_dev_file_of_equal_scores_reports_nan_and_says_so_once(shared, cli, tm
     assert "eval/pearson is nan (undefined) at every checkpoint" in out
 
 
+def test_eval_embeddings_says_when_every_pair_has_the_same_cosine(shared, cli, tmp_path):
+    # Three copies of one pair with different gold scores: one cosine for all, nan correlations.
+    rows = "".join(STSB_ROWS.format(score).splitlines(True)[1] for score in (1.0, 2.0, 3.0))
+    sts = write(tmp_path / "sts.tsv", STSB_ROWS.format(4.0) + rows)
+    code, out, err = cli(["eval-embeddings", f"--checkpoint={shared['ckpt']}", f"--sts={sts}",
+                          "--bootstrap=10"])
+    assert code == 0 and err.startswith(f"warning: --sts={sts}: the model predicts ") and (
+        "for every one of its 4 pair(s)" in err) and len(err.splitlines()) == 1, err
+    got = json.loads(out.splitlines()[-1])["sts"]
+    assert np.isnan(got["spearman_cosine"]) and np.isnan(got["pearson_cosine"]), got
+
+
 def test_a_sweep_ranks_an_undefined_metric_below_every_number(tmp_path, monkeypatch):
     # A correlation of constant predictions is nan ("nan" in metrics.jsonl): a trial's best
     # evaluation is its best defined one, and a trial with none is no setting's best.

@@ -231,6 +231,19 @@ def test_bootstrap_intervals_are_seeded_and_hold_the_estimate():
     assert retrieval.bootstrap(lambda i: {"mean": values[i].mean()}, len(values), n=300, seed=2) != ci
 
 
+def test_bootstrap_leaves_out_resamples_where_a_correlation_is_undefined():
+    # Three pairs: about one resample in nine draws a single pair three times (constant scores,
+    # nan correlation); the interval is of the others, and nan only where every one is nan.
+    emb1 = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    emb2 = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])  # cosines 1, 0.71, 0: ranked as gold
+    got = retrieval.evaluate_sts(emb1, emb2, [5.0, 3.0, 1.0], n=200, seed=0)
+    assert got["spearman_cosine"] == 1.0 and got["spearman_cosine_ci95"] == [1.0, 1.0]
+    assert -1.0 <= got["pearson_cosine_ci95"][0] <= got["pearson_cosine_ci95"][1] <= 1.0
+    same = retrieval.evaluate_sts(emb1, emb1 * 2, [5.0, 3.0, 1.0], n=20)  # every cosine 1: undefined
+    assert all(np.isnan(same[k]) for k in ("spearman_cosine", "pearson_cosine"))
+    assert all(np.isnan(v) for v in same["spearman_cosine_ci95"] + same["pearson_cosine_ci95"])
+
+
 def _lucene_bm25(query: list[str], docs: list[list[str]], k1: float = 1.5, b: float = 0.75):
     """BM25 as Lucene scores it (no (k1 + 1) factor; idf = ln(1 + (N - df + 0.5) / (df + 0.5))),
     written out here from the formula, for each document."""
