@@ -177,7 +177,9 @@ def test_two_processes_pack_the_same_batches(shared_data, sst2_vocab, tmp_path, 
     procs = [subprocess.Popen(
         [sys.executable, "-m", "bert_jax", "train", f"--config={REPO / 'configs/glue.py'}:sst2,tiny",
          f"--workdir={tmp_path}", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        # XLA's CPU backend at -O0 (as the quick tier): 12 tiny steps, compiling is most of it.
+        text=True, env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4"
+                            " --xla_backend_optimization_level=0",
                             JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                             JAX_PROCESS_ID=str(i))) for i in range(2)]
     for proc in procs:
