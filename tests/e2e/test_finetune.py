@@ -160,14 +160,18 @@ def test_swag_multiple_choice(shared_data, task_vocab, tmp_path):
 @pytest.mark.slow
 def test_squad_trains_and_writes_predictions(shared_data, task_vocab, tmp_path):
     dev = json.loads((shared_data / "squad/dev-v1.1.json").read_text())
-    dev["data"] = dev["data"][:2]
+    dev["data"] = dev["data"][:2]  # two articles, their first 8 paragraphs (217 of 1,057 questions)
+    for article in dev["data"]:
+        article["paragraphs"] = article["paragraphs"][:8]
     small_dev = tmp_path / "dev-small.json"
     small_dev.write_text(json.dumps(dev))
     questions = {q["id"] for a in dev["data"] for p in a["paragraphs"] for q in p["qas"]}
     config = load("squad.py:v1,tiny", f"data.data_dir={shared_data / 'squad'}",
                   "data.train_file=train-subset-v1.1.json", f"data.dev_file={small_dev}",
                   f"data.tokenizer={task_vocab}", "model.vocab_size=4000", "data.max_seq_length=128",
-                  "data.doc_stride=64", "data.max_train_examples=1500", "train.epochs=1.0")
+                  "data.doc_stride=64", "data.max_train_examples=300", "train.epochs=1.0")
+    # The wiring, not the quality: 300 questions (37 steps of 32 windows of 128 tokens) give
+    # spans that overlap the gold ones (f1 7.3 on these 217 questions, 2026-11-28).
     summary = train.train_and_evaluate(config, str(tmp_path / "run"))
     e = summary["eval"]
     assert 0 <= e["eval/exact_match"] <= e["eval/f1"] <= 100 and e["eval/f1"] > 0, e
