@@ -144,7 +144,6 @@ def cmd_embed(args: list[str]) -> None:
     if paths.path(output).exists():
         raise FileExistsError(f"--output={output}: already exists; embed never overwrites a file: "
                               "choose a new --output (or remove that one)")
-    paths.make_output_folder(output, "--output")
     given = require(INPUT, "embed")
     if given.removesuffix(".gz").endswith(".jsonl"):  # its lines would be embedded as JSON text
         raise ValueError(f"--input={given}: a corpus of JSON lines embeds into a folder of shards "
@@ -153,6 +152,7 @@ def cmd_embed(args: list[str]) -> None:
     lines = [line.rstrip("\n") for line in text.utf8_lines(given)]
     if not lines:
         raise ValueError(f"--input={given}: empty, no line to embed; nothing written")
+    paths.make_output_folder(output, "--output")  # (after the input's checks: a refusal makes none)
     vectors = sentence_models.embed(source, lines, batch_size=BATCH_SIZE.value or 32,
                                     spec=_sentence_spec(source))
     with paths.path(output).open("wb") as f:
@@ -173,12 +173,12 @@ def cmd_mine(args: list[str]) -> None:
     if paths.path(output).exists():
         raise FileExistsError(f"--output={output}: already exists; mine never overwrites a file: "
                               "choose a new --output (or remove that one)")
-    paths.make_output_folder(output, "--output")
     corpus = ([line.rstrip("\n") for line in text.utf8_lines(CORPUS.value) if line.strip()]
               if CORPUS.value else None)
     if corpus == []:
         raise ValueError(f"--corpus={CORPUS.value}: no passage to mine from (the file is empty or "
                          "blank); give one passage per line, or leave --corpus out")
+    paths.make_output_folder(output, "--output")
     rows = sentence_models.mine_negatives(source, require(INPUT, "mine"), NEGATIVES.value,
                                           corpus=corpus, batch_size=BATCH_SIZE.value or 32)
     with paths.open(output, "w", encoding="utf-8") as f:
@@ -205,6 +205,7 @@ def cmd_eval_embeddings(args: list[str]) -> None:
 
     from bert_jax.interop import sentence_models
     from bert_jax.tasks import retrieval, scoring
+    from bert_jax.training import metrics
 
     source = CHECKPOINT.value
     if args or not (STS.value or BEIR.value or SQUAD.value):
@@ -248,4 +249,4 @@ def cmd_eval_embeddings(args: list[str]) -> None:
             result[f"{name}_bm25"] = {**size, **retrieval.evaluate_bm25(
                 [queries[q] for q in asked], [corpus[c] for c in ids], ids, wanted,
                 n=BOOTSTRAP.value)}
-    print(json.dumps(result))
+    print(json.dumps(metrics.json_safe(result), allow_nan=False))

@@ -232,14 +232,24 @@ def write_results(sweep, root: Path, settings: list[dict[str, Any]]) -> list[dic
 
 
 def _groups(sweep, rows: list[dict[str, Any]], metric: str | None) -> dict[tuple, list[float]]:
-    """{setting (the grid values but the seed): [metric of each finished trial whose metric is
-    defined (not nan)]}."""
+    """{setting (the grid values but the seed): [metric of each finished trial]} (nan, an
+    undefined metric, included: it ranks its setting as it ranks a checkpoint, below every
+    number; `_median`)."""
     keys = [k for k in sweep.grid.keys() if k != "seed"]
     groups: dict[tuple, list[float]] = {}
     for r in rows:
-        if metric and r.get(metric) is not None and not math.isnan(r[metric]):
+        if metric and r.get(metric) is not None:
             groups.setdefault(tuple(r[k] for k in keys), []).append(r[metric])
     return groups
+
+
+def _median(values: list[float]) -> float:
+    """The median of a setting's trials, a nan trial counted below every number (so a setting
+    whose trials are half nan is not ranked on its defined half); nan if that is where it falls."""
+    from bert_jax.training import checkpoint
+
+    middle = statistics.median(checkpoint.rank_value(v) for v in values)
+    return math.nan if middle == -math.inf else middle
 
 
 def setting_labels(sweep, groups: dict[tuple, list[float]]) -> dict[str, list[float]]:
@@ -252,6 +262,8 @@ def setting_labels(sweep, groups: dict[tuple, list[float]]) -> dict[str, list[fl
 def _figure(sweep, root: Path, groups: dict[tuple, list[float]], metric: str | None) -> str:
     """results.png (viz.plots draws it; its data are results.csv); returns the markdown line
     that shows it, or says why there is none."""
+    groups = {s: defined for s, values in groups.items()
+              if (defined := [v for v in values if not math.isnan(v)])}  # (nan: not drawn)
     if not groups:
         return ""
     from bert_jax.viz import plots
@@ -262,6 +274,8 @@ def _figure(sweep, root: Path, groups: dict[tuple, list[float]], metric: str | N
 
 def _markdown(sweep, rows: list[dict[str, Any]], metric: str | None,
               groups: dict[tuple, list[float]], figure: str = "") -> str:
+    from bert_jax.training import checkpoint
+
     keys = [k for k in sweep.grid.keys() if k != "seed"]
     lines = [f"# Sweep of {sweep.base}", "", f"{len(rows)} trials; metric: {metric or 'none yet'} "
              "(best evaluation of each trial on dev)", "", "| trial | status | best step | "
@@ -275,12 +289,15 @@ def _markdown(sweep, rows: list[dict[str, Any]], metric: str | None,
                   "| " + " | ".join(keys) + " | seeds | median | best |",
                   "|" + "---|" * (len(keys) + 3)]
         for setting, values in groups.items():
-            lines.append("| " + " | ".join(map(_fmt, setting)) + f" | {len(values)} | "
-                         f"{statistics.median(values):.4f} | {max(values):.4f} |")
-        best = max(groups, key=lambda s: statistics.median(groups[s]))
+            undefined = sum(map(math.isnan, values))
+            top = max((v for v in values if not math.isnan(v)), default=math.nan)
+            lines.append("| " + " | ".join(map(_fmt, setting)) + f" | {len(values)}"
+                         + (f" ({undefined} nan)" if undefined else "")
+                         + f" | {_median(values):.4f} | {top:.4f} |")
+        best = max(groups, key=lambda s: checkpoint.rank_value(_median(groups[s])))
         lines += ["", f"Best setting by median {metric}: "
                   + ", ".join(f"{k}={_fmt(v)}" for k, v in zip(keys, best))
-                  + f" ({statistics.median(groups[best]):.4f})"]
+                  + f" ({_median(groups[best]):.4f})"]
     if figure:
         lines += ["", figure]
     return "\n".join(lines) + "\n"

@@ -37,12 +37,12 @@ def cmd_eval(args: list[str]) -> None:
     """Evaluates saved checkpoints on the validation split (with the config stored in the
     checkpoint unless --config is given); prints one JSON line each."""
     maybe_initialize_distributed("eval")
-    from bert_jax.training import evaluate
+    from bert_jax.training import evaluate, metrics
 
     for result in evaluate.evaluate_checkpoints(
             LoadedConfig.value, require(WORKDIR, "eval"), STEP.value, SPLIT.value,
             frozenset(LoadedConfig.set_by_user())):
-        print(json.dumps(result))
+        print(json.dumps(metrics.json_safe(result), allow_nan=False))
 
 
 def cmd_average(args: list[str]) -> None:

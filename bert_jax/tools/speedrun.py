@@ -46,6 +46,7 @@ from bert_jax import config as config_lib
 from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tools import pretrainbench as pb
+from bert_jax.training import metrics
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,15 @@ def commit() -> str:
 
 
 def spread(values: list[float]) -> dict[str, Any]:
-    return {"values": [round(v, 4) for v in values], "median": round(float(np.median(values)), 4),
-            "min": round(min(values), 4), "max": round(max(values), 4)}
+    """The values and their median and range; a value that is undefined (nan: the correlation
+    of constant predictions) is counted in `undefined` and left out of the three."""
+    defined = [v for v in values if not np.isnan(v)]
+    out = {"values": [round(v, 4) for v in values],
+           **{k: round(float(f(defined)), 4) if defined else float("nan")
+              for k, f in (("median", np.median), ("min", min), ("max", max))}}
+    if len(defined) < len(values):
+        out["undefined"] = len(values) - len(defined)
+    return out
 
 
 def readouts(specs: list[str], init_from: Path, glue_dir: Path, workdir: Path, *, tasks, seeds,
@@ -313,7 +321,7 @@ def pretrain_hf_modernbert(config, corpus: Path, workdir: Path, *, steps: int, b
 def append_record(record: dict, records: Path) -> None:
     records.parent.mkdir(parents=True, exist_ok=True)
     with open(records, "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(metrics.json_safe(record), allow_nan=False) + "\n")
 
 
 # The keys render_table reads of each record, with the type of those it formats as numbers.
@@ -362,8 +370,9 @@ def render_table(records: list[dict]) -> str:
         return (t is None, t or 0.0)
     for r in sorted(records, key=key):
         reads = [r["readouts"].get(t) for t in TASKS]
-        cells = ["-" if x is None else f"{x['metric']} {x['median']:.3f} [{x['min']:.3f}, {x['max']:.3f}]"
-                 for x in reads]
+        # (float(): a nan median or range is stored as "nan", as metrics.jsonl stores it)
+        cells = ["-" if x is None else "{} {:.3f} [{:.3f}, {:.3f}]".format(
+            x["metric"], *(float(x[k]) for k in ("median", "min", "max"))) for x in reads]
         name = r["recipe"] + (f" ({r['label']})" if r.get("label") else "")
         name = f"{r['trainer']}: {name}" if r.get("trainer", "bert_jax") != "bert_jax" else name
         lines.append(

@@ -32,6 +32,7 @@ from bert_jax.specs import RunSpec
 from bert_jax.tasks import scoring
 from bert_jax.training import checkpoint, setup, sharding, state
 from bert_jax.training import input as pipelines
+from bert_jax.training import metrics as metrics_lib
 
 log = logging.getLogger(__name__)
 
@@ -352,6 +353,7 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
                                  f"({metrics[bad[0]]}); {out.with_suffix('.json')} left as it was")
             if jax.process_index() == 0:
                 out.parent.mkdir(parents=True, exist_ok=True)
-                out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+                out.with_suffix(".json").write_text(json.dumps(
+                    metrics_lib.json_safe(result), indent=1, allow_nan=False) + "\n")
             results.append(result)
     return results

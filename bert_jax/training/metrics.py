@@ -43,6 +43,19 @@ def _encode(value: Any) -> int | float | str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
+def json_safe(value: Any) -> Any:
+    """`value` (dicts, lists and tuples of scalars) with each non-finite float written as
+    metrics.jsonl writes it ("nan", "inf", "-inf"), so that json.dumps(..., allow_nan=False)
+    gives strict JSON: a bare NaN (Python's default) is refused by most other readers."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float | np.floating) and not math.isfinite(value):
+        return _encode(value)
+    return value
+
+
 def _rows(text: str, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """(line, parsed row) for each line of a metrics.jsonl text."""
     lines = text.split("\n")

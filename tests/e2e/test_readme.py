@@ -132,7 +132,7 @@ def small_minilm(tmp_path_factory, wordpiece_vocab):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     st = pytest.importorskip("sentence_transformers")
-    from sentence_transformers.sentence_transformer import modules as st_models
+    from sentence_transformers import models as st_models  # (sentence-transformers 5 and 6)
     torch.manual_seed(0)
     bert = tmp_path_factory.mktemp("minilm_bert")
     transformers.BertTokenizerFast(vocab_file=str(wordpiece_vocab), do_lower_case=True) \

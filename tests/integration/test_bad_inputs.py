@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import shlex
@@ -1753,7 +1754,10 @@ def test_a_dev_file_of_equal_scores_reports_nan_and_says_so_once(shared, cli, tm
     code, out, err = cli(["eval", f"--workdir={tmp_path / 'w'}", "--step=best"])
     assert code == 0 and [line[:len(said)] for line in err.splitlines()] == [said], err
     [result] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert result["step"] == 2 and np.isnan(result["eval/spearman"]), out  # all nan: the latest
+    # All nan: the latest; written as metrics.jsonl writes it, strict JSON (no bare NaN).
+    assert result["step"] == 2 and result["eval/spearman"] == "nan", out
+    stored = (tmp_path / "w" / "eval" / "step_2.json").read_text()
+    assert json.loads(stored)["eval/pearson"] == "nan" and "NaN" not in stored
     assert "eval/pearson is nan (undefined) at every checkpoint" in out
 
 
@@ -1766,7 +1770,8 @@ def test_eval_embeddings_says_when_every_pair_has_the_same_cosine(shared, cli, t
     assert code == 0 and err.startswith(f"warning: --sts={sts}: the model predicts ") and (
         "for every one of its 4 pair(s)" in err) and len(err.splitlines()) == 1, err
     got = json.loads(out.splitlines()[-1])["sts"]
-    assert np.isnan(got["spearman_cosine"]) and np.isnan(got["pearson_cosine"]), got
+    assert got["spearman_cosine"] == got["pearson_cosine"] == "nan", got  # strict JSON
+    assert got["spearman_cosine_ci95"] == ["nan", "nan"], got
 
 
 def test_a_sweep_ranks_an_undefined_metric_below_every_number(tmp_path, monkeypatch):
@@ -1794,7 +1799,21 @@ def test_a_sweep_ranks_an_undefined_metric_below_every_number(tmp_path, monkeypa
     assert step2 == 2 and value2 != value2  # none defined: the latest, nan
     markdown = (tmp_path / "results.md").read_text()
     assert "| 1 | 0.5000 | 0.5000 |" in markdown and "learning_rate=0.001 (0.5000)" in markdown
-    assert "| nan |" in markdown
+    assert "| nan |" in markdown and "| 0.002 | 1 (1 nan) | nan | nan |" in markdown
+
+
+def test_a_setting_whose_seeds_are_mostly_nan_ranks_below_one_whose_seeds_are_defined():
+    # Over seeds, a nan trial counts below every number: 0.90 on one seed of three (the other
+    # two undefined) is not a better setting than 0.85 on all three.
+    from bert_jax.commands import sweep
+
+    config = sweep.sweep_config(f"{REPO}/configs/glue.py:stsb,tiny",
+                                {"optimizer.learning_rate": (1e-3, 2e-3), "seed": (1, 2, 3)})
+    groups = {(1e-3,): [0.90, math.nan, math.nan], (2e-3,): [0.85, 0.85, 0.85]}
+    markdown = sweep._markdown(config, [], "eval/pearson", groups)
+    assert "| 0.001 | 3 (2 nan) | nan | 0.9000 |" in markdown, markdown
+    assert "| 0.002 | 3 | 0.8500 | 0.8500 |" in markdown, markdown
+    assert "Best setting by median eval/pearson: optimizer.learning_rate=0.002 (0.8500)" in markdown
 
 
 def test_an_empty_workdir_writes_nothing_in_the_current_directory(cli, tmp_path, monkeypatch):
