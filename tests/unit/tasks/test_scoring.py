@@ -72,7 +72,7 @@ def test_spearman_ties_fixed():
                                stats.rankdata([3.0, 1, 3, 2, 3]))
 
 
-def test_perfect_and_constant_correlations():
+def test_perfect_correlations_are_clipped_to_one():
     x = np.arange(10.0)
     assert scoring.pearson(x, 3 * x + 1) == 1.0  # clipped, never 1.0000000000000002
     assert scoring.spearman(x, -x ** 3) == -1.0
