@@ -249,4 +249,4 @@ def cmd_eval_embeddings(args: list[str]) -> None:
             result[f"{name}_bm25"] = {**size, **retrieval.evaluate_bm25(
                 [queries[q] for q in asked], [corpus[c] for c in ids], ids, wanted,
                 n=BOOTSTRAP.value)}
-    print(json.dumps(metrics.json_safe(result), allow_nan=False))
+    print(metrics.json_dumps(result))

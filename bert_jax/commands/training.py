@@ -42,7 +42,7 @@ def cmd_eval(args: list[str]) -> None:
     for result in evaluate.evaluate_checkpoints(
             LoadedConfig.value, require(WORKDIR, "eval"), STEP.value, SPLIT.value,
             frozenset(LoadedConfig.set_by_user())):
-        print(json.dumps(metrics.json_safe(result), allow_nan=False))
+        print(metrics.json_dumps(result))
 
 
 def cmd_average(args: list[str]) -> None:

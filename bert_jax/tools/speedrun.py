@@ -321,7 +321,7 @@ def pretrain_hf_modernbert(config, corpus: Path, workdir: Path, *, steps: int, b
 def append_record(record: dict, records: Path) -> None:
     records.parent.mkdir(parents=True, exist_ok=True)
     with open(records, "a") as f:
-        f.write(json.dumps(metrics.json_safe(record), allow_nan=False) + "\n")
+        f.write(metrics.json_dumps(record) + "\n")
 
 
 # The keys render_table reads of each record, with the type of those it formats as numbers.

@@ -353,7 +353,6 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
                                  f"({metrics[bad[0]]}); {out.with_suffix('.json')} left as it was")
             if jax.process_index() == 0:
                 out.parent.mkdir(parents=True, exist_ok=True)
-                out.with_suffix(".json").write_text(json.dumps(
-                    metrics_lib.json_safe(result), indent=1, allow_nan=False) + "\n")
+                out.with_suffix(".json").write_text(metrics_lib.json_dumps(result, indent=1) + "\n")
             results.append(result)
     return results

@@ -43,14 +43,18 @@ def _encode(value: Any) -> int | float | str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
-def json_safe(value: Any) -> Any:
-    """`value` (dicts, lists and tuples of scalars) with each non-finite float written as
-    metrics.jsonl writes it ("nan", "inf", "-inf"), so that json.dumps(..., allow_nan=False)
-    gives strict JSON: a bare NaN (Python's default) is refused by most other readers."""
+def json_dumps(value: Any, **kwargs) -> str:
+    """json.dumps of `value` (dicts, lists and tuples of scalars) with each non-finite float
+    written as metrics.jsonl writes it ("nan", "inf", "-inf"): strict JSON (a bare NaN, Python's
+    default, is refused by most other readers). `kwargs` go to json.dumps (indent, ...)."""
+    return json.dumps(_json_safe(value), allow_nan=False, **kwargs)
+
+
+def _json_safe(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
+        return {k: _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
+        return [_json_safe(v) for v in value]
     if isinstance(value, float | np.floating) and not math.isfinite(value):
         return _encode(value)
     return value

@@ -34,7 +34,7 @@ from bert_jax.paths import WorkdirLock, is_remote, workdir_path
 from bert_jax.specs import RunSpec
 from bert_jax.training import checkpoint, evaluate, goodput, optim, setup, sharding, state
 from bert_jax.training import input as pipelines
-from bert_jax.training.metrics import MetricsWriter, json_safe, mfu, peak_flops_per_device
+from bert_jax.training.metrics import MetricsWriter, json_dumps, mfu, peak_flops_per_device
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -513,7 +513,7 @@ def _train(config: RunSpec, workdir: str, task, started: float) -> dict[str, Any
     summary.update(steps=t.steps, best_metric=best_metric, goodput=log_goodput(clock))
     if jax.process_index() == 0:  # sweeps read it to skip finished runs
         (workdir_path(workdir) / "summary.json").write_text(
-            json.dumps(json_safe(summary), indent=1, allow_nan=False) + "\n")
+            json_dumps(summary, indent=1) + "\n")
     return summary
 
 
