@@ -314,9 +314,9 @@ def cached_copies(urls: Sequence[str], folder: str | os.PathLike) -> list[Path]:
 
 def _listed(urls: Sequence[str], folder: str | os.PathLike) -> list[tuple]:
     """(file system, object name, copy's path in `folder`, {size, generation, md5Hash})
-    for each gs:// url, the metadata from one listing of each folder (narrowed to the names'
-    common prefix; gcsfs's cached listings bypassed, its requests under the retry policy). An
-    object name no copy can have, or no such object, is one line naming the url."""
+    for each gs:// url, the metadata from listings of each folder narrowed to the names'
+    prefixes (_listing_prefixes; gcsfs's cached listings bypassed, its requests under the retry
+    policy). An object name no copy can have, or no such object, is one line naming the url."""
     import fsspec
 
     wanted: dict[str, tuple] = {}  # folder -> (its file system, its names wanted)
@@ -334,11 +334,12 @@ def _listed(urls: Sequence[str], folder: str | os.PathLike) -> list[tuple]:
         named.append((url, fs, name))
     listed: dict[str, dict] = {}
     for fs, parent, bases in wanted.values():
-        try:
-            found = fs.ls(parent, detail=True, refresh=True, prefix=os.path.commonprefix(sorted(bases)))
-        except FileNotFoundError:
-            found = []  # (nothing there: each url is named below)
-        listed.update((info["name"], info) for info in found if info.get("type") == "file")
+        for prefix in _listing_prefixes(bases):
+            try:
+                found = fs.ls(parent, detail=True, refresh=True, prefix=prefix)
+            except FileNotFoundError:
+                found = []  # (nothing there: each url is named below)
+            listed.update((info["name"], info) for info in found if info.get("type") == "file")
     planned = []
     for url, fs, name in named:
         if name not in listed:
@@ -347,6 +348,17 @@ def _listed(urls: Sequence[str], folder: str | os.PathLike) -> list[tuple]:
         planned.append((fs, name, Path(folder) / name,
                         {key: info.get(key) for key in ("size", "generation", "md5Hash")}))
     return planned
+
+
+def _listing_prefixes(names: set[str]) -> list[str]:
+    """The prefixes whose listings hold `names` (the object names in one folder) and little
+    else: the names grouped by their first character, each group's longest common prefix
+    (`train-00001`, `train-00002` and `valid-00001`: `train-0000` and `valid-00001`), so that
+    names sharing no prefix do not list the whole folder; at most one listing per character."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        groups.setdefault(name[:1], []).append(name)
+    return [os.path.commonprefix(group) for group in groups.values()]
 
 
 def _download(fs, name: str, copy: Path, source: dict, folder) -> None:

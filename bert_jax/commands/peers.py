@@ -15,7 +15,9 @@ it is a lost peer; a host that vanishes without closing them is found by TCP kee
 25 s of silence, _KEEPALIVE_*). Process 0, on losing a peer, first tells every other one which
 (`lost ...`), so that all of them stop naming the lost process; when process 0 itself is lost,
 the others see their connection to it end. A process that cannot reach process 0 (a firewall
-between hosts) gives one warning and is left to JAX's heartbeats.
+between hosts) gives one warning, says so in the key-value store, where process 0 (which
+looks there every _POLL_S until every process connected or said so) finds it and gives one
+warning naming it; such a process is left to JAX's heartbeats.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ import selectors
 import socket
 import sys
 import threading
+import time
 
 _DONE = b"done\n"  # either way: the sender finished its command, its end is not a fault
 _HELLO = b"hello "  # + b"<index>|<pid>|<host>\n": a process's first line to process 0
 _LOST = b"lost "  # + what happened to which process + b"\n": process 0 to the others
 _KEY = "bert_jax/peers/{}"
+_UNREACHED = "bert_jax/peers/unreached/"  # + index: b"<host>|<pid>|<address>|<why>" of a process
+_POLL_S = 5.0  # process 0 looks for such processes this often while some have not connected
 _THREAD = "bert_jax-peers"  # the one watching thread of each process
 _CONNECT_TIMEOUT_MS = 300_000  # as JAX's own initialization_timeout: peers start unevenly
 _REACH_TIMEOUT_S = 10.0  # process 0 published but not accepting in this time: cannot be reached
@@ -81,7 +86,8 @@ def watch(command: str) -> None:
         listener = socket.create_server(("", 0), backlog=n)
         where = f"{_address(state.coordinator_address)}:{listener.getsockname()[1]}"
         state.client.key_value_set(_KEY.format(0), f"{where}|{os.getpid()}|{socket.gethostname()}")
-        threading.Thread(target=_Leader(command, n, listener).run, daemon=True, name=_THREAD).start()
+        threading.Thread(target=_Leader(command, n, listener, state.client).run, daemon=True,
+                         name=_THREAD).start()
         return
     address, pid, host = state.client.blocking_key_value_get(
         _KEY.format(0), _CONNECT_TIMEOUT_MS).split("|")
@@ -92,9 +98,15 @@ def watch(command: str) -> None:
         _keep_alive(conn)
         conn.sendall(_HELLO + f"{me}|{os.getpid()}|{socket.gethostname()}\n".encode())
     except OSError as e:  # a firewall between hosts: the run goes on, watched by JAX alone
-        print(f"warning: cannot watch process 0 of {n} at {address} ({e.strerror or e}): if "
+        why = e.strerror or str(e)
+        print(f"warning: cannot watch process 0 of {n} at {address} ({why}): if "
               f"{'it' if n == 2 else 'any process'} is lost, this process waits for JAX's "
               "heartbeat timeout", file=sys.stderr)
+        try:  # for process 0's own warning
+            state.client.key_value_set(_UNREACHED + str(me),
+                                       f"{socket.gethostname()}|{os.getpid()}|{address}|{why}")
+        except Exception:  # noqa: BLE001 (the store is JAX's; a failure here changes nothing)
+            pass
         return
     with _lock:
         _conns.append(conn)
@@ -206,18 +218,23 @@ class _Leader:
     """Process 0's one thread: accepts the others' connections and watches them all, until
     every one has connected and ended, or one is lost (told to the others, then the stop)."""
 
-    def __init__(self, command: str, n: int, listener: socket.socket):
-        self.command, self.n, self.listener = command, n, listener
+    def __init__(self, command: str, n: int, listener: socket.socket, store):
+        self.command, self.n, self.listener, self.store = command, n, listener, store
         self.selector = selectors.DefaultSelector()
         self.peers: dict[socket.socket, _Peer] = {}
         self.named = 0  # the processes that said hello
+        self.unreached: set[str] = set()  # the indices of those that said they cannot
+        self.polled = -_POLL_S  # when the key-value store was last looked at (time.monotonic)
 
     def run(self) -> None:
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ)
         try:
             while self.listener is not None or self.peers:
-                for key, _ in self.selector.select():
+                if self.listener is not None and time.monotonic() >= self.polled + _POLL_S:
+                    self._find_unreached()
+                    self.polled = time.monotonic()
+                for key, _ in self.selector.select(_POLL_S if self.listener is not None else None):
                     if key.fileobj is self.listener:
                         self._accept()
                     elif (lost := self._read(key.fileobj)) is not None:
@@ -249,6 +266,28 @@ class _Leader:
                 if _finished.is_set():
                     _send(conn, _DONE)
 
+    def _find_unreached(self) -> None:
+        """One warning per process that said (in the key-value store) it cannot reach this one."""
+        try:
+            said = self.store.key_value_dir_get(_UNREACHED)
+        except Exception:  # noqa: BLE001 (JAX's store: left to its own heartbeats)
+            return
+        for key, value in said:
+            index = key.rsplit("/", 1)[-1]
+            if index in self.unreached or value.count("|") < 3:
+                continue
+            self.unreached.add(index)
+            host, pid, address, why = value.split("|", 3)
+            print(f"warning: process {index} of {self.n} ({host}, pid {pid}) cannot reach process "
+                  f"0 at {address} ({why}): if it is lost, this process waits for JAX's heartbeat "
+                  "timeout", file=sys.stderr, flush=True)
+        self._close_if_all_known()
+
+    def _close_if_all_known(self) -> None:
+        """Every other process connected or said it cannot: nothing more to accept."""
+        if self.listener is not None and self.named + len(self.unreached) == self.n - 1:
+            self._close_listener()
+
     def _close_listener(self) -> None:
         self.selector.unregister(self.listener)
         self.listener.close()
@@ -266,8 +305,7 @@ class _Leader:
                 if not peer.named and (hello := _hello(line, self.n)):
                     peer.name, peer.named = hello, True
                     self.named += 1
-                    if self.named == self.n - 1 and self.listener is not None:
-                        self._close_listener()  # every process connected
+                    self._close_if_all_known()
                 elif line == _DONE.strip():
                     peer.done = True
             return None

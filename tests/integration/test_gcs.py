@@ -703,6 +703,31 @@ def test_shard_metadata_comes_from_one_listing_a_folder_not_a_request_a_shard(fa
     assert _files_kept(cache) == kept
 
 
+def test_shards_whose_names_share_no_prefix_list_only_their_own_names(failing_gcs, tmp_path):
+    """Shards named with nothing in common (`alpha-1`, `alpha-2`, `omega-1`) in a folder of many
+    other objects: each listing asks for a prefix of the wanted names (`alpha-`, `omega-1`), not
+    for the whole folder (prefix ''), and the copies hold the objects' bytes."""
+    from bert_jax import paths
+
+    fs, faults = failing_gcs
+    wanted = ["mixed/alpha-1", "mixed/alpha-2", "mixed/omega-1"]
+    for i, name in enumerate(wanted):
+        fs.pipe(f"{BUCKET}/{name}", f"wanted {i}".encode())
+    for i in range(30):
+        fs.pipe(f"{BUCKET}/mixed/middle-{i:03d}", b"not wanted")
+    asked = []
+
+    def kind(request) -> bool:
+        url = urlparse(request.path)
+        if request.command == "GET" and url.path.endswith("/o"):  # a listing
+            asked.append(parse_qs(url.query).get("prefix", [""])[0])
+        return False
+    faults.kind = kind
+    copies = paths.cached_copies([f"gs://{BUCKET}/{name}" for name in wanted], tmp_path)
+    assert sorted(asked) == ["mixed/alpha-", "mixed/omega-1"], asked
+    assert [c.read_bytes() for c in copies] == [f"wanted {i}".encode() for i in range(3)]
+
+
 # A process of this machine that copies shards (cached_copies): a line of gs:// URLs on its
 # input, "copied" on its output once they are there; it ends when its input does.
 _COPIER = """import sys

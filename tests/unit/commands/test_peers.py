@@ -5,6 +5,7 @@ connection fed by hand. The real `bert-jax train` processes: test_train.py's two
 (slow)."""
 
 import errno
+import os
 import select
 import shutil
 import signal
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from helpers import REPO
@@ -203,6 +205,9 @@ def _fake_run(monkeypatch, me: int, n: int, published: dict, lookup=None):
         def blocking_key_value_get(self, key, timeout_ms):
             return lookup or published[key]
 
+        def key_value_dir_get(self, folder):
+            return [(k, v) for k, v in list(published.items()) if k.startswith(folder)]
+
     monkeypatch.setattr(distributed.global_state, "client", Store())
     monkeypatch.setattr(distributed.global_state, "coordinator_address", "127.0.0.1:1")
     monkeypatch.setattr(jax, "process_index", lambda: me)
@@ -368,10 +373,43 @@ def test_process_0_out_of_reach_is_one_warning(monkeypatch, capsys):
     published = {}
     peers = _fake_run(monkeypatch, 1, 2, published, lookup=f"127.0.0.1:{closed}|4242|other-host")
     peers.watch("train")
-    assert published == {} and peers._conns == []
+    assert peers._conns == []
+    assert published == {"bert_jax/peers/unreached/1":
+                         f"{socket.gethostname()}|{os.getpid()}|127.0.0.1:{closed}|Connection refused"}
     assert capsys.readouterr().err.splitlines() == [
         f"warning: cannot watch process 0 of 2 at 127.0.0.1:{closed} (Connection refused): if it is "
         "lost, this process waits for JAX's heartbeat timeout"]
+
+
+def test_process_0_names_a_process_that_cannot_reach_it(monkeypatch, capsys):
+    """Process 0 of 3: process 1 connects, process 2 says in the key-value store that it cannot
+    reach process 0 (as the test above writes it): process 0 gives one warning naming it, once
+    however often it looks."""
+    published = {}
+    peers = _fake_run(monkeypatch, 0, 3, published)
+    monkeypatch.setattr(peers, "_POLL_S", 0.05)
+    peers.watch("train")
+    address, _, _ = published["bert_jax/peers/0"].split("|")
+    ip, port = address.rsplit(":", 1)
+    one = socket.create_connection((ip, int(port)))
+    one.sendall(b"hello 1|1001|host-1\n")
+    published["bert_jax/peers/unreached/2"] = f"host-2|1002|{address}|No route to host"
+    warned = f"warning: process 2 of 3 (host-2, pid 1002) cannot reach process 0 at {address} (No " \
+             "route to host): if it is lost, this process waits for JAX's heartbeat timeout"
+    err = ""
+    for _ in range(1200):  # (the thread looks every 0.05 s; a loaded machine may take longer)
+        err += capsys.readouterr().err
+        if warned in err:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)  # (room for more looks: none may warn again)
+    assert (err + capsys.readouterr().err).splitlines() == [warned]
+    peers.finished()
+    assert _recv_line(one) == b"done\n"
+    one.close()
+    for thread in threading.enumerate():
+        if thread.name == "bert_jax-peers":
+            thread.join(120)
 
 
 def test_process_0_warns_when_its_file_limit_cannot_hold_its_peers(monkeypatch, capsys):
