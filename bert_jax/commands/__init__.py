@@ -277,14 +277,36 @@ def print_help(command: str | None) -> None:
         print(f"  --{name}: {flag.help}{default}")
 
 
+# XLA's CPU collectives abort the process (SIGABRT: "Termination timeout for `all gather` ...
+# of 40 seconds exceeded") when the devices' threads do not all reach a collective within 40 s.
+SIMULATED_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+COLLECTIVE_TIMEOUT_FLAG = "--xla_cpu_collective_call_terminate_timeout_seconds"
+SIMULATED_COLLECTIVE_TIMEOUT_S = 600
+
+
 def setup_process() -> None:
-    """What a bert_jax process sets up once, before JAX starts: the console log handler, and
-    libtpu told that there is no TPU when it is installed on a machine without one."""
+    """What a bert_jax process sets up once, before JAX starts: the console log handler,
+    libtpu told that there is no TPU when it is installed on a machine without one, and
+    patient collectives for simulated CPU devices (patient_simulated_devices)."""
     from bert_jax import log
     from bert_jax.cloud import tpu
 
     log.install()
     tpu.quiet_libtpu_off_tpu()
+    patient_simulated_devices()
+
+
+def patient_simulated_devices() -> None:
+    """Simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N, as the tests
+    and the docs' multi-device examples use) are N threads sharing the machine's cores: on a
+    loaded machine one can reach a collective more than 40 s after the others, and XLA's CPU
+    backend then aborts the process. With simulated devices, and unless XLA_FLAGS sets it, that
+    limit is raised to SIMULATED_COLLECTIVE_TIMEOUT_S (a real deadlock still ends). Call
+    before JAX creates its CPU client (XLA reads XLA_FLAGS then)."""
+    xla_flags = os.environ.get("XLA_FLAGS", "")
+    if SIMULATED_DEVICES_FLAG in xla_flags and COLLECTIVE_TIMEOUT_FLAG not in xla_flags:
+        os.environ["XLA_FLAGS"] = (f"{xla_flags} {COLLECTIVE_TIMEOUT_FLAG}="
+                                   f"{SIMULATED_COLLECTIVE_TIMEOUT_S}").strip()
 
 
 def run() -> None:
