@@ -137,6 +137,7 @@ def main(argv: list[str]) -> None:
             got = f"unknown command {argv[1]!r}; " if len(argv) > 1 else ""
             raise app.UsageError(f"{got}usage: bert-jax <command> [flags]; commands: "
                                  f"{', '.join(COMMANDS)}")
+        check_flags_read(command)
         check_path_flags(command)
         check_flag_ranges(command)
         if command.compiles:
@@ -161,7 +162,14 @@ PATH_FLAGS = ("workdir", "checkpoint", "input", "output", "reference", "out", "c
 # What to do about an OS error on a path the user gave, by its errno.
 _OS_ADVICE = {errno.ENOENT: "check the path", errno.EISDIR: "a folder where a file is needed",
               errno.ENOTDIR: "a file where a folder is needed", errno.EACCES: "not readable by you",
-              errno.EEXIST: "already there; choose a path that is not"}
+              errno.EEXIST: "already there; choose a path that is not",
+              errno.EPERM: "the system does not allow it there (a file or folder marked immutable, "
+                           "or a security policy); choose another path",
+              errno.EROFS: "a read-only file system; choose a folder on a writable one"}
+# ... where the path is one the command writes (--out, --output, its `writes`), or any other path
+_WRITE_ADVICE = {errno.EACCES: "not writable by you; choose a folder you can write to, or change "
+                               "its permissions"}
+_ANY_ADVICE = {errno.EACCES: "not readable or not writable by you; check its permissions"}
 
 
 def _named(error: BaseException, command: Command | None) -> BaseException | str:
@@ -173,11 +181,27 @@ def _named(error: BaseException, command: Command | None) -> BaseException | str
     file = os.fspath(error.filename)
     given = [(name, str(flags.FLAGS[name].value)) for name in (command.flags if command else ())
              if name in PATH_FLAGS and flags.FLAGS[name].value]
-    flag = next((f"--{name}={value}: " + ("" if file == value else f"{file}: ")
-                 for name, value in given if file == value or file.startswith(value.rstrip("/") + "/")),
-                f"{file}: ")
-    advice = _OS_ADVICE.get(error.errno)
+    name, flag = next(((name, f"--{name}={value}: " + ("" if file == value else f"{file}: "))
+                       for name, value in given
+                       if file == value or file.startswith(value.rstrip("/") + "/")), (None, f"{file}: "))
+    if name is None:  # (a path of an argument, or one the command chose)
+        advice = _ANY_ADVICE.get(error.errno, _OS_ADVICE.get(error.errno))
+    elif name in ("out", "output", *(written for written, _ in command.writes)):
+        advice = _WRITE_ADVICE.get(error.errno, _OS_ADVICE.get(error.errno))
+    else:
+        advice = _OS_ADVICE.get(error.errno)
     return f"{flag}{error.strerror.lower()}" + (f" ({advice})" if advice else "")
+
+
+def check_flags_read(command: Command) -> None:
+    """A bert_jax flag given on the command line that `command` does not read would do nothing
+    (`plot --output x.png` writing to the default place): a bad flag naming the command's own."""
+    given = sorted(f.name for f in flags.FLAGS.flags_by_module_dict().get(options.__name__, ())
+                   if f.present and f.name not in command.flags)
+    if given:
+        raise app.UsageError(
+            f"--{given[0]} is not a flag of `{command.name}` (it would do nothing); its flags: "
+            + ", ".join(f"--{name}" for name in command.flags) + f" (bert-jax {command.name} --help)")
 
 
 def check_path_flags(command: Command) -> None:

@@ -6,6 +6,7 @@ the runs, checkpoints and results that existed before is left as it was."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gzip
 import hashlib
 import io
@@ -1841,3 +1842,83 @@ def test_the_table_covers_every_area():
              "embeddings": EMBED_CASES}
     assert len(CASES) > 100 and all(areas.values())
     assert len({c.id for c in CASES}) == len(CASES)
+
+
+# --- Folders the user cannot write ----------------------------------------------------------
+
+@pytest.fixture
+def locked(tmp_path):
+    """A folder of the test nobody may write into: chmod 555 (a user's own folder shared
+    read-only), or, as root (whom permission bits do not stop), the immutable attribute; the
+    errors differ (EACCES, EPERM) and so does the advice. Skips where neither can be set."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder, "not writable by you"
+        folder.chmod(0o755)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(folder)],
+                                                        capture_output=True).returncode != 0:
+        pytest.skip("running as root where `chattr +i` is refused: no folder can be made unwritable")
+    try:
+        yield folder, "the system does not allow it there"
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+UNWRITABLE = [  # (id, argv: {locked} is the folder; the error line names the path given)
+    ("vocab-out", "vocab --input {tmp}/in.txt --size 60 --type wordpiece --out {locked}/vocab"),
+    ("average-out", "average --workdir {run} --last 1 --out {locked}/avg"),
+    ("export-hf", "export {run} hf:{locked}/hf"),
+    ("convert-out", "convert hf:{hf} {locked}/converted"),
+    ("features-output", FEATURES.replace("{tmp}/out.jsonl", "{locked}/f.jsonl")),
+    ("embed-output", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output {locked}/e.npy"),
+    ("plot-out", "plot --workdir {run} --out {locked}/p.png"),
+    ("translate-output", "translate --checkpoint {mt} --input {tmp}/in.txt --output {locked}/t.txt"),
+    ("train-workdir", PRETRAIN.replace("{tmp}/w", "{locked}/w")),
+]
+
+
+@pytest.mark.parametrize("argv", [a for _, a in UNWRITABLE], ids=[i for i, _ in UNWRITABLE])
+def test_an_unwritable_output_is_one_line_and_loses_nothing(argv, locked, shared, cli, tmp_path):
+    folder, says = locked
+    write(tmp_path / "in.txt", "the cat sat on the mat\nhello world good movie\n" * 20)
+    before = snapshot(shared.values())
+    code, _, err = cli(shlex.split(argv.format(**{k: str(v) for k, v in shared.items()},
+                                               tmp=tmp_path, locked=folder)))
+    assert "Traceback" not in err, err
+    [line] = [line for line in err.splitlines() if line.startswith("bert-jax")]
+    assert (code, line.split(": error: ")[0]) == (1, f"bert-jax {argv.split()[0]}"), line
+    # (the OS's reason with its advice, or the command's own words for the same)
+    assert str(folder) in line and any(s in line for s in (says, "cannot write", "not writable")), line
+    assert list(folder.iterdir()) == [] and snapshot(shared.values()) == before
+
+
+@pytest.mark.parametrize("err, argv, says", [
+    # what a user's own read-only folder gives (EACCES; root is not stopped by it, so the test
+    # above meets it only when not run as root): a flag's output, an input, a positional path
+    (errno.EACCES, "vocab --input {tmp}/in.txt --out {tmp}/v", "--out={tmp}/v: permission denied "
+     "(not writable by you; choose a folder you can write to, or change its permissions)"),
+    (errno.EACCES, "embed --checkpoint {tmp}/c --input {tmp}/in.txt --output {tmp}/v",
+     "--output={tmp}/v: permission denied (not writable by you"),
+    (errno.EACCES, "vocab --input {tmp}/v --out {tmp}/x", "--input={tmp}/v: permission denied "
+     "(not readable by you)"),
+    (errno.EACCES, "export {tmp}/run hf:{tmp}/v", "{tmp}/v: permission denied (not readable or "
+     "not writable by you; check its permissions)"),
+    (errno.EROFS, "vocab --input {tmp}/in.txt --out {tmp}/v", "--out={tmp}/v: read-only file system "
+     "(a read-only file system; choose a folder on a writable one)"),
+])
+def test_an_os_refusal_is_named_with_what_to_do(err, argv, says, tmp_path):
+    """The line an OS error on a path becomes (commands._named) for the errors a locked folder
+    gives, by whether the command writes that path."""
+    from absl import flags
+
+    from bert_jax import commands
+    args = shlex.split(argv.format(tmp=tmp_path))
+    flags.FLAGS(["bert-jax", *args[1:]])
+    try:
+        error = OSError(err, os.strerror(err), str(tmp_path / "v"))
+        assert commands._named(error, commands.COMMANDS[args[0]]).startswith(says.format(tmp=tmp_path))
+    finally:
+        flags.FLAGS.unparse_flags()
