@@ -573,6 +573,10 @@ def test_device_bench_smoke_measures_every_section_and_names_what_needs_a_gpu(tm
     timed = [row for row in r["train"] + r["variants"] if "tokens_per_s" in row]
     assert len(timed) == 2 + len(devicebench.VARIANTS) - 1, r
     assert all(np.isfinite(row["loss"]) and row["mfu"] > 0 for row in timed)
+    # the published variant is the train section's ModernBERT row at 128 tokens: not run twice
+    [published] = [row for row in r["train"] if (row["model"], row["kernel"]) == ("modernbert-base", "xla")]
+    assert r["variants"][0]["measured_in"] == "train" and all(
+        r["variants"][0][k] == published[k] for k in ("tokens_per_s", "mfu", "loss", "rows"))
     skipped = [row["skipped"] for row in r["train"] + r["variants"] if "skipped" in row]
     assert cpu in skipped and any("bidirectional local windows" in s for s in skipped)
     assert r["embed"][0]["texts_per_s"] > 0
