@@ -136,16 +136,23 @@ VARIANTS = {"as published: layers scanned, StableAdamW, packed documents, local 
             "every layer global, full rows, cudnn": (*_GLOBAL, "data.instances=full_rows", "@cudnn")}
 
 
-def variant_rows(plan: dict, smoke: bool) -> list[dict]:
-    """ModernBERT-base's train step at the longest length with each of VARIANTS."""
+def variant_rows(plan: dict, smoke: bool, train: list[dict] = ()) -> list[dict]:
+    """ModernBERT-base's train step at the longest length with each of VARIANTS; the one
+    without changes is the train section's row at that length when this run measured it
+    (`train`: the same step, so not compiled and timed twice)."""
     rows = []
     length = plan["lengths"][-1]
+    same = [r for r in train if (r.get("model"), r["tokens_per_row"], r["kernel"]) == (
+        "modernbert-base", length, "xla") and "tokens_per_s" in r]
     for label, changes in VARIANTS.items():
         kernel = "cudnn" if "@cudnn" in changes else "xla"
         row = {"variant": label, "tokens_per_row": length, "kernel": kernel,
                "rows": train_rows_at(plan, length)}
         if kernel == "cudnn" and not has_gpu():
             row["skipped"] = no_gpu()
+        elif not changes and same:
+            row |= {k: v for k, v in same[0].items() if k not in row and k != "model"}
+            row["measured_in"] = "train"
         else:
             config = train_config("modernbert-base", length, kernel, row["rows"], smoke,
                                   tuple(c for c in changes if not c.startswith("@")))
@@ -359,12 +366,13 @@ def run(out: Path, smoke: bool = False, sections: tuple[str, ...] = SECTIONS) ->
         if earlier.get("smoke") == smoke and all(earlier.get("machine", {}).get(k) == results[
                 "machine"][k] for k in same):
             results = earlier | {"machine": results["machine"]}
+    measured: dict = {}  # the sections this call measures (not those kept from an earlier run)
     makers = {"attention": lambda: attention_rows(plan), "train": lambda: train_rows(plan, smoke),
               "embed": lambda: embed_rows(plan, smoke), "peer": lambda: peer_rows(plan, smoke),
-              "variants": lambda: variant_rows(plan, smoke)}
+              "variants": lambda: variant_rows(plan, smoke, measured.get("train", []))}
     for section in sections:
         t0 = time.perf_counter()
-        results[section] = makers[section]()
+        results[section] = measured[section] = makers[section]()
         results[f"{section}_s"] = round(time.perf_counter() - t0, 1)
         out.write_text(json.dumps(results, indent=1))
         out.with_suffix(".md").write_text(table(results))

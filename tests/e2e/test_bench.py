@@ -280,8 +280,22 @@ def test_ours_and_hf_score_the_same_weights_alike(tiny_corpus, tmp_path):
     assert theirs["heldout_mlm_loss"] == pytest.approx(np.log(counts["vocab_size"]), abs=0.5)
 
 
+@pytest.fixture(scope="module")
+def small_sst2(shared_data, tmp_path_factory):
+    """A GLUE folder of SST-2's first 64 train and 64 dev rows: the bench tools' fine-tunings
+    train their 2 steps and are scored in seconds (the whole dev set: 872 rows, and a compile
+    per packed row count its batches reach, for a number no test reads)."""
+    glue = tmp_path_factory.mktemp("small_glue")
+    (glue / "SST-2").mkdir()
+    for name in ("train.tsv", "dev.tsv"):
+        rows = (shared_data / "glue" / "SST-2" / name).read_text().splitlines()[:1 + 64]
+        (glue / "SST-2" / name).write_text("\n".join(rows) + "\n")
+    return glue
+
+
 @pytest.mark.slow
-def test_bench_pretrain_runs_the_three_recipes_and_fine_tunes_them(tiny_corpus, tmp_path, shared_data):
+def test_bench_pretrain_runs_the_three_recipes_and_fine_tunes_them(tiny_corpus, tmp_path, shared_data,
+                                                                   small_sst2):
     """The whole section at a toy size: 2 steps a recipe, a checkpoint each step, 2 SST-2 steps."""
     pytest.importorskip("torch")
     from bert_jax.tools import pretrainbench as pb
@@ -290,8 +304,7 @@ def test_bench_pretrain_runs_the_three_recipes_and_fine_tunes_them(tiny_corpus, 
     r = pb.bench_pretrain(str(tmp_path), size="tiny", steps=2, batch=8, seq_len=128, every=1,
                           eval_rows=16, finetune_steps=2, vocab_size=600,
                           files=[text / "wikitext2" / "valid.txt",
-                                 text / "gutenberg" / "blake-poems.txt"],
-                          finetune_overrides=["data.max_train_examples=64"])
+                                 text / "gutenberg" / "blake-poems.txt"], glue_dir=small_sst2)
     assert list(r["runs"]) == ["bert2018", "modern", "hf"]
     for run in r["runs"].values():
         assert sorted(run["timeline"]) == [1, 2]
@@ -469,7 +482,8 @@ def test_a_record_names_the_commit_its_run_started_from(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # two pretraining steps, scoring, a fine-tuning, twice: ~60 s on 2 cores
-def test_bench_speedrun_smoke_appends_records_that_the_table_renders(shared_data, tmp_path, monkeypatch):
+def test_bench_speedrun_smoke_appends_records_that_the_table_renders(shared_data, tmp_path, monkeypatch,
+                                                                   small_sst2):
     """Ours and the peer (HF's ModernBertForMaskedLM, scored as its conversion into ours
     scores), each a record in the workdir, both rows in the table."""
     pytest.importorskip("torch")
@@ -480,7 +494,8 @@ def test_bench_speedrun_smoke_appends_records_that_the_table_renders(shared_data
     monkeypatch.setenv("BERT_JAX_SHARED_DATA", str(shared_data))
     published = speedrun.RECORDS.read_text()
     monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--smoke", "--workdir", str(tmp_path),
-                                      "--label", "lr 2e-3", "--config.optimizer.learning_rate=2e-3"])
+                                      "--glue", str(small_sst2), "--label", "lr 2e-3",
+                                      "--config.optimizer.learning_rate=2e-3"])
     bench.main()
     (record,) = speedrun.read_records(tmp_path / "speedrun.jsonl")
     assert record["recipe"] == "configs/modernbert.py:tiny" and record["label"] == "lr 2e-3"
@@ -495,7 +510,7 @@ def test_bench_speedrun_smoke_appends_records_that_the_table_renders(shared_data
     assert list(record["readouts"]) == ["sst2"] and sst2["metric"] == "accuracy"
     assert len(sst2["values"]) == 1 and 0 <= sst2["min"] == sst2["median"] == sst2["max"] <= 1
     monkeypatch.setattr(sys, "argv", ["bench", "speedrun", "--smoke", "--peer", "--workdir",
-                                      str(tmp_path)])
+                                      str(tmp_path), "--glue", str(small_sst2)])
     bench.main()
     peer = speedrun.read_records(tmp_path / "speedrun.jsonl")[1]
     assert peer["trainer"] == speedrun.PEER and peer["steps"] == 2 and peer["overrides"] == []
@@ -573,6 +588,10 @@ def test_device_bench_smoke_measures_every_section_and_names_what_needs_a_gpu(tm
     timed = [row for row in r["train"] + r["variants"] if "tokens_per_s" in row]
     assert len(timed) == 2 + len(devicebench.VARIANTS) - 1, r
     assert all(np.isfinite(row["loss"]) and row["mfu"] > 0 for row in timed)
+    # the published variant is the train section's ModernBERT row at 128 tokens: not run twice
+    [published] = [row for row in r["train"] if (row["model"], row["kernel"]) == ("modernbert-base", "xla")]
+    assert r["variants"][0]["measured_in"] == "train" and all(
+        r["variants"][0][k] == published[k] for k in ("tokens_per_s", "mfu", "loss", "rows"))
     skipped = [row["skipped"] for row in r["train"] + r["variants"] if "skipped" in row]
     assert cpu in skipped and any("bidirectional local windows" in s for s in skipped)
     assert r["embed"][0]["texts_per_s"] > 0
