@@ -237,8 +237,11 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
         raise ValueError(f"tensor {name} holds {count} NaN or infinite values"
                          + (f" (and {more} more tensors)" if more else "")
                          + "; the weights file is damaged or the model diverged: download it again")
-    fresh = nnx.to_pure_dict(nnx.state(models.create_model(model_cfg, seed=seed), nnx.Param))
-    flat = traverse_util.flatten_dict(fresh, sep="/")
+    # Shapes only: a fresh model is initialised (an eager program per parameter shape) only
+    # when the checkpoint lacks a parameter, to fill it.
+    abstract = nnx.to_pure_dict(nnx.state(models.abstract_model(model_cfg), nnx.Param))
+    flat = traverse_util.flatten_dict(abstract, sep="/")
+    fresh: dict[str, Any] = {}
     table = hf_names(model_cfg["name"], flat, model_cfg["num_layers"])
     if "mlm/bias" in flat and "cls.predictions.bias" not in weights:
         table["mlm/bias"] = ["cls.predictions.decoder.bias"]  # older checkpoints keep it there
@@ -253,7 +256,9 @@ def convert_hf_weights(weights: dict[str, np.ndarray], model_cfg: dict[str, Any]
         names = table[path]
         if not all(n in weights for n in names):
             missing.append(path)
-            out[path] = np.asarray(value)
+            fresh = fresh or traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(
+                models.create_model(model_cfg, seed=seed), nnx.Param)), sep="/")
+            out[path] = np.asarray(fresh[path])
             continue
         stacked = "encoder/layers/" in path  # [L, ...]: one HF tensor per layer
         tensors = [_to_ours(weights, n, path, value.shape[stacked:], shown[n]) for n in names]

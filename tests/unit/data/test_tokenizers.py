@@ -141,7 +141,10 @@ def test_basic_tokenize_over_all_code_points(lowercase):
         assert ours.basic_tokenize(text) == ref.tokenize(text), context
 
 
-@pytest.mark.parametrize("max_length", [None, 6, 32, 128, 384])
+# None: nothing cut; 6: the specials leave room for a few tokens; 32: both sides cut; 128:
+# contexts cut beside whole questions (what 384 did to SQuAD's longest contexts: the same
+# longest-first path, so it is not a case of its own).
+@pytest.mark.parametrize("max_length", [None, 6, 32, 128])
 def test_encode_matches_reference(vocab, squad, corpus, max_length):
     vocab_file, lowercase = vocab
     ours = load_tokenizer(vocab_file.parent, lowercase=lowercase)

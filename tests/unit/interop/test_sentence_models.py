@@ -5,6 +5,7 @@ sentence_transformers.SentenceTransformer's encode of the same sentences; the ot
 random encoder; the modules this code does not reproduce refused by name."""
 
 import csv
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -82,7 +83,10 @@ def test_the_published_model_embeds_as_sentence_transformers_does(converted, tmp
 
 @pytest.mark.parametrize("pooling, normalize", [("cls", False), ("max", True)])
 def test_other_poolings_round_trip(converted, tmp_path, pooling, normalize):
-    """The same encoder with [CLS] or max pooling, written by sentence-transformers itself."""
+    """The same encoder with [CLS] or max pooling, written by sentence-transformers itself: the
+    folder reads as that pooling (the spec convert_st writes beside the converted weights), and
+    the published encoder converted once (`converted`: these weights) pools with it as
+    sentence-transformers does."""
     from sentence_transformers import models as st_models
 
     word = st_models.Transformer(str(PUBLISHED), max_seq_length=64)
@@ -90,12 +94,12 @@ def test_other_poolings_round_trip(converted, tmp_path, pooling, normalize):
     folder = tmp_path / "folder"
     st.SentenceTransformer(modules=[word, mode] + ([st_models.Normalize()] if normalize else []),
                            device="cpu").save(str(folder))
-    out = tmp_path / "ours"
-    report = sentence_models.convert_st(folder, out)
-    assert report["sentence"] == {"pooling": pooling, "normalize": normalize,
-                                  "max_seq_length": 64, "do_lower_case": False}
+    _, spec = sentence_models.read_folder(folder)
+    assert dataclasses.asdict(spec) == {"pooling": pooling, "normalize": normalize,
+                                        "max_seq_length": 64, "do_lower_case": False}
     texts = sentences(20)  # one batch: the pooling is the point
-    np.testing.assert_allclose(sentence_models.embed(out, texts), reference(folder, texts), atol=2e-5)
+    np.testing.assert_allclose(sentence_models.embed(converted, texts, spec=spec),
+                               reference(folder, texts), atol=2e-5)
 
 
 def test_modules_bert_jax_does_not_reproduce_are_refused(tmp_path):

@@ -32,6 +32,18 @@ def tiny(name, vocab_size=97, **kw):
     return models.model_section(name, fields, **kw)
 
 
+# The models run under nnx.jit: one program per call, where eagerly each operation is a compile
+# of its own. `attention_out` is a dict the model fills while it runs: made inside the jitted
+# function and returned beside the outputs.
+plain = nnx.jit(lambda model, *args, **kw: model(*args, **kw))
+
+
+@nnx.jit
+def with_attention(model, *args, **kw):
+    found = {}
+    return model(*args, attention_out=found, **kw), found
+
+
 @pytest.mark.parametrize("scan", [False, True])
 def test_bert_returns_the_attention_its_output_is_made_of(scan):
     model = models.create_model(tiny("bert", scan_layers=scan))
@@ -39,11 +51,10 @@ def test_bert_returns_the_attention_its_output_is_made_of(scan):
     ids = jnp.asarray(rng.integers(5, 97, (2, 10)), jnp.int32)
     mask = jnp.asarray(np.arange(10) < np.array([[10], [6]]), jnp.int32)  # row 1: 4 padding keys
     types = jnp.zeros_like(ids)
-    found = {}
-    out = model(ids, types, mask, attention_out=found)
-    plain = model(ids, types, mask)  # the fast fused attention, no probabilities
+    out, found = with_attention(model, ids, types, mask)
+    fused = plain(model, ids, types, mask)  # the fast fused attention, no probabilities
     # With probabilities asked for, the output is computed from them: same result.
-    np.testing.assert_allclose(out["sequence_output"], plain["sequence_output"], atol=1e-5)
+    np.testing.assert_allclose(out["sequence_output"], fused["sequence_output"], atol=1e-5)
     p = np.asarray(found["encoder"])
     assert p.shape == (2, 2, 4, 10, 10)  # layers, batch, heads, queries, keys
     np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
@@ -55,9 +66,9 @@ def test_encoder_decoder_and_lm_return_their_attention():
     model = models.create_model(tiny("transformer"))
     src = jnp.asarray([[5, 6, 7, 8, 3, 0, 0]], jnp.int32)  # 2 padding source tokens
     tgt_in = jnp.asarray([[0, 9, 10, 11]], jnp.int32)
-    found, seg = {}, jnp.ones_like(tgt_in)  # the start token 0 is not padding
-    logits = model(src, tgt_in, tgt_segments_BT=seg, attention_out=found)
-    np.testing.assert_allclose(logits, model(src, tgt_in, tgt_segments_BT=seg), atol=1e-5)
+    seg = jnp.ones_like(tgt_in)  # the start token 0 is not padding
+    logits, found = with_attention(model, src, tgt_in, tgt_segments_BT=seg)
+    np.testing.assert_allclose(logits, plain(model, src, tgt_in, tgt_segments_BT=seg), atol=1e-5)
     assert found["encoder"].shape == (2, 1, 4, 7, 7)
     assert found["decoder"].shape == (2, 1, 4, 4, 4) and found["cross"].shape == (2, 1, 4, 4, 7)
     for p in found.values():
@@ -66,8 +77,7 @@ def test_encoder_decoder_and_lm_return_their_attention():
     future = np.triu(np.ones((4, 4), bool), k=1)
     assert (np.asarray(found["decoder"])[..., future] == 0).all()  # causal: no future keys
     lm = models.create_model(tiny("decoder_lm"))
-    found = {}
-    lm(jnp.asarray([[5, 6, 7]], jnp.int32), attention_out=found)
+    _, found = with_attention(lm, jnp.asarray([[5, 6, 7]], jnp.int32))
     assert (np.asarray(found["decoder"])[..., np.triu(np.ones((3, 3), bool), k=1)] == 0).all()
 
 
