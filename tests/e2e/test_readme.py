@@ -112,7 +112,7 @@ def hf_modernbert(tmp_path_factory, english_lines):
 @pytest.fixture(scope="module")
 def small_glue(shared_data, tmp_path_factory):
     """Real MRPC files, the training file cut to its first 160 rows so that the fine-tuning
-    and four-trial sweep take seconds (dev and test complete)."""
+    and two-trial sweep take seconds (dev and test complete)."""
     folder = tmp_path_factory.mktemp("glue")
     (folder / "MRPC").mkdir()
     source = shared_data / "glue" / "MRPC"
