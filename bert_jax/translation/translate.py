@@ -39,8 +39,8 @@ class Translator:
 
     def __init__(self, config: RunSpec, graphdef, mesh, tokenizer, *, beam_size: int, alpha: float,
                  max_extra: int, batch_size: int):
-        shards = mesh.shape["data"] * mesh.shape["fsdp"]
-        self.batch_size = -(-batch_size // shards) * shards  # a multiple of the batch shards
+        self.shards = mesh.shape["data"] * mesh.shape["fsdp"]
+        self.batch_size = self._rows(batch_size)
         self.mesh, self.tokenizer = mesh, tokenizer
         # [CLS] and [MASK] are never targets; pad and EOS are handled by the search itself.
         banned = tuple(sorted({tokenizer.cls_id, tokenizer.mask_id} - {tokenizer.sep_id}))
@@ -48,15 +48,22 @@ class Translator:
                                            beam_size=beam_size, alpha=alpha, max_extra=max_extra,
                                            banned_ids=banned)
 
+    def _rows(self, n: int) -> int:
+        return -(-n // self.shards) * self.shards  # a multiple of the batch shards
+
     def __call__(self, params, sentences: list[str], *, progress_every: float = 0.0) -> list[str]:
         tok = self.tokenizer
         ids = [np.append(x, tok.sep_id).astype(np.int32) for x in tok.encode_batch(sentences)]
         order = np.argsort([-len(x) for x in ids], kind="stable")
         out: list[str | None] = [None] * len(ids)
+        # Fewer sentences than a batch (a dev BLEU set) decode as a smaller batch rather than
+        # beside padding rows that cost as much as sentences; a longer input keeps one row
+        # count, so that its last, partial batch reuses a compiled shape.
+        batch_size = min(self.batch_size, self._rows(max(len(ids), 1)))
         t0 = last = time.perf_counter()
-        for start in range(0, len(ids), self.batch_size):
-            rows = order[start:start + self.batch_size]
-            src = np.zeros((self.batch_size, _bucket(len(ids[rows[0]]))), np.int32)
+        for start in range(0, len(ids), batch_size):
+            rows = order[start:start + batch_size]
+            src = np.zeros((batch_size, _bucket(len(ids[rows[0]]))), np.int32)
             for r, i in enumerate(rows):
                 src[r, :len(ids[i])] = ids[i]
             for r, hyp in zip(rows, self._decode(params, src)):

@@ -14,6 +14,7 @@ Running the pages is in the slow tier (docs/testing.md); the checks of what they
 """
 
 import re
+import resource
 import shlex
 import time
 
@@ -111,7 +112,7 @@ def hf_modernbert(tmp_path_factory, english_lines):
 @pytest.fixture(scope="module")
 def small_glue(shared_data, tmp_path_factory):
     """Real MRPC files, the training file cut to its first 160 rows so that the fine-tuning
-    and four-trial sweep take seconds (dev and test complete)."""
+    and two-trial sweep take seconds (dev and test complete)."""
     folder = tmp_path_factory.mktemp("glue")
     (folder / "MRPC").mkdir()
     source = shared_data / "glue" / "MRPC"
@@ -147,6 +148,14 @@ def small_minilm(tmp_path_factory, wordpiece_vocab):
     return folder
 
 
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of the processes it waited for (a
+    sweep's trials): what a command costs on a machine that runs other things beside it."""
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                          resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 class Home:
     """The user's folder, shared by the pages of this module, and the pages run in it."""
 
@@ -169,9 +178,10 @@ class Home:
         for need in NEEDS.get(page, ()):
             self.run_page(need, cli)
         for command in page_commands(page):
-            t0 = time.time()
+            t0, c0 = time.time(), cpu_seconds()
             code, _, err = cli(self.command(command))
-            self.times.append(f"{time.time() - t0:5.1f}s  {command[:150]}")
+            self.times.append(f"{time.time() - t0:5.1f}s {cpu_seconds() - c0:5.1f} cpu-s  "
+                              f"{command[:150]}")
             assert code == 0, f"{page}: {command}\n{err[-3000:]}"
         self.ran.add(page)
 
@@ -199,6 +209,6 @@ def test_docs_commands_run_as_written(page, home, cli, monkeypatch):
     monkeypatch.chdir(home.path)  # relative paths (demo_out/, runs/) as from the user's folder
     try:
         home.run_page(page, cli)
-    finally:  # each command's time (pytest -s shows them)
+    finally:  # each command's wall and CPU time (pytest -s shows them)
         print("\n".join(home.times))
         home.times.clear()
