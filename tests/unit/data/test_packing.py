@@ -176,20 +176,26 @@ def test_two_processes_pack_the_same_batches(shared_data, sst2_vocab, tmp_path, 
         sock.bind(("localhost", 0))
         port = sock.getsockname()[1]
     args = [f"--config.{o}" for o in sst2_overrides(shared_data, sst2_vocab, "data.pack=true",
-                                                           "train.checkpoint_every=4",
-                                                           "train.keep_checkpoints=3")]
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "bert_jax", "train", f"--config={REPO / 'configs/glue.py'}:sst2,tiny",
-         f"--workdir={tmp_path}", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=dict(os.environ, XLA_FLAGS=xla_flags(4, few_steps=True),
-                            JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-                            JAX_PROCESS_ID=str(i))) for i in range(2)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert_same_run(summary["eval"], _losses(tmp_path), padded_run)
-    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [4, 8, 12]
+                                                    "train.checkpoint_every=4",
+                                                    "train.keep_checkpoints=3")]
+    # Each process's stderr to a file: a pipe read only after the other process ends could
+    # fill and stop its writer in the middle of a collective, and with it both processes.
+    workdir, procs = tmp_path / "run", []
+    for i in range(2):
+        with (tmp_path / f"process{i}.stderr").open("w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "bert_jax", "train",
+                 f"--config={REPO / 'configs/glue.py'}:sst2,tiny", f"--workdir={workdir}", *args],
+                cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
+                env=dict(os.environ, XLA_FLAGS=xla_flags(4, few_steps=True),
+                         JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+                         JAX_PROCESS_ID=str(i))))
+    for i, proc in enumerate(procs):
+        proc.wait(timeout=600)
+        assert proc.returncode == 0, (tmp_path / f"process{i}.stderr").read_text()[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert_same_run(summary["eval"], _losses(workdir), padded_run)
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [4, 8, 12]
 
 
 def test_squad_is_not_packed_and_says_so_when_asked():
