@@ -15,6 +15,15 @@ def shared_data_dir() -> Path:
     return Path(os.environ.get("BERT_JAX_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 
+def xla_flags(devices: int, few_steps: bool = False) -> str:
+    """XLA_FLAGS for a `bert-jax` process a test starts: `devices` CPU devices; `few_steps`:
+    XLA's CPU backend at -O0, as the quick tier (a run of a few tiny steps is mostly compiling,
+    a third faster at -O0). Not for a run whose losses are compared bitwise with a run in the
+    test's own process (compiled at the slow tier's default level)."""
+    return (f"--xla_force_host_platform_device_count={devices}"
+            + " --xla_backend_optimization_level=0" * few_steps)
+
+
 # ModernBERT's special tokens in its order, added at the end of its vocabulary (50280..50284).
 MODERNBERT_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import jax
 import numpy as np
 import pytest
-from helpers import REPO, compile_new_program, jax_cache_of_the_test
+from helpers import REPO, compile_new_program, jax_cache_of_the_test, xla_flags
 from test_train import CONFIG, SMALL
 
 _INSTALL = "pip install -e '.[test]'"
@@ -307,6 +307,7 @@ def test_a_run_survives_transient_storage_faults_and_resumes_exactly():
     faults = Faults(every=23, slow=10, delay=0.1)
     httpd, thread, url, env = _serve(faults)
     env["BERT_JAX_GCS_RETRY"] = "first_wait_s=0.01,max_wait_s=0.02"
+    env["XLA_FLAGS"] = xla_flags(8, few_steps=True)  # its runs are compared with each other
     fs = gcsfs_core.GCSFileSystem(endpoint_url=url, token="anon", skip_instance_cache=True)
     try:
         root, workdir = f"{BUCKET}/flaky", f"gs://{BUCKET}/flaky"

@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from helpers import REPO
+from helpers import REPO, xla_flags
 
 from bert_jax import config as config_lib
 from bert_jax import models, paths
@@ -92,7 +92,7 @@ def test_a_failed_save_is_one_error_in_a_real_process_and_keeps_the_good_checkpo
         # the probe (1 MiB, a program's size) finds it before the run, said in one line.
         env={**{k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"},
              "XDG_CACHE_HOME": str(tmp_path / "cache"),
-             "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+             "XLA_FLAGS": xla_flags(8, few_steps=True)})
     assert proc.returncode == 1, proc.stderr
     cache, *warnings, error = proc.stderr.splitlines()
     assert cache == (f"warning: the compilation cache {tmp_path}/cache/bert_jax/jit cannot be used (File "
@@ -133,7 +133,7 @@ def test_a_checkpoints_folder_lost_mid_run_ends_the_process_at_once(trained, tmp
     proc = subprocess.Popen(
         [sys.executable, "-c", lose_the_folder_before_step_8, "train", "--config", CONFIG,
          "--workdir", str(tmp_path / "run"), *overrides], cwd=REPO, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True, env=dict(os.environ, XLA_FLAGS=xla_flags(8, few_steps=True)))
     watchdog = threading.Timer(600, proc.kill)  # the test ends even if the process would not
     watchdog.start()
     try:

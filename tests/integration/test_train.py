@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, xla_flags
 
 from bert_jax import config as config_lib
 from bert_jax.training import input as pipelines
@@ -34,8 +34,9 @@ def small_config(*overrides: str):
     return config_lib.load(CONFIG, [a.removeprefix("--config.") for a in (*SMALL, *overrides)])
 
 
-def cli(*args, devices: int = 8, check: bool = True, wait: bool = True):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+def cli(*args, devices: int = 8, check: bool = True, wait: bool = True, few_steps: bool = False):
+    """`bert-jax` as a process of its own on `devices` CPU devices (helpers.xla_flags)."""
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices, few_steps))
     cmd = [sys.executable, "-m", "bert_jax", *args]
     if not wait:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -101,42 +102,29 @@ def test_meshes_give_the_same_losses(reference, tmp_path, mesh):
 
 @pytest.mark.slow
 def test_single_device_gives_the_same_losses(reference, tmp_path):
-    train_cli(tmp_path, "--config.train.steps=12", devices=1)
+    train_cli(tmp_path, "--config.train.steps=12", devices=1, few_steps=True)
     got = losses(tmp_path)
     np.testing.assert_allclose([got[s] for s in range(1, 13)], [reference[s] for s in range(1, 13)],
                                rtol=2e-5)
 
 
-def two_processes(tmp_path, run=("-m", "bert_jax")) -> list[subprocess.Popen]:
+def two_processes(tmp_path, run) -> list[subprocess.Popen]:
     """`bert-jax train` as 2 processes x 4 devices on this machine (a pod's hosts); process i
-    started as `python <run[i]> train ...` (default: -m bert_jax, both)."""
+    started as `python <run[i]> train ...`, compiled as a run of few steps. (Two processes
+    that train to the end, checked against one: tests/unit/data/test_packing.py.)"""
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         port = sock.getsockname()[1]
     procs = []
     for i in range(2):
-        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        env = dict(os.environ, XLA_FLAGS=xla_flags(4, few_steps=True),
                    JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                    JAX_PROCESS_ID=str(i))
-        start = list(run) if isinstance(run[0], str) else list(run[i])
         procs.append(subprocess.Popen(
-            [sys.executable, *start, "train", f"--config={CONFIG}", f"--workdir={tmp_path}",
+            [sys.executable, *run[i], "train", f"--config={CONFIG}", f"--workdir={tmp_path}",
              *SMALL, "--config.train.steps=12", "--config.train.checkpoint_every=4"],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
-
-
-@pytest.mark.slow
-def test_two_processes_give_the_same_losses(reference, tmp_path):
-    """Multi-host as on a pod: 2 processes x 4 devices, each loading half of every batch."""
-    procs = two_processes(tmp_path)
-    for proc in procs:
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
-    got = losses(tmp_path)
-    np.testing.assert_allclose([got[s] for s in range(1, 13)], [reference[s] for s in range(1, 13)],
-                               rtol=2e-5)
-    assert steps_on_disk(tmp_path) == [4, 8, 12]
 
 
 # `bert-jax` that kills itself (SIGKILL, as kill -9) when it asks for its first batch: its peer
@@ -155,7 +143,7 @@ commands.run()
 def test_a_lost_process_stops_its_peer_with_one_line(tmp_path):
     """Process 1 killed at its first step: process 0 does not wait in the collective for JAX's heartbeat
     timeout (100 s, then an abort with every thread's stack); it exits 1 with one line naming
-    the lost process. (The same programs as the test above: the compilation cache serves them.)"""
+    the lost process."""
     procs = two_processes(tmp_path, run=(("-m", "bert_jax"), ("-c", _KILLED_AT_STEP_1)))
     _, err = procs[0].communicate(timeout=300)
     procs[1].wait(timeout=60)
@@ -268,7 +256,7 @@ def test_kill_9_then_resume_gives_identical_losses(reference, tmp_path, cli):
 
     other = tmp_path / "other_mesh"
     # ... on 4 devices instead of 8, as (data 2, fsdp 2) instead of data 8.
-    train_cli(other, "--config.train.steps=12", "--config.mesh.fsdp=2", devices=4)
+    train_cli(other, "--config.train.steps=12", "--config.mesh.fsdp=2", devices=4, few_steps=True)
     got = losses(other)
     np.testing.assert_allclose([got[s] for s in range(1, 13)],
                                [reference[s] for s in range(1, 13)], rtol=2e-5)

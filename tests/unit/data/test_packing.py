@@ -12,7 +12,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, xla_flags
 
 from bert_jax import config as config_lib
 from bert_jax import models
@@ -154,14 +154,14 @@ def assert_same_run(packed, packed_losses, padded_run):
     assert packed["eval/loss"] == pytest.approx(padded["eval"]["eval/loss"], rel=2e-4)
 
 
-@pytest.mark.parametrize("accum", [1, 2])
 @pytest.mark.slow
 def test_a_fine_tune_gives_the_same_losses_and_dev_accuracy_packed_or_padded(
-        shared_data, sst2_vocab, tmp_path, padded_run, accum):
-    """The same examples in each step, so packing changes only float rounding; with `accum`
-    microbatches per step (each packed on its own)."""
+        shared_data, sst2_vocab, tmp_path, padded_run):
+    """The same examples in each step, so packing changes only float rounding; here with 2
+    microbatches per step (each packed on its own). One batch per step, packed, is the run of
+    the two-process test below: it too must equal the single-process padded run."""
     config = config_lib.load(str(REPO / "configs" / "glue.py:sst2,tiny"), sst2_overrides(
-        shared_data, sst2_vocab, "data.pack=true", f"train.grad_accum_steps={accum}"))
+        shared_data, sst2_vocab, "data.pack=true", "train.grad_accum_steps=2"))
     packed = train.train_and_evaluate(config, str(tmp_path))
     assert_same_run(packed["eval"], _losses(tmp_path), padded_run)
 
@@ -169,24 +169,33 @@ def test_a_fine_tune_gives_the_same_losses_and_dev_accuracy_packed_or_padded(
 @pytest.mark.slow
 def test_two_processes_pack_the_same_batches(shared_data, sst2_vocab, tmp_path, padded_run):
     """Multi-host as on a pod (2 processes x 4 devices): each packs the global batch and passes
-    its examples and its rows; the run equals the single-process padded one."""
+    its examples and its rows; the run equals the single-process padded one (so packing one
+    batch per step changes only float rounding, and so do a pod's hosts), and its checkpoints,
+    written by both processes, are all committed."""
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         port = sock.getsockname()[1]
-    args = [f"--config.{o}" for o in sst2_overrides(shared_data, sst2_vocab, "data.pack=true")]
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "bert_jax", "train", f"--config={REPO / 'configs/glue.py'}:sst2,tiny",
-         f"--workdir={tmp_path}", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        # XLA's CPU backend at -O0 (as the quick tier): 12 tiny steps, compiling is most of it.
-        text=True, env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4"
-                            " --xla_backend_optimization_level=0",
-                            JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-                            JAX_PROCESS_ID=str(i))) for i in range(2)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert_same_run(summary["eval"], _losses(tmp_path), padded_run)
+    args = [f"--config.{o}" for o in sst2_overrides(shared_data, sst2_vocab, "data.pack=true",
+                                                    "train.checkpoint_every=4",
+                                                    "train.keep_checkpoints=3")]
+    # Each process's stderr to a file: a pipe read only after the other process ends could
+    # fill and stop its writer in the middle of a collective, and with it both processes.
+    workdir, procs = tmp_path / "run", []
+    for i in range(2):
+        with (tmp_path / f"process{i}.stderr").open("w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "bert_jax", "train",
+                 f"--config={REPO / 'configs/glue.py'}:sst2,tiny", f"--workdir={workdir}", *args],
+                cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
+                env=dict(os.environ, XLA_FLAGS=xla_flags(4, few_steps=True),
+                         JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+                         JAX_PROCESS_ID=str(i))))
+    for i, proc in enumerate(procs):
+        proc.wait(timeout=600)
+        assert proc.returncode == 0, (tmp_path / f"process{i}.stderr").read_text()[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert_same_run(summary["eval"], _losses(workdir), padded_run)
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [4, 8, 12]
 
 
 def test_squad_is_not_packed_and_says_so_when_asked():
