@@ -26,7 +26,7 @@ if "BERT_JAX_SHARD_CACHE" not in os.environ:
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-from helpers import REPO, shared_data_dir  # noqa: E402
+from helpers import FEW_STEPS_XLA_FLAGS, REPO, shared_data_dir  # noqa: E402
 
 from bert_jax.commands import setup_process  # noqa: E402
 
@@ -34,11 +34,12 @@ setup_process()  # as the CLI does: log lines on the console; libtpu told there 
 
 def pytest_configure(config):
     """The quick tier (`-m "not slow"`) mostly compiles tiny models and runs them a few steps:
-    XLA's CPU backend without its LLVM optimisations compiles them a third faster (and runs
-    long trainings slower, so `make test`, which runs the slow tests, keeps the default). Set
-    here, before the first computation creates the CPU client that reads XLA_FLAGS."""
+    XLA's CPU backend without its LLVM optimisations and with its older fusion emitters
+    (helpers.FEW_STEPS_XLA_FLAGS) compiles them faster (and runs long trainings slower, so
+    `make test`, which runs the slow tests, keeps XLA's defaults, those users get). Set here,
+    before the first computation creates the CPU client that reads XLA_FLAGS."""
     if config.option.markexpr.replace(" ", "") == "notslow":
-        os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+        os.environ["XLA_FLAGS"] += " " + FEW_STEPS_XLA_FLAGS
 
 
 def pytest_collection_modifyitems(config, items):

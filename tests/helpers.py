@@ -15,13 +15,19 @@ def shared_data_dir() -> Path:
     return Path(os.environ.get("BERT_JAX_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 
+# XLA's CPU backend compiling faster and running slower: without its LLVM optimisations (-O0:
+# a third less compile time) and with its older (LLVM IR) fusion emitters instead of the MLIR
+# ones (a quarter less CPU for the unit tests of models, interop and training, 415 -> 321
+# CPU-s; long trainings 20% slower). The same numbers up to the last bits of a float.
+FEW_STEPS_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
+
 def xla_flags(devices: int, few_steps: bool = False) -> str:
     """XLA_FLAGS for a `bert-jax` process a test starts: `devices` CPU devices; `few_steps`:
-    XLA's CPU backend at -O0, as the quick tier (a run of a few tiny steps is mostly compiling,
-    a third faster at -O0). Not for a run whose losses are compared bitwise with a run in the
-    test's own process (compiled at the slow tier's default level)."""
-    return (f"--xla_force_host_platform_device_count={devices}"
-            + " --xla_backend_optimization_level=0" * few_steps)
+    FEW_STEPS_XLA_FLAGS, as the quick tier (a run of a few tiny steps is mostly compiling). Not
+    for a run whose losses are compared bitwise with a run in the test's own process (compiled
+    with the slow tier's defaults)."""
+    return f"--xla_force_host_platform_device_count={devices}" + f" {FEW_STEPS_XLA_FLAGS}" * few_steps
 
 
 # ModernBERT's special tokens in its order, added at the end of its vocabulary (50280..50284).
