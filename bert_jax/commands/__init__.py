@@ -170,6 +170,7 @@ _OS_ADVICE = {errno.ENOENT: "check the path", errno.EISDIR: "a folder where a fi
 _WRITE_ADVICE = {errno.EACCES: "not writable by you; choose a folder you can write to, or change "
                                "its permissions"}
 _ANY_ADVICE = {errno.EACCES: "not readable or not writable by you; check its permissions"}
+_READ_FLAGS = ("input", "reference", "corpus", "sts", "beir", "squad")  # read, never written
 
 
 def _named(error: BaseException, command: Command | None) -> BaseException | str:
@@ -181,16 +182,29 @@ def _named(error: BaseException, command: Command | None) -> BaseException | str
     file = os.fspath(error.filename)
     given = [(name, str(flags.FLAGS[name].value)) for name in (command.flags if command else ())
              if name in PATH_FLAGS and flags.FLAGS[name].value]
-    name, flag = next(((name, f"--{name}={value}: " + ("" if file == value else f"{file}: "))
-                       for name, value in given
-                       if file == value or file.startswith(value.rstrip("/") + "/")), (None, f"{file}: "))
-    if name is None:  # (a path of an argument, or one the command chose)
-        advice = _ANY_ADVICE.get(error.errno, _OS_ADVICE.get(error.errno))
-    elif name in ("out", "output", *(written for written, _ in command.writes)):
+    # the flag whose path holds the file most closely (--out inside --workdir: --out)
+    name, value = max(((name, value) for name, value in given
+                       if file == value or file.startswith(value.rstrip("/") + "/")),
+                      key=lambda nv: (nv[1] == file, len(nv[1])), default=(None, None))
+    flag = f"{file}: " if name is None else f"--{name}={value}: " + ("" if file == value else f"{file}: ")
+    if name in ("out", "output", *(written for written, _ in command.writes)):
         advice = _WRITE_ADVICE.get(error.errno, _OS_ADVICE.get(error.errno))
-    else:
+    elif name in _READ_FLAGS:
         advice = _OS_ADVICE.get(error.errno)
+    else:  # an argument's path, one the command chose, a run's or a checkpoint's files (read
+        # and written: a resume, plots beside a checkpoint)
+        advice = _ANY_ADVICE.get(error.errno, _OS_ADVICE.get(error.errno))
     return f"{flag}{error.strerror.lower()}" + (f" ({advice})" if advice else "")
+
+
+def _knows_timeout_flag() -> bool:
+    """Whether the installed jaxlib's XLA has COLLECTIVE_TIMEOUT_FLAG (XLA refuses to start on a
+    flag it does not know): checked in jaxlib 0.10; older ones are left at XLA's 40 s."""
+    from importlib import metadata
+    try:
+        return tuple(int(p) for p in metadata.version("jaxlib").split(".")[:2]) >= (0, 10)
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
 
 
 def check_flags_read(command: Command) -> None:
@@ -328,7 +342,8 @@ def patient_simulated_devices() -> None:
     limit is raised to SIMULATED_COLLECTIVE_TIMEOUT_S (a real deadlock still ends). Call
     before JAX creates its CPU client (XLA reads XLA_FLAGS then)."""
     xla_flags = os.environ.get("XLA_FLAGS", "")
-    if SIMULATED_DEVICES_FLAG in xla_flags and COLLECTIVE_TIMEOUT_FLAG not in xla_flags:
+    if (SIMULATED_DEVICES_FLAG in xla_flags and COLLECTIVE_TIMEOUT_FLAG not in xla_flags
+            and _knows_timeout_flag()):
         os.environ["XLA_FLAGS"] = (f"{xla_flags} {COLLECTIVE_TIMEOUT_FLAG}="
                                    f"{SIMULATED_COLLECTIVE_TIMEOUT_S}").strip()
 

@@ -218,12 +218,12 @@ class _Leader:
     """Process 0's one thread: accepts the others' connections and watches them all, until
     every one has connected and ended, or one is lost (told to the others, then the stop)."""
 
-    def __init__(self, command: str, n: int, listener: socket.socket, store):
+    def __init__(self, command: str, n: int, listener: socket.socket, store) -> None:
         self.command, self.n, self.listener, self.store = command, n, listener, store
         self.selector = selectors.DefaultSelector()
         self.peers: dict[socket.socket, _Peer] = {}
-        self.named = 0  # the processes that said hello
-        self.unreached: set[str] = set()  # the indices of those that said they cannot
+        self.connected: set[str] = set()  # the indices of the processes that said hello
+        self.unreached: set[str] = set()  # those of the processes that said they cannot
         self.polled = -_POLL_S  # when the key-value store was last looked at (time.monotonic)
 
     def run(self) -> None:
@@ -274,7 +274,8 @@ class _Leader:
             return
         for key, value in said:
             index = key.rsplit("/", 1)[-1]
-            if index in self.unreached or value.count("|") < 3:
+            if (not index.isdigit() or not 1 <= int(index) < self.n or value.count("|") < 3
+                    or index in self.unreached | self.connected):
                 continue
             self.unreached.add(index)
             host, pid, address, why = value.split("|", 3)
@@ -285,7 +286,7 @@ class _Leader:
 
     def _close_if_all_known(self) -> None:
         """Every other process connected or said it cannot: nothing more to accept."""
-        if self.listener is not None and self.named + len(self.unreached) == self.n - 1:
+        if self.listener is not None and len(self.connected | self.unreached) == self.n - 1:
             self._close_listener()
 
     def _close_listener(self) -> None:
@@ -304,7 +305,7 @@ class _Leader:
             for line in lines:
                 if not peer.named and (hello := _hello(line, self.n)):
                     peer.name, peer.named = hello, True
-                    self.named += 1
+                    self.connected.add(line[len(_HELLO):].split(b"|")[0].decode())
                     self._close_if_all_known()
                 elif line == _DONE.strip():
                     peer.done = True

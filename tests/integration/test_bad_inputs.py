@@ -898,6 +898,12 @@ PLOT_CASES = [
          setup=files(r__metrics_DOT_jsonl='{"step": 1, "eval/recall@10": [1, 2]}\n')),
 ]
 
+FLAG_CASES = [  # a flag of bert_jax that the command does not read (it would do nothing)
+    case("plot-output-is-not-its-flag", "plot --workdir {run} --output {tmp}/p.png", 2,
+         "--output is not a flag of `plot`", "--out"),
+    case("info-workdir-is-not-its-flag", INFO + " --workdir {tmp}/w", 2,
+         "--workdir is not a flag of `info`"),
+]
 INFO_CASES = [
     case("info-seq-len-zero", INFO + " --seq_len 0", 2, "--seq_len=0", "leave it out"),
     case("info-seq-len-negative", INFO + " --seq_len=-3", 2, "--seq_len=-3"),
@@ -1517,7 +1523,7 @@ CASES = (CONFIG_CASES + DATA_CASES + CHECKPOINT_CASES + CONVERT_CASES + FEATURES
          + SWEEP_TRIAL_CASES + AVERAGE_CASES + RUN_VALUE_CASES + TFDS_CASES + PLOT_CASES + INFO_CASES
          + PREPARE_CASES + LAUNCH_CASES + ATTENTION_CASES + OPTIM_CASES + MODERN_OPTIM_CASES
          + ROBERTA_CASES + PATTERN_CASES + ATTENTION_GPU_CASES + MODERNBERT_HF_CASES + MLM_ONLY_CASES
-         + MODERN_ENCODER_CASES + TOKENIZER_JSON_CASES + OUTPUT_PATH_CASES + EMBED_CASES)
+         + MODERN_ENCODER_CASES + TOKENIZER_JSON_CASES + OUTPUT_PATH_CASES + EMBED_CASES + FLAG_CASES)
 
 
 # --- Shared runs and checkpoints --------------------------------------------------------------
@@ -1908,6 +1914,12 @@ def test_an_unwritable_output_is_one_line_and_loses_nothing(argv, locked, shared
      "not writable by you; check its permissions)"),
     (errno.EROFS, "vocab --input {tmp}/in.txt --out {tmp}/v", "--out={tmp}/v: read-only file system "
      "(a read-only file system; choose a folder on a writable one)"),
+    # the flag whose path holds the file most closely: --out inside --workdir is --out's
+    (errno.EACCES, "plot --workdir {tmp} --out {tmp}/v", "--out={tmp}/v: permission denied (not "
+     "writable by you"),
+    # a run's own files are read and written (a resume): no side guessed
+    (errno.EACCES, "plot --workdir {tmp}", "--workdir={tmp}: {tmp}/v: permission denied (not "
+     "readable or not writable by you"),
 ])
 def test_an_os_refusal_is_named_with_what_to_do(err, argv, says, tmp_path):
     """The line an OS error on a path becomes (commands._named) for the errors a locked folder

@@ -1,6 +1,7 @@
 """The training engine: meshes, gradient accumulation, kill -9 / SIGTERM resume, corrupt
 checkpoints, NaN stops, config errors. Tiny BERT on synthetic data, 8 simulated devices."""
 
+import concurrent.futures
 import functools
 import json
 import os
@@ -110,8 +111,7 @@ def test_single_device_gives_the_same_losses(reference, tmp_path):
 
 def two_processes(tmp_path, run) -> list[subprocess.Popen]:
     """`bert-jax train` as 2 processes x 4 devices on this machine (a pod's hosts); process i
-    started as `python <run[i]> train ...`, compiled as a run of few steps. (Two processes
-    that train to the end, checked against one: tests/unit/data/test_packing.py.)"""
+    started as `python <run[i]> train ...`, compiled as a run of few steps."""
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         port = sock.getsockname()[1]
@@ -125,6 +125,21 @@ def two_processes(tmp_path, run) -> list[subprocess.Popen]:
              *SMALL, "--config.train.steps=12", "--config.train.checkpoint_every=4"],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_same_losses(reference, tmp_path):
+    """Multi-host as on a pod: 2 processes x 4 devices, each loading half of every batch (the
+    packed path, where each packs the global batch: tests/unit/data/test_packing.py)."""
+    procs = two_processes(tmp_path, run=(("-m", "bert_jax"),) * 2)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # (both pipes read at once)
+        ended = list(pool.map(lambda proc: proc.communicate(timeout=600), procs))
+    for proc, (_, err) in zip(procs, ended):
+        assert proc.returncode == 0, err[-3000:]
+    got = losses(tmp_path)
+    np.testing.assert_allclose([got[s] for s in range(1, 13)], [reference[s] for s in range(1, 13)],
+                               rtol=2e-5)
+    assert steps_on_disk(tmp_path) == [4, 8, 12]
 
 
 # `bert-jax` that kills itself (SIGKILL, as kill -9) when it asks for its first batch: its peer

@@ -382,34 +382,53 @@ def test_process_0_out_of_reach_is_one_warning(monkeypatch, capsys):
 
 
 def test_process_0_names_a_process_that_cannot_reach_it(monkeypatch, capsys):
-    """Process 0 of 3: process 1 connects, process 2 says in the key-value store that it cannot
-    reach process 0 (as the test above writes it): process 0 gives one warning naming it, once
-    however often it looks."""
+    """Process 0 of 4: process 1 connects, process 2 says in the key-value store that it cannot
+    reach process 0 (as the test above writes it), process 3 has said nothing yet, and keys
+    naming no other process of the run are there too: process 0 gives one warning naming
+    process 2, once however often it looks; once process 3 says so too, every process is
+    accounted for and process 0 stops watching for more (its thread ends with the peers)."""
     published = {}
-    peers = _fake_run(monkeypatch, 0, 3, published)
+    peers = _fake_run(monkeypatch, 0, 4, published)
     monkeypatch.setattr(peers, "_POLL_S", 0.05)
+    looks = []
+    monkeypatch.setattr(peers._Leader, "_find_unreached",
+                        lambda self, real=peers._Leader._find_unreached: (looks.append(1), real(self)))
     peers.watch("train")
     address, _, _ = published["bert_jax/peers/0"].split("|")
     ip, port = address.rsplit(":", 1)
     one = socket.create_connection((ip, int(port)))
     one.sendall(b"hello 1|1001|host-1\n")
+    for stray in ("0", "1", "4", "x"):  # process 0 itself, a connected one, past the run, no index
+        published[f"bert_jax/peers/unreached/{stray}"] = f"host-{stray}|1|{address}|No route to host"
     published["bert_jax/peers/unreached/2"] = f"host-2|1002|{address}|No route to host"
-    warned = f"warning: process 2 of 3 (host-2, pid 1002) cannot reach process 0 at {address} (No " \
-             "route to host): if it is lost, this process waits for JAX's heartbeat timeout"
+
+    def warning(k):
+        return (f"warning: process {k} of 4 (host-{k}, pid 100{k}) cannot reach process 0 at {address} "
+                "(No route to host): if it is lost, this process waits for JAX's heartbeat timeout")
     err = ""
     for _ in range(1200):  # (the thread looks every 0.05 s; a loaded machine may take longer)
         err += capsys.readouterr().err
-        if warned in err:
+        if warning(2) in err:
             break
         time.sleep(0.05)
-    time.sleep(0.3)  # (room for more looks: none may warn again)
-    assert (err + capsys.readouterr().err).splitlines() == [warned]
+    seen = len(looks)
+    while len(looks) < seen + 3:  # three more looks: none may warn again
+        time.sleep(0.05)
+    assert (err + capsys.readouterr().err).splitlines() == [warning(2)]
+    published["bert_jax/peers/unreached/3"] = f"host-3|1003|{address}|No route to host"
+    for _ in range(1200):
+        err = capsys.readouterr().err
+        if err:
+            break
+        time.sleep(0.05)
+    assert err.splitlines() == [warning(3)]
     peers.finished()
     assert _recv_line(one) == b"done\n"
     one.close()
-    for thread in threading.enumerate():
-        if thread.name == "bert_jax-peers":
-            thread.join(120)
+    threads = [t for t in threading.enumerate() if t.name == "bert_jax-peers"]
+    for thread in threads:
+        thread.join(120)
+    assert not any(t.is_alive() for t in threads)  # (its listener closed: nothing left to watch)
 
 
 def test_process_0_warns_when_its_file_limit_cannot_hold_its_peers(monkeypatch, capsys):

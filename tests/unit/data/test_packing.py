@@ -150,7 +150,8 @@ def assert_same_run(packed, packed_losses, padded_run):
     assert sorted(packed_losses) == list(range(1, 13))
     for step, loss in padded_losses.items():
         assert packed_losses[step] == pytest.approx(loss, rel=2e-4), step
-    assert packed["eval/accuracy"] == padded["eval"]["eval/accuracy"]
+    # (float rounding may tip a near-tied prediction: at most one of SST-2's 872 dev sentences)
+    assert abs(packed["eval/accuracy"] - padded["eval"]["eval/accuracy"]) <= 1 / 872 + 1e-9
     assert packed["eval/loss"] == pytest.approx(padded["eval"]["eval/loss"], rel=2e-4)
 
 

@@ -82,11 +82,12 @@ def test_the_published_model_embeds_as_sentence_transformers_does(converted, tmp
 
 
 @pytest.mark.parametrize("pooling, normalize", [("cls", False), ("max", True)])
-def test_other_poolings_round_trip(converted, tmp_path, pooling, normalize):
+def test_other_poolings_are_read_and_pool_as_sentence_transformers(converted, tmp_path, pooling,
+                                                                    normalize):
     """The same encoder with [CLS] or max pooling, written by sentence-transformers itself: the
-    folder reads as that pooling (the spec convert_st writes beside the converted weights), and
-    the published encoder converted once (`converted`: these weights) pools with it as
-    sentence-transformers does."""
+    folder reads as that pooling (read_folder's spec, which convert_st writes as it is beside
+    the converted weights), and the published encoder converted once (`converted`: these
+    weights) pools with it as sentence-transformers does."""
     from sentence_transformers import models as st_models
 
     word = st_models.Transformer(str(PUBLISHED), max_seq_length=64)

@@ -1,11 +1,11 @@
 """FLOPs honesty: the analytic training FLOPs that MFU divides by (each objective's `flops`,
-from the models' flops_per_token) agree with XLA's own count of the compiled train step (its
-cost analysis, summed over the devices) within 5%, for each family and attention pattern whose
+from the models' flops_per_token) agree with XLA's own count of the train step (its cost
+analysis) within 5%, for each family and attention pattern whose
 computation XLA can see (the xla kernel; splash and cuDNN are custom calls it cannot count).
 
 XLA's count includes what the analytic count leaves out (layer norms, softmax, activations,
 dropout's random bits, the optimizer), all a few percent at these widths. Two facts the test
-pins rather than hides: XLA counts a scanned layer stack's body once (so the test compiles
+pins rather than hides: XLA counts a scanned layer stack's body once (so the tests count
 unrolled layers), and the xla kernel computes every key of a local window's layer and masks
 the rest, while MFU counts the window's keys only (model FLOPs).
 
@@ -67,7 +67,7 @@ def _batch(spec: dict, vocab: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _compiled_and_analytic(overrides: list[str]) -> tuple[float, float, object]:
+def _lowered_and_analytic(overrides: list[str]) -> tuple[float, float, object]:
     """(XLA's count of the lowered step, the analytic count, the config)."""
     lowered, analytic, config = _lower_once(tuple(overrides))
     cost = lowered.cost_analysis()
@@ -100,8 +100,8 @@ def _compiled(overrides: tuple[str, ...]) -> float:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_analytic_training_flops_agree_with_xlas_count(case):
-    compiled, analytic, _ = _compiled_and_analytic(CASES[case])
-    assert compiled == pytest.approx(analytic, rel=0.05), (case, compiled / analytic)
+    lowered, analytic, _ = _lowered_and_analytic(CASES[case])
+    assert lowered == pytest.approx(analytic, rel=0.05), (case, lowered / analytic)
 
 
 def test_the_devices_compiled_steps_count_what_the_lowered_step_does():
@@ -109,7 +109,7 @@ def test_the_devices_compiled_steps_count_what_the_lowered_step_does():
     program's (measured 1.6% more: what partitioning adds), so counting the lowered steps above
     counts what the devices run."""
     case = tuple(CASES["bert MLM + NSP, dropout"])
-    assert _compiled(case) == pytest.approx(_compiled_and_analytic(list(case))[0], rel=0.03)
+    assert _compiled(case) == pytest.approx(_lowered_and_analytic(list(case))[0], rel=0.03)
 
 
 def test_local_windows_count_the_windows_keys_while_xla_computes_every_key():
@@ -119,17 +119,17 @@ def test_local_windows_count_the_windows_keys_while_xla_computes_every_key():
     (masking.attention_keys). So XLA counts the same FLOPs with and without windows, and the
     analytic count of the windowed model plus the masked keys' matmuls gives the all-global
     model's ratio to XLA's count."""
-    every_global = _compiled_and_analytic(CASES["modernbert, every layer global"])
-    compiled, analytic, config = _compiled_and_analytic([*MODERN, "model.attention_window=32"])
-    assert compiled == pytest.approx(every_global[0], rel=1e-3)
+    every_global = _lowered_and_analytic(CASES["modernbert, every layer global"])
+    lowered, analytic, config = _lowered_and_analytic([*MODERN, "model.attention_window=32"])
+    assert lowered == pytest.approx(every_global[0], rel=1e-3)
     cfg = config_lib.resolve(config).model
     T = config.data.max_seq_length
     masked_keys = T - masking.attention_keys(cfg, T)  # per query, averaged over the layers
     per_key = 3 * 2 * 2 * cfg.num_heads * cfg.head_dim * cfg.num_layers  # QK^T and AV, fwd + bwd
     masked = per_key * masked_keys * config.train.batch_size * T
     reference = every_global[0] / every_global[1]
-    assert compiled / analytic != pytest.approx(reference, rel=3e-3)  # the window counts less
-    assert compiled / (analytic + masked) == pytest.approx(reference, rel=3e-3)
+    assert lowered / analytic != pytest.approx(reference, rel=3e-3)  # the window counts less
+    assert lowered / (analytic + masked) == pytest.approx(reference, rel=3e-3)
 
 
 @pytest.mark.slow  # two more compiles, of a fact about XLA rather than about us
