@@ -384,9 +384,10 @@ def test_process_0_out_of_reach_is_one_warning(monkeypatch, capsys):
 def test_process_0_names_a_process_that_cannot_reach_it(monkeypatch, capsys):
     """Process 0 of 4: process 1 connects, process 2 says in the key-value store that it cannot
     reach process 0 (as the test above writes it), process 3 has said nothing yet, and keys
-    naming no other process of the run are there too: process 0 gives one warning naming
-    process 2, once however often it looks; once process 3 says so too, every process is
-    accounted for and process 0 stops watching for more (its thread ends with the peers)."""
+    naming no other process of the run are there too (process 0's own, past the run, none):
+    process 0 gives one warning naming process 2, once however often it looks; once process 3
+    says so too, every process is accounted for and process 0 stops watching for more (its
+    thread ends with the peers)."""
     published = {}
     peers = _fake_run(monkeypatch, 0, 4, published)
     monkeypatch.setattr(peers, "_POLL_S", 0.05)
@@ -398,7 +399,7 @@ def test_process_0_names_a_process_that_cannot_reach_it(monkeypatch, capsys):
     ip, port = address.rsplit(":", 1)
     one = socket.create_connection((ip, int(port)))
     one.sendall(b"hello 1|1001|host-1\n")
-    for stray in ("0", "1", "4", "x"):  # process 0 itself, a connected one, past the run, no index
+    for stray in ("0", "4", "x"):  # process 0 itself, past the run, no index
         published[f"bert_jax/peers/unreached/{stray}"] = f"host-{stray}|1|{address}|No route to host"
     published["bert_jax/peers/unreached/2"] = f"host-2|1002|{address}|No route to host"
 
