@@ -187,13 +187,11 @@ def _named(error: BaseException, command: Command | None) -> BaseException | str
                        if file == value or file.startswith(value.rstrip("/") + "/")),
                       key=lambda nv: (nv[1] == file, len(nv[1])), default=(None, None))
     flag = f"{file}: " if name is None else f"--{name}={value}: " + ("" if file == value else f"{file}: ")
-    if name in ("out", "output", *(written for written, _ in command.writes)):
-        advice = _WRITE_ADVICE.get(error.errno, _OS_ADVICE.get(error.errno))
-    elif name in _READ_FLAGS:
-        advice = _OS_ADVICE.get(error.errno)
-    else:  # an argument's path, one the command chose, a run's or a checkpoint's files (read
-        # and written: a resume, plots beside a checkpoint)
-        advice = _ANY_ADVICE.get(error.errno, _OS_ADVICE.get(error.errno))
+    # else an argument's path, one the command chose, a run's or a checkpoint's files (read and
+    # written: a resume, plots beside a checkpoint)
+    by_use = (_WRITE_ADVICE if name in ("out", "output", *(w for w, _ in command.writes))
+              else {} if name in _READ_FLAGS else _ANY_ADVICE)
+    advice = by_use.get(error.errno, _OS_ADVICE.get(error.errno))
     return f"{flag}{error.strerror.lower()}" + (f" ({advice})" if advice else "")
 
 
@@ -316,7 +314,8 @@ def print_help(command: str | None) -> None:
 
 
 # XLA's CPU collectives abort the process (SIGABRT: "Termination timeout for `all gather` ...
-# of 40 seconds exceeded") when the devices' threads do not all reach a collective within 40 s.
+# of 40 seconds exceeded") when the devices' threads do not all reach a collective within 20 s
+# (a warning) + 40 s.
 SIMULATED_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 COLLECTIVE_TIMEOUT_FLAG = "--xla_cpu_collective_call_terminate_timeout_seconds"
 SIMULATED_COLLECTIVE_TIMEOUT_S = 600
