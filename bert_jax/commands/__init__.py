@@ -37,6 +37,18 @@ class Command:
     compiles: bool = False  # compiles a model: uses the persistent compilation cache
     # The path flags it writes to, each "folder" or "file" (paths.check_output).
     writes: tuple[tuple[str, str], ...] = ()
+    # Flags it reads only in some combinations: (flag, where it is read, whether this run is one).
+    read_only: tuple[tuple[str, str, Callable[[], bool]], ...] = ()
+
+
+def _given(*names: str) -> Callable[[], bool]:
+    """Whether any of these flags has a value (a read_only condition)."""
+    return lambda: any(flags.FLAGS[name].value for name in names)
+
+
+def _into_shards() -> bool:
+    """embed --output is a folder of shards (not a .npy array)."""
+    return not str(flags.FLAGS["output"].value or "").endswith(".npy")
 
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (
@@ -81,7 +93,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "bert-jax embed --checkpoint <dir> --input <txt> --output <npy>   (a vector per line)",
         "bert-jax embed --checkpoint <dir> --input <txt|jsonl> --output <folder> [--shard_size N]",
         "             (shards of vectors with their ids; run again to resume)"),
-        compiles=True),
+        compiles=True, read_only=(("shard_size", "with a folder as --output (a .npy is one array)",
+                                   _into_shards),)),
     Command("mine", interop.cmd_mine, (
         "checkpoint", "input", "output", "negatives", "corpus", "batch_size", "compilation_cache",
         "compilation_cache_required"), (
@@ -93,7 +106,12 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "bert-jax eval-embeddings --checkpoint <dir> [--sts <STS-B tsv>] [--beir <folder> "
         "[--split test]] [--squad <json>] [--bm25]",
         "bert-jax eval-embeddings --bm25 --squad <json>   (BM25's retrieval scores alone)"),
-        compiles=True),
+        compiles=True, read_only=(
+            ("split", "with --beir (the qrels file it names)", _given("beir")),
+            ("bm25", "with --beir or --squad (BM25 ranks retrieval sets, not --sts pairs)",
+             _given("beir", "squad")),
+            *((name, "with --checkpoint (BM25 alone encodes nothing)", _given("checkpoint"))
+              for name in ("pooling", "batch_size")))),
     Command("features", interop.cmd_features, (
         "checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
         "compilation_cache", "compilation_cache_required"), (
@@ -207,13 +225,18 @@ def _knows_timeout_flag() -> bool:
 
 def check_flags_read(command: Command) -> None:
     """A bert_jax flag given on the command line that `command` does not read would do nothing
-    (`plot --output x.png` writing to the default place): a bad flag naming the command's own."""
+    (`plot --output x.png` writing to the default place): a bad flag naming the command's own;
+    so would one it reads only with other flags (its read_only), given without them."""
     given = sorted(f.name for f in flags.FLAGS.flags_by_module_dict().get(options.__name__, ())
                    if f.present and f.name not in command.flags)
     if given:
         raise app.UsageError(
             f"--{given[0]} is not a flag of `{command.name}` (it would do nothing); its flags: "
             + ", ".join(f"--{name}" for name in command.flags) + f" (bert-jax {command.name} --help)")
+    for name, where, read in command.read_only:  # ... nor one this combination does not read
+        if flags.FLAGS[name].present and not read():
+            raise app.UsageError(f"--{name}: `{command.name}` reads it only {where}, so here it "
+                                 "would do nothing; drop it")
 
 
 def check_path_flags(command: Command) -> None:

@@ -96,6 +96,7 @@ def test_each_command_is_one_record_of_the_table():
     for name, command in commands.COMMANDS.items():
         assert command.name == name and command.usage[0].startswith(f"bert-jax {name} "), name
         assert command.run.__doc__ and set(command.flags) <= defined, name
+        assert {flag for flag, _, _ in command.read_only} <= set(command.flags), name
         used |= set(command.flags)
     assert used == defined
     assert main.run is commands.run and sweep.sweep_config is sweep_command.sweep_config
