@@ -176,9 +176,10 @@ def copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> None:
 
 def read_json(p: str | os.PathLike, what: str, kind: type = dict) -> dict | list:
     """The JSON object (or, with `kind=list`, array) in file `p`; anything else is a ValueError
-    naming the file and ending with `what` (what the file should be, or what to do)."""
+    naming the file and ending with `what` (what the file should be, or what to do). A leading
+    byte order mark (as Windows editors save UTF-8) is dropped."""
     try:
-        value = json.loads(path(p).read_text("utf-8"))
+        value = json.loads(path(p).read_text("utf-8-sig"))
     except FileNotFoundError:
         raise FileNotFoundError(f"{p}: missing; {what}") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError

@@ -27,9 +27,12 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[str, str | None]]:
     """(text_a, text_b) per input line (a local or gs:// file); `A ||| B` lines are pairs, as in
     the original."""
     with utf8_errors(path), paths.path(path).open(encoding="utf-8") as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             line = line.strip()
             a, sep, b = line.partition(" ||| ")
+            if " ||| " in b:  # the original splits at the last, a reader at the first: say which
+                raise ValueError(f"{path}:{number}: ' ||| ' {line.count(' ||| ')} times; a line is "
+                                 "one text or a pair `A ||| B` (one separator): fix that line")
             yield (a, b) if sep else (line, None)
 
 

@@ -155,6 +155,11 @@ def read_glue(task: str, path: str | Path, *, skip_bad_rows: bool | None = False
                 bad.found(line, "row", f"{len(row)} tab-separated columns",
                           f"{len(header)} ({' | '.join(header)})")
                 continue
+            if empty := next((c for c, j in ((spec.text_a, ia), (spec.text_b, ib))
+                              if j is not None and not row[j].strip()), None):
+                bad.found(line, f"column {empty!r}", row[ia if empty == spec.text_a else ib],
+                          "a non-empty text (an empty one is no example to score)")
+                continue
             label = None
             if il is not None and (label := _label(spec, row[il], line, bad)) is None:
                 continue

@@ -58,6 +58,10 @@ class Example:
 
 
 def _text(row: dict, keys: tuple[str, ...], line: int, bad: BadRows) -> str | None:
+    if len(given := [k for k in keys if k in row]) > 1:  # which one is meant? (none is dropped)
+        bad.found(line, f"fields {' and '.join(map(repr, given))}", row[given[1]],
+                  f"one of them (each names the same text: {', '.join(keys)})")
+        return None
     key = next((k for k in keys if k in row), keys[0])
     value = row.get(key)
     if not isinstance(value, str) or not value.strip():
@@ -70,6 +74,9 @@ def _text(row: dict, keys: tuple[str, ...], line: int, bad: BadRows) -> str | No
 def _example(row: dict, line: int, guid: str, bad: BadRows, num_negatives: int) -> Example | None:
     query, positive = _text(row, QUERY_KEYS, line, bad), _text(row, POSITIVE_KEYS, line, bad)
     if query is None or positive is None:
+        return None
+    if "negatives" in row and "negative" in row:
+        bad.found(line, "fields 'negatives' and 'negative'", row["negative"], "one of them")
         return None
     negatives = row.get("negatives", [row["negative"]] if "negative" in row else [])
     if not isinstance(negatives, list) or not all(isinstance(n, str) and n.strip() for n in negatives):
@@ -103,6 +110,9 @@ def _tsv_rows(f, path, bad: BadRows):
         raise PairsFormatError(
             f"{path}:1: header {header[:8]}: expected a header naming the columns "
             f"({'/'.join(QUERY_KEYS)}, {'/'.join(POSITIVE_KEYS)}, optional negative_1.. and score)")
+    if twice := next((c for i, c in enumerate(header) if c in header[:i]), None):
+        raise PairsFormatError(f"{path}:1: header names the column {twice!r} twice; name each "
+                               "column once (negatives: negative_1, negative_2, ...)")
     negative_cols = [c for c in header if c == "negative" or c.startswith("negative_")]
     for line, text in enumerate(f, 2):
         if not text.strip():

@@ -262,9 +262,10 @@ def beir_record(path, line_no: int, line: str, fields: Sequence[str],
                 optional: Sequence[str] = ()) -> dict:
     """One line of a BEIR JSON-lines file as its record, which must have "_id" and `fields`
     (strings), and may have `optional` (strings or null: a corpus's "title"); anything else is
-    a ValueError naming the file, line and field."""
+    a ValueError naming the file, line and field. A byte order mark opening line 1 (as Windows
+    editors save UTF-8) is dropped, as the pair and text readers drop it."""
     try:
-        record = json.loads(line)
+        record = json.loads(line.removeprefix("\ufeff") if line_no == 1 else line)
     except ValueError as e:
         raise ValueError(f"{path}:{line_no}: not JSON ({e})") from None
     if not isinstance(record, dict):
@@ -321,6 +322,8 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
     queries = {i: r["text"] for i, r in _jsonl(root / "queries.jsonl", ["text"]).items()}
     qrels_file = root / "qrels" / f"{split}.tsv"
     relevant: dict[str, set[str]] = {}
+    scored: dict[tuple[str, str], tuple[int, float]] = {}  # (query, document) -> (line, score)
+    absent: list[tuple[int, str]] = []  # (line, corpus id) of relevant ids the corpus lacks
     with utf8_errors(qrels_file), paths.open(qrels_file, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             cols = line.rstrip("\n").split("\t")
@@ -343,6 +346,13 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
             if cols[0] not in queries:
                 raise ValueError(f"{qrels_file}:{line_no}: field 'query-id' {cols[0]!r} is not in "
                                  "queries.jsonl")
+            earlier = scored.setdefault((cols[0], cols[1]), (line_no, score))
+            if earlier[1] != score:  # BEIR's loader keeps the last: which one is meant?
+                raise ValueError(f"{qrels_file}:{line_no}: query-id {cols[0]!r} and corpus-id "
+                                 f"{cols[1]!r} again with score {cols[2]!r} (line {earlier[0]}: "
+                                 f"{earlier[1]:g}); keep one row per pair")
+            if cols[1] not in corpus and score > 0:
+                absent.append((line_no, cols[1]))
             if score > 0:
                 relevant.setdefault(cols[0], set()).add(cols[1])
     if not relevant or not corpus:
@@ -354,6 +364,11 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
         example = next(iter(next(iter(relevant.values()))))
         raise ValueError(f"{qrels_file}: none of its relevant corpus-ids is in {root / 'corpus.jsonl'} "
                          f"(e.g. {example!r}): the qrels of another corpus; every score would be 0")
+    if absent:  # (published sets have a few: ArguAna's test qrels name a document it lacks)
+        logging.getLogger(__name__).warning(
+            "%s:%d: corpus-id %r is not in %s (%d relevant row(s) like it): scored as a miss, as "
+            "BEIR and sentence-transformers score it; remove those rows to leave them out",
+            qrels_file, *absent[0], root / "corpus.jsonl", len(absent))
     return corpus, queries, relevant
 
 

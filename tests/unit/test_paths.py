@@ -30,3 +30,9 @@ def test_a_nested_key_is_read_and_its_default_given_when_absent():
     assert paths.json_field(SETTINGS, "other.pooling", str, "s.json", "", default="cls") == "cls"
     with pytest.raises(ValueError, match=r"key 'sentence.sizes.max' is 8, expected an integer >= 9"):
         paths.json_field(SETTINGS, "sentence.sizes.max", int, "s.json", "", at_least=9)
+
+
+def test_a_json_file_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """As Windows editors save UTF-8 (an HF config.json, sentence-transformers' module files)."""
+    (tmp_path / "config.json").write_bytes(b'\xef\xbb\xbf{"hidden_size": 32}')
+    assert paths.read_json(tmp_path / "config.json", "expected a config") == {"hidden_size": 32}

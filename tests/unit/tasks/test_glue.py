@@ -72,6 +72,8 @@ def _write(tmp_path, name, lines):
      "row", "3 tab-separated columns"),
     ("cola", ["gj04\t1\t\tfine.", "gj04\t2\t\tbad label."], 2, "label column 'label'", "'2'"),
     ("sst2", ["sentence\tlabel", "ok\t1", "too\tmany\t0"], 3, "row", "3 tab-separated"),
+    ("sst2", ["sentence\tlabel", "ok\t1", " \t0"], 3, "column 'sentence'", "' '"),  # no text to score
+    ("rte", ["index\tsentence1\tsentence2\tlabel", "0\ta\t\tentailment"], 2, "column 'sentence2'", "''"),
     ("stsb", ["i\tg\tf\ty\to\ts1\ts2\tsentence1\tsentence2\tscore", "0\tg\tf\ty\to\tn\tn\ta\tb\t5.1"], 2,
      "score column 'score'", "'5.1'"),
     ("stsb", ["i\tg\tf\ty\to\ts1\ts2\tsentence1\tsentence2\tscore", "0\tg\tf\ty\to\tn\tn\ta\tb\tfive",

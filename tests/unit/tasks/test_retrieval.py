@@ -173,6 +173,33 @@ def test_beir_reader(tmp_path):
         retrieval.read_beir(tmp_path)
 
 
+def test_beir_files_with_a_byte_order_mark_read_as_without(tmp_path):
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_bytes(b'\xef\xbb\xbf{"_id": "d1", "text": "a cat"}\n')
+    (tmp_path / "queries.jsonl").write_bytes(b'\xef\xbb\xbf{"_id": "q1", "text": "cat?"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert retrieval.read_beir(tmp_path) == ({"d1": "a cat"}, {"q1": "cat?"}, {"q1": {"d1"}})
+
+
+def test_qrels_rows_the_corpus_lacks_are_said_and_a_pair_scored_twice_refused(tmp_path, caplog):
+    """A relevant id the corpus lacks is a miss, as BEIR and sentence-transformers score it (a
+    published set has one: ArguAna), said once by its first line; one (query, document) pair
+    with two different scores is refused naming both lines (BEIR's loader keeps the last)."""
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "b"}\n{"_id": "q2", "text": "c"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td9\t1\nq2\td8\t2\nq1\td1\t1\n")
+    assert retrieval.read_beir(tmp_path)[2] == {"q1": {"d1"}, "q2": {"d9", "d8"}}
+    warnings = [r.getMessage() for r in caplog.records if "is not in" in r.getMessage()]
+    assert len(warnings) == 1 and "test.tsv:3: corpus-id 'd9' is not in" in warnings[0], warnings
+    assert "(2 relevant row(s) like it): scored as a miss" in warnings[0]
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td1\t2\n")
+    with pytest.raises(ValueError, match=r"test.tsv:3: query-id 'q1' and corpus-id 'd1' again with "
+                                         r"score '2' \(line 2: 1\); keep one row per pair"):
+        retrieval.read_beir(tmp_path)
+
+
 def test_the_command_scores_a_converted_model_as_sentence_transformers_does(minilm, converted_minilm,
                                                                              tmp_path, cli):
     """`bert-jax eval-embeddings` on the converted all-MiniLM-L6-v2 (our embed; converted once a
@@ -300,3 +327,5 @@ def test_eval_embeddings_scores_bm25_alone_and_refuses_what_bm25_cannot_score(tm
     assert code != 0 and "needs --checkpoint (or --bm25" in err
     code, _, err = cli(["eval-embeddings", "--bm25", f"--squad={squad}", f"--sts={squad}"])
     assert code != 0 and "--sts needs --checkpoint" in err
+    code, _, err = cli(["eval-embeddings", "--bm25", f"--squad={squad}", "--batch_size=4"])
+    assert code == 2 and "--batch_size: `eval-embeddings` reads it only with --checkpoint" in err
