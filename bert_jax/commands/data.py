@@ -33,5 +33,5 @@ def cmd_prepare(args: list[str]) -> None:
     out = require(OUT, "prepare")
     counts = sources.prepare(config_lib.resolve(require(CONFIG, "prepare")), out)
     print(json.dumps({"out": out, "documents": counts}))
-    print(f"train with: --config.data.name=array_record --config.data.train_files='{out}/train-*' "
-          f"--config.data.eval_files='{out}/validation-*'")
+    print(f"train with: --config.data.name=array_record --config.data.train_files='{out}/train-*'"
+          + (f" --config.data.eval_files='{out}/validation-*'" if counts["validation"] else ""))

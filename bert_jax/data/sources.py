@@ -254,4 +254,12 @@ def prepare(spec: RunSpec, out_dir: str | Path, docs_per_shard: int = 50_000) ->
         raise ValueError(f"data.name={d.name!r}: no training documents in {where} (empty, or "
                          f"every document went to validation: data.heldout_every="
                          f"{d.heldout_every}); give text to prepare")
+    if every > 0 and counts["validation"] == 0:  # its eval_files glob would match nothing
+        for f in out.iterdir():  # (the folder was new or empty: these are the shards just written)
+            f.unlink()
+        out.rmdir()
+        raise ValueError(f"data.heldout_every={every}: {counts['train']} document(s), none held out "
+                         f"for validation (document {every} would be the first); lower "
+                         "data.heldout_every (1 document in N is held out), give more documents, "
+                         "or set it to 0 for no validation shards; nothing written")
     return counts

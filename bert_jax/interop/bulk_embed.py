@@ -221,12 +221,19 @@ def _check_manifest(folder, manifest: dict) -> bool:
     differ = [k for k in {**now, **was} if k.split(".")[0] in manifest
               and k.split(".")[0] not in _NOT_COMPARED and was.get(k) != now.get(k)]
     if differ:
-        raise ValueError(f"{where}: the shards there were made with "
-                         + ", ".join(f"{k}={was.get(k)!r}" for k in differ) + "; this run has "
-                         + ", ".join(f"{k}={now.get(k)!r}" for k in differ)
-                         + ": one folder holds one embedding; choose a new --output (the shards "
-                         "there are kept)")
+        # Another corpus: said as such (its fingerprint, row and shard counts follow from it).
+        changed = (f"from another input: {was.get('input')!r} then, {now.get('input')!r} now, whose "
+                   "ids or texts differ" if "fingerprint" in differ else "")
+        differ = [k for k in differ if not changed or k not in _OF_THE_INPUT]
+        said = "; ".join(filter(None, [changed, differ and (
+            "with " + ", ".join(f"{k}={was.get(k)!r}" for k in differ) + "; this run has "
+            + ", ".join(f"{k}={now.get(k)!r}" for k in differ))]))
+        raise ValueError(f"{where}: the shards there were made {said}: one folder holds one "
+                         "embedding; choose a new --output (the shards there are kept)")
     return True
+
+
+_OF_THE_INPUT = ("fingerprint", "rows", "shards")  # follow from the corpus
 
 
 _NOT_COMPARED = ("input",)  # the corpus is its fingerprint: a moved or renamed file resumes

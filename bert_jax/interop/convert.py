@@ -435,6 +435,24 @@ def _local_source(source: str | os.PathLike) -> Iterator[str | os.PathLike]:
                                 "original TensorFlow BERT checkpoint")
 
 
+def warn_repeated_tokens(tokenizer: tokenizer_lib.Tokenizer) -> None:
+    """One warning where a WordPiece vocab.txt has a token on two lines: not refused, as some
+    published vocabs have one and transformers reads it the same way (the earlier line's row of
+    the embedding table is then reached by no token), but a vocab.txt edited by hand, or another
+    model's, shows so: its vectors would be wrong."""
+    if tokenizer.vocab_file.name != tokenizer_lib.VOCAB_NAME:
+        return
+    first: dict[str, int] = {}
+    twice = [(line, first[t], t) for line, t in enumerate(tokenizer.pieces, 1)
+             if first.setdefault(t, line) != line]
+    if twice:
+        line, earlier, token = twice[0]
+        log.warning(f"warning: {tokenizer.vocab_file}:{line}: {token!r} again (line {earlier}; "
+                    f"{len(twice)} repeated line(s)), so row {earlier - 1} of the embedding table "
+                    "is reached by no token; if this is not the vocab.txt that came with the "
+                    "weights, the vectors will be wrong: use the model's own")
+
+
 def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | None = None
                ) -> dict[str, Any]:
     """Converts a HF BERT folder or cache entry, or an original TF BERT checkpoint, into a
@@ -468,6 +486,7 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
             raise ValueError(f"{tokenizer.vocab_file} has {tokenizer.vocab_size} tokens but the model "
                              f"config says vocab_size={model_cfg['vocab_size']}; use the "
                              f"{tokenizer.vocab_file.name} that came with the model")
+        warn_repeated_tokens(tokenizer)
         if missing_tokens := tokenizer.missing():  # every input would fail, after the conversion
             raise ValueError(f"{tokenizer.vocab_file}: the vocab lacks {', '.join(missing_tokens)}, "
                              "which every input of this model holds; use the "

@@ -285,10 +285,15 @@ def mine_negatives(checkpoint_dir: str | os.PathLike, pairs_file: str | os.PathL
     mine_hard_negatives without its margins): for each row of a pair file (queries with
     positives), the k documents of `corpus` (default: every distinct positive and negative of
     the file) closest to its query by cosine that are none of that query's positives nor the
-    query itself (fewer when the corpus has fewer). Rows
+    query itself; a query left with fewer than k is a ValueError (sentence-transformers drops
+    such rows; data.num_negatives=k training would refuse them). Rows
     come back as {"query", "positive", "negatives"} in the file's order."""
     from bert_jax.tasks import pairs, retrieval
 
+    if pairs.beir_source(pairs_file) is not None:  # (training reads it: mining does not)
+        raise ValueError(f"{pairs_file}: a BEIR folder or qrels file; mining reads a pair file (JSON "
+                         "lines or TSV with query and positive columns): write its queries with "
+                         "their relevant documents as one, then mine that")
     rows = pairs.read_pairs(pairs_file, skip_bad_rows=None)  # no config: no key skips rows
     if not rows:
         raise ValueError(f"{pairs_file}: no pairs to mine for")
@@ -309,5 +314,13 @@ def mine_negatives(checkpoint_dir: str | os.PathLike, pairs_file: str | os.PathL
     top = retrieval.rank(q, c, [f"{i:09d}" for i in range(len(texts))], width)
     mined = {query: [texts[i] for i in row if texts[i] not in positives[query] and texts[i] != query][:k]
              for query, row in zip(queries, top)}
+    if short := [q for q in queries if len(mined[q]) < k]:  # training on k would refuse those rows
+        fewest = min(len(mined[q]) for q in short)
+        raise ValueError(
+            f"{pairs_file}: {len(short)} of {len(queries)} queries have fewer than {k} negatives "
+            f"to mine (e.g. {short[0]!r}: {len(mined[short[0]])}; the corpus holds {len(texts)} "
+            "distinct texts, less their positives and themselves); "
+            + (f"ask for --negatives={fewest}, or " if fewest else "")
+            + "give a --corpus with more passages; nothing written")
     return [{"query": r.query, "positive": r.positive, "negatives": mined[r.query]} for r in rows]
 

@@ -37,14 +37,17 @@ def test_the_paths_users_give_still_pass():
 
 def test_prepare_of_an_empty_corpus_fails_and_leaves_no_folder(cli, tmp_path, wordpiece_vocab):
     """`prepare` that would write no training shard exits non-zero (it printed 0 documents and a
-    `train with` glob matching nothing), and the --out folder it made is gone again."""
-    (tmp_path / "empty.txt").write_text("\n\n", "utf-8")
-    code, _, err = cli(["prepare", "--config", "configs/bert_pretrain.py:tiny",
-                        f"--config.data.train_files={tmp_path / 'empty.txt'}",
-                        f"--config.data.tokenizer={wordpiece_vocab.parent}", "--out",
-                        str(tmp_path / "shards")])
-    assert code == 1 and "no training documents in" in err and "empty.txt" in err, err
-    assert not (tmp_path / "shards").exists()
+    `train with` glob matching nothing), and the --out folder it made is gone again; so does one
+    that would write no validation shard (one document), whose glob it printed too."""
+    for text, says in (("\n\n", ("no training documents in", "c.txt")),
+                       ("the cat sat.\n", ("data.heldout_every=", "none held out for validation"))):
+        (tmp_path / "c.txt").write_text(text, "utf-8")
+        code, out, err = cli(["prepare", "--config", "configs/bert_pretrain.py:tiny",
+                              f"--config.data.train_files={tmp_path / 'c.txt'}",
+                              f"--config.data.tokenizer={wordpiece_vocab.parent}", "--out",
+                              str(tmp_path / "shards")])
+        assert code == 1 and all(s in err for s in says), err
+        assert not (tmp_path / "shards").exists() and "validation-*" not in out
 
 
 def test_a_sweep_grid_that_repeats_a_value_is_refused(cli, tmp_path):

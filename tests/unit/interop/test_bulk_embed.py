@@ -162,7 +162,8 @@ def test_a_folder_of_another_embedding_is_refused_and_its_shards_kept(checkpoint
         bulk_embed.embed_to_shards(checkpoint, corpus, str(tmp_path / "out"), shard_size=4, spec=MEAN)
     other = tmp_path / "other.txt"
     other.write_text("another corpus\n")
-    with pytest.raises(ValueError, match="fingerprint="):
+    with pytest.raises(ValueError, match=r"made from another input: '.*' then, '.*other.txt' now, "
+                                         r"whose ids or texts differ: one folder holds one embedding"):
         embed(checkpoint, str(other), tmp_path / "out")
     with pytest.raises(ValueError, match="made with sentence.pooling='mean', sentence.normalize=True; "
                                          "this run has sentence.pooling='cls', sentence.normalize=False"):

@@ -1,0 +1,24 @@
+"""What convert says of a vocab.txt against the weights it comes with."""
+
+import logging
+
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.interop import convert
+
+TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "in", "sat"]
+
+
+def test_a_token_on_two_lines_is_said_once_by_its_line(tmp_path, caplog):
+    """Not refused (published vocabs have such lines, read so by transformers), but a vocab.txt
+    edited by hand shows: "in" replaced by a second "the" leaves row 7 reached by no token."""
+    (tmp_path / "vocab.txt").write_text("\n".join(TOKENS) + "\n", "utf-8")
+    with caplog.at_level(logging.WARNING):
+        convert.warn_repeated_tokens(tokenizer_lib.load_tokenizer(tmp_path))
+    assert not caplog.records
+    (tmp_path / "vocab.txt").write_text("\n".join(t if t != "in" else "the" for t in TOKENS) + "\n",
+                                        "utf-8")
+    with caplog.at_level(logging.WARNING):
+        convert.warn_repeated_tokens(tokenizer_lib.load_tokenizer(tmp_path))
+    [record] = caplog.records
+    assert (f"{tmp_path / 'vocab.txt'}:8: 'the' again (line 6; 1 repeated line(s)), so row 5 of the "
+            "embedding table is reached by no token") in record.getMessage()
