@@ -373,6 +373,7 @@ CONFIG_CASES = [
          "another --workdir", setup=files(f="a file")),
 ]
 
+MINE_PAIRS = "mine --checkpoint {ckpt} --input {tmp}/p.jsonl --output {tmp}/m.jsonl"
 DATA_CASES = [
     # GLUE TSV files
     case("glue-no-data-dir", GLUE.replace("--config.data.data_dir={tmp}/data", ""), 1, "data.data_dir",
@@ -488,6 +489,19 @@ DATA_CASES = [
          "--out", setup=corpus()),
     case("prepare-no-tokenizer", "prepare --config configs/bert_pretrain.py:tiny --out {tmp}/shards "
          "--config.data.train_files={tmp}/corpus/a.txt", 1, "data.tokenizer", setup=corpus()),
+    case("glue-empty-sentence", GLUE, 1, "train.tsv:3", "column 'sentence'", "a non-empty text",
+         setup=glue(train="sentence\tlabel\nthe cat\t1\n\t0\n")),
+    # pair files: two names for one text, or one column twice, is refused (neither is dropped)
+    case("pairs-query-and-anchor", MINE_PAIRS, 1, "p.jsonl:1: fields 'query' and 'anchor'",
+         "one of them", setup=files(p_DOT_jsonl='{"query": "a", "anchor": "zzz", "positive": "b"}\n')),
+    case("pairs-positive-and-sentence2", MINE_PAIRS, 1, "p.jsonl:2: fields 'positive' and 'sentence2'",
+         setup=files(p_DOT_jsonl='{"query": "a", "positive": "b"}\n'
+                                 '{"query": "a", "positive": "b", "sentence2": "q"}\n')),
+    case("pairs-negatives-and-negative", MINE_PAIRS, 1, "p.jsonl:1: fields 'negatives' and 'negative'",
+         setup=files(p_DOT_jsonl='{"query": "a", "positive": "b", "negatives": ["c"], "negative": "d"}\n')),
+    case("pairs-header-column-twice", MINE_PAIRS.replace("p.jsonl", "p.tsv"), 1,
+         "p.tsv:1: header names the column 'positive' twice",
+         setup=files(p_DOT_tsv="query\tpositive\tpositive\na\tb\tc\n")),
 ]
 
 CHECKPOINT_CASES = [
@@ -647,6 +661,8 @@ FEATURES_CASES = [
     case("features-output-in-a-file", FEATURES.replace("{tmp}/out.jsonl", "{tmp}/f/out.jsonl"), 1,
          "--output={tmp}/f/out.jsonl", "choose another",
          setup=lambda t, c: (features_input()(t, c), files(f="x")(t, c))),
+    case("features-two-separators", FEATURES, 1, "{tmp}/in.txt:2: ' ||| ' 2 times", "fix that line",
+         setup=features_input("the cat\na ||| b ||| c\n")),
 ]
 
 class _Evil:
@@ -903,6 +919,15 @@ FLAG_CASES = [  # a flag of bert_jax that the command does not read (it would do
          "--output is not a flag of `plot`", "--out"),
     case("info-workdir-is-not-its-flag", INFO + " --workdir {tmp}/w", 2,
          "--workdir is not a flag of `info`"),
+    # ... nor one it reads only with other flags, given without them
+    case("eval-embeddings-split-without-beir", "eval-embeddings --checkpoint {ckpt} --sts {tmp}/s.tsv "
+         "--split dev", 2, "--split: `eval-embeddings` reads it only with --beir", "drop it"),
+    case("eval-embeddings-bm25-on-sts", "eval-embeddings --checkpoint {ckpt} --sts {tmp}/s.tsv --bm25",
+         2, "--bm25: `eval-embeddings` reads it only with --beir or --squad"),
+    case("eval-embeddings-pooling-for-bm25", "eval-embeddings --bm25 --squad {tmp}/sq.json "
+         "--pooling max", 2, "--pooling: `eval-embeddings` reads it only with --checkpoint"),
+    case("embed-shard-size-into-a-npy", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/v.npy --shard_size 5", 2, "--shard_size: `embed` reads it only with a folder as --output"),
 ]
 INFO_CASES = [
     case("info-seq-len-zero", INFO + " --seq_len 0", 2, "--seq_len=0", "leave it out"),
@@ -914,6 +939,10 @@ PREPARE_CASES = [
          "pretraining corpus", "configs/bert_pretrain.py", "bert-jax train"),
     case("prepare-synthetic", "prepare --config configs/bert_pretrain.py:tiny --config.data.name=synthetic "
          "--out {tmp}/shards", 1, "data.name='synthetic'", "data.name=text"),
+    case("prepare-too-small-for-validation", "prepare --config configs/bert_pretrain.py:tiny --out "
+         "{tmp}/shards --config.data.tokenizer={vocab} --config.data.train_files={tmp}/corpus/a.txt "
+         "--config.data.heldout_every=100", 1, "data.heldout_every=100", "none held out for validation",
+         "nothing written", setup=corpus()),
 ]
 
 # `bert-jax launch` flags checked before git, the plan or gcloud (a dry run included).
@@ -1515,6 +1544,23 @@ EMBED_CASES = [
     case("embed-beir-row-a-list", "embed --checkpoint {ckpt} --input {tmp}/c.jsonl --output {tmp}/v", 1,
          "{tmp}/c.jsonl:1: a JSON list, expected an object (a BEIR record has _id and text)",
          setup=files(c_DOT_jsonl='["d1", "the cat"]\n')),
+    # a resume from another input is named as such; qrels that contradict themselves; mine's input
+    # is a pair file, and what it cannot mine is said, not written short
+    case("embed-resume-another-input", EMBED + " --shard_size=1", 1,
+         "{tmp}/v/embed.json: the shards there were made from another input", "whose ids or texts differ",
+         setup=embedded(lambda v: write(v.parent / "in.txt", "the cat sat\nthe bird\n"))),
+    case("eval-embeddings-qrels-pair-scored-twice", "eval-embeddings --checkpoint {ckpt} --beir "
+         "{tmp}/beir", 1, "{tmp}/beir/qrels/test.tsv:3: query-id 'q1' and corpus-id 'd1' again with "
+         "score '2' (line 2: 1)", setup=lambda tmp, ctx: (BEIR_FILES(tmp, ctx), write(
+             tmp / "beir" / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td1\t2\n"))),
+    case("mine-input-a-beir-folder", "mine --checkpoint {ckpt} --input {tmp}/beir --output {tmp}/m.jsonl",
+         1, "{tmp}/beir: a BEIR folder or qrels file; mining reads a pair file", setup=BEIR_FILES),
+    case("mine-input-a-qrels-file", "mine --checkpoint {ckpt} --input {tmp}/beir/qrels/test.tsv "
+         "--output {tmp}/m.jsonl", 1, "test.tsv: a BEIR folder or qrels file", setup=BEIR_FILES),
+    case("mine-fewer-than-asked", "mine --checkpoint {ckpt} --input {tmp}/p.jsonl --output {tmp}/m.jsonl "
+         "--negatives=2", 1, "p.jsonl: 2 of 2 queries have fewer than 2 negatives", "--negatives=1",
+         "nothing written", setup=files(p_DOT_jsonl='{"query": "the cat", "positive": "a dog"}\n'
+                                                    '{"query": "the mat", "positive": "a hat"}\n')),
 ]
 
 # One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
