@@ -324,6 +324,7 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
     relevant: dict[str, set[str]] = {}
     scored: dict[tuple[str, str], tuple[int, float]] = {}  # (query, document) -> (line, score)
     absent: list[tuple[int, str]] = []  # (line, corpus id) of relevant ids the corpus lacks
+    unasked: list[tuple[int, str]] = []  # (line, query id) of qrels rows queries.jsonl lacks
     with utf8_errors(qrels_file), paths.open(qrels_file, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             cols = line.rstrip("\n").split("\t")
@@ -343,9 +344,9 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
             except ValueError:
                 raise ValueError(f"{qrels_file}:{line_no}: field 'score' {cols[2]!r} is not a "
                                  "number") from None
-            if cols[0] not in queries:
-                raise ValueError(f"{qrels_file}:{line_no}: field 'query-id' {cols[0]!r} is not in "
-                                 "queries.jsonl")
+            if cols[0] not in queries:  # no text to embed: left out (NFCorpus's test qrels
+                unasked.append((line_no, cols[0]))  # name queries its queries.jsonl lacks)
+                continue
             earlier = scored.setdefault((cols[0], cols[1]), (line_no, score))
             if earlier[1] != score:  # BEIR's loader keeps the last: which one is meant?
                 raise ValueError(f"{qrels_file}:{line_no}: query-id {cols[0]!r} and corpus-id "
@@ -355,6 +356,15 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
                 absent.append((line_no, cols[1]))
             if score > 0:
                 relevant.setdefault(cols[0], set()).add(cols[1])
+    if unasked and not relevant:
+        raise ValueError(f"{qrels_file}:{unasked[0][0]}: field 'query-id' {unasked[0][1]!r} is not "
+                         f"in {root / 'queries.jsonl'}, nor is any query-id of its rows with a "
+                         "score > 0: the qrels of other queries")
+    if unasked:
+        logging.getLogger(__name__).warning(
+            "%s:%d: query-id %r is not in %s (%d row(s) like it): left out, having no text to "
+            "embed; remove those rows to silence this", qrels_file, *unasked[0],
+            root / "queries.jsonl", len(unasked))
     if not relevant or not corpus:
         raise ValueError(f"{qrels_file if corpus else root / 'corpus.jsonl'}: "
                          f"{'no row with a score > 0' if corpus else 'no document'}: nothing to retrieve")

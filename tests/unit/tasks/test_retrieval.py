@@ -166,7 +166,8 @@ def test_beir_reader(tmp_path):
     with pytest.raises(ValueError, match=r"test.tsv: no row with a score > 0"):
         retrieval.read_beir(tmp_path)
     (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq3\td1\t1\n")
-    with pytest.raises(ValueError, match=r"test.tsv:2: field 'query-id' 'q3' is not in queries"):
+    with pytest.raises(ValueError, match=r"test.tsv:2: field 'query-id' 'q3' is not in .*queries"
+                                         r".jsonl, nor is any query-id of its rows"):
         retrieval.read_beir(tmp_path)
     (tmp_path / "corpus.jsonl").write_text(json.dumps({"_id": "d1"}) + "\n")
     with pytest.raises(ValueError, match=r"corpus.jsonl:1: field 'text' missing"):
@@ -179,6 +180,20 @@ def test_beir_files_with_a_byte_order_mark_read_as_without(tmp_path):
     (tmp_path / "queries.jsonl").write_bytes(b'\xef\xbb\xbf{"_id": "q1", "text": "cat?"}\n')
     (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
     assert retrieval.read_beir(tmp_path) == ({"d1": "a cat"}, {"q1": "cat?"}, {"q1": {"d1"}})
+
+
+def test_qrels_rows_of_queries_the_file_lacks_are_left_out_and_said(tmp_path, caplog):
+    """A query-id the queries file lacks has no text to embed: its rows are left out, said once
+    (a published set has them: NFCorpus's test qrels name PLAIN-2, beir-cellar/beir#202)."""
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": "b"}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "c"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq1\td1\t1\nq7\td2\t1\nq7\td1\t1\n")
+    assert retrieval.read_beir(tmp_path)[2] == {"q1": {"d1"}}
+    warnings = [r.getMessage() for r in caplog.records if "query-id" in r.getMessage()]
+    assert len(warnings) == 1 and "test.tsv:3: query-id 'q7' is not in" in warnings[0], warnings
+    assert "(2 row(s) like it): left out" in warnings[0]
 
 
 def test_qrels_rows_the_corpus_lacks_are_said_and_a_pair_scored_twice_refused(tmp_path, caplog):
