@@ -371,6 +371,17 @@ CONFIG_CASES = [
          + " --config.train.steps=4", 1, "model.vocab_size", "--workdir"),
     case("workdir-is-a-file", PRETRAIN.replace("{tmp}/w", "{tmp}/f"), 1, "{tmp}/f is a file",
          "another --workdir", setup=files(f="a file")),
+    # phases out of order (one would never run) or not from step 0
+    case("phases-first-not-at-step-0", PRETRAIN + " --config.data.phases=\"((1, 16, 3),)\"", 1,
+         "data.phases[0] starts at step 1", "must start at step 0"),
+    case("phases-unsorted", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (2, 8, 2), (1, 16, 3))\"",
+         1, "data.phases[2] starts at step 1, before data.phases[1] (step 2)", "never run"),
+    case("phases-same-start", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (0, 8, 2))\"", 1,
+         "data.phases[1] starts at step 0, the same step as data.phases[0]", "never run"),
+    # two keys of one value both given: neither is silently dropped
+    case("warmup-steps-and-fraction", GLUE + " --config.schedule.warmup_steps=3 "
+         "--config.schedule.warmup_fraction=0.2", 1, "--config.schedule.warmup_steps=3 and "
+         "--config.schedule.warmup_fraction=0.2 both set the warmup", "give one", setup=glue()),
 ]
 
 DATA_CASES = [
