@@ -749,6 +749,17 @@ SWEEP_CASES = [
     case("sweep-remote-workdir", "sweep --config configs/sweeps/glue.py:mrpc --workdir gs://b/s", 1,
          "gs://b/s", "--print_commands"),
     case("sweep-without-workdir", "sweep --config configs/sweeps/glue.py:mrpc", 2, "--workdir"),
+    # every trial checked as train checks it before any is printed or started
+    case("sweep-print-trial-train-refuses", "sweep --config configs/sweeps/glue.py:mrpc,tiny "
+         "--workdir {tmp}/s --print_commands --config.grid.optimizer.learning_rate=\"(2e-5, -1.0)\"", 1,
+         "trial learning_rate=-1_seed=0", "optimizer.learning_rate=-1.0 must be > 0"),
+    case("sweep-print-seed-negative", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
+         "--print_commands --config.grid.seed=\"(0, -1)\"", 1, "_seed=-1", "seed=-1",
+         "a whole number in [0, 2**31)"),
+    # (the first trial is good: refused before it runs, else this would train it)
+    case("sweep-start-trial-train-refuses", "sweep --config configs/sweeps/glue.py:mrpc,tiny "
+         "--workdir {tmp}/s --config.grid.optimizer.learning_rate=\"(2e-5, -1.0)\"", 1,
+         "trial learning_rate=-1_seed=0", "optimizer.learning_rate=-1.0 must be > 0"),
 ]
 
 VOCAB_TEXT = "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50"
@@ -840,11 +851,37 @@ EVAL_TASK_CASES = [
          setup=files(**{"dev-v1_DOT_1_DOT_json": squad_json()})),
 ]
 
+def finished_trial(trial: str, items: list[str], *changes: str):
+    """A setup: <tmp>/s/<trial>, a trial that finished (its summary) with the run config of
+    `items` over the sweep's base and then `changes` ("key=value"), as the sweep recorded it."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        base = str(REPO / "configs/glue.py:sst2,tiny")
+        ran = config_lib.load(base, [*items, *changes])
+        write(tmp / "s" / trial / "summary.json", json.dumps({"step": 2, "steps": 2, "preempted": False}))
+        write(tmp / "s" / trial / "trial_config.json", ran.to_json())
+    return setup
+
+
+def then(*setups):
+    def setup(tmp: Path, ctx: dict) -> None:
+        for s in setups:
+            s(tmp, ctx)
+    return setup
+
+
 SWEEP_TRIAL_CASES = [
     case("sweep-trial-fails", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1, "1 of 1 trial(s) failed",
          "learning_rate=0.001_seed=0: ", "data.tokenizer",
          "(log: {tmp}/s/learning_rate=0.001_seed=0/train.log)", "fix the cause",
          setup=sweep_file("configs/glue.py:sst2,tiny", {"optimizer.learning_rate": (1e-3,)})),
+    # a finished trial whose settings the sweep changed since (its overrides): not skipped with
+    # its old numbers reported for the new settings, nor run again over them
+    case("sweep-finished-trial-changed", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1,
+         "trial {tmp}/s/learning_rate=0.001_seed=0 finished with other settings",
+         "model.dropout_rate: 0.3 before, 0.1 now", "new --workdir",
+         setup=then(sweep_file("configs/glue.py:sst2,tiny", {"optimizer.learning_rate": (1e-3,)}),
+                    finished_trial("learning_rate=0.001_seed=0",
+                                   ["optimizer.learning_rate=0.001", "seed=0"], "model.dropout_rate=0.3"))),
 ]
 
 AVERAGE_CASES = [
@@ -918,6 +955,9 @@ FLAG_CASES = [  # a flag of bert_jax that the command does not read (it would do
 INFO_CASES = [
     case("info-seq-len-zero", INFO + " --seq_len 0", 2, "--seq_len=0", "leave it out"),
     case("info-seq-len-negative", INFO + " --seq_len=-3", 2, "--seq_len=-3"),
+    # the value checks of train and plan (info prints a model that no run would train)
+    case("info-learning-rate-nan", INFO + " --config.optimizer.learning_rate=nan", 1,
+         "optimizer.learning_rate=nan: a finite number is needed"),
 ]
 
 PREPARE_CASES = [
