@@ -921,6 +921,14 @@ RUN_VALUE_CASES = [
          "--config.model.num_labels=2", setup=glue()),
     case("stsb-num-labels", STSB + " --config.model.num_labels=2", 1, "model.num_labels=2", "regression",
          "--config.model.num_labels=1"),
+    # a file named twice (after glob expansion) would be read twice
+    case("train-files-repeated", TEXT.replace("{tmp}/corpus/*.txt", "{tmp}/corpus/a.txt,{tmp}/corpus/*.txt"),
+         1, "data.train_files=", "{tmp}/corpus/a.txt is named twice", "list each file once",
+         setup=corpus()),
+    case("pair-train-file-repeated", "train --config configs/embeddings.py:contrastive,tiny" + FINETUNE
+         + " --config.data.train_file=p.jsonl,./p.jsonl", 1, "data.train_file='p.jsonl,./p.jsonl'",
+         "{tmp}/data/p.jsonl is named twice: it would be read twice",
+         setup=files(data__p_DOT_jsonl='{"query": "a cat", "positive": "the cat"}\n')),
 ]
 
 TFDS_CASES = [

@@ -30,3 +30,14 @@ def test_a_nested_key_is_read_and_its_default_given_when_absent():
     assert paths.json_field(SETTINGS, "other.pooling", str, "s.json", "", default="cls") == "cls"
     with pytest.raises(ValueError, match=r"key 'sentence.sizes.max' is 8, expected an integer >= 9"):
         paths.json_field(SETTINGS, "sentence.sizes.max", int, "s.json", "", at_least=9)
+
+
+def test_a_file_listed_twice_is_refused_naming_it(tmp_path):
+    """Two names of one file (the same name twice, or `./a` beside `a`) would read it twice."""
+    (tmp_path / "a.txt").write_text("x\n")
+    (tmp_path / "b.txt").write_text("y\n")
+    paths.check_listed_once([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], "")
+    with pytest.raises(ValueError, match=r"^data.train_files='x': \S*/a.txt is named twice \(again "
+                                         r"as \S*/\./a.txt\): it would be read twice"):
+        paths.check_listed_once([str(tmp_path / "a.txt"), f"{tmp_path}/./a.txt"],
+                                "data.train_files='x': ")
