@@ -809,6 +809,8 @@ VOCAB_CASES = [
          "--input={tmp}/corpus/a.txt: no text to train on (empty, or blank lines only)", setup=corpus("")),
     case("vocab-input-blank-lines", VOCAB_TEXT + " --type sentencepiece", 1,
          "--input={tmp}/corpus/a.txt: no text to train on", setup=corpus("\n  \n\t\n")),
+    case("vocab-size-zero", VOCAB_TEXT.replace("--size 50", "--size 0"), 1,
+         "--size=0 leaves no room beside the special tokens", "use at least 6", setup=corpus()),
     case("prepare-input-binary", PREPARE_TEXT, 1,
          "corpus/a.txt:1: a NUL byte: a binary file, not text",
          setup=corpus(bytes(range(256)) * 4)),
