@@ -98,7 +98,24 @@ def phases(data) -> tuple[PhaseSpec, ...]:
                                  float(theta) or None))
         except (TypeError, ValueError):
             raise ConfigError(f"{form}; each entry a number") from None
+    _check_phase_order(out)
     return tuple(out)
+
+
+def _check_phase_order(runs: Sequence[PhaseSpec]) -> None:
+    """The first phase starts at step 0 and each later one after the one before: a phase listed
+    out of order, or at the start step of another, would never run."""
+    if runs and runs[0].start_step != 0:
+        raise ConfigError(f"data.phases[0] starts at step {runs[0].start_step}: the first phase "
+                          f"must start at step 0 (it sets the data of the run's first steps)")
+    for i in range(1, len(runs)):
+        before, now = runs[i - 1].start_step, runs[i].start_step
+        if now <= before:
+            raise ConfigError(
+                f"data.phases[{i}] starts at step {now}, "
+                + ("the same step as" if now == before else "before") + f" data.phases[{i - 1}] "
+                f"(step {before}): list the phases by their first step, each starting later than "
+                f"the one before (that phase would never run)")
 
 
 def phase_microbatch(config, phase: PhaseSpec) -> int:
@@ -422,8 +439,10 @@ def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int,
 
 def check_overrides_read(spec: RunSpec, set_by_user: Collection[str]) -> None:
     """A model key given on the command line (`set_by_user`: dotted keys) that the run would
-    not read: splash's tile sizes with a kernel that does not tile. (In a config file they
-    stay, ignored, so that a TPU config runs with another kernel elsewhere: docs/attention.md.)"""
+    not read: splash's tile sizes with a kernel that does not tile (in a config file they
+    stay, ignored, so that a TPU config runs with another kernel elsewhere: docs/attention.md);
+    or two keys that set one value (warmup_from_user)."""
+    warmup_from_user(spec, set_by_user)
     if attention.kernel(spec.model.attention_kernel).reads_block_size:
         return
     given = sorted(k for k in set_by_user if k.startswith("model.attention_block"))
@@ -431,6 +450,21 @@ def check_overrides_read(spec: RunSpec, set_by_user: Collection[str]) -> None:
         raise ConfigError(f"--config.{given[0]}: only a kernel that tiles (splash) reads it; with "
                           f"model.attention_kernel={spec.model.attention_kernel!r} it would do "
                           f"nothing: leave it out, or set --config.model.attention_kernel=splash")
+
+
+def warmup_from_user(spec: RunSpec, set_by_user: Collection[str]) -> bool:
+    """Whether the user's schedule.warmup_steps (a key in `set_by_user`) replaces a warmup
+    fraction of the config file; a ConfigError if the user set a fraction (> 0) too: two values
+    of one warmup, neither of which would be the run's for sure."""
+    fraction = spec.schedule.warmup_fraction
+    if not fraction or "schedule.warmup_steps" not in set_by_user:
+        return False
+    if "schedule.warmup_fraction" in set_by_user:
+        raise ConfigError(
+            f"--config.schedule.warmup_steps={spec.schedule.warmup_steps} and "
+            f"--config.schedule.warmup_fraction={fraction} both set the warmup; give one (a "
+            f"fraction of train.steps, or steps with --config.schedule.warmup_fraction=0)")
+    return True
 
 
 def check_phase_batches(config: RunSpec | ml_collections.ConfigDict, shards: int,

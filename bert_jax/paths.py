@@ -123,6 +123,20 @@ def path(p: str | os.PathLike) -> Path | epath.Path:
     return Path(p)
 
 
+def check_listed_once(files: list[str], where: str) -> None:
+    """A file named twice in a list of inputs (two globs that match it, `a,./a`) would be read
+    twice, its examples counted double: a ValueError naming it, prefixed by `where` (the key
+    or flag and its value, "key='...': ")."""
+    seen: dict[str, str] = {}
+    for name in files:
+        key = name if is_remote(name) else os.path.realpath(name)
+        if key in seen:
+            again = f" (again as {name})" if name != seen[key] else ""
+            raise ValueError(f"{where}{seen[key]} is named twice{again}: it would be read twice; "
+                             f"list each file once")
+        seen[key] = name
+
+
 def glob(pattern: str) -> list[str]:
     """The sorted paths matching `pattern` (*, ?, [...]), local or gs://.
 

@@ -25,3 +25,11 @@ def nest(items: list[tuple[tuple[str, ...], Any]]) -> dict:
             node = node.setdefault(k, {})
         node[keys[-1]] = value
     return out
+
+
+def dotted(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted key: value} of a nested dict such as a run config as JSON (an empty section
+    is a value itself)."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix.rstrip("."): tree}
+    return {k: v for name, sub in tree.items() for k, v in dotted(sub, f"{prefix}{name}.").items()}

@@ -89,7 +89,7 @@ def plan(config, topology: str, slices: int = 1, mfu: float = 0.4, *,
             config, train=dataclasses.replace(config.train, steps=1),
             schedule=dataclasses.replace(config.schedule, warmup_fraction=0.0, warmup_steps=0))
     elif config.schedule.warmup_fraction:
-        config = tasks.resolve_steps(config, None)
+        config = tasks.resolve_steps(config, None, set_by_user)
     engine = setup.build(config, sharding.make_mesh(config.mesh, devices))
     mesh, objective, abstract, state_sh = engine.mesh, engine.objective, engine.abstract, engine.state_sh
     params_bytes = sharding.bytes_per_device(abstract["params"], state_sh["params"])

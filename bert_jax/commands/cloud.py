@@ -39,9 +39,10 @@ from bert_jax.paths import REPO as ROOT  # the checkout launch runs from (tests 
 def cmd_info(args: list[str]) -> None:
     """Prints the model, its parameter count per module and total, and FLOPs per token."""
     from bert_jax import models
-    from bert_jax.config import model_config
+    from bert_jax.config import model_config, resolve
 
     config = require(CONFIG, "info")
+    resolve(config)  # the values train and plan refuse (types, ranges) are refused here too
     if SEQ_LEN.value is not None and SEQ_LEN.value < 1:
         raise app.UsageError(f"--seq_len={SEQ_LEN.value}: tokens per sequence, >= 1 (leave it "
                              "out for the config's data.max_seq_length)")

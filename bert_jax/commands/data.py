@@ -20,7 +20,8 @@ def cmd_vocab(args: list[str]) -> None:
     spec = require(INPUT, "vocab")
     out = tokenizer_lib.train_vocab(sources.vocab_lines(spec), size=SIZE.value, kind=TYPE.value,
                                     out_dir=out_dir, lowercase=LOWERCASE.value,
-                                    sp_model_type=SP_MODEL.value, source=f"--input={spec}")
+                                    sp_model_type=SP_MODEL.value, source=f"--input={spec}",
+                                    size_name="--size")
     tok = tokenizer_lib.load_tokenizer(out)
     print(json.dumps({"out": str(out), "kind": tok.kind, "vocab_size": tok.vocab_size}))
 

@@ -4,7 +4,9 @@ A sweep config (configs/sweeps/*.py) has `base` (the run's `--config` spec), `ov
 (`key=value` strings applied to every trial) and `grid` ({config key: tuple of values}; the
 key `seed` marks repetitions of one setting). Each trial runs `bert-jax train` in its own
 process in `<workdir>/<trial name>`; a trial whose summary.json says it finished is skipped
-and an interrupted one resumes from its checkpoint. A trial that fails (bert-jax found a bad
+(unless the config it ran, recorded in trial_config.json, differs from the one it would run now:
+then the sweep stops before any trial, naming the keys) and an interrupted one resumes from its
+checkpoint. A trial that fails (bert-jax found a bad
 input: exit 1 or 2) is reported with its error line and log, and tried again on the next run
 (its cause may have been fixed meanwhile). Then `results.csv` (a row per trial),
 `results.md` (per setting: median and best over seeds; the best setting) and `results.png`
@@ -28,6 +30,7 @@ from typing import Any
 import ml_collections
 
 from bert_jax import config as config_lib
+from bert_jax import trees
 from bert_jax.commands.options import CONFIG, PRINT_COMMANDS, WORKDIR, require
 from bert_jax.paths import is_remote
 
@@ -35,6 +38,9 @@ log = logging.getLogger(__name__)
 
 SUMMARY = "summary.json"  # written by train_and_evaluate at the end of a run
 FAILED = "failed.json"  # written here when a trial fails: {"exit": code, "error": its error line}
+# written here when a trial starts: its run config as loaded (the sweep's base, overrides and the
+# trial's grid values), which a finished trial's must equal on a later run (refuse_changed_trials)
+TRIAL = "trial_config.json"
 
 
 # Appendix A.3 of the BERT paper: the fine-tuning values that "work well across all tasks".
@@ -119,8 +125,12 @@ def failure(trial_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def check_sweep(sweep, spec: str = "the sweep config") -> None:
-    """A sweep config whose every trial config loads; else a ValueError naming the trial and key."""
+def check_sweep(sweep, spec: str = "the sweep config") -> list[dict[str, Any]]:
+    """Each trial's run config as JSON (what its `bert-jax train` process loads), checked as
+    train checks it before it builds anything (config.resolve: types and ranges;
+    config.check_overrides_read: keys the trial sets on its command line), so that no trial is
+    printed or started while another would be refused; else a ValueError naming the trial and
+    the key. (The checks that need the devices are the trial's own.)"""
     missing = [k for k in ("base", "overrides", "grid") if k not in sweep]
     if missing:
         raise ValueError(f"--config={spec} is not a sweep config (it has no {' or '.join(missing)}); "
@@ -131,21 +141,53 @@ def check_sweep(sweep, spec: str = "the sweep config") -> None:
     if twice := [k for k, v in sweep.grid.items() if len({_fmt(x) for x in v}) < len(v)]:
         raise ValueError(f"grid.{twice[0]}={tuple(sweep.grid[twice[0]])!r} repeats a value: each "
                          "trial is one combination, run once; list each value once")
+    configs = []
     for setting in trials(sweep):
         items = [*sweep.overrides, *(f"{k}={_fmt(v)}" for k, v in setting.items())]
         try:
-            config_lib.load(sweep.base, items)
+            config = config_lib.load(sweep.base, items)
+            config_lib.check_overrides_read(config_lib.resolve(config),
+                                            {item.partition("=")[0] for item in items})
         except Exception as e:  # noqa: BLE001 (a config file can raise anything; say which trial)
             message = e if isinstance(e, config_lib.ConfigError) else f"{type(e).__name__}: {e}"
             raise ValueError(f"sweep {spec}, trial {trial_name(setting)} (base={sweep.base}): "
                              f"{message}") from None
+        configs.append(json.loads(config.to_json()))
+    return configs
+
+
+def differing_keys(before: dict, now: dict) -> list[str]:
+    """'key: A before, B now' for each dotted key whose value differs (or that one side lacks)."""
+    old, new = trees.dotted(before), trees.dotted(now)
+    return [f"{k}: {old.get(k, '(none)')!r} before, {new.get(k, '(none)')!r} now"
+            for k in sorted(old.keys() | new.keys()) if old.get(k, "(none)") != new.get(k, "(none)")]
+
+
+def refuse_changed_trials(root: Path, settings: list[dict[str, Any]], configs: list[dict]) -> None:
+    """A finished trial whose recorded run config (TRIAL, written when it started) differs
+    from the one it would run now: its results are of other settings, and rerunning it would
+    replace them; a ValueError naming the trial and the keys, before any trial runs."""
+    changed = []
+    for setting, config in zip(settings, configs):
+        trial_dir = root / trial_name(setting)
+        record = trial_dir / TRIAL
+        if finished(trial_dir) and record.is_file():
+            if diff := differing_keys(json.loads(record.read_text()), config):
+                changed.append((trial_dir, diff))
+    if changed:
+        trial_dir, diff = changed[0]
+        more = f" (and {len(changed) - 1} more finished trial(s))" if len(changed) > 1 else ""
+        shown = "; ".join(diff[:5]) + (f"; {len(diff) - 5} more" if len(diff) > 5 else "")
+        raise ValueError(f"trial {trial_dir} finished with other settings than it has now{more} "
+                         f"({shown}): its results are not this sweep's; give the sweep a new "
+                         f"--workdir (or move that trial's folder away to run it again)")
 
 
 def run_sweep(sweep, workdir: str, print_commands: bool = False, spec: str = "the sweep config"
               ) -> dict[str, Any]:
     """Runs every unfinished trial, then writes the results tables; with `print_commands`
     only returns each trial's `bert-jax train` command line (for a cluster scheduler)."""
-    check_sweep(sweep, spec)
+    configs = check_sweep(sweep, spec)
     root = Path(workdir)
     settings = trials(sweep)
     commands = [command(sweep, s, workdir) for s in settings]
@@ -155,15 +197,17 @@ def run_sweep(sweep, workdir: str, print_commands: bool = False, spec: str = "th
         raise ValueError(f"--workdir={workdir}: a sweep keeps its trial logs and results tables on "
                          "local disk; give a local --workdir, or use --print_commands to launch "
                          "the trials with gs:// workdirs on a cluster")
+    refuse_changed_trials(root, settings, configs)
     root.mkdir(parents=True, exist_ok=True)
     failed, interrupted = [], []
-    for i, (setting, cmd) in enumerate(zip(settings, commands)):
+    for i, (setting, cmd, config) in enumerate(zip(settings, commands, configs)):
         trial_dir = root / trial_name(setting)
         if finished(trial_dir):
             log.info(f"[{i + 1}/{len(settings)}] {trial_dir.name}: finished before, skipped")
             continue
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / FAILED).unlink(missing_ok=True)  # tried again: its cause may be fixed
+        (trial_dir / TRIAL).write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
         log_file = trial_dir / "train.log"
         log.info(f"[{i + 1}/{len(settings)}] {trial_dir.name}: running (log: {log_file})")
         with open(log_file, "a", encoding="utf-8") as trial_log:

@@ -28,8 +28,9 @@ Document = list[np.ndarray]
 
 
 def expand(patterns: str, what: str = "") -> list[str]:
-    """Comma-separated globs (local or gs://, see paths.glob) -> sorted file list; no match is
-    an error naming `what` (a key or flag)."""
+    """Comma-separated globs (local or gs://, see paths.glob) -> sorted file list; no match, or
+    a file that two of them name (it would be read twice), is an error naming `what` (a key or
+    flag)."""
     files: list[str] = []
     where = f"{what}={patterns!r}: " if what else ""
     for pattern in filter(None, (p.strip() for p in patterns.split(","))):
@@ -40,6 +41,7 @@ def expand(patterns: str, what: str = "") -> list[str]:
         files.extend(matched)
     if not files:
         raise FileNotFoundError(f"{where}no files given; set it to comma-separated file globs")
+    paths.check_listed_once(files, where)
     return files
 
 

@@ -141,7 +141,7 @@ def _train_wordpiece(lines: Iterator[str], size: int, out_dir: Path, lowercase: 
 
 
 def _train_sentencepiece(lines: Iterator[str], size: int, out_dir: Path, lowercase: bool,
-                         model_type: str) -> int:
+                         model_type: str, size_name: str = "train_vocab: size") -> int:
     """Writes spm.model and spm.vocab; returns the vocab size (may be < size)."""
     failed: list[Exception] = []
 
@@ -170,18 +170,19 @@ def _train_sentencepiece(lines: Iterator[str], size: int, out_dir: Path, lowerca
     except RuntimeError as e:  # e.g. "Vocabulary size is smaller than required_chars. 20 vs 42."
         if failed:
             raise failed[0] from None
-        raise ValueError(f"train_vocab: sentencepiece cannot train a {model_type} vocab of "
-                         f"size={size} on this text: {str(e).split('] ')[-1]}") from e
+        raise ValueError(f"sentencepiece cannot train a {model_type} vocab of "
+                         f"{size_name}={size} on this text: {str(e).split('] ')[-1]}") from e
     return spm.SentencePieceProcessor(model_file=str(out_dir / SPM_NAME)).get_piece_size()
 
 
 def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | Path,
                 lowercase: bool = True, sp_model_type: Literal["unigram", "bpe"] = "unigram",
-                source: str = "train_vocab: inputs", **options: bool) -> Path:
+                source: str = "train_vocab: inputs", size_name: str = "train_vocab: size",
+                **options: bool) -> Path:
     """Trains a vocab of at most `size` tokens on text lines into out_dir (local or gs://: written
     locally, then uploaded); returns out_dir. WordPiece `options` (final_sigma,
-    keep_special_tokens; see WordPieceTokenizer) are stored for load_tokenizer; `source` names
-    the inputs in errors (the command's flag)."""
+    keep_special_tokens; see WordPieceTokenizer) are stored for load_tokenizer; `source` and
+    `size_name` name the inputs and the size in errors (the command's flags)."""
     if kind not in ("wordpiece", "sentencepiece"):
         raise ValueError(f"train_vocab: kind={kind!r}, expected 'wordpiece' or 'sentencepiece'")
     if sp_model_type not in ("unigram", "bpe"):
@@ -190,8 +191,8 @@ def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | 
         raise ValueError(f"train_vocab: unknown option(s) {bad} for kind={kind!r}; only WordPiece "
                          f"has options: {' '.join(WORDPIECE_OPTIONS)}")
     if size <= len(SPECIAL_TOKENS):
-        raise ValueError(f"train_vocab: size={size} leaves no room beside the special tokens "
-                         f"{' '.join(SPECIAL_TOKENS)}")
+        raise ValueError(f"{size_name}={size} leaves no room beside the special tokens "
+                         f"{' '.join(SPECIAL_TOKENS)}; use at least {len(SPECIAL_TOKENS) + 1}")
     lines = _text_lines(inputs, source)
     with paths.staged_output(out_dir) as local:
         fresh = not local.exists()
@@ -200,7 +201,7 @@ def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | 
             if kind == "wordpiece":
                 n = _train_wordpiece(lines, size, local, lowercase)
             else:
-                n = _train_sentencepiece(lines, size, local, lowercase, sp_model_type)
+                n = _train_sentencepiece(lines, size, local, lowercase, sp_model_type, size_name)
         except BaseException:  # e.g. a bad input line: leave no empty folder behind
             if fresh:
                 shutil.rmtree(local, ignore_errors=True)

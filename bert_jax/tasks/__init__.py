@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import math
+from collections.abc import Collection
 
 import ml_collections
 
@@ -98,12 +99,20 @@ def task_of_file(head: bytes, other_than: str) -> type[Task] | None:
                 None)
 
 
-def resolve_steps(spec: RunSpec, task: Task | None) -> RunSpec:
+def resolve_steps(spec: RunSpec, task: Task | None, set_by_user: Collection[str] = ()) -> RunSpec:
     """`spec` with train.steps from train.epochs (when train.steps is 0) and
     schedule.warmup_steps from schedule.warmup_fraction (when > 0), logged so the run shows
     what it did, and written into the config it saves. A train.steps set by the user is kept
-    as it is."""
+    as it is; so is a schedule.warmup_steps given on the command line (`set_by_user`: dotted
+    keys) over the config file's fraction (config.warmup_from_user)."""
     t, schedule = spec.train, spec.schedule
+    if config_lib.warmup_from_user(spec, set_by_user):
+        log.info(f"--config.schedule.warmup_steps={schedule.warmup_steps}: the config's "
+                 f"schedule.warmup_fraction={schedule.warmup_fraction} is not used")
+        schedule = dataclasses.replace(schedule, warmup_fraction=0.0)
+        saved = json.loads(spec.saved)
+        saved["schedule"]["warmup_fraction"] = 0.0
+        spec = dataclasses.replace(spec, schedule=schedule, saved=json.dumps(saved))
     epochs, fraction = t.epochs, schedule.warmup_fraction
     from_epochs = epochs > 0 and t.steps == 0
     if not from_epochs and not fraction:

@@ -213,6 +213,12 @@ class PairsTask(Task):
         if len(files) > 1 and "" in files:
             raise config_lib.ConfigError(f"data.train_file={self.data.train_file!r}: an empty "
                                          "name between commas; give each file's name")
+        if len(files) > 1:
+            try:
+                paths.check_listed_once([str(self.file(name)) for name in files],
+                                        f"data.train_file={self.data.train_file!r}: ")
+            except ValueError as e:
+                raise config_lib.ConfigError(str(e)) from None
         if len(files) > 1 and self.data.pack:
             raise config_lib.ConfigError(f"data.train_file names {len(files)} files, which are "
                                          "batched unpacked: set --config.data.pack=false")

@@ -495,6 +495,7 @@ class TrainCheckpointer:
             return
         refuse_other_run(f"{self.path}/{step}", stored, config)
         say_data_changes(f"{self.path}/{step}", stored, config)
+        say_setting_changes(f"{self.path}/{step}", stored, config)
 
     def _check_fits(self, step: int, metadata, abstract_params, abstract_opt_state) -> None:
         """A readable checkpoint whose arrays do not match the config is the user's config
@@ -611,6 +612,21 @@ def say_data_changes(where: str, stored: dict, config: dict) -> None:
                     f"from this step on follow the new data, not the stream the checkpoint's run "
                     f"would have read; to continue that stream, resume with its config "
                     f"({where}/config)")
+
+
+def say_setting_changes(where: str, stored: dict, config: dict) -> None:
+    """A warning naming each key outside the data section (say_data_changes) whose value
+    differs from the one stored with checkpoint `where`, every key by the same rule (those a
+    resume cannot take were refused: refuse_other_run): the run resumes, its steps from here
+    on computed with the new values (a loss scale, dropout, learning rate, more steps). A key
+    the stored config lacks (an older version's) is not compared."""
+    before = trees.dotted({k: v for k, v in stored.items() if k != "data"})
+    now = trees.dotted({k: v for k, v in config.items() if k != "data"})
+    diff = changed_fields(before, now, sorted(now), "")
+    if diff:
+        log.warning(f"warning: resuming {where} with settings changed since it was saved ({diff}): "
+                    f"the steps from here on use the new values; to resume the run as it was, "
+                    f"use its config ({where}/config)")
 
 
 def check_resumes(workdir: str | os.PathLike, config: dict) -> None:

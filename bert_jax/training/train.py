@@ -530,7 +530,7 @@ def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = (),
     setup.check(spec, platform=setup.platform(), devices=jax.device_count(),
                 processes=jax.process_count())
     task = tasks.from_config(spec)  # None for pretraining data
-    spec = tasks.resolve_steps(spec, task)
+    spec = tasks.resolve_steps(spec, task, set_by_user)
     checkpoint.check_writable(workdir)  # storage reachable and writable, before anything is built
     with WorkdirLock(workdir, enabled=jax.process_index() == 0):
         return _train(spec, workdir, task, started)

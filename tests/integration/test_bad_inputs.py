@@ -371,6 +371,17 @@ CONFIG_CASES = [
          + " --config.train.steps=4", 1, "model.vocab_size", "--workdir"),
     case("workdir-is-a-file", PRETRAIN.replace("{tmp}/w", "{tmp}/f"), 1, "{tmp}/f is a file",
          "another --workdir", setup=files(f="a file")),
+    # phases out of order (one would never run) or not from step 0
+    case("phases-first-not-at-step-0", PRETRAIN + " --config.data.phases=\"((1, 16, 3),)\"", 1,
+         "data.phases[0] starts at step 1", "must start at step 0"),
+    case("phases-unsorted", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (2, 8, 2), (1, 16, 3))\"",
+         1, "data.phases[2] starts at step 1, before data.phases[1] (step 2)", "never run"),
+    case("phases-same-start", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (0, 8, 2))\"", 1,
+         "data.phases[1] starts at step 0, the same step as data.phases[0]", "never run"),
+    # two keys of one value both given: neither is silently dropped
+    case("warmup-steps-and-fraction", GLUE + " --config.schedule.warmup_steps=3 "
+         "--config.schedule.warmup_fraction=0.2", 1, "--config.schedule.warmup_steps=3 and "
+         "--config.schedule.warmup_fraction=0.2 both set the warmup", "give one", setup=glue()),
 ]
 
 MINE_PAIRS = "mine --checkpoint {ckpt} --input {tmp}/p.jsonl --output {tmp}/m.jsonl"
@@ -754,6 +765,17 @@ SWEEP_CASES = [
     case("sweep-remote-workdir", "sweep --config configs/sweeps/glue.py:mrpc --workdir gs://b/s", 1,
          "gs://b/s", "--print_commands"),
     case("sweep-without-workdir", "sweep --config configs/sweeps/glue.py:mrpc", 2, "--workdir"),
+    # every trial checked as train checks it before any is printed or started
+    case("sweep-print-trial-train-refuses", "sweep --config configs/sweeps/glue.py:mrpc,tiny "
+         "--workdir {tmp}/s --print_commands --config.grid.optimizer.learning_rate=\"(2e-5, -1.0)\"", 1,
+         "trial learning_rate=-1_seed=0", "optimizer.learning_rate=-1.0 must be > 0"),
+    case("sweep-print-seed-negative", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
+         "--print_commands --config.grid.seed=\"(0, -1)\"", 1, "_seed=-1", "seed=-1",
+         "a whole number in [0, 2**31)"),
+    # (the first trial is good: refused before it runs, else this would train it)
+    case("sweep-start-trial-train-refuses", "sweep --config configs/sweeps/glue.py:mrpc,tiny "
+         "--workdir {tmp}/s --config.grid.optimizer.learning_rate=\"(2e-5, -1.0)\"", 1,
+         "trial learning_rate=-1_seed=0", "optimizer.learning_rate=-1.0 must be > 0"),
 ]
 
 VOCAB_TEXT = "vocab --input {tmp}/corpus/a.txt --out {tmp}/v --size 50"
@@ -803,6 +825,8 @@ VOCAB_CASES = [
          "--input={tmp}/corpus/a.txt: no text to train on (empty, or blank lines only)", setup=corpus("")),
     case("vocab-input-blank-lines", VOCAB_TEXT + " --type sentencepiece", 1,
          "--input={tmp}/corpus/a.txt: no text to train on", setup=corpus("\n  \n\t\n")),
+    case("vocab-size-zero", VOCAB_TEXT.replace("--size 50", "--size 0"), 1,
+         "--size=0 leaves no room beside the special tokens", "use at least 6", setup=corpus()),
     case("prepare-input-binary", PREPARE_TEXT, 1,
          "corpus/a.txt:1: a NUL byte: a binary file, not text",
          setup=corpus(bytes(range(256)) * 4)),
@@ -845,11 +869,37 @@ EVAL_TASK_CASES = [
          setup=files(**{"dev-v1_DOT_1_DOT_json": squad_json()})),
 ]
 
+def finished_trial(trial: str, items: list[str], *changes: str):
+    """A setup: <tmp>/s/<trial>, a trial that finished (its summary) with the run config of
+    `items` over the sweep's base and then `changes` ("key=value"), as the sweep recorded it."""
+    def setup(tmp: Path, ctx: dict) -> None:
+        base = str(REPO / "configs/glue.py:sst2,tiny")
+        ran = config_lib.load(base, [*items, *changes])
+        write(tmp / "s" / trial / "summary.json", json.dumps({"step": 2, "steps": 2, "preempted": False}))
+        write(tmp / "s" / trial / "trial_config.json", ran.to_json())
+    return setup
+
+
+def then(*setups):
+    def setup(tmp: Path, ctx: dict) -> None:
+        for s in setups:
+            s(tmp, ctx)
+    return setup
+
+
 SWEEP_TRIAL_CASES = [
     case("sweep-trial-fails", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1, "1 of 1 trial(s) failed",
          "learning_rate=0.001_seed=0: ", "data.tokenizer",
          "(log: {tmp}/s/learning_rate=0.001_seed=0/train.log)", "fix the cause",
          setup=sweep_file("configs/glue.py:sst2,tiny", {"optimizer.learning_rate": (1e-3,)})),
+    # a finished trial whose settings the sweep changed since (its overrides): not skipped with
+    # its old numbers reported for the new settings, nor run again over them
+    case("sweep-finished-trial-changed", "sweep --config {tmp}/sw.py --workdir {tmp}/s", 1,
+         "trial {tmp}/s/learning_rate=0.001_seed=0 finished with other settings",
+         "model.dropout_rate: 0.3 before, 0.1 now", "new --workdir",
+         setup=then(sweep_file("configs/glue.py:sst2,tiny", {"optimizer.learning_rate": (1e-3,)}),
+                    finished_trial("learning_rate=0.001_seed=0",
+                                   ["optimizer.learning_rate=0.001", "seed=0"], "model.dropout_rate=0.3"))),
 ]
 
 AVERAGE_CASES = [
@@ -889,6 +939,14 @@ RUN_VALUE_CASES = [
          "--config.model.num_labels=2", setup=glue()),
     case("stsb-num-labels", STSB + " --config.model.num_labels=2", 1, "model.num_labels=2", "regression",
          "--config.model.num_labels=1"),
+    # a file named twice (after glob expansion) would be read twice
+    case("train-files-repeated", TEXT.replace("{tmp}/corpus/*.txt", "{tmp}/corpus/a.txt,{tmp}/corpus/*.txt"),
+         1, "data.train_files=", "{tmp}/corpus/a.txt is named twice", "list each file once",
+         setup=corpus()),
+    case("pair-train-file-repeated", "train --config configs/embeddings.py:contrastive,tiny" + FINETUNE
+         + " --config.data.train_file=p.jsonl,./p.jsonl", 1, "data.train_file='p.jsonl,./p.jsonl'",
+         "{tmp}/data/p.jsonl is named twice: it would be read twice",
+         setup=files(data__p_DOT_jsonl='{"query": "a cat", "positive": "the cat"}\n')),
 ]
 
 TFDS_CASES = [
@@ -932,6 +990,9 @@ FLAG_CASES = [  # a flag of bert_jax that the command does not read (it would do
 INFO_CASES = [
     case("info-seq-len-zero", INFO + " --seq_len 0", 2, "--seq_len=0", "leave it out"),
     case("info-seq-len-negative", INFO + " --seq_len=-3", 2, "--seq_len=-3"),
+    # the value checks of train and plan (info prints a model that no run would train)
+    case("info-learning-rate-nan", INFO + " --config.optimizer.learning_rate=nan", 1,
+         "optimizer.learning_rate=nan: a finite number is needed"),
 ]
 
 PREPARE_CASES = [

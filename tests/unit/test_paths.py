@@ -36,3 +36,14 @@ def test_a_json_file_with_a_byte_order_mark_reads_as_without(tmp_path):
     """As Windows editors save UTF-8 (an HF config.json, sentence-transformers' module files)."""
     (tmp_path / "config.json").write_bytes(b'\xef\xbb\xbf{"hidden_size": 32}')
     assert paths.read_json(tmp_path / "config.json", "expected a config") == {"hidden_size": 32}
+
+
+def test_a_file_listed_twice_is_refused_naming_it(tmp_path):
+    """Two names of one file (the same name twice, or `./a` beside `a`) would read it twice."""
+    (tmp_path / "a.txt").write_text("x\n")
+    (tmp_path / "b.txt").write_text("y\n")
+    paths.check_listed_once([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], "")
+    with pytest.raises(ValueError, match=r"^data.train_files='x': \S*/a.txt is named twice \(again "
+                                         r"as \S*/\./a.txt\): it would be read twice"):
+        paths.check_listed_once([str(tmp_path / "a.txt"), f"{tmp_path}/./a.txt"],
+                                "data.train_files='x': ")

@@ -61,3 +61,21 @@ def test_the_shard_cache_takes_off_a_folder_or_nothing(tmp_path):
     assert documents.shard_cache({"BERT_JAX_SHARD_CACHE": f"{tmp_path}/OFF"}) == f"{tmp_path}/OFF"
     assert documents.shard_cache({"BERT_JAX_SHARD_CACHE": "", "XDG_CACHE_HOME": str(tmp_path)}) == \
         f"{tmp_path}/bert_jax/shards"
+
+
+@pytest.mark.parametrize("given, says", [
+    (((1, 128, 20),), r"data.phases\[0\] starts at step 1: the first phase must start at step 0"),
+    (((0, 128, 20), (5, 256, 40), (2, 64, 10)),
+     r"data.phases\[2\] starts at step 2, before data.phases\[1\] \(step 5\)"),
+    (((0, 128, 20), (0, 64, 10)), r"data.phases\[1\] starts at step 0, the same step as "
+                                  r"data.phases\[0\] \(step 0\).*never run"),
+])
+def test_phases_out_of_order_are_refused_naming_the_phase(given, says):
+    """A phase listed out of order or at another's start step would never run (the phase of a
+    step is the last that started): refused, as is a first phase after step 0."""
+    from bert_jax import config as config_lib
+
+    with pytest.raises(specs.ConfigError, match=says):
+        config_lib.phases(type("Data", (), {"phases": given})())
+    ordered = config_lib.phases(type("Data", (), {"phases": ((0, 128, 20), (5, 64, 10))})())
+    assert [p.start_step for p in ordered] == [0, 5]

@@ -245,6 +245,26 @@ def test_user_train_steps_are_not_replaced_by_epochs():
     assert kept.train.steps == 7 and kept.schedule.warmup_steps == 0
 
 
+def test_warmup_steps_given_by_the_user_win_over_the_config_files_fraction():
+    """A fine-tuning config's warmup is 10% of the steps; --config.schedule.warmup_steps replaces
+    it (saved so), the fraction given too is refused, and without either the fraction stays."""
+    config = config_lib.load(str(REPO / "configs/glue.py:sst2,tiny"),
+                             ["train.steps=20", "schedule.warmup_steps=10"])
+    assert config.schedule.warmup_fraction == 0.1
+    spec = tasks.resolve_steps(config_lib.resolve(config), _Task(), {"schedule.warmup_steps"})
+    assert (spec.schedule.warmup_steps, spec.schedule.warmup_fraction) == (10, 0.0)
+    assert json.loads(spec.saved)["schedule"]["warmup_fraction"] == 0.0
+    # the same config without the key set by the user: the fraction, 10% of 20 steps
+    assert tasks.resolve_steps(config_lib.resolve(config), _Task()).schedule.warmup_steps == 2
+    with pytest.raises(config_lib.ConfigError, match=r"--config.schedule.warmup_steps=10 and "
+                       r"--config.schedule.warmup_fraction=0.1 both set the warmup; give one"):
+        config_lib.check_overrides_read(config_lib.resolve(config),
+                                        {"schedule.warmup_steps", "schedule.warmup_fraction"})
+    config.schedule.warmup_fraction = 0.0  # a fraction of 0 given with steps: no conflict
+    config_lib.check_overrides_read(config_lib.resolve(config),
+                                    {"schedule.warmup_steps", "schedule.warmup_fraction"})
+
+
 def test_cadence_decides_eval_and_save_in_one_place():
     t = config_lib.training_defaults().train
     t.steps, t.eval_every, t.checkpoint_every = 100, 30, 50

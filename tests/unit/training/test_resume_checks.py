@@ -1,4 +1,7 @@
-"""What a resume says of the data it trains on (checkpoint.say_data_changes)."""
+"""What a resume says of the data it trains on (checkpoint.say_data_changes) and of every other
+setting (checkpoint.say_setting_changes)."""
+
+import json
 
 from bert_jax.training import checkpoint
 
@@ -31,3 +34,25 @@ def test_a_key_an_older_version_did_not_store_is_not_a_change(monkeypatch):
     monkeypatch.setattr(checkpoint.log, "warning", warned.append)
     checkpoint.say_data_changes("run/checkpoints/4", {}, {"data": {"train_file": "a.jsonl"}})
     assert warned == []
+
+
+def test_every_other_changed_setting_is_named_and_an_unchanged_one_is_not(monkeypatch):
+    """A key outside the data section, in any section, that differs from the checkpoint's: one
+    warning naming each (a loss scale, a learning rate); keys an older version did not store,
+    and the data section (said by say_data_changes), are not in it."""
+    stored = {"seed": 0, "model": {"name": "bert_contrastive", "similarity_scale": 20.0},
+              "optimizer": {"learning_rate": 1e-3}, "data": {"train_file": "a.jsonl"}}
+    warned = []
+    monkeypatch.setattr(checkpoint.log, "warning", warned.append)
+    checkpoint.say_setting_changes("run/checkpoints/4", stored, json.loads(json.dumps(stored)))
+    assert warned == []
+    now = {"seed": 0, "model": {"name": "bert_contrastive", "similarity_scale": 5.0},
+           "optimizer": {"learning_rate": 1e-3, "b1": 0.9}, "data": {"train_file": "b.jsonl"},
+           "train": {"steps": 5}}
+    now["optimizer"]["learning_rate"] = 2e-3
+    checkpoint.say_setting_changes("run/checkpoints/4", stored, now)
+    assert warned == [
+        "warning: resuming run/checkpoints/4 with settings changed since it was saved "
+        "(model.similarity_scale: 20.0 in the checkpoint, 5.0 here; optimizer.learning_rate: "
+        "0.001 in the checkpoint, 0.002 here): the steps from here on use the new values; to "
+        "resume the run as it was, use its config (run/checkpoints/4/config)"]
