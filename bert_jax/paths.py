@@ -85,6 +85,34 @@ def check_output(value: str | os.PathLike, what: str, kind: str) -> None:
             return
 
 
+def check_new_folder(value: str | os.PathLike, what: str, *, leftovers: Sequence[str] = ()) -> None:
+    """An output folder the user gave (`what`: its flag or argument) that a command fills with
+    files of its own (a checkpoint, its tokenizer, a Hugging Face folder, shards): missing or
+    empty, never a folder holding other files (a vocab, a data set, another model's files)
+    that the command's files would replace or sit beside. `leftovers`: names an interrupted
+    run of the same command leaves, which it finds and handles itself."""
+    folder = path(value)
+    if not folder.is_dir():
+        return
+    held = sorted(p.name for p in folder.iterdir() if p.name not in leftovers)
+    if held:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise FileExistsError(f"{what}={value}: not empty (holds {shown}); choose a new output "
+                              "folder (or empty that one)")
+
+
+def check_new_file(value: str | os.PathLike, what: str, command: str,
+                   beside: Sequence[str | os.PathLike] = ()) -> None:
+    """An output file the user gave (`what`: its flag), and the files written `beside` it (a
+    figure's data), are new: an existing one (another run's results, a figure of its own) is
+    an error naming it, before anything is computed; `command` never overwrites a file."""
+    for file in [value, *beside]:
+        if path(file).exists():
+            named = "" if str(file) == str(value) else f"{file} "
+            raise FileExistsError(f"{what}={value}: {named}already exists; {command} never "
+                                  f"overwrites a file: choose a new {what} (or remove that one)")
+
+
 def make_output_folder(value: str | os.PathLike, what: str) -> None:
     """Makes the folder of the output file `value` (`what`: its flag) where it is missing, as
     the commands that write folders make theirs, before anything is computed; one that cannot

@@ -46,6 +46,21 @@ def _check_arguments(source: str, out: str) -> None:
     paths.check_output(out, "<out_dir>", "folder")
 
 
+def _check_source_not_a_file(source: str) -> None:
+    """convert reads a folder (tf: also a checkpoint prefix, which is no file): one of its
+    files given instead is named as such, with the folder that holds it."""
+    scheme, where = source[:3], source[3:]
+    if paths.is_remote(where) or not paths.path(where).is_file():
+        return
+    file = paths.path(where)
+    if scheme == "tf:" and (file.suffix == ".index" or ".data-" in file.name):
+        fix = f"tf:{file.parent / file.name.split('.index')[0].split('.data-')[0]} (the prefix)"
+    else:
+        fix = f"{scheme}{file.parent} (the folder that holds it)"
+    raise NotADirectoryError(f"<source>={source} is a file, not a folder (a file where a folder is "
+                             f"needed); convert reads the model's folder: give {fix}")
+
+
 def cmd_convert(args: list[str]) -> None:
     """Converts a public checkpoint into a bert_jax checkpoint directory."""
     from bert_jax.interop import convert
@@ -55,8 +70,14 @@ def cmd_convert(args: list[str]) -> None:
                              "tf:<original TF checkpoint folder or prefix> <out_dir>, or "
                              "st:<sentence-transformers folder> <out_dir>")
     _check_arguments(args[0][3:], args[1])
+    _check_source_not_a_file(args[0])
     if args[0].startswith("st:"):
         from bert_jax.interop import sentence_models
+
+        if HEAD.value is not None:  # the sentence model is the bare encoder
+            raise app.UsageError(f"--head={HEAD.value} would do nothing with an st: source: "
+                                 "convert st: makes the sentence model's bare encoder (with its "
+                                 "pooling); --head chooses the head of an hf: or tf: source")
 
         report = sentence_models.convert_st(args[0][3:], args[1])
         print(f"converted {args[0]} -> {report['out']} as a sentence model "
@@ -141,9 +162,7 @@ def cmd_embed(args: list[str]) -> None:
     if jax.process_count() > 1:
         raise ValueError(f"--output={output}: a .npy --output is one process's, and this is one of "
                          f"{jax.process_count()}; give a folder as --output (shards, each host its own)")
-    if paths.path(output).exists():
-        raise FileExistsError(f"--output={output}: already exists; embed never overwrites a file: "
-                              "choose a new --output (or remove that one)")
+    paths.check_new_file(output, "--output", "embed")
     given = require(INPUT, "embed")
     if given.removesuffix(".gz").endswith(".jsonl"):  # its lines would be embedded as JSON text
         raise ValueError(f"--input={given}: a corpus of JSON lines embeds into a folder of shards "
@@ -170,9 +189,7 @@ def cmd_mine(args: list[str]) -> None:
     source, output = require(CHECKPOINT, "mine"), require(OUTPUT, "mine")
     if args:
         raise app.UsageError(f"mine takes no arguments (got {args}); use --input and --output")
-    if paths.path(output).exists():
-        raise FileExistsError(f"--output={output}: already exists; mine never overwrites a file: "
-                              "choose a new --output (or remove that one)")
+    paths.check_new_file(output, "--output", "mine")
     corpus = ([line.rstrip("\n") for line in text.utf8_lines(CORPUS.value) if line.strip()]
               if CORPUS.value else None)
     if corpus == []:

@@ -223,9 +223,8 @@ def prepare(spec: RunSpec, out_dir: str | Path, docs_per_shard: int = 50_000) ->
         raise ValueError(f"data.name={d.name!r}: `bert-jax prepare` reads a corpus of one of the "
                          f"sources {can}: text files (data.name=text, data.train_files) or a TFDS "
                          "corpus (data.name=tfds, data.tfds_name)")
+    paths.check_new_folder(out_dir, "--out")
     out = paths.path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; choose a new --out")
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
     out.mkdir(parents=True, exist_ok=True)
     every = d.heldout_every

@@ -712,10 +712,20 @@ TOKENIZER_FILES = (VOCAB_NAME, CONFIG_NAME, META_NAME, SPM_NAME, SPM_VOCAB_NAME,
 def copy_tokenizer(src: str | Path, dst: str | Path) -> list[str]:
     """Copies the tokenizer files in src (those of TOKENIZER_FILES present) into dst, so a
     training workdir, like a `bert-jax convert` output, carries its tokenizer and can be
-    given as init_from. Files already in dst are kept. Returns the names copied."""
+    given as init_from. Files already in dst are kept when they are src's (a resumed run);
+    tokenizer files of another tokenizer there (a vocab folder given as the workdir, a run
+    resumed with another data.tokenizer) are a ValueError naming them: the folder would then
+    tokenize with a mixture. Returns the names copied."""
     src, dst = paths.path(src), paths.path(dst)
     if _same_dir(src, dst):
         return []
+    other = [n for n in TOKENIZER_FILES if (dst / n).is_file() and not (
+        (src / n).is_file() and (src / n).read_bytes() == (dst / n).read_bytes())]
+    if other:
+        raise ValueError(f"{dst}: already holds tokenizer files of another tokenizer than {src} "
+                         f"({', '.join(other)}: not {src}'s); a checkpoint folder carries the one "
+                         "tokenizer its model reads: choose a new folder, or give the tokenizer "
+                         "it was made with")
     copied = [n for n in TOKENIZER_FILES if (src / n).is_file() and not (dst / n).exists()]
     for name in copied:
         paths.copy_file(src / name, dst / name)

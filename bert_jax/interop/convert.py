@@ -23,7 +23,7 @@ import glob
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -453,13 +453,15 @@ def warn_repeated_tokens(tokenizer: tokenizer_lib.Tokenizer) -> None:
                     "weights, the vectors will be wrong: use the model's own")
 
 
-def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | None = None
-               ) -> dict[str, Any]:
+def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | None = None,
+               *, check_model: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Converts a HF BERT folder or cache entry, or an original TF BERT checkpoint, into a
-    bert_jax checkpoint directory (either may be local or gs://); returns a report."""
+    bert_jax checkpoint directory (either may be local or gs://); returns a report.
+    `check_model(model config)`: a caller's check of the model, before anything is written."""
     out = paths.path(out)
     if checkpoint.checkpoint_dir(out).exists():
         raise FileExistsError(f"{out}: already holds checkpoints; choose a new output folder")
+    paths.check_new_folder(out, "<out_dir>")  # (a vocab, another model's files: never replaced)
     with _local_source(source) as local:
         hf_cfg, weights, tokenizer, origin = read_source(local)
         source_options = Path(origin[3:]) / tokenizer_lib.CONFIG_NAME if origin.startswith("hf:") else None
@@ -482,6 +484,8 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
         except ValueError as e:
             raise ValueError(f"{origin[3:]}: {e}") from None
         family.check_weights(weights, _config_file(origin))  # (config.json's own errors first)
+        if check_model is not None:
+            check_model(model_cfg)
         if tokenizer.vocab_size > model_cfg["vocab_size"]:
             raise ValueError(f"{tokenizer.vocab_file} has {tokenizer.vocab_size} tokens but the model "
                              f"config says vocab_size={model_cfg['vocab_size']}; use the "

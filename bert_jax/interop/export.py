@@ -152,9 +152,8 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
     """Writes checkpoint `step` (latest by default) of `source` as a Hugging Face folder `out`;
     returns a report. `source` and `out` may be local or gs:// (the files are written locally,
     then uploaded)."""
+    paths.check_new_folder(out, "<out_dir>")
     out = paths.path(out)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out}: not empty; choose a new output folder")
     model_cfg = models.complete_model_config(checkpoint.read_config(source, step)["model"])
     name = model_cfg["name"]
     try:

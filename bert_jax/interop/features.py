@@ -63,9 +63,7 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
                          "per line")
     if batch_size < 1:
         raise ValueError(f"--batch_size={batch_size} must be >= 1")
-    if paths.path(output_file).exists():  # it may hold the features of an earlier run
-        raise FileExistsError(f"--output={output_file}: already exists; features never overwrites "
-                              "a file: choose a new --output (or remove that one)")
+    paths.check_new_file(output_file, "--output", "features")  # an earlier run's features?
     paths.make_output_folder(output_file, "--output")
     model_cfg = checkpoint.read_config(checkpoint_dir)["model"]
     name, fields = models.split_model_config(model_cfg)

@@ -161,7 +161,24 @@ def convert_st(source: str | os.PathLike, out: str | os.PathLike) -> dict[str, A
     from bert_jax.interop import convert
 
     transformer, spec = read_folder(source)
-    report = convert.convert_hf(transformer, out, "bert")
+    settings_file = transformer / "sentence_bert_config.json"
+
+    def check_length(model_cfg: dict[str, Any]) -> None:
+        """spec.max_seq_length within the model's position table: sentence_bert_config.json's
+        past it is refused (sentence-transformers would index past the table); the tokenizer's
+        model_max_length past it is cut there, as sentence-transformers takes the smaller."""
+        nonlocal spec
+        positions = models.split_model_config(model_cfg)[1].max_positions
+        if positions is None or spec.max_seq_length <= positions:
+            return
+        if settings_file.is_file() and "max_seq_length" in paths.read_json(settings_file, ""):
+            raise ValueError(f"{settings_file}: max_seq_length={spec.max_seq_length}, but the model "
+                             f"has {positions} positions (its config.json's "
+                             f"max_position_embeddings): a longer sentence has no position "
+                             f"vector; set max_seq_length to {positions} or less")
+        spec = dataclasses.replace(spec, max_seq_length=positions)
+
+    report = convert.convert_hf(transformer, out, "bert", check_model=check_length)
     (paths.path(out) / SPEC_FILE).write_text(json.dumps(dataclasses.asdict(spec), indent=1) + "\n")
     return {**report, "sentence": dataclasses.asdict(spec)}
 

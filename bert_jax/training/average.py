@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax import trees
+from bert_jax import paths, trees
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import workdir_path
 from bert_jax.training import checkpoint
@@ -40,6 +40,9 @@ def _check_paths(workdir: str, out: str) -> None:
     if saved.exists() and any(p.name.isdigit() for p in saved.iterdir()):
         raise ValueError(f"{out}: already holds a checkpoint (checkpoints/), which is never "
                          "overwritten; choose another --out or delete that folder")
+    # Other files (a vocab, a data set) would sit beside the average's own, its tokenizer
+    # files among them.
+    paths.check_new_folder(out, "--out", leftovers=("checkpoints",))
 
 
 def _choose_steps(workdir: str, mngr, last: int) -> list[int]:

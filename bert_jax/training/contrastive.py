@@ -253,3 +253,7 @@ class CoSENT(_Contrastive):
             return 0.0, {}
         loss = cosent(q_BD, d_BND[:, 0], batch["score"].astype(jnp.float32), w_B, scale)
         return loss * jnp.sum(w_B), {}
+
+    def weights(self, batch: dict[str, Array]) -> dict[str, Array]:
+        # Pairs without scores (evaluation): no pair counts toward the loss, which is then none.
+        return super().weights(batch) if "score" in batch else {self.term: jnp.float32(0)}

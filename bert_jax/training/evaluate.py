@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import json
 import logging
 import re
@@ -72,11 +73,14 @@ def jit_eval_step(config: RunSpec, graphdef, objective, mesh, *, outputs: bool =
 
 
 def _finish(total: dict, prefix: str) -> dict[str, float]:
-    """Loss and metrics from summed eval_step outputs."""
+    """Loss and metrics from summed eval_step outputs. A term or metric over no example (a
+    weight of 0: CoSENT's loss on pairs without scores) has no value and is left out, never
+    reported as 0; the loss too when none of its terms has one."""
     total = jax.device_get(total)
-    out = {f"{prefix}loss": float(sum(total["terms"][k] / max(total["weights"][k], 1e-12)
-                                      for k in total["terms"]))} if total["terms"] else {}
-    out.update({f"{prefix}{k}": float(s / max(n, 1e-12)) for k, (s, n) in total["metrics"].items()})
+    terms = [k for k in total["terms"] if total["weights"][k] > 0]
+    out = {f"{prefix}loss": float(sum(total["terms"][k] / total["weights"][k] for k in terms))
+           } if terms else {}
+    out.update({f"{prefix}{k}": float(s / n) for k, (s, n) in total["metrics"].items() if n > 0})
     return out
 
 
@@ -309,6 +313,28 @@ def run_config(config, workdir: str, set_by_user: frozenset[str] = frozenset()
     return config
 
 
+SPLIT_RECORD = "split.txt"  # in eval/<split>/: the split whose results those are
+
+
+def split_folder(eval_dir, split: str, is_file: bool) -> tuple[Any, str]:
+    """(eval/<split name>/, what its SPLIT_RECORD says) for the results of `split` (a split
+    name, or a file: its name without the extension; the record: the name, or the file's
+    absolute path): a file of the same name in another folder gets eval/<name>-2/ (-3, ...)
+    instead of replacing the first one's results. A folder without a record (written before
+    records were) is taken as this split's."""
+    given = str(Path(split).absolute()) if is_file and not paths.is_remote(split) else split
+    name = re.sub(r"[^\w.-]+", "_", Path(split).stem if "/" in split else split)
+    for i in itertools.count(1):
+        folder = eval_dir / (name if i == 1 else f"{name}-{i}")
+        record = folder / SPLIT_RECORD
+        if not record.exists() or record.read_text("utf-8").strip() == given:
+            break
+    if i > 1:
+        log.info(f"results of --split={split} in {folder} ({eval_dir / name} holds those of "
+                 f"{(eval_dir / name / SPLIT_RECORD).read_text('utf-8').strip()})")
+    return folder, given
+
+
 def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
                          split: str | None = None, set_by_user: frozenset[str] = frozenset()
                          ) -> list[dict]:
@@ -332,10 +358,10 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
                          "--split (a translation test set: bert-jax translate --reference)")
     if split is not None and split not in task.splits:
         _check_split_file(split, config, workdir)
-    eval_dir = workdir_path(workdir) / "eval"
+    eval_dir, record = workdir_path(workdir) / "eval", None
     if split is not None and split != task.eval_splits[0]:
         # Another split's results go beside the dev ones, never over them: eval/<split>/.
-        eval_dir = eval_dir / re.sub(r"[^\w.-]+", "_", Path(split).stem if "/" in split else split)
+        eval_dir, record = split_folder(eval_dir, split, split not in task.splits)
     results = []
     with jax.set_mesh(mesh):
         for step in chosen_steps(workdir, step_spec, best):
@@ -354,5 +380,7 @@ def evaluate_checkpoints(config, workdir: str, step_spec: str = "latest",
             if jax.process_index() == 0:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.with_suffix(".json").write_text(metrics_lib.json_dumps(result, indent=1) + "\n")
+                if record is not None:
+                    (eval_dir / SPLIT_RECORD).write_text(record + "\n", "utf-8")
             results.append(result)
     return results

@@ -138,7 +138,8 @@ def _run_spec(checkpoint_dir: str) -> RunSpec:
     """The stored run config of a checkpoint directory (a workdir or an average/convert output),
     as translating reads it (_translate_spec), on this machine's devices."""
     stored = checkpoint.read_config(checkpoint_dir)
-    if not isinstance(objectives.for_model(stored["model"]), objectives.Translation):
+    # (by name: a bare encoder has no objective to build, and is no encoder-decoder either)
+    if stored["model"].get("name") not in objectives.Translation.models:
         raise ValueError(f"--checkpoint={checkpoint_dir} holds a model.name="
                          f"{stored['model'].get('name')!r} model; translate needs an encoder-decoder")
     config = config_lib.complete(ml_collections.ConfigDict(stored))

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bert_jax import models
+from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.models.transformer import DecoderLM, EncoderDecoder
 from bert_jax.paths import workdir_path
@@ -281,6 +281,8 @@ def attention(checkpoint_dir: str, text: str, pair: str | None = None, *, out: s
     for path in [out] if out else []:
         if os.path.splitext(path)[1].lower() not in OUTPUTS:
             raise ValueError(f"--out={path}: the file name must end in one of {list(OUTPUTS)}")
+        # (the default, plots/ of the checkpoint, is attention's own: drawn again)
+        paths.check_new_file(path, "--out", "attention", [plots.data_path(path, ".json")])
     result = compute(checkpoint_dir, text, pair, step=step, max_len=max_len, layer=layer, head=head)
     default = str(workdir_path(checkpoint_dir) / "plots" / "attention")
     outs = [out] if out else [default + ".png", default + ".html"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.config import MissingExtra
 from bert_jax.paths import workdir_path
 from bert_jax.training import metrics as metrics_lib
@@ -287,6 +288,8 @@ def plot_workdirs(workdirs: Sequence[str], out: str | None = None, *, x: str = "
     <first workdir>/plots/metrics.png) and their data (.csv beside it)."""
     if not workdirs:
         raise ValueError("`bert-jax plot` needs --workdir (one or more run directories)")
+    if out:  # (the default, plots/ of the first workdir, is plot's own: drawn again)
+        paths.check_new_file(out, "--out", "plot", [data_path(out)])
     names = [os.path.basename(str(w).rstrip("/")) for w in workdirs]
     if len(set(names)) < len(names):  # the same folder name under different parents
         names = [str(w).rstrip("/") for w in workdirs]

@@ -639,6 +639,20 @@ CONVERT_CASES = [
     case("convert-tf-missing", "convert tf:{tmp}/nope/bert_model.ckpt {tmp}/out", 1, "nope"),
     case("convert-tf-bad-index", "convert tf:{tmp}/tf/bert_model.ckpt {tmp}/out", 1, "bert_model.ckpt.index",
          setup=files(tf__bert_model_DOT_ckpt_DOT_index=b"garbage", tf__bert_config_DOT_json="{}")),
+    # one of the source's files given for its folder (or a TF checkpoint's file for its prefix)
+    case("convert-source-a-weights-file", "convert hf:{hf}/model.safetensors {tmp}/out", 1,
+         "<source>=hf:{hf}/model.safetensors is a file, not a folder", "give hf:{hf} (the folder"),
+    case("convert-tf-index-file-for-the-prefix", "convert tf:{tmp}/tf/bert_model.ckpt.index {tmp}/out",
+         1, "a file where a folder is needed", "give tf:{tmp}/tf/bert_model.ckpt (the prefix)",
+         setup=files(tf__bert_model_DOT_ckpt_DOT_index=b"garbage", tf__bert_config_DOT_json="{}")),
+    # a flag convert would ignore: st: converts the sentence model's bare encoder
+    case("convert-st-with-head", "convert st:{tmp}/st {tmp}/out --head bert_classification", 2,
+         "--head=bert_classification would do nothing with an st: source"),
+    # a sentence length past the model's position table, as sentence_bert_config.json gives it
+    case("convert-st-max-seq-length-past-the-positions", "convert st:{tmp}/st {tmp}/out", 1,
+         "st/sentence_bert_config.json: max_seq_length=100000, but the model has",
+         "set max_seq_length to", setup=lambda tmp, ctx: st_folder(json_file(  # (defined below)
+             "sentence_bert_config.json", {"max_seq_length": 100000, "do_lower_case": False}))(tmp, ctx)),
     case("export-out-not-empty", "export {run} hf:{tmp}", 1, "not empty", "new output folder",
          setup=files(x="x")),
     case("export-not-hf-expressible", "export {preln} hf:{tmp}/out", 1, "model.norm='pre'",
@@ -857,6 +871,10 @@ TRANSLATE_CASES = [
          setup=translate_input(out_DOT_txt="earlier translations\n")),
     case("translate-empty-input", TRANSLATE, 1, "--input={tmp}/src.txt", "empty", setup=translate_input("")),
     case("translate-missing-input", TRANSLATE, 1, "--input={tmp}/src.txt"),
+    # a bare encoder (no objective of its own) is no encoder-decoder either
+    case("translate-bare-encoder", TRANSLATE.replace("{mt}", "{preln}"), 1,
+         "--checkpoint={preln} holds a model.name='bert' model; translate needs an encoder-decoder",
+         setup=translate_input()),
 ]
 
 # eval given another task's config or files
@@ -1289,6 +1307,7 @@ TOKENIZER_JSON_CASES = [
 ]
 
 A_FILE = files(f="a file", in_DOT_txt="the cat sat\n", corpus__a_DOT_txt=CORPUS * 3)
+A_VOCAB = files(voc__vocab_DOT_txt="[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\n")
 A_FOLDER = files(d_DOT_npy__x="x", d_DOT_png__x="x", in_DOT_txt="the cat sat\n")
 OUTPUT_PATH_CASES = [
     # every output the user names (paths.check_output, from the command table or convert's and
@@ -1347,6 +1366,32 @@ OUTPUT_PATH_CASES = [
          "--out={tmp}/d.png is a directory, not a file", setup=A_FOLDER),
     case("attention-out-inside-a-file", "attention --checkpoint {ckpt} --text 'the cat' --out "
          "{tmp}/f/a.png", 1, "--out={tmp}/f/a.png is inside {tmp}/f, a file", setup=A_FILE),
+    # a folder a command fills (paths.check_new_folder) that holds other files: a user's vocab
+    # would be replaced by the model's, or kept beside weights it does not fit
+    case("convert-out-holds-a-vocab", "convert hf:{hf} {tmp}/voc", 1,
+         "<out_dir>={tmp}/voc: not empty (holds vocab.txt)", "choose a new output folder",
+         setup=A_VOCAB),
+    case("convert-st-out-holds-other-files", "convert st:{tmp}/st {tmp}/voc", 1,
+         "<out_dir>={tmp}/voc: not empty (holds vocab.txt)",
+         setup=lambda tmp, ctx: (st_folder()(tmp, ctx), A_VOCAB(tmp, ctx))),
+    case("average-out-holds-a-vocab", "average --workdir {run} --last 1 --out {tmp}/voc", 1,
+         "--out={tmp}/voc: not empty (holds vocab.txt)", setup=A_VOCAB),
+    # a workdir holding another tokenizer's files than data.tokenizer (tokenizer.copy_tokenizer)
+    case("train-workdir-holds-another-tokenizer", PRETRAIN.replace("{tmp}/w", "{tmp}/voc")
+         + " --config.data.tokenizer={vocab}", 1,
+         "{tmp}/voc: already holds tokenizer files of another tokenizer than {vocab} (vocab.txt",
+         setup=A_VOCAB),
+    # an output file the user names never replaces one (paths.check_new_file), nor do the data
+    # files written beside it: a run's summary.json, a sweep's results.csv
+    case("attention-out-exists", "attention --checkpoint {ckpt} --text 'the cat' --out {tmp}/a.png",
+         1, "--out={tmp}/a.png: already exists; attention never overwrites a file",
+         setup=files(a_DOT_png="a figure")),
+    case("attention-data-over-a-runs-summary", "attention --checkpoint {ckpt} --text 'the cat' "
+         "--out {tmp}/r/summary.png", 1, "--out={tmp}/r/summary.png: {tmp}/r/summary.json already "
+         "exists", "choose a new --out", setup=files(r__summary_DOT_json='{"step": 2}')),
+    case("plot-data-over-a-sweeps-results", "plot --workdir {run} --out {tmp}/sw/results.png", 1,
+         "--out={tmp}/sw/results.png: {tmp}/sw/results.csv already exists",
+         "plot never overwrites a file", setup=files(sw__results_DOT_csv="setting,seed\n")),
 ]
 
 MLM_ONLY = PRETRAIN + " --config.model.nsp=false --config.data.instances=full_rows"

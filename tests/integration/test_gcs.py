@@ -1123,7 +1123,7 @@ def test_prepared_array_record_shards_on_gs(corpus, vocab, gcs_here, cli, monkey
     copies = tmp_path / "xdg" / "bert_jax" / "shards" / BUCKET / "shards"
     assert sorted(p.name for p in copies.iterdir()) == ["train-00000.array_record",
                                                         "train-00000.array_record.source"]
-    with pytest.raises(FileExistsError, match=f"{shards} exists and is not empty"):
+    with pytest.raises(FileExistsError, match=f"--out={shards}: not empty"):
         sources.prepare(config_lib.resolve(text_config), shards)
 
 

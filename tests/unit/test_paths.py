@@ -47,3 +47,30 @@ def test_a_file_listed_twice_is_refused_naming_it(tmp_path):
                                          r"as \S*/\./a.txt\): it would be read twice"):
         paths.check_listed_once([str(tmp_path / "a.txt"), f"{tmp_path}/./a.txt"],
                                 "data.train_files='x': ")
+
+
+def test_a_new_output_folder_may_be_missing_empty_or_hold_only_its_leftovers(tmp_path):
+    paths.check_new_folder(tmp_path / "missing", "--out")
+    (tmp_path / "empty").mkdir()
+    paths.check_new_folder(tmp_path / "empty", "--out")
+    (tmp_path / "interrupted" / "checkpoints").mkdir(parents=True)
+    paths.check_new_folder(tmp_path / "interrupted", "--out", leftovers=("checkpoints",))
+
+
+def test_a_folder_of_other_files_is_no_new_output_folder(tmp_path):
+    for name in ("vocab.txt", "a.txt", "b.txt", "c.txt"):
+        (tmp_path / name).write_text("keep me")
+    with pytest.raises(FileExistsError, match=rf"^--out={tmp_path}: not empty \(holds a.txt, "
+                                              r"b.txt, c.txt and 1 more\); choose a new output"):
+        paths.check_new_folder(tmp_path, "--out", leftovers=("checkpoints",))
+    assert (tmp_path / "vocab.txt").read_text() == "keep me"
+
+
+def test_a_new_output_file_and_the_files_beside_it_are_never_existing_ones(tmp_path):
+    paths.check_new_file(tmp_path / "a.png", "--out", "plot", [tmp_path / "a.csv"])
+    (tmp_path / "a.csv").write_text("a run's data")
+    with pytest.raises(FileExistsError, match=f"--out={tmp_path}/a.png: {tmp_path}/a.csv already "
+                                              "exists; plot never overwrites a file"):
+        paths.check_new_file(tmp_path / "a.png", "--out", "plot", [tmp_path / "a.csv"])
+    with pytest.raises(FileExistsError, match=f"--out={tmp_path}/a.csv: already exists"):
+        paths.check_new_file(tmp_path / "a.csv", "--out", "plot")

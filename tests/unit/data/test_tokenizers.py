@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from tokenizers import BertWordPieceTokenizer, normalizers
 
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.data.tokenizer import load_tokenizer
 from bert_jax.data.wordpiece import WordPieceTokenizer, load_vocab, reference_basic_tokenize
 
@@ -386,3 +387,22 @@ def test_offsets_through_normalization(lowercase, text, expected):
     for suffix, more in (("", []), (" \u0860", [("[UNK]", (len(text) + 1, len(text) + 2))])):
         tokens, spans = wp.tokenize_with_offsets(text + suffix)
         assert list(zip(tokens, spans)) == expected + more, suffix
+
+
+def test_a_tokenizer_is_copied_into_a_folder_once_and_never_mixed_with_another(tmp_path):
+    src, other = tmp_path / "vocab", tmp_path / "other"
+    for folder, words in ((src, "the\ncat\n"), (other, "a\ndog\n")):
+        folder.mkdir()
+        (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n" + words)
+    run = tmp_path / "run"
+    run.mkdir()
+    assert tokenizer_lib.copy_tokenizer(src, run) == ["vocab.txt"]
+    assert tokenizer_lib.copy_tokenizer(src, run) == []  # a resumed run: its own files kept
+    with pytest.raises(ValueError, match=f"{run}: already holds tokenizer files of another "
+                                         rf"tokenizer than {other} \(vocab.txt:"):
+        tokenizer_lib.copy_tokenizer(other, run)
+    (other / "vocab.txt").write_bytes((src / "vocab.txt").read_bytes())
+    (run / "spm.model").write_bytes(b"a file the source lacks")
+    with pytest.raises(ValueError, match=r"\(spm.model: not"):
+        tokenizer_lib.copy_tokenizer(other, run)
+    assert (run / "vocab.txt").read_bytes() == (src / "vocab.txt").read_bytes()

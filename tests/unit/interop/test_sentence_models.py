@@ -205,3 +205,26 @@ def test_an_export_caps_max_seq_length_at_the_model_positions(tmp_path):
     report = sentence_models.export_st(tmp_path / "ckpt", tmp_path / "st")
     settings = json.loads((tmp_path / "st" / "sentence_bert_config.json").read_text())
     assert settings["max_seq_length"] == report["sentence"]["max_seq_length"] == 16
+
+
+def test_a_convert_refuses_a_max_seq_length_past_the_positions_and_caps_the_tokenizers(tmp_path):
+    # sentence_bert_config.json's max_seq_length is the model's setting: past the 16 positions
+    # it is refused, nothing written; the tokenizer's model_max_length (read without one) is
+    # cut to them, as sentence-transformers takes the smaller of it and the positions.
+    from bert_jax.interop import convert
+
+    convert.convert_hf(FIXTURES / "tf_bert_tiny", tmp_path / "ckpt")
+    sentence_models.export_st(tmp_path / "ckpt", tmp_path / "st")
+    settings = tmp_path / "st" / "sentence_bert_config.json"
+    settings.write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    with pytest.raises(ValueError, match=f"{settings}: max_seq_length=512, but the model has 16 "
+                                         "positions"):
+        sentence_models.convert_st(tmp_path / "st", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    settings.write_text(json.dumps({"do_lower_case": False}))
+    tokenizer_config = tmp_path / "st" / "tokenizer_config.json"
+    tokenizer_config.write_text(json.dumps({**json.loads(tokenizer_config.read_text()),
+                                            "model_max_length": 512}))
+    report = sentence_models.convert_st(tmp_path / "st", tmp_path / "out")
+    assert report["sentence"]["max_seq_length"] == 16
+    assert sentence_models.read_spec(tmp_path / "out").max_seq_length == 16
