@@ -157,7 +157,8 @@ def check_listed_once(files: list[str], where: str) -> None:
     or flag and its value, "key='...': ")."""
     seen: dict[str, str] = {}
     for name in files:
-        key = name if is_remote(name) else os.path.realpath(name)
+        key = name if is_remote(name) else os.path.abspath(name)  # not realpath: two names linked to
+        # one blob (a Hugging Face snapshot) are two files the user listed
         if key in seen:
             again = f" (again as {name})" if name != seen[key] else ""
             raise ValueError(f"{where}{seen[key]} is named twice{again}: it would be read twice; "

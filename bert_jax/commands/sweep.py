@@ -157,10 +157,11 @@ def check_sweep(sweep, spec: str = "the sweep config") -> list[dict[str, Any]]:
 
 
 def differing_keys(before: dict, now: dict) -> list[str]:
-    """'key: A before, B now' for each dotted key whose value differs (or that one side lacks)."""
+    """'key: A before, B now' for each dotted key both sides hold whose value differs (a key one
+    side lacks is another version's: a new default, as checkpoint.say_setting_changes reads it)."""
     old, new = trees.dotted(before), trees.dotted(now)
-    return [f"{k}: {old.get(k, '(none)')!r} before, {new.get(k, '(none)')!r} now"
-            for k in sorted(old.keys() | new.keys()) if old.get(k, "(none)") != new.get(k, "(none)")]
+    return [f"{k}: {old[k]!r} before, {new[k]!r} now"
+            for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
 
 
 def refuse_changed_trials(root: Path, settings: list[dict[str, Any]], configs: list[dict]) -> None:

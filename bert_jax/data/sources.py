@@ -226,7 +226,16 @@ def prepare(spec: RunSpec, out_dir: str | Path, docs_per_shard: int = 50_000) ->
     paths.check_new_folder(out_dir, "--out")
     out = paths.path(out_dir)
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.required_dir(d.tokenizer))
+    made = not out.exists()  # a folder the user made stays when nothing is prepared into it
     out.mkdir(parents=True, exist_ok=True)
+
+    def written_away() -> None:
+        """The shards just written removed (the folder was new or empty), and the folder if
+        made here (gs:// has no folders: an emptied prefix is gone with its objects)."""
+        for f in out.iterdir():
+            f.unlink()
+        if made and not paths.is_remote(str(out_dir)):
+            out.rmdir()
     every = d.heldout_every
     buffers: dict[str, list[documents.Document]] = {"train": [], "validation": []}
     counts = {"train": 0, "validation": 0}
@@ -247,16 +256,13 @@ def prepare(spec: RunSpec, out_dir: str | Path, docs_per_shard: int = 50_000) ->
     flush("train")
     flush("validation")
     if counts["train"] == 0:  # shards of nothing would train nothing: say so, leave no folder
-        if not any(out.iterdir()):
-            out.rmdir()
+        written_away()
         where = d.train_files if d.name == "text" else f"{d.tfds_name} ({d.tfds_train_split})"
         raise ValueError(f"data.name={d.name!r}: no training documents in {where} (empty, or "
                          f"every document went to validation: data.heldout_every="
                          f"{d.heldout_every}); give text to prepare")
     if every > 0 and counts["validation"] == 0:  # its eval_files glob would match nothing
-        for f in out.iterdir():  # (the folder was new or empty: these are the shards just written)
-            f.unlink()
-        out.rmdir()
+        written_away()
         raise ValueError(f"data.heldout_every={every}: {counts['train']} document(s), none held out "
                          f"for validation (document {every} would be the first); lower "
                          "data.heldout_every (1 document in N is held out), give more documents, "

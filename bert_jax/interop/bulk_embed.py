@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax import paths
+from bert_jax import paths, trees
 from bert_jax.data import text
 from bert_jax.interop import sentence_models
 from bert_jax.tasks import retrieval
@@ -217,7 +217,7 @@ def _check_manifest(folder, manifest: dict) -> bool:
         return False
     old = read_manifest(folder, "embed wrote it and reads it to resume: restore it, or choose a "
                               "new --output (the shards there are kept)")
-    was, now = _leaves(old), _leaves(manifest)
+    was, now = trees.dotted(old), trees.dotted(manifest)
     differ = [k for k in {**now, **was} if k.split(".")[0] in manifest
               and k.split(".")[0] not in _NOT_COMPARED and was.get(k) != now.get(k)]
     if differ:
@@ -237,18 +237,6 @@ _OF_THE_INPUT = ("fingerprint", "rows", "shards")  # follow from the corpus
 
 
 _NOT_COMPARED = ("input",)  # the corpus is its fingerprint: a moved or renamed file resumes
-
-
-def _leaves(manifest: dict, prefix: str = "") -> dict:
-    """{dotted key: value} of the manifest's values, nested objects' by their keys' paths
-    ("sentence.pooling"), so that what differs is named by its own key."""
-    out = {}
-    for key, value in manifest.items():
-        if isinstance(value, dict):
-            out.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
 
 
 def _model_dim(checkpoint_dir: str, step: int) -> int:

@@ -171,7 +171,7 @@ def convert_st(source: str | os.PathLike, out: str | os.PathLike) -> dict[str, A
         positions = models.split_model_config(model_cfg)[1].max_positions
         if positions is None or spec.max_seq_length <= positions:
             return
-        if settings_file.is_file() and "max_seq_length" in paths.read_json(settings_file, ""):
+        if settings_file.is_file() and paths.read_json(settings_file, "").get("max_seq_length") is not None:
             raise ValueError(f"{settings_file}: max_seq_length={spec.max_seq_length}, but the model "
                              f"has {positions} positions (its config.json's "
                              f"max_position_embeddings): a longer sentence has no position "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.specs import RunSpec
 from bert_jax.tasks import scoring
 from bert_jax.tasks.base import Task, register
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -149,23 +152,30 @@ def read_glue(task: str, path: str | Path, *, skip_bad_rows: bool | None = False
         ia, ib = header.index(spec.text_a), header.index(spec.text_b) if spec.text_b else None
         il = header.index(spec.label) if spec.label in header else None  # None: a test file
         examples: list[Example] = []
+        empties: list[int] = []  # lines of rows kept with an empty text
         for i, row in enumerate(itertools.chain(data_rows, rows)):  # i: the row's index in the file
             line = rows.line_num  # QUOTE_NONE: one record per line
             if len(row) != len(header):
                 bad.found(line, "row", f"{len(row)} tab-separated columns",
                           f"{len(header)} ({' | '.join(header)})")
                 continue
-            if empty := next((c for c, j in ((spec.text_a, ia), (spec.text_b, ib))
-                              if j is not None and not row[j].strip()), None):
-                bad.found(line, f"column {empty!r}", row[ia if empty == spec.text_a else ib],
-                          "a non-empty text (an empty one is no example to score)")
+            empty = [c for c, j in ((spec.text_a, ia), (spec.text_b, ib))
+                     if j is not None and not row[j].strip()]
+            if empty and len(empty) == len(wanted) and il is not None:  # nothing to learn or score
+                bad.found(line, f"column {empty[0]!r}", row[ia], "a non-empty text (a row with "
+                          "no text is no example)")
                 continue
+            if empty:  # kept, encoded as HF does ([CLS] a [SEP] [SEP]): QQP's train file has two,
+                empties.append(line)  # and a test file's rows are each a line of the submission
             label = None
             if il is not None and (label := _label(spec, row[il], line, bad)) is None:
                 continue
             examples.append(Example(f"{path.stem}-{i}", row[ia],
                                     row[ib] if ib is not None else None, label))
     bad.warn("read_glue", f"{bad.count} malformed row(s) of {path}")
+    if empties:
+        log.warning(f"{path}:{empties[0]}: an empty text ({len(empties)} row(s) like it), kept "
+                    "as an empty segment, as transformers encodes it")
     return examples
 
 

@@ -15,6 +15,7 @@ import importlib
 import itertools
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any, Protocol
@@ -319,10 +320,10 @@ SPLIT_RECORD = "split.txt"  # in eval/<split>/: the split whose results those ar
 def split_folder(eval_dir, split: str, is_file: bool) -> tuple[Any, str]:
     """(eval/<split name>/, what its SPLIT_RECORD says) for the results of `split` (a split
     name, or a file: its name without the extension; the record: the name, or the file's
-    absolute path): a file of the same name in another folder gets eval/<name>-2/ (-3, ...)
+    real path): a file of the same name in another folder gets eval/<name>-2/ (-3, ...)
     instead of replacing the first one's results. A folder without a record (written before
     records were) is taken as this split's."""
-    given = str(Path(split).absolute()) if is_file and not paths.is_remote(split) else split
+    given = os.path.realpath(split) if is_file and not paths.is_remote(split) else split
     name = re.sub(r"[^\w.-]+", "_", Path(split).stem if "/" in split else split)
     for i in itertools.count(1):
         folder = eval_dir / (name if i == 1 else f"{name}-{i}")

@@ -48,6 +48,11 @@ def test_prepare_of_an_empty_corpus_fails_and_leaves_no_folder(cli, tmp_path, wo
                               str(tmp_path / "shards")])
         assert code == 1 and all(s in err for s in says), err
         assert not (tmp_path / "shards").exists() and "validation-*" not in out
+    (tmp_path / "made").mkdir()  # an empty folder the user made is emptied of the shards, kept
+    code, _, err = cli(["prepare", "--config", "configs/bert_pretrain.py:tiny",
+                        f"--config.data.train_files={tmp_path / 'c.txt'}",
+                        f"--config.data.tokenizer={wordpiece_vocab.parent}", "--out", str(tmp_path / "made")])
+    assert code == 1 and (tmp_path / "made").is_dir() and not any((tmp_path / "made").iterdir()), err
 
 
 def test_a_sweep_grid_that_repeats_a_value_is_refused(cli, tmp_path):

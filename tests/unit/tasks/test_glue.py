@@ -73,7 +73,7 @@ def _write(tmp_path, name, lines):
     ("cola", ["gj04\t1\t\tfine.", "gj04\t2\t\tbad label."], 2, "label column 'label'", "'2'"),
     ("sst2", ["sentence\tlabel", "ok\t1", "too\tmany\t0"], 3, "row", "3 tab-separated"),
     ("sst2", ["sentence\tlabel", "ok\t1", " \t0"], 3, "column 'sentence'", "' '"),  # no text to score
-    ("rte", ["index\tsentence1\tsentence2\tlabel", "0\ta\t\tentailment"], 2, "column 'sentence2'", "''"),
+    ("rte", ["index\tsentence1\tsentence2\tlabel", "0\t \t\tentailment"], 2, "column 'sentence1'", "' '"),
     ("stsb", ["i\tg\tf\ty\to\ts1\ts2\tsentence1\tsentence2\tscore", "0\tg\tf\ty\to\tn\tn\ta\tb\t5.1"], 2,
      "score column 'score'", "'5.1'"),
     ("stsb", ["i\tg\tf\ty\to\ts1\ts2\tsentence1\tsentence2\tscore", "0\tg\tf\ty\to\tn\tn\ta\tb\tfive",
@@ -96,6 +96,19 @@ def test_malformed_rows(tmp_path, capsys, task, lines, bad_line, field, found):
     assert all(int(e.guid.split("-")[1]) < len(lines) - has_header for e in examples)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "skipped 1 malformed row(s)" in err and str(path) in err
+
+
+def test_a_pair_with_one_empty_text_and_test_rows_without_text_are_kept(tmp_path, caplog):
+    """As transformers encodes them ([CLS] a [SEP] [SEP]): QQP's published train file has two
+    rows with an empty question2 (HF datasets #277), and every row of a test file is a line of
+    the submission; one warning names the first."""
+    path = _write(tmp_path, "train.tsv", ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+                                          "1\t1\t2\twhy?\t\t0", "2\t3\t4\thow?\twhat?\t1"])
+    assert [(e.text_a, e.text_b) for e in glue.read_glue("qqp", path)] == [("why?", ""), ("how?", "what?")]
+    assert any(f"{path}:2: an empty text (1 row(s) like it), kept" in r.getMessage()
+               for r in caplog.records)
+    test = _write(tmp_path, "test.tsv", ["index\tsentence", "0\tfine", "1\t "])
+    assert [e.text_a for e in glue.read_glue("sst2", test)] == ["fine", " "]
 
 
 def test_header_and_task_errors(tmp_path):
