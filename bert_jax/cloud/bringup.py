@@ -30,7 +30,6 @@ import uuid
 from pathlib import Path
 
 from bert_jax import paths
-from bert_jax.training import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -224,4 +223,6 @@ def check_workdir(workdir: str, dry_run: bool, config: dict | None = None) -> No
                              f"{said}): check the bucket exists and that your account (and the "
                              f"TPU VMs' service account) may write and delete objects there") from None
     if config is not None:  # (the workers would refuse it at their resume, on the slice)
+        from bert_jax.training import checkpoint  # jax, orbax, grain: only for this check
+
         checkpoint.check_resumes(workdir, config)

@@ -7,7 +7,7 @@ import functools
 import json
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -106,6 +106,7 @@ def load_wordpiece_vocab(path: str | Path) -> list[str]:
     return read_tokenizer_json(path) if paths.path(path).name == JSON_NAME else load_vocab(path)
 
 
+@functools.cache
 def _is_punctuation(c: str) -> bool:
     """Unicode P* or any ASCII non-alphanumeric symbol, e.g. $ + ^ `."""
     cp = ord(c)
@@ -116,25 +117,34 @@ def _is_punctuation(c: str) -> bool:
 Span = tuple[int, int]  # (start, end) character offsets into the original text
 
 
+@functools.cache
+def _clean_char(c: str, chinese: bool) -> str:
+    """What the reference's cleaning makes of one character: "" (control characters etc.
+    dropped), " " (whitespace), " c " (a CJK ideograph, if chinese) or c itself."""
+    category = unicodedata.category(c)
+    if c in "\0\ufffd" or (category[0] == "C" and c not in "\t\n\r"):  # C*: control etc.
+        return ""
+    if c in " \t\n\r" or category == "Zs":
+        return " "
+    if chinese and any(lo <= ord(c) <= hi for lo, hi in _CJK):
+        return f" {c} "
+    return c
+
+
 def _cleaned(text: str, chinese: bool) -> tuple[str, list[int]]:
     """The reference's cleaning (control characters dropped, whitespace to " ", spaces around CJK
     ideographs) and, for each character kept, its index in text."""
-    chars, origin = [], []
-    for i, c in enumerate(text):
-        category = unicodedata.category(c)
-        if c in "\0\ufffd" or (category[0] == "C" and c not in "\t\n\r"):  # C*: control etc.
-            continue
-        if c in " \t\n\r" or category == "Zs":
-            c = " "
-        elif chinese and any(lo <= ord(c) <= hi for lo, hi in _CJK):
-            c = f" {c} "
-        chars.append(c)
-        origin += [i] * len(c)
-    return "".join(chars), origin
+    pieces = [_clean_char(c, chinese) for c in text]
+    cleaned = "".join(pieces)
+    if len(cleaned) == len(text) and "" not in pieces:  # one character each: the usual case
+        return cleaned, list(range(len(text)))
+    return cleaned, [i for i, piece in enumerate(pieces) for _ in piece]
 
 
 def _normalize_word(word: str, lowercase: bool, strip_accents: bool | None, final_sigma: bool) -> str:
     """A whitespace-separated word NFC-normalized, lowercased and accent-stripped as the reference."""
+    if word.isascii():  # NFC, NFD and accent stripping leave it as it is
+        return word.lower() if lowercase else word
     word = unicodedata.normalize("NFC", word)
     if lowercase:  # per word, so Greek final sigma depends on the whole word
         word = word.lower() if final_sigma else "".join(c.lower() for c in word)
@@ -143,8 +153,8 @@ def _normalize_word(word: str, lowercase: bool, strip_accents: bool | None, fina
     return word
 
 
-def _split_punctuation(chars: list) -> list[list]:
-    """chars (or (char, span) pairs) split into words, each punctuation character one of its own."""
+def _split_punctuation(chars: Sequence) -> list[list]:
+    """chars (a str, or (char, span) pairs) split into words, each punctuation character one of its own."""
     words, piece = [], []
     for item in chars:
         if _is_punctuation(item[0]):
@@ -161,8 +171,14 @@ def reference_basic_tokenize(text: str, lowercase: bool, strip_accents: bool | N
     lowercases character by character, as the Rust BertNormalizer does (Σ -> σ, never ς)."""
     # Splitting on whitespace before NFC, not after, is the same: NFC never composes across a
     # whitespace character nor makes or removes one (checked over all code points).
-    return ["".join(w) for word in _cleaned(text, chinese)[0].split()
-            for w in _split_punctuation(list(_normalize_word(word, lowercase, strip_accents, final_sigma)))]
+    words = []
+    for word in _cleaned(text, chinese)[0].split():
+        word = _normalize_word(word, lowercase, strip_accents, final_sigma)
+        if any(map(_is_punctuation, word)):
+            words += ["".join(w) for w in _split_punctuation(word)]
+        elif word:  # stripping accents can leave nothing
+            words.append(word)
+    return words
 
 
 def _aligned_word(word: str, origin: list[int], normalize) -> list[tuple[str, Span]]:

@@ -39,7 +39,8 @@ def _columns(line: str) -> list[str]:
     if "\t" in line:
         return line.split("\t")
     # Runs of ASCII spaces only: str.split() would also split tokens at e.g. U+00A0.
-    return re.split(r" +", line.strip(" "))
+    line = line.strip(" ")
+    return line.split(" ") if "  " not in line else re.split(r" +", line)
 
 
 def read_columns(path: str | os.PathLike, *, tag_column: int = -1,
@@ -82,7 +83,7 @@ def read_columns(path: str | os.PathLike, *, tag_column: int = -1,
             problem = None
             if len(cols) != ncols:
                 problem = f"{len(cols)} columns {cols!r}, expected {ncols} as on the file's first line"
-            elif any(not c.strip() for c in cols):
+            elif not all(map(str.strip, cols)):
                 problem = f"an empty token or tag in {cols!r}, expected {ncols} non-empty columns"
             if problem:
                 bad(f"{path}, line {lineno}: found {problem}")

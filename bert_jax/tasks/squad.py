@@ -278,7 +278,7 @@ def encode(examples: Sequence[SquadExample], tokenizer: Tokenizer, *, max_seq_le
 def _strip_spaces(text: str) -> tuple[str, list[int]]:
     """text without " ", and each kept char's index in text."""
     kept = [i for i, c in enumerate(text) if c != " "]
-    return "".join(text[i] for i in kept), kept
+    return text.replace(" ", ""), kept
 
 
 @functools.lru_cache(maxsize=1 << 17)
@@ -310,9 +310,15 @@ def _final_text(pieces: list[str], i: int, j: int, words: list[str], lowercase: 
     if _UNK not in pred + lead + tail:
         if lead + gap[0] + pred + gap[1] + tail == haystack:
             start = len(lead + gap[0])
-    else:
-        parts = [unk.join(map(re.escape, x.split(_UNK))) for x in (lead, pred, tail)]
-        if found := re.fullmatch(f"{parts[0]}{gap[0]}({parts[1]}){gap[1]}{parts[2]}", haystack):
+    else:  # a pattern of its own; its literal ends are compared as strings (compiling is slow)
+        wild = lambda x: unk.join(map(re.escape, x.split(_UNK)))  # noqa: E731
+        head, after = lead.split(_UNK, 1) if _UNK in lead else (lead + gap[0], None)
+        before, last = tail.rsplit(_UNK, 1) if _UNK in tail else (None, gap[1] + tail)
+        pattern = ("" if after is None else f"{unk}{wild(after)}{gap[0]}") + f"({wild(pred)})" + (
+            "" if before is None else f"{gap[1]}{wild(before)}{unk}")
+        end = len(haystack) - len(last)
+        if (len(head) <= end and haystack.startswith(head) and haystack.endswith(last)
+                and (found := re.compile(pattern).fullmatch(haystack, len(head), end))):
             start, pred = found.start(1), found.group(1)
     if start == -1:
         start = haystack.find(pred)
@@ -433,12 +439,12 @@ def write_predictions(out_dir: str | Path, predictions: Mapping[str, str], nbest
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = frozenset(string.punctuation)
+_PUNCTUATION = str.maketrans("", "", string.punctuation)  # deletes each
 
 
 def normalize_answer(text: str) -> str:
     """The official normalization: lowercase, drop ASCII punctuation and articles, collapse spaces."""
-    text = "".join(c for c in text.lower() if c not in _PUNCTUATION)
+    text = text.lower().translate(_PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 

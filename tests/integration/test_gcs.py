@@ -1193,6 +1193,10 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(paths.socket, "create_connection", counted_connect)
     monkeypatch.setattr(aiohttp.ClientSession, "_request", counted_request)
+    # check_reachable's answers are per process and endpoint: the OS may give this test a port
+    # an earlier one was refused on, which would then fail at once without a connection.
+    monkeypatch.setattr(paths, "_REACHED", set())
+    monkeypatch.setattr(paths, "_UNREACHED", {})
     return port, tries
 
 

