@@ -10,6 +10,10 @@ import tempfile
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# torch (the HF references) on one thread, as are its BLAS and numpy's: the suite runs two
+# workers on two cores, where a second thread of each mostly spins (test_retrieval 46 -> 31
+# CPU-s). The tests' JAX is not affected (XLA:CPU sizes its own thread pool).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # JAX's disk cache of compiled programs, new for each session and shared with the bert-jax
 # processes the tests start (they inherit the environment): the many tests that build the same
 # tiny model compile its init, train and eval steps once, then load them (a bad-input test's
