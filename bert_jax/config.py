@@ -287,6 +287,19 @@ def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     return config
 
 
+def repeated_override(overrides: Sequence[str]) -> str | None:
+    """What is wrong when a `key=value` override's key is given twice (the last value replaces
+    the first without a word), else None."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key in seen:
+            return (f"--config.{key} is given twice ({seen[key]!r}, then {value!r}): the last "
+                    "replaces the first")
+        seen[key] = value
+    return None
+
+
 def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
     """Sets `key` (dotted) from its command-line text, typed like the current value."""
     names = key.split(".")

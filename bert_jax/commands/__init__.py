@@ -277,6 +277,23 @@ def _one_line(error: BaseException) -> str:
     return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
+# The flags that read several values as one comma-separated list, and the commands that do.
+LIST_FLAGS = {"workdir": ("plot",), "layers": ("features",), "input": ("vocab",)}
+
+
+def check_flags_once() -> None:
+    """A bert_jax flag given twice (`plot --workdir A --workdir B`, `--spot --nospot`): absl
+    keeps the last and drops the other without a word, so it is a bad flag naming it (with the
+    list form where a command reads several values)."""
+    for flag in flags.FLAGS.flags_by_module_dict().get(options.__name__, ()):
+        if flag.present > 1:
+            several = LIST_FLAGS.get(flag.name)
+            raise app.UsageError(
+                f"--{flag.name} is given {flag.present} times: the last would silently replace the "
+                "others; give it once" + (f" (several values as one comma-separated list, "
+                f"--{flag.name} A,B, for {', '.join(several)})" if several else ""))
+
+
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     """(argv without them, the --config.<key>=<value> overrides); `--config.key value` too."""
     rest, overrides, i = [], [], 0
@@ -307,6 +324,13 @@ def _parse_flags(argv: list[str]) -> list[str]:
         remaining = flags.FLAGS(rest)
     except flags.Error as e:
         _bad_flag(str(e))
+    try:
+        check_flags_once()
+    except app.UsageError as e:
+        _bad_flag(str(e))
+    # (a later override replacing a base command's is how scripts and tests vary one value)
+    if repeated := config_lib.repeated_override(overrides):
+        print(f"warning: {repeated}; give it once", file=sys.stderr)
     if options.CONFIG.value is not None:
         try:
             options.LoadedConfig.value = config_lib.load(options.CONFIG.value, overrides)

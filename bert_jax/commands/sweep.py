@@ -145,6 +145,8 @@ def check_sweep(sweep, spec: str = "the sweep config") -> list[dict[str, Any]]:
     for setting in trials(sweep):
         items = [*sweep.overrides, *(f"{k}={_fmt(v)}" for k, v in setting.items())]
         try:
+            if repeated := config_lib.repeated_override(items):  # the grid's value would win
+                raise config_lib.ConfigError(f"{repeated}: set it in overrides or in grid, not both")
             config = config_lib.load(sweep.base, items)
             config_lib.check_overrides_read(config_lib.resolve(config),
                                             {item.partition("=")[0] for item in items})

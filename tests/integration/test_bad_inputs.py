@@ -668,9 +668,12 @@ FEATURES_CASES = [
     case("features-empty-input", FEATURES, 1, "in.txt", "empty", setup=features_input("")),
     case("features-blank-input", FEATURES, 1, "in.txt", "empty", setup=features_input("\n\n")),
     case("features-non-utf8", FEATURES, 1, "in.txt:2", "UTF-8", setup=features_input(b"ok\nbad \xff\n")),
-    case("features-layer-too-high", FEATURES + " --layers=5", 1, "--layers", "5", setup=features_input()),
-    case("features-layer-too-low", FEATURES + " --layers=-1,-9", 1, "--layers", "-9", setup=features_input()),
-    case("features-layers-text", FEATURES + " --layers=last", 2, "--layers='last'", setup=features_input()),
+    case("features-layer-too-high", FEATURES.replace("--layers=-1", "--layers=5"),
+         1, "--layers", "5", setup=features_input()),
+    case("features-layer-too-low", FEATURES.replace("--layers=-1", "--layers=-1,-9"),
+         1, "--layers", "-9", setup=features_input()),
+    case("features-layers-text", FEATURES.replace("--layers=-1", "--layers=last"),
+         2, "--layers='last'", setup=features_input()),
     case("features-seq-over-position-table", FEATURES + " --max_seq_length=1024", 1,
          "--max_seq_length=1024", "512", setup=features_input()),
     case("features-seq-too-short", FEATURES + " --max_seq_length=2", 1, "--max_seq_length=2",
@@ -1004,6 +1007,12 @@ FLAG_CASES = [  # a flag of bert_jax that the command does not read (it would do
          "--pooling max", 2, "--pooling: `eval-embeddings` reads it only with --checkpoint"),
     case("embed-shard-size-into-a-npy", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
          "{tmp}/v.npy --shard_size 5", 2, "--shard_size: `embed` reads it only with a folder as --output"),
+    # ... nor one given twice (absl keeps the last): every form, with the list form where one is read
+    case("plot-workdir-twice", "plot --workdir {run} --workdir={ft} --out {tmp}/p.png", 2,
+         "--workdir is given 2 times", "give it once", "--workdir A,B, for plot"),
+    case("launch-spot-and-nospot", LAUNCH + " --spot --nospot", 2, "--spot is given 2 times",
+         "give it once"),
+    case("info-seq-len-twice", INFO + " --seq_len 16 --seq_len=32", 2, "--seq_len is given 2 times"),
 ]
 INFO_CASES = [
     case("info-seq-len-zero", INFO + " --seq_len 0", 2, "--seq_len=0", "leave it out"),
