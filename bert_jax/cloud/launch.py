@@ -106,7 +106,10 @@ def _path_keys(init_from: str, keys) -> dict[str, str]:
 def check_worker_paths(config, root: Path) -> None:
     """What the slice's workers read must be there for them: gs:// paths, or paths inside the
     repository they clone (relative to it); a file on this machine's disk is refused, as is a
-    fine-tuning run with no folder for its files, before anything is rented."""
+    fine-tuning run with no folder for its files or a pretraining run whose data keys train
+    would refuse (sources' check_named), before anything is rented."""
+    from bert_jax.data import sources
+
     data = specs.data(config.data)
     if data.finetuning and data.source == "files" and not (data.keys.data_dir or data.keys.train_file):
         raise ValueError("data.data_dir is empty: the workers read the task's files from it; set "
@@ -119,6 +122,8 @@ def check_worker_paths(config, root: Path) -> None:
             raise ValueError(f"{key}={value}: the slice's workers cannot read this machine's disk; "
                              "copy it to gs:// (gcloud storage cp -r) and give that path, or keep it "
                              "inside the repository (committed) and give it relative to the repository")
+    if not data.finetuning:  # train's check of the keys naming its data (data.tokenizer, files)
+        sources.get(data.source).check_named(data.keys)
 
 
 def as_on_workers(config, root: Path):

@@ -33,16 +33,23 @@ def expand(patterns: str, what: str = "") -> list[str]:
     flag)."""
     files: list[str] = []
     where = f"{what}={patterns!r}: " if what else ""
+    check_given(patterns, what)
     for pattern in filter(None, (p.strip() for p in patterns.split(","))):
         matched = paths.glob(pattern)
         if not matched:
             raise FileNotFoundError(f"{where}no file matches {pattern!r}; check the path (a glob "
                                     "is expanded here, so quote it in the shell)")
         files.extend(matched)
-    if not files:
-        raise FileNotFoundError(f"{where}no files given; set it to comma-separated file globs")
     paths.check_listed_once(files, where)
     return files
+
+
+def check_given(patterns: str, what: str = "") -> None:
+    """`patterns` names at least one file glob (nothing is opened: a machine without the files,
+    e.g. `bert-jax launch`'s, checks this too); else an error naming `what`."""
+    if not any(p.strip() for p in patterns.split(",")):
+        where = f"{what}={patterns!r}: " if what else ""
+        raise FileNotFoundError(f"{where}no files given; set it to comma-separated file globs")
 
 
 def _shifted(error: UnicodeDecodeError, start: int) -> UnicodeDecodeError:

@@ -50,6 +50,13 @@ class Source:
         """Fails now, before the model is built, if the data cannot be read (default: the
         reader says so when it opens it)."""
 
+    def check_named(self, data) -> None:
+        """What the run reads is named in `data`, nothing opened (train checks it first, and
+        `bert-jax launch` before renting workers that would read it): a source of documents or
+        pairs needs data.tokenizer (a source of batches, none)."""
+        if self.kind != "batches":
+            tokenizer_lib.required_dir(data.tokenizer)
+
     def documents(self, data, split: str, tokenizer) -> tuple[Any, bool]:
         raise NotImplementedError(f"data.name={self.name!r} is a {self.kind} source")
 
@@ -117,6 +124,10 @@ class Text(Source):
         files = documents.expand(getattr(data, key), f"data.{key}")
         return documents.TextDocuments(files, data.text_format, tokenizer), own
 
+    def check_named(self, data):
+        super().check_named(data)
+        documents.check_given(data.train_files, "data.train_files")
+
     def stream(self, data, tokenizer):  # streamed, so prepare never holds the corpus
         for path in documents.expand(data.train_files, "data.train_files"):
             for sentences in pretraining.iter_documents(path, data.text_format):
@@ -130,6 +141,10 @@ class ArrayRecord(Source):
     """Shards written by `bert-jax prepare`, read record by record (local or gs://)."""
 
     name, kind = "array_record", "documents"
+
+    def check_named(self, data):
+        super().check_named(data)
+        documents.check_given(data.train_files, "data.train_files")
 
     def documents(self, data, split, tokenizer):
         key, own = _split_key(data, split, "eval_files", "train_files")

@@ -229,7 +229,9 @@ def check_source(config: RunSpec) -> None:
     prepared), found before the model is built, not after. Tasks check their files themselves."""
     spec = specs.data(config.data)
     if not spec.finetuning:
-        sources.get(spec.source).check(spec.keys)
+        source = sources.get(spec.source)
+        source.check_named(spec.keys)  # (launch checks this too, where the data is not)
+        source.check(spec.keys)
 
 
 def open_documents(config: RunSpec, split: str, tokenizer):

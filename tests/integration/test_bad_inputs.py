@@ -1033,6 +1033,8 @@ PREPARE_CASES = [
          "nothing written", setup=corpus()),
 ]
 
+LAUNCH_DATA = LAUNCH + " --config.data.tokenizer=gs://b/vocab --config.data.train_files=gs://b/t/*.txt"
+
 # `bert-jax launch` flags checked before git, the plan or gcloud (a dry run included).
 LAUNCH_CASES = [
     case("launch-name-uppercase", LAUNCH.replace("bert-tiny", "Bad_Name!"), 1, "--name='Bad_Name!'",
@@ -1056,9 +1058,14 @@ LAUNCH_CASES = [
          "--config.model.emb_dim=64 --config.model.head_dim=32 --skip_plan", 1, "--config.model.emb_dim=64",
          "decides model.emb_dim (32)"),
     # --skip_plan compiles nothing, but train's checks still run before anything is rented
-    case("launch-skip-plan-tiles-without-splash", LAUNCH + " --skip_plan "
+    # train's refusal of a pretraining config naming no tokenizer or no training files
+    case("launch-pretraining-without-tokenizer", LAUNCH, 1, "data.tokenizer is empty",
+         "--config.data.tokenizer="),
+    case("launch-pretraining-without-train-files", LAUNCH + " --config.data.tokenizer=gs://b/vocab",
+         1, "data.train_files='': no files given"),
+    case("launch-skip-plan-tiles-without-splash", LAUNCH_DATA + " --skip_plan "
          "--config.model.attention_block_q=256", 1, "--config.model.attention_block_q", "would do nothing"),
-    case("launch-skip-plan-batch-not-divisible", LAUNCH + " --skip_plan --config.train.batch_size=6", 1,
+    case("launch-skip-plan-batch-not-divisible", LAUNCH_DATA + " --skip_plan --config.train.batch_size=6", 1,
          "train.batch_size/grad_accum_steps=6", "not divisible by the batch shards"),
     case("launch-max-restarts-negative", LAUNCH + " --max_restarts=-1", 1, "--max_restarts=-1", ">= 0"),
     case("launch-poll-seconds-zero", LAUNCH + " --poll_seconds 0", 1, "--poll_seconds=0.0", "> 0"),

@@ -20,7 +20,8 @@ from bert_jax.commands import cloud as cloud_commands
 URL = "https://example.org/bert_jax.git"
 SMALL = ["--config.model.vocab_size=128", "--config.model.num_layers=1",
          "--config.train.batch_size=32", "--config.data.max_seq_length=16",
-         "--config.data.max_predictions_per_seq=3", "--config.mesh.data=-1"]
+         "--config.data.max_predictions_per_seq=3", "--config.mesh.data=-1",
+         "--config.data.tokenizer=gs://bucket/vocab", "--config.data.train_files=gs://bucket/text/*.txt"]
 FAKE = '''#!{python}
 import json, os, subprocess, sys
 d = os.environ["FAKE_GCLOUD_DIR"]
