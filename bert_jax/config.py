@@ -190,6 +190,27 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
+# The largest whole number a config may hold: what numpy, JAX and XLA's shapes hold (64-bit
+# integers; a size beyond it fails as a raw TypeError where XLA takes it). Token counts (a
+# schedule's warmup_tokens) pass 32 bits, so this is the bound every count field shares.
+INT_LIMIT = 2**63 - 1
+
+
+def check_int_sizes(section: Mapping[str, Any], where: str = "") -> None:
+    """Every whole number in `section` (its subsections and lists too) within +-INT_LIMIT: the
+    upper bound of every count field of every section, checked before their own ranges (a
+    ConfigError naming the key)."""
+    items = section.items() if isinstance(section, Mapping) else enumerate(section)
+    for key, value in items:
+        name = f"{where}.{key}" if isinstance(section, Mapping) and where else (
+            f"{where}[{key}]" if where else str(key))
+        if isinstance(value, Mapping | list | tuple):
+            check_int_sizes(value, name)
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
+            raise ConfigError(f"{name}={value} is beyond what a run can count (at most 2**63 - 1, "
+                              "a 64-bit integer): set a smaller value")
+
+
 def resolve(config, *, training: bool = True) -> RunSpec:
     """The run config as typed frozen records (specs.RunSpec), what every module below the
     commands reads: each section read as its record (types and ranges checked, a missing key
@@ -201,6 +222,7 @@ def resolve(config, *, training: bool = True) -> RunSpec:
     if isinstance(config, RunSpec):
         return config
     config = complete(config)
+    check_int_sizes(config.to_dict())
     if config.dtype not in DTYPES:
         raise ConfigError(f"dtype={config.dtype!r}; choose one of {list(DTYPES)}")
     seed = config.seed

@@ -378,6 +378,16 @@ CONFIG_CASES = [
          1, "data.phases[2] starts at step 1, before data.phases[1] (step 2)", "never run"),
     case("phases-same-start", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (0, 8, 2))\"", 1,
          "data.phases[1] starts at step 0, the same step as data.phases[0]", "never run"),
+    # a whole number beyond 64 bits, in any section (the upper bound of every count field)
+    case("vocab-size-beyond-int64", INFO + " --config.model.vocab_size=99999999999999999999", 1,
+         "model.vocab_size=99999999999999999999 is beyond what a run can count", "2**63 - 1"),
+    case("train-vocab-size-beyond-int64", "train --config configs/bert_pretrain.py:tiny --workdir {tmp}/w "
+         "--config.model.vocab_size=99999999999999999999", 1, "model.vocab_size=99999999999999999999"),
+    case("steps-beyond-int64", INFO + " --config.train.steps=9223372036854775808", 1,
+         "train.steps=9223372036854775808"),
+    case("phase-predictions-beyond-int64",
+         INFO + " --config.data.phases=\"((0, 128, 99999999999999999999),)\"", 1,
+         "data.phases[0][2]=99999999999999999999"),
     # two keys of one value both given: neither is silently dropped
     case("warmup-steps-and-fraction", GLUE + " --config.schedule.warmup_steps=3 "
          "--config.schedule.warmup_fraction=0.2", 1, "--config.schedule.warmup_steps=3 and "
