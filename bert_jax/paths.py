@@ -151,14 +151,20 @@ def path(p: str | os.PathLike) -> Path | epath.Path:
     return Path(p)
 
 
+def listed_as(name: str) -> str:
+    """The file a listed input names, for comparing lists: a local one's absolute path (not its
+    realpath: two names linked to one blob, a Hugging Face snapshot, are two files the user
+    listed), a gs:// one as it is."""
+    return name if is_remote(name) else os.path.abspath(name)
+
+
 def check_listed_once(files: list[str], where: str) -> None:
     """A file named twice in a list of inputs (two globs that match it, `a,./a`) would be read
     twice, its examples counted double: a ValueError naming it, prefixed by `where` (the key
     or flag and its value, "key='...': ")."""
     seen: dict[str, str] = {}
     for name in files:
-        key = name if is_remote(name) else os.path.abspath(name)  # not realpath: two names linked to
-        # one blob (a Hugging Face snapshot) are two files the user listed
+        key = listed_as(name)
         if key in seen:
             again = f" (again as {name})" if name != seen[key] else ""
             raise ValueError(f"{where}{seen[key]} is named twice{again}: it would be read twice; "

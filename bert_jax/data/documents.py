@@ -44,6 +44,21 @@ def expand(patterns: str, what: str = "") -> list[str]:
     return files
 
 
+def warn_evaluated_in_training(train_files: str, eval_files: str) -> None:
+    """One warning line naming the first file that data.eval_files and data.train_files both
+    match: its eval metrics would be measured on training text (a user may mean it, so not
+    refused). Nothing without eval_files (held-out documents are split off instead)."""
+    if not eval_files.strip(", "):
+        return
+    trained = {paths.listed_as(f) for f in expand(train_files, "data.train_files")}
+    both = [f for f in expand(eval_files, "data.eval_files") if paths.listed_as(f) in trained]
+    if both:
+        logging.getLogger(__name__).warning(
+            f"warning: data.eval_files names {both[0]}, which data.train_files names too"
+            + (f" (and {len(both) - 1} more)" if len(both) > 1 else "") + ": its eval metrics "
+            "are measured on training text; give held-out files to measure generalization")
+
+
 def check_given(patterns: str, what: str = "") -> None:
     """`patterns` names at least one file glob (nothing is opened: a machine without the files,
     e.g. `bert-jax launch`'s, checks this too); else an error naming `what`."""

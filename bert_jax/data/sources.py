@@ -108,6 +108,12 @@ def _split_key(data, split: str, own: str, train: str) -> tuple[str, bool]:
     return (own if split == "validation" and has_own else train), has_own
 
 
+def _check_files_named(source: Source, data) -> None:
+    """A source of files (text, array_record): its tokenizer, and data.train_files naming one."""
+    Source.check_named(source, data)
+    documents.check_given(data.train_files, "data.train_files")
+
+
 @register
 class Text(Source):
     """Plain text files (data.train_files, data.eval_files; data.text_format), tokenized into
@@ -125,8 +131,10 @@ class Text(Source):
         return documents.TextDocuments(files, data.text_format, tokenizer), own
 
     def check_named(self, data):
-        super().check_named(data)
-        documents.check_given(data.train_files, "data.train_files")
+        _check_files_named(self, data)
+
+    def check(self, data):
+        documents.warn_evaluated_in_training(data.train_files, data.eval_files)
 
     def stream(self, data, tokenizer):  # streamed, so prepare never holds the corpus
         for path in documents.expand(data.train_files, "data.train_files"):
@@ -143,8 +151,10 @@ class ArrayRecord(Source):
     name, kind = "array_record", "documents"
 
     def check_named(self, data):
-        super().check_named(data)
-        documents.check_given(data.train_files, "data.train_files")
+        _check_files_named(self, data)
+
+    def check(self, data):
+        documents.warn_evaluated_in_training(data.train_files, data.eval_files)
 
     def documents(self, data, split, tokenizer):
         key, own = _split_key(data, split, "eval_files", "train_files")
