@@ -52,6 +52,17 @@ class Translator:
         return -(-n // self.shards) * self.shards  # a multiple of the batch shards
 
     def __call__(self, params, sentences: list[str], *, progress_every: float = 0.0) -> list[str]:
+        """A translation per sentence, in order; an empty (or blank) sentence's is empty, not
+        decoded (the model would make up a sentence from nothing)."""
+        kept = [i for i, s in enumerate(sentences) if s.strip()]
+        out = [""] * len(sentences)
+        if kept:
+            hyps = self._translate(params, [sentences[i] for i in kept], progress_every=progress_every)
+            for i, hyp in zip(kept, hyps):
+                out[i] = hyp
+        return out
+
+    def _translate(self, params, sentences: list[str], *, progress_every: float) -> list[str]:
         tok = self.tokenizer
         ids = [np.append(x, tok.sep_id).astype(np.int32) for x in tok.encode_batch(sentences)]
         order = np.argsort([-len(x) for x in ids], kind="stable")
@@ -198,6 +209,10 @@ def _read_input(input_path: str) -> list[str]:
     if not any(s.strip() for s in sources):
         raise ValueError(f"--input={input_path}: empty (no text on any line); give a file with one "
                          "source sentence per line")
+    if empty := [n for n, s in enumerate(sources, 1) if not s.strip()]:
+        log.warning(f"warning: --input={input_path}: {len(empty)} of its {len(sources)} lines are "
+                    f"empty (the first: line {empty[0]}); each gets an empty output line, so the "
+                    "lines still match the input's (and a reference's)")
     return sources
 
 
