@@ -22,7 +22,7 @@ from etils import epath
 from flax import traverse_util
 
 from bert_jax import log as log_lib
-from bert_jax import models, paths, trees
+from bert_jax import models, paths, tasks, trees
 from bert_jax.config import ConfigError
 from bert_jax.models.config import fields_of_kind
 from bert_jax.paths import check_output, workdir_path
@@ -372,6 +372,11 @@ def _shape_diff(saved: dict[str, tuple], wanted: dict[str, tuple], limit: int = 
     return "; ".join(f"{k}: {saved.get(k, 'absent')} vs {wanted.get(k, 'absent')}" for k in names[:limit])
 
 
+# Errors that no store raises (Orbax wraps storage faults as OSError or ValueError): a bug or a
+# bad input of this program, never reported as "fix the storage".
+NOT_STORAGE = (LookupError, TypeError, AttributeError, AssertionError, NameError)
+
+
 class TrainCheckpointer:
     """A training run's checkpoints: Composite items `params`, `opt_state` (StandardSave),
     `data` (iterator position) and `config` (JsonSave) under `<workdir>/checkpoints/<step>`.
@@ -530,14 +535,17 @@ class TrainCheckpointer:
         except Exception as e:  # noqa: BLE001 (as in save)
             raise self._write_error(e) from None
 
-    def _write_error(self, e: Exception) -> OSError:
+    def _write_error(self, e: Exception) -> Exception:
         """One line for a save that failed (full disk, no permission, bucket gone, storage that
-        kept failing)."""
+        kept failing); an error no storage raises (NOT_STORAGE: a missing key, a wrong type) is
+        returned as it is, never called a storage fault."""
         good = self.latest_step()
         failing = storage_failure(e, self.path, "saving a checkpoint in")
         if failing is not None:
             return paths.StorageFailing(f"{failing}; the last complete checkpoint is "
                                         f"{f'step {good}' if good is not None else 'none yet'}")
+        if isinstance(e, NOT_STORAGE):  # a fault of this program, not of the storage
+            return e
         code = re.search(r"os_error_code='(\d+)'", str(e))  # TensorStore names the OS error
         if isinstance(e, OSError) and e.errno:
             reason = os.strerror(e.errno)
@@ -568,14 +576,22 @@ class TrainCheckpointer:
 
 def refuse_other_run(where: str, stored: dict, config: dict) -> None:
     """Run config `config` against the one stored with checkpoint `where` (`stored`) that it
-    would resume: a changed model or optimizer is the user's change (an error naming it), not
-    a corrupt checkpoint."""
+    would resume: a changed model, fine-tuning task (tasks.run_name) or optimizer is the user's
+    change (an error naming it), not a corrupt checkpoint."""
     model_diff = changed_fields(stored.get("model", {}), config.get("model", {}), STATE_FIELDS,
                                 "model.")
     if model_diff:
         raise ConfigError(f"checkpoint {where} holds a different model than this config "
                           f"({model_diff}); train in a new --workdir, or use the config "
                           f"stored in {where}/config")
+    ran, runs = (tasks.run_name(c["data"]) if isinstance(c.get("data"), dict) else None
+                 for c in (stored, config))
+    if ran is not None and ran != runs:
+        # Another task's head, labels and best metric: not a run to continue.
+        raise ConfigError(f"checkpoint {where} holds a run fine-tuned on {ran}, but this config "
+                          f"{f'fine-tunes {runs}' if runs else 'is not that fine-tuning'}; use a "
+                          f"new --workdir (--config.init_from may start it from this run's "
+                          f"weights), or resume with the config stored in {where}/config")
     opt_diff = changed_fields(stored.get("optimizer", {}), config.get("optimizer", {}), ("name",),
                               "optimizer.")
     if opt_diff:

@@ -515,6 +515,9 @@ DATA_CASES = [
          setup=files(p_DOT_tsv="query\tpositive\tpositive\na\tb\tc\n")),
 ]
 
+COLA = "src\t1\t\tthe cat sat\nsrc\t0\t*\tcat the sat\n"
+
+
 CHECKPOINT_CASES = [
     case("eval-workdir-missing", "eval --workdir {tmp}/nope", 1, "nope", "checkpoints/"),
     case("eval-workdir-is-a-file", "eval --workdir {tmp}/f", 1, "checkpoints/", setup=files(f="x")),
@@ -555,6 +558,12 @@ CHECKPOINT_CASES = [
          "run/checkpoints/3: its config cannot be read", "the checkpoint is damaged",
          setup=copy_of("run", lambda d: shutil.copytree(d / "checkpoints" / "2" / "params",
                                                          d / "checkpoints" / "3"))),
+    # a workdir fine-tuned on one task resumed with another (same shapes): refused at the start,
+    # before a step is trained or a save fails on the other task's best metric
+    case("resume-finetuned-with-another-task", GLUE.replace("sst2", "cola").replace("{tmp}/w", "{tmp}/ft"),
+         1, "checkpoint {tmp}/ft/checkpoints/0 holds a run fine-tuned on glue sst2",
+         "fine-tunes glue cola", "new --workdir", "init_from", "{tmp}/ft/checkpoints/0/config",
+         setup=lambda t, c: (copy_of("ft")(t, c), glue(train=COLA, dev=COLA, task="CoLA")(t, c))),
     case("features-corrupted-checkpoint", "features --checkpoint {tmp}/run --input {tmp}/in.txt "
          "--output {tmp}/o.jsonl --layers=-1", 1, "run/checkpoints/2", setup=lambda t, c: (
              copy_of("run", corrupt_params)(t, c), features_input()(t, c))),

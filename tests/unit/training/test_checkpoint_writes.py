@@ -58,3 +58,17 @@ def test_runs_of_several_processes_keep_orbax_replica_parallel_writes(monkeypatc
     finally:
         monkeypatch.undo()
         checkpoint._gate_replica_parallel_writes()
+
+
+def test_a_save_error_no_storage_raises_is_not_called_a_storage_fault(tmp_path):
+    """A failed save is one line "fix the storage" only for what storage raises (an OSError);
+    a missing key (e.g. a metric the checkpoints were not ranked by) stays itself."""
+    ckpt = checkpoint.TrainCheckpointer(tmp_path, keep=1)
+    try:
+        missing = KeyError("eval/f1")
+        assert ckpt._write_error(missing) is missing
+        full = ckpt._write_error(OSError(28, "No space left on device"))
+        assert str(full).startswith(f"cannot write a checkpoint in {tmp_path}/checkpoints (No space "
+                                    "left on device); fix the storage")
+    finally:
+        ckpt.close()
