@@ -387,6 +387,7 @@ class TrainCheckpointer:
                  kept: Sequence[int] = ()):
         self.path = checkpoint_dir(workdir)
         self.kept = frozenset(kept)  # steps kept beside the newest (where schedule stages end)
+        self.data_changes = ""  # the data keys changed since the restored checkpoint was saved
         # Steps saved and not yet committed, oldest first (Orbax finalizes them in order).
         self._finalizing: collections.deque[int] = collections.deque()
         common = dict(create=True, enable_async_checkpointing=True,
@@ -499,7 +500,7 @@ class TrainCheckpointer:
         except Exception:  # noqa: BLE001 (no readable config: restore decides below)
             return
         refuse_other_run(f"{self.path}/{step}", stored, config)
-        say_data_changes(f"{self.path}/{step}", stored, config)
+        self.data_changes = say_data_changes(f"{self.path}/{step}", stored, config)
         say_setting_changes(f"{self.path}/{step}", stored, config)
 
     def _check_fits(self, step: int, metadata, abstract_params, abstract_opt_state) -> None:
@@ -610,24 +611,26 @@ NOT_TRAINING_DATA = ("dev_file", "test_file", "test_files", "eval_files", "eval_
                      "n_best_size", "max_answer_length", "null_score_diff_threshold")
 
 
-def say_data_changes(where: str, stored: dict, config: dict) -> None:
+def say_data_changes(where: str, stored: dict, config: dict) -> str:
     """A warning naming each key of the data section that differs from the one stored with
     checkpoint `where`: the run resumes (the user may mean it: a new mixture for a later
     stage), but its batches from here on follow the new data, not the stored run's stream
     (several training files or data.mix: a different order from the resumed step on). A key
     the stored section lacks is not compared: a checkpoint of an older version has no key that
-    version did not know (data.mix: one training file then)."""
+    version did not know (data.mix: one training file then). Returns the changes said ('' if
+    none)."""
     if "data" not in stored or "data" not in config:  # an older stored config: nothing to compare
-        return
+        return ""
     before, now = stored["data"], config["data"]
     if not (isinstance(before, dict) and isinstance(now, dict)):
-        return
+        return ""
     diff = changed_fields(before, now, [k for k in sorted(now) if k not in NOT_TRAINING_DATA], "data.")
     if diff:
         log.warning(f"warning: resuming {where} with other training data ({diff}): the batches "
                     f"from this step on follow the new data, not the stream the checkpoint's run "
                     f"would have read; to continue that stream, resume with its config "
                     f"({where}/config)")
+    return diff
 
 
 def say_setting_changes(where: str, stored: dict, config: dict) -> None:
