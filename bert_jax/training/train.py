@@ -366,25 +366,34 @@ def save_and_evaluate(run: Run, step: int, train_state: dict, phase: Phase, *, e
 
 class Preemption:
     """SIGTERM (TPU maintenance / preemption), or in a multi-process run the processes'
-    agreement to stop (Orbax's preemption sync point): save at the next step and exit 0."""
+    agreement to stop (Orbax's preemption sync point): save at the next step and exit 0.
+    SIGINT (Ctrl-C) saves the same way, the run then ending as interrupted (the command exits
+    130); a second Ctrl-C stops at once (KeyboardInterrupt), the save not waited for."""
 
     def __init__(self, ckpt: checkpoint.TrainCheckpointer):
         self.ckpt = ckpt
         self.requested = threading.Event()
-        self._old = None
+        self.interrupted = False
+        self._old: dict = {}
 
     def due(self, step: int) -> bool:
         """Whether the run stops after `step` (saving it first)."""
         return self.requested.is_set() or self.ckpt.reached_preemption(step)
 
+    def _interrupt(self, *_) -> None:
+        self.interrupted = True
+        self.requested.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next Ctrl-C: at once
+
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, lambda *_: self.requested.set())
+            self._old = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: self.requested.set()),
+                         signal.SIGINT: signal.signal(signal.SIGINT, self._interrupt)}
         return self
 
     def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for signum, handler in self._old.items():
+            signal.signal(signum, handler)
 
 
 def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[str, Any]:
@@ -424,7 +433,10 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
                 summary["eval"] = results
             window.restart()  # evaluation and saving stay out of the next tokens/s
             if preempted:
-                log.info(f"SIGTERM: saved checkpoint {run.ckpt.path}/{step}; exiting")
+                if preemption.interrupted:  # said by the command, which exits 130
+                    summary["interrupted"] = f"{run.ckpt.path}/{step}"
+                else:
+                    log.info(f"SIGTERM: saved checkpoint {run.ckpt.path}/{step}; exiting")
                 summary["preempted"] = True
                 break
         if pending is not None:

@@ -293,6 +293,25 @@ def test_sigterm_saves_and_exits_0_then_resumes(reference, tmp_path, cli):
 
 
 @pytest.mark.slow
+def test_ctrl_c_saves_and_exits_130_in_one_line_then_resumes(reference, tmp_path, cli):
+    # As SIGTERM, but a stop the user asked for: exit 130, the step saved named in one line.
+    proc = train_cli(tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=100",
+                     wait=False)
+    _wait_for_step(tmp_path, proc, 3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    saved = steps_on_disk(tmp_path)
+    assert len(saved) == 1 and 3 <= saved[0] < 12
+    assert "Traceback" not in err and err.splitlines()[-1] == (
+        f"bert-jax train: interrupted: saved checkpoint {tmp_path}/checkpoints/{saved[0]}; run the "
+        "same command to resume"), err[-2000:]
+    train_here(cli, tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=100")
+    got = losses(tmp_path)
+    assert [got[s] for s in range(1, 13)] == [reference[s] for s in range(1, 13)]
+
+
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back_to_previous(reference_run, reference, tmp_path, cli):
     # The reference run's workdir (a copy), its latest checkpoint, 12, damaged: every data file
     # of its parameters truncated. Its metrics lines after step 8 are dropped, so that those
