@@ -737,7 +737,9 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abs
                 old_layouts.has_first_row(k, meta.shape, ours[rename(k)].shape)):
             if not transplant:
                 raise ConfigError(f"init_from={directory}: parameter {'/'.join(rename(k))} has shape "
-                                  f"{tuple(meta.shape)} in the checkpoint but {ours[rename(k)].shape} here")
+                                  f"{tuple(meta.shape)} in the checkpoint but {ours[rename(k)].shape} "
+                                  f"here; pass {TRANSPLANT} to take only its tensors whose names "
+                                  f"and shapes match (its encoder; the rest trained from scratch)")
             other_shape.add(k)
 
     def taken(k: tuple[str, ...]) -> bool:

@@ -564,6 +564,11 @@ CHECKPOINT_CASES = [
          1, "checkpoint {tmp}/ft/checkpoints/0 holds a run fine-tuned on glue sst2",
          "fine-tunes glue cola", "new --workdir", "init_from", "{tmp}/ft/checkpoints/0/config",
          setup=lambda t, c: (copy_of("ft")(t, c), glue(train=COLA, dev=COLA, task="CoLA")(t, c))),
+    # init_from a fine-tuned checkpoint whose head has another shape: the way to take its encoder
+    case("init-from-other-head-shape", STSB + " --config.init_from={ft}", 1,
+         "init_from={ft}: parameter classifier/bias has shape (2,) in the checkpoint but (1,) here",
+         "--config.init_mode=transplant", setup=glue(train=STSB_ROWS.format(1.0),
+                                                      dev=STSB_ROWS.format(2.0), task="STS-B")),
     case("features-corrupted-checkpoint", "features --checkpoint {tmp}/run --input {tmp}/in.txt "
          "--output {tmp}/o.jsonl --layers=-1", 1, "run/checkpoints/2", setup=lambda t, c: (
              copy_of("run", corrupt_params)(t, c), features_input()(t, c))),
