@@ -963,6 +963,13 @@ RUN_VALUE_CASES = [
          "data.max_seq_length=4", "at least 5"),
     case("pretrain-phase-too-short", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (1, 4, 1))\"", 1,
          "data.phases length 4", "at least 5"),
+    # more predictions than a row has tokens (too few is refused above)
+    case("pretrain-predictions-over-length", PRETRAIN.replace("max_predictions_per_seq=3",
+         "max_predictions_per_seq=17"), 1, "data.max_predictions_per_seq=17 is more than the 16 "
+         "tokens of a row (data.max_seq_length=16)", "<= 16"),
+    case("pretrain-phase-predictions-over-length", PRETRAIN + " --config.data.phases=\"((0, 16, 3), "
+         "(1, 8, 9))\"", 1, "data.phases[1] predictions=9 is more than the 8 tokens of a row "
+         "(data.phases[1] length=8)"),
     case("pack-instances-zero", PRETRAIN + " --config.data.pack=True "
          "--config.data.max_instances_per_row=0", 1, "data.max_instances_per_row=0", ">= 1"),
     case("pack-instances-negative", PRETRAIN + " --config.data.pack=True "
