@@ -1,9 +1,6 @@
 """init_from a checkpoint fine-tuned on another task (state.say_other_task_head): its head is
 taken, with one warning naming the task it was trained for."""
 
-import json
-import types
-
 import numpy as np
 
 from bert_jax.training import checkpoint, state
@@ -16,9 +13,7 @@ def _said(monkeypatch, tmp_path, data: dict, found: dict) -> list[str]:
                             "data": {"name": "glue", "task": "sst2"}})
     warned = []
     monkeypatch.setattr(state.log, "warning", warned.append)
-    config = types.SimpleNamespace(init_from=str(tmp_path), saved=json.dumps({"data": data}),
-                                   model_name="bert_classification")
-    state.say_other_task_head(config, found)
+    state.say_other_task_head(str(tmp_path), data, "bert_classification", found)
     return warned
 
 
