@@ -172,6 +172,12 @@ def rank_value(score: float) -> float:
     return -math.inf if math.isnan(score) else score
 
 
+def metric_rank(metrics: dict, name: str) -> float:
+    """A checkpoint's rank by metric `name` (rank_value); one saved without it (by a run that
+    measured other metrics) below every number, never a KeyError inside Orbax's save."""
+    return rank_value(metrics[name]) if name in metrics else -math.inf
+
+
 def best_step(scores: dict[int, float | None]) -> int | None:
     """The step with the highest score (None scores ignored, nan below every number); ties go
     to the later step, as Orbax's BestN keeps (TrainCheckpointer's policy) do."""
@@ -187,7 +193,7 @@ def _preservation_policy(keep: int, best_metric: str | None, kept: Sequence[int]
     if kept:
         policies.append(policy.CustomSteps(steps=list(kept)))
     if best_metric:
-        policies.append(policy.BestN(get_metric_fn=lambda m: rank_value(m[best_metric]), n=1,
+        policies.append(policy.BestN(get_metric_fn=lambda m: metric_rank(m, best_metric), n=1,
                                      keep_checkpoints_without_metrics=False))
     return policy.AnyPreservationPolicy(policies)
 
@@ -394,7 +400,7 @@ class TrainCheckpointer:
                       async_options=async_options(post_finalization_callback=self._write_checksums))
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, **common)
         if best_metric or kept:
-            best = (dict(best_fn=lambda m: rank_value(m[best_metric]), best_mode="max")
+            best = (dict(best_fn=lambda m: metric_rank(m, best_metric), best_mode="max")
                     if best_metric else {})
             options = ocp.CheckpointManagerOptions(
                 preservation_policy=_preservation_policy(keep, best_metric, kept), **best,

@@ -72,3 +72,15 @@ def test_a_save_error_no_storage_raises_is_not_called_a_storage_fault(tmp_path):
                                     "left on device); fix the storage")
     finally:
         ckpt.close()
+
+
+def test_a_checkpoint_saved_without_the_best_metric_ranks_below_every_score(tmp_path):
+    """A workdir whose checkpoints were scored by another metric (another task's, an older
+    version's): the save ranks them below every number, never a KeyError inside the save."""
+    tree = {"w": jnp.ones((2,))}
+    with checkpoint.TrainCheckpointer(tmp_path, keep=1, best_metric="eval/f1") as ckpt:
+        ckpt.save(1, tree, tree, {}, {}, metrics={"eval/accuracy": 0.9})
+        ckpt.wait()
+        ckpt.save(2, tree, tree, {}, {}, metrics={"eval/f1": 0.1})
+        ckpt.save(3, tree, tree, {}, {}, metrics={"eval/f1": 0.0})
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [2, 3]
