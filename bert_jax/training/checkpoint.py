@@ -417,9 +417,18 @@ class TrainCheckpointer:
                 data=ocp.args.JsonSave(data_state), config=ocp.args.JsonSave(config)),
                 metrics=metrics, force=True)
         except Exception as e:  # noqa: BLE001 (storage errors come as ValueError, OSError...)
-            if self._finalizing and self._finalizing[-1] == step:
-                self._finalizing.pop()
+            if self._finalizing and self._finalizing[-1] == step and not self._dispatched(step):
+                self._finalizing.pop()  # (a dispatched save finalizes, and pops it, all the same)
             raise self._write_error(e) from None
+
+    def _dispatched(self, step: int) -> bool:
+        """Whether a save that raised had made the folder of `step` (its directories are made
+        before the write is dispatched: async_options), so that it goes on in the background."""
+        tmp = self.path / f"{step}{ocp.path.atomicity.TMP_DIR_SUFFIX}"
+        try:
+            return tmp.exists() or (self.path / str(step)).exists()
+        except OSError:  # the storage itself failing: nothing was dispatched to it
+            return False
 
     def _write_checksums(self) -> None:
         """Orbax's post-finalization callback, on process 0 in its save thread once every
