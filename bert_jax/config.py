@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.util
+import logging
 import math
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -37,6 +38,8 @@ from bert_jax.specs import (
     read,
     section,
 )
+
+log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes, in order
 BATCH_AXES = ("data", "fsdp")  # the axes the examples of a batch are split over
@@ -470,6 +473,19 @@ def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int,
         raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by the "
                           f"{num_processes} processes (each loads an equal share)")
     check_phase_batches(spec, shards, num_processes)
+    say_phases_after_the_end(spec)
+
+
+def say_phases_after_the_end(spec: RunSpec) -> None:
+    """A warning naming each data.phases entry that starts at or after train.steps: it never runs
+    in this run (a later run with more steps may reach it). train.steps 0: set from train.epochs
+    later, not compared."""
+    steps = spec.train.steps
+    late = [f"data.phases[{i}] (step {p.start_step})" for i, p in enumerate(spec.phases)
+            if steps >= 1 and p.start_step >= steps]
+    if late:
+        log.warning(f"warning: {', '.join(late)}: starts at or after train.steps={steps}, never "
+                    f"reached in this run; drop it, or raise train.steps past it")
 
 
 def check_overrides_read(spec: RunSpec, set_by_user: Collection[str]) -> None:
@@ -575,11 +591,15 @@ def check_pretraining_data(data: PretrainingData, lengths: Sequence[int], model=
             raise ConfigError(f"{key}={rate} is the fraction of tokens masked; use a value in (0, 1] "
                               "(the paper: 0.15; ModernBERT: 0.3 in training, 0.15 in evaluation; "
                               "data.eval_masked_lm_prob=0: the training rate)")
+    budgets = [("data.max_seq_length", data.max_seq_length, "data.max_predictions_per_seq",
+                data.max_predictions_per_seq)]
+    budgets += [(f"data.phases[{i}] length", p.seq_len, f"data.phases[{i}] predictions",
+                 p.predictions) for i, p in enumerate(phases(data))]
+    for length_key, length, cap_key, cap in budgets:  # a row cannot hold them
+        if cap > length:
+            raise ConfigError(f"{cap_key}={cap} is more than the {length} tokens of a row "
+                              f"({length_key}={length}); set {cap_key} <= {length}")
     if kind != "pairs":  # MLM only: the rate is the recipe, so a cap that would lower it is an error
-        budgets = [("data.max_seq_length", data.max_seq_length, "data.max_predictions_per_seq",
-                    data.max_predictions_per_seq)]
-        budgets += [(f"data.phases[{i}] length", p.seq_len, f"data.phases[{i}] predictions",
-                     p.predictions) for i, p in enumerate(phases(data))]
         for key, rate in rates.items():
             for length_key, length, cap_key, cap in budgets:
                 need = round(rate * length)

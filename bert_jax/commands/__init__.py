@@ -167,6 +167,9 @@ def main(argv: list[str]) -> None:
         peers.finished()  # (a multi-process run: this process's end is not a fault)
     except app.UsageError as e:  # a missing or malformed flag or argument
         _bad_flag(str(e))
+    except KeyboardInterrupt:  # Ctrl-C (a training loop saves first: train.Preemption)
+        print(f"bert-jax {argv[1]}: interrupted", file=sys.stderr)
+        sys.exit(130)
     except (ValueError, OSError, config_lib.MissingExtra) as e:  # bad input, storage, an uninstalled
         # extra: one line, not a traceback
         print(f"bert-jax {argv[1]}: error: {_one_line(_named(e, command))}", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from bert_jax.commands.options import (
     CONFIG,
@@ -28,6 +29,10 @@ def cmd_train(args: list[str]) -> None:
     workdir = require(WORKDIR, "train")  # (not empty: commands.check_path_flags)
     summary = train.train_and_evaluate(require(CONFIG, "train"), workdir,
                                        set_by_user=LoadedConfig.set_by_user(), started=Started.at)
+    if summary.get("interrupted"):  # Ctrl-C: the step reached was saved
+        print(f"bert-jax train: interrupted: saved checkpoint {summary['interrupted']}; run the "
+              f"same command to resume", file=sys.stderr)
+        sys.exit(130)
     if jax.process_index() == 0:
         print(json.dumps({k: summary[k] for k in ("step", "preempted")}
                          | {"metrics": summary.get("metrics"), "eval": summary.get("eval")}))

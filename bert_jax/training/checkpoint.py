@@ -22,7 +22,7 @@ from etils import epath
 from flax import traverse_util
 
 from bert_jax import log as log_lib
-from bert_jax import models, paths, trees
+from bert_jax import models, paths, tasks, trees
 from bert_jax.config import ConfigError
 from bert_jax.models.config import fields_of_kind
 from bert_jax.paths import check_output, workdir_path
@@ -172,6 +172,12 @@ def rank_value(score: float) -> float:
     return -math.inf if math.isnan(score) else score
 
 
+def metric_rank(metrics: dict, name: str) -> float:
+    """A checkpoint's rank by metric `name` (rank_value); one saved without it (by a run that
+    measured other metrics) below every number, never a KeyError inside Orbax's save."""
+    return rank_value(metrics[name]) if name in metrics else -math.inf
+
+
 def best_step(scores: dict[int, float | None]) -> int | None:
     """The step with the highest score (None scores ignored, nan below every number); ties go
     to the later step, as Orbax's BestN keeps (TrainCheckpointer's policy) do."""
@@ -187,7 +193,7 @@ def _preservation_policy(keep: int, best_metric: str | None, kept: Sequence[int]
     if kept:
         policies.append(policy.CustomSteps(steps=list(kept)))
     if best_metric:
-        policies.append(policy.BestN(get_metric_fn=lambda m: rank_value(m[best_metric]), n=1,
+        policies.append(policy.BestN(get_metric_fn=lambda m: metric_rank(m, best_metric), n=1,
                                      keep_checkpoints_without_metrics=False))
     return policy.AnyPreservationPolicy(policies)
 
@@ -372,6 +378,11 @@ def _shape_diff(saved: dict[str, tuple], wanted: dict[str, tuple], limit: int = 
     return "; ".join(f"{k}: {saved.get(k, 'absent')} vs {wanted.get(k, 'absent')}" for k in names[:limit])
 
 
+# Errors that no store raises (Orbax wraps storage faults as OSError or ValueError): a bug or a
+# bad input of this program, never reported as "fix the storage".
+NOT_STORAGE = (LookupError, TypeError, AttributeError, AssertionError, NameError)
+
+
 class TrainCheckpointer:
     """A training run's checkpoints: Composite items `params`, `opt_state` (StandardSave),
     `data` (iterator position) and `config` (JsonSave) under `<workdir>/checkpoints/<step>`.
@@ -382,13 +393,14 @@ class TrainCheckpointer:
                  kept: Sequence[int] = ()):
         self.path = checkpoint_dir(workdir)
         self.kept = frozenset(kept)  # steps kept beside the newest (where schedule stages end)
+        self.data_changes = ""  # the data keys changed since the restored checkpoint was saved
         # Steps saved and not yet committed, oldest first (Orbax finalizes them in order).
         self._finalizing: collections.deque[int] = collections.deque()
         common = dict(create=True, enable_async_checkpointing=True,
                       async_options=async_options(post_finalization_callback=self._write_checksums))
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, **common)
         if best_metric or kept:
-            best = (dict(best_fn=lambda m: rank_value(m[best_metric]), best_mode="max")
+            best = (dict(best_fn=lambda m: metric_rank(m, best_metric), best_mode="max")
                     if best_metric else {})
             options = ocp.CheckpointManagerOptions(
                 preservation_policy=_preservation_policy(keep, best_metric, kept), **best,
@@ -405,9 +417,18 @@ class TrainCheckpointer:
                 data=ocp.args.JsonSave(data_state), config=ocp.args.JsonSave(config)),
                 metrics=metrics, force=True)
         except Exception as e:  # noqa: BLE001 (storage errors come as ValueError, OSError...)
-            if self._finalizing and self._finalizing[-1] == step:
-                self._finalizing.pop()
+            if self._finalizing and self._finalizing[-1] == step and not self._dispatched(step):
+                self._finalizing.pop()  # (a dispatched save finalizes, and pops it, all the same)
             raise self._write_error(e) from None
+
+    def _dispatched(self, step: int) -> bool:
+        """Whether a save that raised had made the folder of `step` (its directories are made
+        before the write is dispatched: async_options), so that it goes on in the background."""
+        tmp = self.path / f"{step}{ocp.path.atomicity.TMP_DIR_SUFFIX}"
+        try:
+            return tmp.exists() or (self.path / str(step)).exists()
+        except OSError:  # the storage itself failing: nothing was dispatched to it
+            return False
 
     def _write_checksums(self) -> None:
         """Orbax's post-finalization callback, on process 0 in its save thread once every
@@ -494,7 +515,7 @@ class TrainCheckpointer:
         except Exception:  # noqa: BLE001 (no readable config: restore decides below)
             return
         refuse_other_run(f"{self.path}/{step}", stored, config)
-        say_data_changes(f"{self.path}/{step}", stored, config)
+        self.data_changes = say_data_changes(f"{self.path}/{step}", stored, config)
         say_setting_changes(f"{self.path}/{step}", stored, config)
 
     def _check_fits(self, step: int, metadata, abstract_params, abstract_opt_state) -> None:
@@ -530,14 +551,17 @@ class TrainCheckpointer:
         except Exception as e:  # noqa: BLE001 (as in save)
             raise self._write_error(e) from None
 
-    def _write_error(self, e: Exception) -> OSError:
+    def _write_error(self, e: Exception) -> Exception:
         """One line for a save that failed (full disk, no permission, bucket gone, storage that
-        kept failing)."""
+        kept failing); an error no storage raises (NOT_STORAGE: a missing key, a wrong type) is
+        returned as it is, never called a storage fault."""
         good = self.latest_step()
         failing = storage_failure(e, self.path, "saving a checkpoint in")
         if failing is not None:
             return paths.StorageFailing(f"{failing}; the last complete checkpoint is "
                                         f"{f'step {good}' if good is not None else 'none yet'}")
+        if isinstance(e, NOT_STORAGE):  # a fault of this program, not of the storage
+            return e
         code = re.search(r"os_error_code='(\d+)'", str(e))  # TensorStore names the OS error
         if isinstance(e, OSError) and e.errno:
             reason = os.strerror(e.errno)
@@ -568,14 +592,22 @@ class TrainCheckpointer:
 
 def refuse_other_run(where: str, stored: dict, config: dict) -> None:
     """Run config `config` against the one stored with checkpoint `where` (`stored`) that it
-    would resume: a changed model or optimizer is the user's change (an error naming it), not
-    a corrupt checkpoint."""
+    would resume: a changed model, fine-tuning task (tasks.run_name) or optimizer is the user's
+    change (an error naming it), not a corrupt checkpoint."""
     model_diff = changed_fields(stored.get("model", {}), config.get("model", {}), STATE_FIELDS,
                                 "model.")
     if model_diff:
         raise ConfigError(f"checkpoint {where} holds a different model than this config "
                           f"({model_diff}); train in a new --workdir, or use the config "
                           f"stored in {where}/config")
+    ran, runs = (tasks.run_name(c["data"]) if isinstance(c.get("data"), dict) else None
+                 for c in (stored, config))
+    if ran is not None and ran != runs:
+        # Another task's head, labels and best metric: not a run to continue.
+        raise ConfigError(f"checkpoint {where} holds a run fine-tuned on {ran}, but this config "
+                          f"{f'fine-tunes {runs}' if runs else 'is not that fine-tuning'}; use a "
+                          f"new --workdir (--config.init_from may start it from this run's "
+                          f"weights), or resume with the config stored in {where}/config")
     opt_diff = changed_fields(stored.get("optimizer", {}), config.get("optimizer", {}), ("name",),
                               "optimizer.")
     if opt_diff:
@@ -594,24 +626,26 @@ NOT_TRAINING_DATA = ("dev_file", "test_file", "test_files", "eval_files", "eval_
                      "n_best_size", "max_answer_length", "null_score_diff_threshold")
 
 
-def say_data_changes(where: str, stored: dict, config: dict) -> None:
+def say_data_changes(where: str, stored: dict, config: dict) -> str:
     """A warning naming each key of the data section that differs from the one stored with
     checkpoint `where`: the run resumes (the user may mean it: a new mixture for a later
     stage), but its batches from here on follow the new data, not the stored run's stream
     (several training files or data.mix: a different order from the resumed step on). A key
     the stored section lacks is not compared: a checkpoint of an older version has no key that
-    version did not know (data.mix: one training file then)."""
+    version did not know (data.mix: one training file then). Returns the changes said ('' if
+    none)."""
     if "data" not in stored or "data" not in config:  # an older stored config: nothing to compare
-        return
+        return ""
     before, now = stored["data"], config["data"]
     if not (isinstance(before, dict) and isinstance(now, dict)):
-        return
+        return ""
     diff = changed_fields(before, now, [k for k in sorted(now) if k not in NOT_TRAINING_DATA], "data.")
     if diff:
         log.warning(f"warning: resuming {where} with other training data ({diff}): the batches "
                     f"from this step on follow the new data, not the stream the checkpoint's run "
                     f"would have read; to continue that stream, resume with its config "
                     f"({where}/config)")
+    return diff
 
 
 def say_setting_changes(where: str, stored: dict, config: dict) -> None:
@@ -718,7 +752,9 @@ def load_pretrained(directory: str | os.PathLike, model_cfg: dict[str, Any], abs
                 old_layouts.has_first_row(k, meta.shape, ours[rename(k)].shape)):
             if not transplant:
                 raise ConfigError(f"init_from={directory}: parameter {'/'.join(rename(k))} has shape "
-                                  f"{tuple(meta.shape)} in the checkpoint but {ours[rename(k)].shape} here")
+                                  f"{tuple(meta.shape)} in the checkpoint but {ours[rename(k)].shape} "
+                                  f"here; pass {TRANSPLANT} to take only its tensors whose names "
+                                  f"and shapes match (its encoder; the rest trained from scratch)")
             other_shape.add(k)
 
     def taken(k: tuple[str, ...]) -> bool:

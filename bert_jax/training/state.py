@@ -8,6 +8,7 @@ shardings; `step` is a replicated int32.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Collection
@@ -16,9 +17,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
+from flax import nnx, traverse_util
 
-from bert_jax import models, trees
+from bert_jax import models, tasks, trees
 from bert_jax.config import ConfigError, init_mode, model_config
 from bert_jax.specs import RunSpec
 from bert_jax.training import checkpoint, sharding, tiling
@@ -144,7 +145,26 @@ def pretrained(config: RunSpec, abstract_params, mesh) -> dict:
     log.info(f"init_from {config.init_from}: {len(jax.tree.leaves(found))} tensors {how}"
              + (f"; freshly initialised: {', '.join(fresh)}" if fresh else "")
              + (f"; not used: {', '.join(unused)}" if unused else ""))
+    data = json.loads(config.saved)["data"] if isinstance(config, RunSpec) else config.data
+    say_other_task_head(config.init_from, data, model_config(config)["name"], found)
     return found
+
+
+def say_other_task_head(init_from: str, data, model_name: str, found: dict) -> None:
+    """A warning when `init_from` was fine-tuned on another task than the one of data section
+    `data` and its task head (the tensors of `found` outside model `model_name`'s encoder) is
+    taken: that head was trained for the other task's labels (taken all the same: an
+    intermediate fine-tuning may mean it)."""
+    ran = tasks.run_name(checkpoint.read_config(init_from).get("data") or {})
+    runs = tasks.run_name(data)
+    if ran is None or ran == runs:
+        return
+    encoder = models.encoder_path(model_name)
+    head = sorted("/".join(k) for k in traverse_util.flatten_dict(found) if k[:len(encoder)] != encoder)
+    if head:
+        log.warning(f"warning: init_from {init_from} was fine-tuned on {ran}: its task head "
+                    f"({', '.join(head)}) is taken as this run's starting point for "
+                    f"{runs or 'this config'}")
 
 
 def restore_params(config: RunSpec, workdir: str, mesh, step: int | None = None):

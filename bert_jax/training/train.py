@@ -173,6 +173,23 @@ class Microbatches:
         self.source.set_state(state)
 
 
+def _set_position(pipeline, saved: dict) -> None:
+    """Puts `pipeline` at the checkpointed position `saved["pipeline"]`. A position this config's
+    pipeline cannot take (its data layout changed since the save: data.pack, data.instances
+    build other stages, whose state has other keys) is the user's change: an error naming the
+    data keys changed (`saved["changes"]`, set by restore_or_init) and the ways on."""
+    try:
+        pipeline.set_state(saved["pipeline"])
+    except (LookupError, TypeError, ValueError) as e:
+        where = saved.get("checkpoint", "the checkpoint")
+        changed = f"data changed: {saved['changes']}" if saved.get("changes") else "no data key changed"
+        raise config_lib.ConfigError(
+            f"checkpoint {where}: its data position does not fit this config's data pipeline "
+            f"({changed}; {type(e).__name__}: {e}); a resume cannot change how batches are "
+            f"built: resume with the stored config ({where}/config), or train in a new --workdir "
+            f"(--config.init_from may start it from this run's weights)") from None
+
+
 def _phase_pipeline(config: RunSpec, phase_cfg: RunSpec, index: int, saved: dict,
                     previous: Phase | None, task):
     """The train batches of phase `index`: the previous phase's stream when they share it
@@ -181,7 +198,7 @@ def _phase_pipeline(config: RunSpec, phase_cfg: RunSpec, index: int, saved: dict
     if stream == index:  # its own stream, at the phase's batch size
         pipeline = pipelines.make(phase_cfg, "train", task=task)
         if saved and saved.get("phase") == index:
-            pipeline.set_state(saved["pipeline"])
+            _set_position(pipeline, saved)
         return pipeline
     if previous is not None and config_lib.phase_stream(config, previous.index) == stream:
         source = previous.pipeline.source
@@ -189,7 +206,7 @@ def _phase_pipeline(config: RunSpec, phase_cfg: RunSpec, index: int, saved: dict
         micro = phase_cfg.train.batch_size // phase_cfg.train.grad_accum_steps
         source = pipelines.make(phase_cfg, "train", task=task, batch_size=micro)
         if saved and config_lib.phase_stream(config, saved.get("phase", 0)) == stream:
-            source.set_state(saved["pipeline"])
+            _set_position(source, saved)
     return Microbatches(source, phase_cfg.train.grad_accum_steps)
 
 
@@ -349,25 +366,34 @@ def save_and_evaluate(run: Run, step: int, train_state: dict, phase: Phase, *, e
 
 class Preemption:
     """SIGTERM (TPU maintenance / preemption), or in a multi-process run the processes'
-    agreement to stop (Orbax's preemption sync point): save at the next step and exit 0."""
+    agreement to stop (Orbax's preemption sync point): save at the next step and exit 0.
+    SIGINT (Ctrl-C) saves the same way, the run then ending as interrupted (the command exits
+    130); a second Ctrl-C stops at once (KeyboardInterrupt), the save not waited for."""
 
     def __init__(self, ckpt: checkpoint.TrainCheckpointer):
         self.ckpt = ckpt
         self.requested = threading.Event()
-        self._old = None
+        self.interrupted = False
+        self._old: dict = {}
 
     def due(self, step: int) -> bool:
         """Whether the run stops after `step` (saving it first)."""
         return self.requested.is_set() or self.ckpt.reached_preemption(step)
 
+    def _interrupt(self, *_) -> None:
+        self.interrupted = True
+        self.requested.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next Ctrl-C: at once
+
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, lambda *_: self.requested.set())
+            self._old = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: self.requested.set()),
+                         signal.SIGINT: signal.signal(signal.SIGINT, self._interrupt)}
         return self
 
     def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for signum, handler in self._old.items():
+            signal.signal(signum, handler)
 
 
 def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[str, Any]:
@@ -407,7 +433,10 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
                 summary["eval"] = results
             window.restart()  # evaluation and saving stay out of the next tokens/s
             if preempted:
-                log.info(f"SIGTERM: saved checkpoint {run.ckpt.path}/{step}; exiting")
+                if preemption.interrupted:  # said by the command, which exits 130
+                    summary["interrupted"] = f"{run.ckpt.path}/{step}"
+                else:
+                    log.info(f"SIGTERM: saved checkpoint {run.ckpt.path}/{step}; exiting")
                 summary["preempted"] = True
                 break
         if pending is not None:
@@ -438,6 +467,7 @@ def restore_or_init(config: RunSpec, ckpt: checkpoint.TrainCheckpointer, engine:
         start, params, opt_state, data_state = restored
         step0 = jax.device_put(jnp.int32(start), engine.state_sh["step"])
         log.info(f"resumed from {ckpt.path}/{start}")
+        data_state = {**data_state, "checkpoint": f"{ckpt.path}/{start}", "changes": ckpt.data_changes}
         return start, {"params": params, "opt_state": opt_state, "step": step0}, data_state
     pretrained = state.pretrained(config, target["params"], engine.mesh) if config.init_from else None
     return 0, state.init_state(config, engine.tx, engine.state_sh, pretrained), {}

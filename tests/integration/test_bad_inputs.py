@@ -525,6 +525,9 @@ DATA_CASES = [
          setup=files(p_DOT_tsv="query\tpositive\tpositive\na\tb\tc\n")),
 ]
 
+COLA = "src\t1\t\tthe cat sat\nsrc\t0\t*\tcat the sat\n"
+
+
 CHECKPOINT_CASES = [
     case("eval-workdir-missing", "eval --workdir {tmp}/nope", 1, "nope", "checkpoints/"),
     case("eval-workdir-is-a-file", "eval --workdir {tmp}/f", 1, "checkpoints/", setup=files(f="x")),
@@ -565,6 +568,17 @@ CHECKPOINT_CASES = [
          "run/checkpoints/3: its config cannot be read", "the checkpoint is damaged",
          setup=copy_of("run", lambda d: shutil.copytree(d / "checkpoints" / "2" / "params",
                                                          d / "checkpoints" / "3"))),
+    # a workdir fine-tuned on one task resumed with another (same shapes): refused at the start,
+    # before a step is trained or a save fails on the other task's best metric
+    case("resume-finetuned-with-another-task", GLUE.replace("sst2", "cola").replace("{tmp}/w", "{tmp}/ft"),
+         1, "checkpoint {tmp}/ft/checkpoints/0 holds a run fine-tuned on glue sst2",
+         "fine-tunes glue cola", "new --workdir", "init_from", "{tmp}/ft/checkpoints/0/config",
+         setup=lambda t, c: (copy_of("ft")(t, c), glue(train=COLA, dev=COLA, task="CoLA")(t, c))),
+    # init_from a fine-tuned checkpoint whose head has another shape: the way to take its encoder
+    case("init-from-other-head-shape", STSB + " --config.init_from={ft}", 1,
+         "init_from={ft}: parameter classifier/bias has shape (2,) in the checkpoint but (1,) here",
+         "--config.init_mode=transplant", setup=glue(train=STSB_ROWS.format(1.0),
+                                                      dev=STSB_ROWS.format(2.0), task="STS-B")),
     case("features-corrupted-checkpoint", "features --checkpoint {tmp}/run --input {tmp}/in.txt "
          "--output {tmp}/o.jsonl --layers=-1", 1, "run/checkpoints/2", setup=lambda t, c: (
              copy_of("run", corrupt_params)(t, c), features_input()(t, c))),
@@ -962,6 +976,13 @@ RUN_VALUE_CASES = [
          "data.max_seq_length=4", "at least 5"),
     case("pretrain-phase-too-short", PRETRAIN + " --config.data.phases=\"((0, 16, 3), (1, 4, 1))\"", 1,
          "data.phases length 4", "at least 5"),
+    # more predictions than a row has tokens (too few is refused above)
+    case("pretrain-predictions-over-length", PRETRAIN.replace("max_predictions_per_seq=3",
+         "max_predictions_per_seq=17"), 1, "data.max_predictions_per_seq=17 is more than the 16 "
+         "tokens of a row (data.max_seq_length=16)", "<= 16"),
+    case("pretrain-phase-predictions-over-length", PRETRAIN + " --config.data.phases=\"((0, 16, 3), "
+         "(1, 8, 9))\"", 1, "data.phases[1] predictions=9 is more than the 8 tokens of a row "
+         "(data.phases[1] length=8)"),
     case("pack-instances-zero", PRETRAIN + " --config.data.pack=True "
          "--config.data.max_instances_per_row=0", 1, "data.max_instances_per_row=0", ">= 1"),
     case("pack-instances-negative", PRETRAIN + " --config.data.pack=True "

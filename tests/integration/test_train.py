@@ -278,15 +278,23 @@ def test_kill_9_then_resume_gives_identical_losses(reference, tmp_path, cli):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_and_exits_0_then_resumes(reference, tmp_path, cli):
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)],
+                         ids=["sigterm", "ctrl-c"])
+def test_a_signal_saves_and_exits_then_resumes(reference, tmp_path, cli, signum, code):
+    # SIGTERM (a preemption) exits 0; Ctrl-C, a stop the user asked for, 130 with one line
+    # naming the step saved. Either way the resumed run gives the uninterrupted run's losses.
     proc = train_cli(tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=100",
                      wait=False)
     _wait_for_step(tmp_path, proc, 3)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == code, err[-2000:]
     saved = steps_on_disk(tmp_path)
     assert len(saved) == 1 and 3 <= saved[0] < 12
+    if signum == signal.SIGINT:
+        assert "Traceback" not in err and err.splitlines()[-1] == (
+            f"bert-jax train: interrupted: saved checkpoint {tmp_path}/checkpoints/{saved[0]}; run "
+            "the same command to resume"), err[-2000:]
     train_here(cli, tmp_path, "--config.train.steps=12", "--config.train.checkpoint_every=100")
     got = losses(tmp_path)
     assert [got[s] for s in range(1, 13)] == [reference[s] for s in range(1, 13)]

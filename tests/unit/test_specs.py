@@ -79,3 +79,23 @@ def test_phases_out_of_order_are_refused_naming_the_phase(given, says):
         config_lib.phases(type("Data", (), {"phases": given})())
     ordered = config_lib.phases(type("Data", (), {"phases": ((0, 128, 20), (5, 64, 10))})())
     assert [p.start_step for p in ordered] == [0, 5]
+
+
+def test_a_phase_starting_at_or_after_train_steps_is_said_as_never_running(monkeypatch):
+    """data.phases[i] at or after train.steps never runs in this run: one warning naming each;
+    a phase before the end, or train.steps 0 (set from train.epochs later), says nothing."""
+    from bert_jax import config as config_lib
+
+    warned = []
+    monkeypatch.setattr(config_lib.log, "warning", warned.append)
+    phases = config_lib.phases(type("Data", (), {"phases": ((0, 128, 20), (3, 64, 10), (10, 256, 40))})())
+
+    def say(steps: int) -> None:
+        config_lib.say_phases_after_the_end(type("Spec", (), {
+            "train": type("Train", (), {"steps": steps})(), "phases": phases})())
+    say(11)
+    say(0)
+    assert warned == []
+    say(3)
+    assert warned == ["warning: data.phases[1] (step 3), data.phases[2] (step 10): starts at or after "
+                      "train.steps=3, never reached in this run; drop it, or raise train.steps past it"]

@@ -98,6 +98,25 @@ def assert_resumes_exactly(config):
     assert_same(expected, take(resumed, 4))
 
 
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_position_of_the_other_layout_is_refused_naming_the_change(text_config, pack):
+    """A resume that switches data.pack: the saved position (other pipeline stages, other state
+    keys) does not fit, refused in one line naming the changed key and the stored config."""
+    saved = pipelines.make(with_data(text_config, pack=pack), "train")
+    take(saved, 1)
+    position = {"phase": 0, "pipeline": json.loads(json.dumps(saved.get_state())),
+                "checkpoint": "w/checkpoints/4",
+                "changes": f"data.pack: {pack} in the checkpoint, {not pack} here"}
+    with pytest.raises(config_lib.ConfigError) as e:
+        train._set_position(pipelines.make(with_data(text_config, pack=not pack), "train"), position)
+    said = str(e.value)
+    assert said.startswith("checkpoint w/checkpoints/4: its data position does not fit this config's "
+                           f"data pipeline (data changed: data.pack: {pack} in the checkpoint, "
+                           f"{not pack} here; KeyError: "), said
+    assert said.endswith("resume with the stored config (w/checkpoints/4/config), or train in a new "
+                         "--workdir (--config.init_from may start it from this run's weights)"), said
+
+
 def test_batches_are_well_formed(text_config):
     b = take(pipelines.make(text_config, "train"), 1)[0]
     assert b["input_ids"].shape == (8, 64) and b["masked_lm_ids"].shape == (8, 10)

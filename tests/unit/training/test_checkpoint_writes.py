@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bert_jax.training import checkpoint
@@ -58,3 +59,51 @@ def test_runs_of_several_processes_keep_orbax_replica_parallel_writes(monkeypatc
     finally:
         monkeypatch.undo()
         checkpoint._gate_replica_parallel_writes()
+
+
+def test_a_save_error_no_storage_raises_is_not_called_a_storage_fault(tmp_path):
+    """A failed save is one line "fix the storage" only for what storage raises (an OSError);
+    a missing key (e.g. a metric the checkpoints were not ranked by) stays itself."""
+    ckpt = checkpoint.TrainCheckpointer(tmp_path, keep=1)
+    try:
+        missing = KeyError("eval/f1")
+        assert ckpt._write_error(missing) is missing
+        full = ckpt._write_error(OSError(28, "No space left on device"))
+        assert str(full).startswith(f"cannot write a checkpoint in {tmp_path}/checkpoints (No space "
+                                    "left on device); fix the storage")
+    finally:
+        ckpt.close()
+
+
+def test_a_checkpoint_saved_without_the_best_metric_ranks_below_every_score(tmp_path):
+    """A workdir whose checkpoints were scored by another metric (another task's, an older
+    version's): the save ranks them below every number, never a KeyError inside the save."""
+    tree = {"w": jnp.ones((2,))}
+    with checkpoint.TrainCheckpointer(tmp_path, keep=1, best_metric="eval/f1") as ckpt:
+        ckpt.save(1, tree, tree, {}, {}, metrics={"eval/accuracy": 0.9})
+        ckpt.wait()
+        ckpt.save(2, tree, tree, {}, {}, metrics={"eval/f1": 0.1})
+        ckpt.save(3, tree, tree, {}, {}, metrics={"eval/f1": 0.0})
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [2, 3]
+
+
+def test_a_save_that_raises_after_its_write_began_is_still_finalized(tmp_path, monkeypatch):
+    """An error raised by Orbax's save after it dispatched the write (the step's folder made):
+    the write goes on and is finalized with its checksums, not left to a finalization that
+    finds no step (IndexError) and a tmp folder; the error itself is not called storage's."""
+    tree = {"w": jnp.ones((2,))}
+    ckpt = checkpoint.TrainCheckpointer(tmp_path, keep=2)
+    save = ckpt.manager.save
+
+    def raising_after_the_dispatch(*args, **kwargs):
+        save(*args, **kwargs)
+        raise KeyError("after the dispatch")
+    monkeypatch.setattr(ckpt.manager, "save", raising_after_the_dispatch)
+    try:
+        with pytest.raises(KeyError):
+            ckpt.save(1, tree, tree, {}, {})
+        ckpt.wait()
+    finally:
+        ckpt.close()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]
+    assert (tmp_path / "checkpoints" / "1" / "checksums.json").is_file()

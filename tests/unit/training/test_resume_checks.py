@@ -3,6 +3,9 @@ setting (checkpoint.say_setting_changes)."""
 
 import json
 
+import pytest
+
+from bert_jax.config import ConfigError
 from bert_jax.training import checkpoint
 
 
@@ -56,3 +59,20 @@ def test_every_other_changed_setting_is_named_and_an_unchanged_one_is_not(monkey
         "(model.similarity_scale: 20.0 in the checkpoint, 5.0 here; optimizer.learning_rate: "
         "0.001 in the checkpoint, 0.002 here): the steps from here on use the new values; to "
         "resume the run as it was, use its config (run/checkpoints/4/config)"]
+
+
+def test_a_run_fine_tuned_on_another_task_is_refused_and_the_same_task_is_not():
+    """Another fine-tuning task (its head, labels and best metric) is another run, even where
+    the shapes agree: refused naming both tasks; the same task, or a pretraining run, passes."""
+    model = {"name": "bert_classification", "num_labels": 2}
+    sst2 = {"model": model, "data": {"name": "glue", "task": "sst2"}}
+    checkpoint.refuse_other_run("w/checkpoints/4", sst2, json.loads(json.dumps(sst2)))
+    pretraining = {"model": {"name": "bert_pretraining"}, "data": {"name": "text"}}
+    checkpoint.refuse_other_run("w/checkpoints/4", pretraining, dict(pretraining))
+    with pytest.raises(ConfigError) as e:
+        mrpc = {**sst2, "data": {"name": "glue", "task": "mrpc"}}
+        checkpoint.refuse_other_run("w/checkpoints/4", sst2, mrpc)
+    assert str(e.value) == (
+        "checkpoint w/checkpoints/4 holds a run fine-tuned on glue sst2, but this config fine-tunes "
+        "glue mrpc; use a new --workdir (--config.init_from may start it from this run's weights), "
+        "or resume with the config stored in w/checkpoints/4/config")
