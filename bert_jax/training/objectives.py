@@ -496,6 +496,12 @@ def for_model(model_cfg: Mapping[str, Any], label_smoothing: float = 0.0, name: 
     return cls(model_cfg)
 
 
+def makes_own_batches(objective: Objective) -> bool:
+    """Whether `objective` makes its own batches (its class defines pipeline): the run's data
+    source is then not read, so its keys (data.tokenizer, data.train_files) need no value."""
+    return type(objective).pipeline is not Objective.pipeline
+
+
 def for_config(config: RunSpec) -> Objective:
     """The objective of a run config (train.objective for its model, compute dtype and
     train.label_smoothing)."""

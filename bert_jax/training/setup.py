@@ -30,15 +30,16 @@ def check(spec: RunSpec, *, platform: str, devices: int, processes: int, trainin
     checked by config.resolve), in one order: whether the attention kernel runs on `platform`
     ('cpu', 'gpu', 'tpu'; first: on another platform the kernel's other refusals, e.g.
     cuDNN's of dropout, are beside the point), lengths, mesh and batch divisibility
-    (config.validate, attention's refusals included), then (a training run that `reads_data`;
-    plan reads none) whether its TFDS data is prepared."""
+    (config.validate, attention's refusals included), then (a training run that `reads_data`
+    from its data source: plan reads none, nor does an objective that makes its own batches)
+    whether its data is named and its TFDS data prepared."""
     spec = config_lib.resolve(spec)  # (a RunSpec as it is; a test may give a config)
     try:
         attention.check_platform(spec.model.attention_kernel, platform)
     except ValueError as e:
         raise config_lib.ConfigError(str(e)) from None
     config_lib.validate(spec, devices, processes, training=training)
-    if training and reads_data:
+    if training and reads_data and not objectives.makes_own_batches(objectives.for_config(spec)):
         pipelines.check_source(spec)
 
 
