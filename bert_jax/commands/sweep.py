@@ -186,6 +186,24 @@ def refuse_changed_trials(root: Path, settings: list[dict[str, Any]], configs: l
                          f"--workdir (or move that trial's folder away to run it again)")
 
 
+def run_trial(cmd: list[str], log_file) -> int:
+    """A trial's `bert-jax train` process, its output into `log_file`; its exit code. On Ctrl-C
+    (which reaches the trial too: one process group) the trial is waited for, as it saves the
+    step it reached before it exits (130); a second Ctrl-C stops it at once."""
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            log.info("interrupted: waiting for the trial to save its step (Ctrl-C again stops it "
+                     "at once, losing the steps since its last checkpoint)")
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.kill()
+            proc.wait()
+            raise
+
+
 def run_sweep(sweep, workdir: str, print_commands: bool = False, spec: str = "the sweep config"
               ) -> dict[str, Any]:
     """Runs every unfinished trial, then writes the results tables; with `print_commands`
@@ -214,7 +232,9 @@ def run_sweep(sweep, workdir: str, print_commands: bool = False, spec: str = "th
         log_file = trial_dir / "train.log"
         log.info(f"[{i + 1}/{len(settings)}] {trial_dir.name}: running (log: {log_file})")
         with open(log_file, "a", encoding="utf-8") as trial_log:
-            code = subprocess.call(cmd, stdout=trial_log, stderr=subprocess.STDOUT)
+            code = run_trial(cmd, trial_log)
+        if code == 130:  # Ctrl-C: the trial saved its step and stopped; so does the sweep
+            raise KeyboardInterrupt
         if finished(trial_dir):
             continue
         if code in (1, 2):  # bert-jax found a bad input or flag: the same run fails the same way

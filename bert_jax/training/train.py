@@ -420,7 +420,7 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
             if pending is not None:  # the previous step's metrics, read with this one dispatched
                 _report(run, pending, window, summary)
             pending = (step, metrics)
-            preempted = preemption.due(step)
+            preempted = step < t.steps and preemption.due(step)  # (the last step: finished)
             evaluate_now, save = cadence(step, t, preempted=preempted, kept=run.ckpt.kept,
                                          keeps_best=run.best_metric is not None)
             if not (evaluate_now or save):
