@@ -108,14 +108,19 @@ def _split_key(data, split: str, own: str, train: str) -> tuple[str, bool]:
     return (own if split == "validation" and has_own else train), has_own
 
 
-def _check_files_named(source: Source, data) -> None:
-    """A source of files (text, array_record): its tokenizer, and data.train_files naming one."""
-    Source.check_named(source, data)
-    documents.check_given(data.train_files, "data.train_files")
+class _Files(Source):
+    """A source of files (text, array_record): data.train_files and data.eval_files."""
+
+    def check_named(self, data):  # its tokenizer, and data.train_files naming a file
+        super().check_named(data)
+        documents.check_given(data.train_files, "data.train_files")
+
+    def check(self, data):
+        documents.warn_evaluated_in_training(data.train_files, data.eval_files)
 
 
 @register
-class Text(Source):
+class Text(_Files):
     """Plain text files (data.train_files, data.eval_files; data.text_format), tokenized into
     memory when opened."""
 
@@ -130,12 +135,6 @@ class Text(Source):
         files = documents.expand(getattr(data, key), f"data.{key}")
         return documents.TextDocuments(files, data.text_format, tokenizer), own
 
-    def check_named(self, data):
-        _check_files_named(self, data)
-
-    def check(self, data):
-        documents.warn_evaluated_in_training(data.train_files, data.eval_files)
-
     def stream(self, data, tokenizer):  # streamed, so prepare never holds the corpus
         for path in documents.expand(data.train_files, "data.train_files"):
             for sentences in pretraining.iter_documents(path, data.text_format):
@@ -145,16 +144,10 @@ class Text(Source):
 
 
 @register
-class ArrayRecord(Source):
+class ArrayRecord(_Files):
     """Shards written by `bert-jax prepare`, read record by record (local or gs://)."""
 
     name, kind = "array_record", "documents"
-
-    def check_named(self, data):
-        _check_files_named(self, data)
-
-    def check(self, data):
-        documents.warn_evaluated_in_training(data.train_files, data.eval_files)
 
     def documents(self, data, split, tokenizer):
         key, own = _split_key(data, split, "eval_files", "train_files")
