@@ -339,6 +339,13 @@ def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
             _check_model_reads(node.get("name"), name, text)
         if not isinstance(node, ml_collections.ConfigDict) or name not in node:
             valid = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+            if where == "config" and {"grid", "overrides"} <= set(valid):  # a sweep config
+                grid = f"in the grid, --config.grid.{key}='({text},)' (one trial per value)"
+                # (a key the grid holds, as the seed always, cannot also be an override)
+                other = "" if key in node["grid"] else (
+                    f", or in overrides, --config.overrides='(\"{key}={text}\",)'")
+                raise ConfigError(f"unknown config key {key!r}: a sweep config has only {valid}; "
+                                  f"set a trial's {key} {grid}{other}")
             raise ConfigError(f"unknown config key {key!r}: {where} has no {name!r}; "
                               f"valid keys there: {valid}")
         if not names:

@@ -141,12 +141,11 @@ def check_sweep(sweep, spec: str = "the sweep config") -> list[dict[str, Any]]:
     if twice := [k for k, v in sweep.grid.items() if len({_fmt(x) for x in v}) < len(v)]:
         raise ValueError(f"grid.{twice[0]}={tuple(sweep.grid[twice[0]])!r} repeats a value: each "
                          "trial is one combination, run once; list each value once")
+    check_overrides(sweep, spec)
     configs = []
     for setting in trials(sweep):
         items = [*sweep.overrides, *(f"{k}={_fmt(v)}" for k, v in setting.items())]
         try:
-            if repeated := config_lib.repeated_override(items):  # the grid's value would win
-                raise config_lib.ConfigError(f"{repeated}: set it in overrides or in grid, not both")
             config = config_lib.load(sweep.base, items)
             config_lib.check_overrides_read(config_lib.resolve(config),
                                             {item.partition("=")[0] for item in items})
@@ -156,6 +155,21 @@ def check_sweep(sweep, spec: str = "the sweep config") -> list[dict[str, Any]]:
                              f"{message}") from None
         configs.append(json.loads(config.to_json()))
     return configs
+
+
+def check_overrides(sweep, spec: str) -> None:
+    """A ValueError when `overrides` gives a key twice, or a key the grid also sets (the grid's
+    value would replace it in every trial: the seed is always in the grid), naming the grid flag
+    that sets it."""
+    if repeated := config_lib.repeated_override(sweep.overrides):
+        raise ValueError(f"sweep {spec}: overrides: {repeated}; keep one")
+    for item in sweep.overrides:
+        key, _, value = item.partition("=")
+        if key in sweep.grid:
+            raise ValueError(
+                f"sweep {spec}: overrides sets {key}={value} but the grid sets {key} too (grid.{key}="
+                f"{tuple(sweep.grid[key])!r} would replace it in every trial): give its values in "
+                f"the grid instead, --config.grid.{key}='({value},)', and drop it from overrides")
 
 
 def differing_keys(before: dict, now: dict) -> list[str]:

@@ -813,6 +813,12 @@ SWEEP_CASES = [
     case("sweep-print-seed-negative", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
          "--print_commands --config.grid.seed=\"(0, -1)\"", 1, "_seed=-1", "seed=-1",
          "a whole number in [0, 2**31)"),
+    # a trial's key set where the sweep cannot use it: the message names the grid flag
+    case("sweep-seed-in-overrides", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
+         "--print_commands --config.overrides=\"('seed=3',)\"", 1, "overrides sets seed=3",
+         "--config.grid.seed='(3,)'"),
+    case("sweep-seed-flag", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
+         "--config.seed=3", 2, "unknown config key 'seed'", "--config.grid.seed='(3,)'"),
     # (the first trial is good: refused before it runs, else this would train it)
     case("sweep-start-trial-train-refuses", "sweep --config configs/sweeps/glue.py:mrpc,tiny "
          "--workdir {tmp}/s --config.grid.optimizer.learning_rate=\"(2e-5, -1.0)\"", 1,
