@@ -29,7 +29,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 from urllib.parse import parse_qs, unquote, urlparse
@@ -102,15 +102,25 @@ def check_new_folder(value: str | os.PathLike, what: str, *, leftovers: Sequence
 
 
 def check_new_file(value: str | os.PathLike, what: str, command: str,
-                   beside: Sequence[str | os.PathLike] = ()) -> None:
+                   beside: Sequence[str | os.PathLike] = (),
+                   contents: Mapping[str, bytes] | None = None) -> None:
     """An output file the user gave (`what`: its flag), and the files written `beside` it (a
     figure's data), are new: an existing one (another run's results, a figure of its own) is
-    an error naming it, before anything is computed; `command` never overwrites a file."""
+    an error naming it, before anything is computed; `command` never overwrites a file. A file
+    beside it whose bytes are given in `contents` (by its name as given) may exist holding
+    exactly those: the same data, written for the same figure in another format."""
+    contents = contents or {}
     for file in [value, *beside]:
-        if path(file).exists():
-            named = "" if str(file) == str(value) else f"{file} "
-            raise FileExistsError(f"{what}={value}: {named}already exists; {command} never "
-                                  f"overwrites a file: choose a new {what} (or remove that one)")
+        existing = path(file)
+        if not existing.exists():
+            continue
+        if str(file) in contents and existing.is_file() and existing.read_bytes() == contents[str(file)]:
+            continue
+        named = "" if str(file) == str(value) else f"{file} "
+        other = (f" and holds other data than {command} would write there (another run's or "
+                 "another step's, or a file of yours)") if str(file) in contents else ""
+        raise FileExistsError(f"{what}={value}: {named}already exists{other}; {command} never "
+                              f"overwrites a file: choose a new {what} (or remove that one)")
 
 
 def make_output_folder(value: str | os.PathLike, what: str) -> None:

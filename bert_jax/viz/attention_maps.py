@@ -268,9 +268,13 @@ def write(result: dict[str, Any], out: str, *, layer: int = -1, head: int = 0) -
         plots.write_bytes(out, html_page(result, layer=layer, head=head).encode())
     else:
         plots.save_figure(figure(result, layer=layer, head=head), out)
-    data = plots.data_path(out, ".json")
-    plots.write_bytes(data, json.dumps(data_json(result)).encode())
+    data = plots.write_data(plots.data_path(out, ".json"), data_bytes(result))
     return {"figure" if suffix != ".html" else "html": out, "data": data}
+
+
+def data_bytes(result: dict[str, Any]) -> bytes:
+    """What a figure's .json data file holds."""
+    return json.dumps(data_json(result)).encode()
 
 
 def attention(checkpoint_dir: str, text: str, pair: str | None = None, *, out: str | None = None,
@@ -282,8 +286,11 @@ def attention(checkpoint_dir: str, text: str, pair: str | None = None, *, out: s
         if os.path.splitext(path)[1].lower() not in OUTPUTS:
             raise ValueError(f"--out={path}: the file name must end in one of {list(OUTPUTS)}")
         # (the default, plots/ of the checkpoint, is attention's own: drawn again)
-        paths.check_new_file(path, "--out", "attention", [plots.data_path(path, ".json")])
+        paths.check_new_file(path, "--out", "attention")  # (its data file: below)
     result = compute(checkpoint_dir, text, pair, step=step, max_len=max_len, layer=layer, head=head)
+    if out:  # a data file holding these very maps: the same figure in another format
+        data = plots.data_path(out, ".json")
+        paths.check_new_file(out, "--out", "attention", [data], {data: data_bytes(result)})
     default = str(workdir_path(checkpoint_dir) / "plots" / "attention")
     outs = [out] if out else [default + ".png", default + ".html"]
     shown = result["maps"][result["default_map"]]

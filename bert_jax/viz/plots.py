@@ -267,13 +267,21 @@ def write_bytes(out: str, data: bytes) -> None:
         raise OSError(f"--out={out}: cannot write it ({e.strerror or e}); choose another --out") from None
 
 
-def write_csv(out: str, rows: list[dict[str, Any]]) -> str:
+def csv_bytes(rows: list[dict[str, Any]]) -> bytes:
     """The rows as CSV (columns: the union of their keys, in first-seen order)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, list(dict.fromkeys(k for r in rows for k in r)))
     writer.writeheader()
     writer.writerows(rows)
-    write_bytes(out, buf.getvalue().encode())
+    return buf.getvalue().encode()
+
+
+def write_data(out: str, data: bytes) -> str:
+    """Writes a figure's data file, unless it holds these bytes already (the same figure drawn
+    in another format: check_new_file let it be); returns the path."""
+    existing = workdir_path(out)
+    if not (existing.is_file() and existing.read_bytes() == data):
+        write_bytes(out, data)
     return str(out)
 
 
@@ -288,16 +296,21 @@ def plot_workdirs(workdirs: Sequence[str], out: str | None = None, *, x: str = "
     <first workdir>/plots/metrics.png) and their data (.csv beside it)."""
     if not workdirs:
         raise ValueError("`bert-jax plot` needs --workdir (one or more run directories)")
-    if out:  # (the default, plots/ of the first workdir, is plot's own: drawn again)
-        paths.check_new_file(out, "--out", "plot", [data_path(out)])
+    # (the default, plots/ of the first workdir, is plot's own: drawn again)
+    given = out
+    if given:  # (its data file is checked below, once the data it would hold are known)
+        paths.check_new_file(given, "--out", "plot")
     names = [os.path.basename(str(w).rstrip("/")) for w in workdirs]
     if len(set(names)) < len(names):  # the same folder name under different parents
         names = [str(w).rstrip("/") for w in workdirs]
     runs = [load_run(w, n) for w, n in zip(workdirs, names)]
     out = out or str(workdir_path(workdirs[0]) / "plots" / "metrics.png")
     fig, data = plot_runs(runs, x=x, smoothing=smoothing)
+    table = csv_bytes(data)
+    if given:  # a data file holding these very rows: the same plot in another format
+        paths.check_new_file(given, "--out", "plot", [data_path(given)], {data_path(given): table})
     save_figure(fig, out)
-    return {"figure": str(out), "data": write_csv(data_path(out), data),
+    return {"figure": str(out), "data": write_data(data_path(out), table),
             "runs": [r.name for r in runs], "series": sorted({d["series"] for d in data}),
             "phase_starts": {r.name: r.phase_starts for r in runs if r.phase_starts},
             "goodput": {r.name: g for r in runs if (g := goodput_breakdown(r))}}

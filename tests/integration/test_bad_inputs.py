@@ -1065,6 +1065,13 @@ TFDS_CASES = [
 ]
 
 PLOT_CASES = [
+    # the data file beside --out: the same plot's (drawn in another format) is shared; one
+    # holding other rows (another run's, the same run's at an earlier step) is never replaced
+    case("plot-data-file-of-another-run", "plot --workdir {tmp}/r --out {tmp}/m.svg", 1,
+         "--out={tmp}/m.svg: {tmp}/m.csv already exists and holds other data than plot would "
+         "write there", "choose a new --out",
+         setup=files(r__metrics_DOT_jsonl='{"step": 1, "loss": 2.0}\n',
+                     m_DOT_csv="run,series,step,x,value,smoothed\nother,loss,1,1.0,3.0,3.0\n")),
     case("plot-metrics-line-a-list", "plot --workdir {tmp}/r", 1, "r/metrics.jsonl:2", "JSON object",
          setup=files(r__metrics_DOT_jsonl='{"step": 1, "loss": 2.0}\n[1, 2]\n')),
     case("plot-metrics-line-no-step", "plot --workdir {tmp}/r", 1, "r/metrics.jsonl:1", "step",

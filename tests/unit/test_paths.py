@@ -74,3 +74,15 @@ def test_a_new_output_file_and_the_files_beside_it_are_never_existing_ones(tmp_p
         paths.check_new_file(tmp_path / "a.png", "--out", "plot", [tmp_path / "a.csv"])
     with pytest.raises(FileExistsError, match=f"--out={tmp_path}/a.csv: already exists"):
         paths.check_new_file(tmp_path / "a.csv", "--out", "plot")
+
+
+def test_a_file_beside_an_output_may_exist_holding_exactly_what_would_be_written(tmp_path):
+    (tmp_path / "a.csv").write_bytes(b"step,loss\n1,2.0\n")
+    beside = str(tmp_path / "a.csv")
+    paths.check_new_file(tmp_path / "a.svg", "--out", "plot", [beside], {beside: b"step,loss\n1,2.0\n"})
+    with pytest.raises(FileExistsError, match=f"^--out={tmp_path}/a.svg: {beside} already exists and "
+                                              "holds other data than plot would write there"):
+        paths.check_new_file(tmp_path / "a.svg", "--out", "plot", [beside], {beside: b"step,loss\n"})
+    (tmp_path / "a.svg").write_text("a figure")  # the output itself: never, whatever it holds
+    with pytest.raises(FileExistsError, match=f"^--out={tmp_path}/a.svg: already exists; plot"):
+        paths.check_new_file(tmp_path / "a.svg", "--out", "plot", [beside], {beside: b"step,loss\n1,2.0\n"})

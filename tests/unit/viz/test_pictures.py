@@ -176,6 +176,20 @@ def test_attention_of_a_decoder_lm_is_causal(tmp_path, tokenizer_dir):
         attention_maps.attention(str(ckpt), "The cat sat.", "A pair.", out=str(tmp_path / "x.png"))
 
 
+def test_attention_in_a_second_format_shares_its_data_but_never_replaces_another(tmp_path, tokenizer_dir):
+    from bert_jax.viz import attention_maps
+
+    ckpt = saved_model(tmp_path, "decoder_lm", tokenizer_dir)
+    attention_maps.attention(str(ckpt), "The cat sat.", out=str(tmp_path / "a.html"))
+    data = (tmp_path / "a.json").read_bytes()
+    attention_maps.attention(str(ckpt), "The cat sat.", out=str(tmp_path / "a.svg"))  # same maps
+    assert (tmp_path / "a.json").read_bytes() == data and (tmp_path / "a.svg").is_file()
+    with pytest.raises(FileExistsError, match=f"^--out={tmp_path}/a.png: {tmp_path}/a.json already "
+                                              "exists and holds other data than attention would"):
+        attention_maps.attention(str(ckpt), "Another text.", out=str(tmp_path / "a.png"))
+    assert (tmp_path / "a.json").read_bytes() == data and not (tmp_path / "a.png").exists()
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     """Two short pretraining runs with a sequence-length phase at step 5 and evaluations. Without
@@ -303,3 +317,22 @@ def test_missing_matplotlib_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(config_lib.MissingExtra, match=r"pip install 'bert_jax\[plot\]'"):
         plots.new_figure()
+
+
+def test_the_same_plot_in_a_second_format_shares_its_data_file_but_never_replaces_another(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n')
+    first = plots.plot_workdirs([str(run)], str(tmp_path / "m.png"))
+    data = (tmp_path / "m.csv").read_bytes()
+    assert b"r,loss,2,2.0,1.5," in data
+    second = plots.plot_workdirs([str(run)], str(tmp_path / "m.svg"))  # the same rows: accepted
+    assert (second["data"], (tmp_path / "m.csv").read_bytes()) == (first["data"], data)
+    assert (tmp_path / "m.svg").read_bytes().lstrip().startswith(b"<?xml")
+    # The run went on: m.csv holds its earlier data, kept, and no m.pdf is written.
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "loss": 1.2}\n')
+    with pytest.raises(FileExistsError, match=f"^--out={tmp_path}/m.pdf: {tmp_path}/m.csv already "
+                                              "exists and holds other data than plot would write"):
+        plots.plot_workdirs([str(run)], str(tmp_path / "m.pdf"))
+    assert (tmp_path / "m.csv").read_bytes() == data and not (tmp_path / "m.pdf").exists()
