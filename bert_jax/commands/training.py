@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from bert_jax.commands import peers
 from bert_jax.commands.options import (
     CONFIG,
     LAST,
@@ -30,6 +31,7 @@ def cmd_train(args: list[str]) -> None:
     summary = train.train_and_evaluate(require(CONFIG, "train"), workdir,
                                        set_by_user=LoadedConfig.set_by_user(), started=Started.at)
     if summary.get("interrupted"):  # Ctrl-C: the step reached was saved
+        peers.finished()  # (a multi-process run: every process saved that step; not a fault)
         print(f"bert-jax train: interrupted: saved checkpoint {summary['interrupted']}; run the "
               f"same command to resume", file=sys.stderr)
         sys.exit(130)

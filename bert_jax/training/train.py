@@ -364,14 +364,38 @@ def save_and_evaluate(run: Run, step: int, train_state: dict, phase: Phase, *, e
     return results
 
 
+# In a multi-process run, where the process that got Ctrl-C writes that it did (any value), so
+# that every process ends the run as interrupted, not only that one.
+INTERRUPTED_KEY = "bert_jax/train/interrupted"
+
+
+def distributed_store():
+    """JAX's key-value store of a multi-process run (jax.distributed) whose preemption notifier
+    is on (JAX's default), else None."""
+    if jax.process_count() < 2:
+        return None
+    from jax._src import distributed  # its client: no public handle (as commands/peers.py)
+
+    state = distributed.global_state
+    return state.client if state.preemption_sync_manager is not None else None
+
+
 class Preemption:
     """SIGTERM (TPU maintenance / preemption), or in a multi-process run the processes'
     agreement to stop (Orbax's preemption sync point): save at the next step and exit 0.
     SIGINT (Ctrl-C) saves the same way, the run then ending as interrupted (the command exits
-    130); a second Ctrl-C stops at once (KeyboardInterrupt), the save not waited for."""
+    130); a second Ctrl-C stops at once (KeyboardInterrupt), the save not waited for.
 
-    def __init__(self, ckpt: checkpoint.TrainCheckpointer):
+    In a multi-process run (`store`: its key-value store) a save is collective, so a signal
+    reaching one process must stop all of them after one step: SIGTERM is left to JAX's
+    preemption notifier (jax.distributed.initialize installs it), through which the processes
+    agree on the step (ckpt.reached_preemption); Ctrl-C writes INTERRUPTED_KEY, then raises
+    SIGTERM for that notifier, so that every process saves the agreed step and ends as
+    interrupted (exit 130), none of them alone."""
+
+    def __init__(self, ckpt: checkpoint.TrainCheckpointer, store=None):
         self.ckpt = ckpt
+        self.store = store
         self.requested = threading.Event()
         self.interrupted = False
         self._old: dict = {}
@@ -380,15 +404,32 @@ class Preemption:
         """Whether the run stops after `step` (saving it first)."""
         return self.requested.is_set() or self.ckpt.reached_preemption(step)
 
+    def stopped_by_ctrl_c(self) -> bool:
+        """Whether the stop due was asked by Ctrl-C, here or (multi-process) in any process."""
+        if self.interrupted or self.store is None:
+            return self.interrupted
+        try:
+            return self.store.key_value_try_get(INTERRUPTED_KEY) is not None
+        except Exception:  # noqa: BLE001 (JAX's NOT_FOUND: no process wrote it; a SIGTERM)
+            return False
+
     def _interrupt(self, *_) -> None:
         self.interrupted = True
-        self.requested.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the next Ctrl-C: at once
+        if self.store is None:
+            self.requested.set()
+            return
+        try:
+            self.store.key_value_set(INTERRUPTED_KEY, str(jax.process_index()))
+        except Exception:  # noqa: BLE001 (the store unreachable: the others stop as on SIGTERM)
+            pass
+        signal.raise_signal(signal.SIGTERM)  # to JAX's notifier: the processes agree on a step
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._old = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: self.requested.set()),
-                         signal.SIGINT: signal.signal(signal.SIGINT, self._interrupt)}
+            self._old = {signal.SIGINT: signal.signal(signal.SIGINT, self._interrupt)}
+            if self.store is None:  # (else JAX's own SIGTERM handler, which a Python one replaces)
+                self._old[signal.SIGTERM] = signal.signal(signal.SIGTERM, lambda *_: self.requested.set())
         return self
 
     def __exit__(self, *exc):
@@ -406,7 +447,7 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
     window = Window(start=time.perf_counter())
     pending, step = None, start
     run.clock.loop_started()
-    with Preemption(run.ckpt) as preemption:
+    with Preemption(run.ckpt, distributed_store()) as preemption:
         while step < t.steps:
             if step == phase.end:
                 phase = start_phase(run.config, step, {}, make_step=run.make_step, state_now=train_state,
@@ -433,7 +474,7 @@ def train_loop(run: Run, phase: Phase, train_state: dict, start: int) -> dict[st
                 summary["eval"] = results
             window.restart()  # evaluation and saving stay out of the next tokens/s
             if preempted:
-                if preemption.interrupted:  # said by the command, which exits 130
+                if preemption.stopped_by_ctrl_c():  # said by the command, which exits 130
                     summary["interrupted"] = f"{run.ckpt.path}/{step}"
                 else:
                     log.info(f"SIGTERM: saved checkpoint {run.ckpt.path}/{step}; exiting")

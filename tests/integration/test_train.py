@@ -109,7 +109,8 @@ def test_single_device_gives_the_same_losses(reference, tmp_path):
                                rtol=2e-5)
 
 
-def two_processes(tmp_path, run) -> list[subprocess.Popen]:
+def two_processes(tmp_path, run, steps=("--config.train.steps=12", "--config.train.checkpoint_every=4")
+                  ) -> list[subprocess.Popen]:
     """`bert-jax train` as 2 processes x 4 devices on this machine (a pod's hosts); process i
     started as `python <run[i]> train ...`, compiled as a run of few steps."""
     with socket.socket() as sock:
@@ -122,7 +123,7 @@ def two_processes(tmp_path, run) -> list[subprocess.Popen]:
                    JAX_PROCESS_ID=str(i))
         procs.append(subprocess.Popen(
             [sys.executable, *run[i], "train", f"--config={CONFIG}", f"--workdir={tmp_path}",
-             *SMALL, "--config.train.steps=12", "--config.train.checkpoint_every=4"],
+             *SMALL, *steps],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
 
@@ -169,6 +170,33 @@ def test_a_lost_process_stops_its_peer_with_one_line(tmp_path):
         "before finishing (killed, crashed, or stopped by an error of its own: its log says which); "
         "this process stops too. Rerun the job on every host: a training run resumes from its last "
         "checkpoint"], err[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_one_of_two_processes_saves_one_step_in_both_and_exits_130(tmp_path):
+    """A save is collective: the process given SIGINT does not save alone (the other would wait
+    in its next step); both agree on a step (JAX's preemption sync point), save it, say so and
+    exit 130, each telling the other it finished (no "ended before finishing"). The run is long
+    and saves only on a stop, so that nothing but the Ctrl-C can end it."""
+    procs = two_processes(tmp_path, run=(("-m", "bert_jax"),) * 2,
+                          steps=("--config.train.steps=100000", "--config.train.checkpoint_every=100000"))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # (both pipes read at once)
+        try:
+            ending = [pool.submit(proc.communicate, timeout=600) for proc in procs]
+            _wait_for_step(tmp_path, procs[0], 3)
+            procs[1].send_signal(signal.SIGINT)
+            ended = [e.result() for e in ending]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+    [saved] = steps_on_disk(tmp_path)
+    assert saved >= 3
+    for proc, (_, err) in zip(procs, ended):
+        lines = [line for line in err.splitlines() if line.startswith("bert-jax")]
+        assert proc.returncode == 130 and lines == [
+            f"bert-jax train: interrupted: saved checkpoint {tmp_path}/checkpoints/{saved}; run the "
+            "same command to resume"], err[-3000:]
 
 
 @pytest.mark.slow

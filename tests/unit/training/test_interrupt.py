@@ -28,3 +28,62 @@ def test_sigterm_asks_for_a_save_and_is_no_interruption():
     with train.Preemption(_NoPeers()) as preemption:
         signal.raise_signal(signal.SIGTERM)
         assert preemption.due(1) and not preemption.interrupted
+
+
+class _Store:
+    """JAX's key-value store (jax.distributed's client), as Preemption uses it."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def key_value_set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def key_value_try_get(self, key: str) -> str:
+        if key not in self.values:
+            raise RuntimeError(f"NOT_FOUND: Config key {key} not found.")
+        return self.values[key]
+
+
+class _Agreement:
+    """The processes' preemption sync point: reached at step 5 once JAX's notifier saw SIGTERM."""
+
+    def __init__(self) -> None:
+        self.notified = False
+
+    def reached_preemption(self, step: int) -> bool:
+        return self.notified and step >= 5
+
+
+def test_ctrl_c_in_one_of_several_processes_goes_to_their_agreement_on_a_step():
+    """Not a save of this process alone (a save is collective): Ctrl-C says so in the store,
+    then raises SIGTERM for JAX's notifier (stood for by a handler here), whose sync point
+    stops every process at one step; each then reads that it was a Ctrl-C."""
+    agreement, store = _Agreement(), _Store()
+    jax_notifier = signal.signal(signal.SIGTERM, lambda *_: setattr(agreement, "notified", True))
+    try:
+        with train.Preemption(agreement, store) as here, train.Preemption(agreement, store) as peer:
+            # (two processes' Preemption in one: the peer's SIGINT handler is the one installed)
+            assert not here.due(3) and not here.stopped_by_ctrl_c()
+            signal.raise_signal(signal.SIGINT)
+            assert agreement.notified and peer.interrupted and not here.interrupted
+            assert not here.due(4) and not peer.due(4)  # nobody stops before the agreed step
+            assert here.due(5) and peer.due(5)
+            assert here.stopped_by_ctrl_c() and peer.stopped_by_ctrl_c()  # both exit 130
+            with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C: at once
+                signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # JAX's notifier left in place
+    finally:
+        signal.signal(signal.SIGTERM, jax_notifier)
+
+
+def test_sigterm_in_one_of_several_processes_is_left_to_jaxs_notifier():
+    agreement, store = _Agreement(), _Store()
+    jax_notifier = signal.signal(signal.SIGTERM, lambda *_: setattr(agreement, "notified", True))
+    try:
+        with train.Preemption(agreement, store) as preemption:
+            signal.raise_signal(signal.SIGTERM)
+            assert not preemption.due(4) and preemption.due(5)
+            assert not preemption.stopped_by_ctrl_c()  # a preemption: exit 0
+    finally:
+        signal.signal(signal.SIGTERM, jax_notifier)
