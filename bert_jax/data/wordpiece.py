@@ -31,24 +31,7 @@ def load_vocab(path: str | Path) -> list[str]:
     # As HF load_vocab: text-mode readlines (universal newlines, so \r\n and \r end a line but
     # \x0b, \x1c, \u2028 ... do not, unlike str.splitlines) and only the "\n" is stripped.
     with utf8_errors(path), path.open(encoding="utf-8") as f:
-        vocab = [line.rstrip("\n") for line in f.readlines()]
-    check_no_repeated_token(vocab, path)
-    return vocab
-
-
-def check_no_repeated_token(vocab: list[str], path: str | Path) -> None:
-    """A ValueError naming both lines where vocab.txt has a token text can produce twice: the
-    earlier line's row of the embedding table is then reached by no token (HF keeps the later
-    id), so the vocab is not the one the weights were trained with (edited or cut by hand,
-    or another model's). A repeated token holding whitespace (the blank lines some published
-    vocabs have) is let be: no text reaches either row, as whitespace splits words."""
-    first: dict[str, int] = {}
-    for line, token in enumerate(vocab, 1):
-        if first.setdefault(token, line) != line and token.split() == [token]:
-            raise ValueError(f"{path}:{line}: token {token!r} is also on line {first[token]}, so "
-                             f"row {first[token] - 1} of the embedding table would be reached by no "
-                             "token: the file was edited, cut or taken from another model; use the "
-                             f"model's own {VOCAB_NAME} (for a new vocab: each token on one line)")
+        return [line.rstrip("\n") for line in f.readlines()]
 
 
 # What to do with a tokenizer.json that cannot be read, wherever it is (an HF folder, a checkpoint).

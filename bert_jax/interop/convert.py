@@ -435,28 +435,22 @@ def _local_source(source: str | os.PathLike) -> Iterator[str | os.PathLike]:
                                 "original TensorFlow BERT checkpoint")
 
 
-# A published embedding table may have more rows than its tokenizer has tokens: padded up to a
-# multiple of 64 or 128 for the matrix units (ModernBERT: 50,368 rows for 50,285 tokens). A
-# tokenizer that leaves PADDING_ROWS rows or more without a token is not padding but a cut or
-# another model's vocab (1,000 tokens for BERT's 30,522 rows); equal counts (bert-base-uncased
-# 30,522, RoBERTa 50,265) and any table padded to the next multiple of 128 pass.
-PADDING_ROWS = 128
-
-
-def check_vocab_covers_table(tokenizer: tokenizer_lib.Tokenizer, vocab_size: int,
-                             config_file: Path) -> None:
-    """A ValueError naming both files unless the tokenizer has as many tokens as the model's
-    embedding table has rows, or fewer by less than PADDING_ROWS."""
-    where = (f"{tokenizer.vocab_file} has {tokenizer.vocab_size} tokens but {config_file} says "
-             f"vocab_size={vocab_size} (the embedding table's rows)")
-    if tokenizer.vocab_size > vocab_size:
-        raise ValueError(f"{where}: ids past the table; use the {tokenizer.vocab_file.name} that "
-                         "came with the model")
-    if vocab_size - tokenizer.vocab_size >= PADDING_ROWS:
-        raise ValueError(f"{where}: {vocab_size - tokenizer.vocab_size} rows without a token, more "
-                         f"than the padding to a multiple of {PADDING_ROWS} a published table has "
-                         f"(at most {PADDING_ROWS - 1}), so the vocab is cut or another model's; "
-                         f"use the {tokenizer.vocab_file.name} that came with the model")
+def warn_repeated_tokens(tokenizer: tokenizer_lib.Tokenizer) -> None:
+    """One warning where a WordPiece vocab.txt has a token on two lines: not refused, as some
+    published vocabs have one and transformers reads it the same way (the earlier line's row of
+    the embedding table is then reached by no token), but a vocab.txt edited by hand, or another
+    model's, shows so: its vectors would be wrong."""
+    if tokenizer.vocab_file.name != tokenizer_lib.VOCAB_NAME:
+        return
+    first: dict[str, int] = {}
+    twice = [(line, first[t], t) for line, t in enumerate(tokenizer.pieces, 1)
+             if first.setdefault(t, line) != line]
+    if twice:
+        line, earlier, token = twice[0]
+        log.warning(f"warning: {tokenizer.vocab_file}:{line}: {token!r} again (line {earlier}; "
+                    f"{len(twice)} repeated line(s)), so row {earlier - 1} of the embedding table "
+                    "is reached by no token; if this is not the vocab.txt that came with the "
+                    "weights, the vectors will be wrong: use the model's own")
 
 
 def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | None = None,
@@ -492,6 +486,11 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
         family.check_weights(weights, _config_file(origin))  # (config.json's own errors first)
         if check_model is not None:
             check_model(model_cfg)
+        if tokenizer.vocab_size > model_cfg["vocab_size"]:
+            raise ValueError(f"{tokenizer.vocab_file} has {tokenizer.vocab_size} tokens but the model "
+                             f"config says vocab_size={model_cfg['vocab_size']}; use the "
+                             f"{tokenizer.vocab_file.name} that came with the model")
+        warn_repeated_tokens(tokenizer)
         if missing_tokens := tokenizer.missing():  # every input would fail, after the conversion
             raise ValueError(f"{tokenizer.vocab_file}: the vocab lacks {', '.join(missing_tokens)}, "
                              "which every input of this model holds; use the "
@@ -502,8 +501,6 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
         check_config_sizes(weights, model_cfg, {**{n: n for n in in_file}, **file_names},
                            _config_file(origin))
         check_padding_row(weights, model_cfg, file_names, _config_file(origin))
-        # (after the table's rows are known to be config.json's vocab_size)
-        check_vocab_covers_table(tokenizer, model_cfg["vocab_size"], _config_file(origin))
         try:
             params, missing, unused = convert_hf_weights(weights, model_cfg, file_names=file_names)
         except ValueError as e:  # (it names the tensor: say whose)
