@@ -453,6 +453,27 @@ def warn_repeated_tokens(tokenizer: tokenizer_lib.Tokenizer) -> None:
                     "weights, the vectors will be wrong: use the model's own")
 
 
+# A published embedding table may have more rows than its tokenizer has tokens: padded up to a
+# multiple of 64 or 128 for the matrix units (ModernBERT: 50,368 rows for 50,285 tokens). More
+# rows without a token than that padding leaves is said, not refused: a model trained with a
+# table larger than its vocab (ours, `model.vocab_size` 4,096 with a 1,500-token vocab, exports
+# so) looks the same as a vocab cut short or taken from another model (1,000 of BERT's 30,522).
+PADDING_ROWS = 128
+
+
+def warn_unused_rows(tokenizer: tokenizer_lib.Tokenizer, vocab_size: int, config_file) -> None:
+    """One warning where the tokenizer leaves PADDING_ROWS or more of the table's rows without
+    a token, naming both files and counts."""
+    unused = vocab_size - tokenizer.vocab_size
+    if unused >= PADDING_ROWS:
+        log.warning(f"warning: {tokenizer.vocab_file} has {tokenizer.vocab_size} tokens but "
+                    f"{config_file} says vocab_size={vocab_size}: {unused} rows of the embedding "
+                    f"table have no token, more than a published table's padding (at most "
+                    f"{PADDING_ROWS - 1}); fine for a model trained with a larger table, but if "
+                    f"this {tokenizer.vocab_file.name} is not the one that came with the weights "
+                    f"(cut, or another model's), the vectors will be wrong: use the model's own")
+
+
 def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | None = None,
                *, check_model: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Converts a HF BERT folder or cache entry, or an original TF BERT checkpoint, into a
@@ -491,6 +512,7 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
                              f"config says vocab_size={model_cfg['vocab_size']}; use the "
                              f"{tokenizer.vocab_file.name} that came with the model")
         warn_repeated_tokens(tokenizer)
+        warn_unused_rows(tokenizer, model_cfg["vocab_size"], _config_file(origin))
         if missing_tokens := tokenizer.missing():  # every input would fail, after the conversion
             raise ValueError(f"{tokenizer.vocab_file}: the vocab lacks {', '.join(missing_tokens)}, "
                              "which every input of this model holds; use the "

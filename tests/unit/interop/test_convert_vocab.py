@@ -22,3 +22,19 @@ def test_a_token_on_two_lines_is_said_once_by_its_line(tmp_path, caplog):
     [record] = caplog.records
     assert (f"{tmp_path / 'vocab.txt'}:8: 'the' again (line 6; 1 repeated line(s)), so row 5 of the "
             "embedding table is reached by no token") in record.getMessage()
+
+
+def test_a_table_with_more_rows_than_padding_leaves_is_said_with_both_counts(tmp_path, caplog):
+    """Padding to a multiple of 128 is quiet (ModernBERT's 50,368 rows for 50,285 tokens);
+    1,000 tokens for BERT's 30,522 rows is said, naming both files and the counts."""
+    (tmp_path / "vocab.txt").write_text("\n".join(TOKENS) + "\n", "utf-8")
+    tokenizer = tokenizer_lib.load_tokenizer(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        convert.warn_unused_rows(tokenizer, len(TOKENS), tmp_path / "config.json")
+        convert.warn_unused_rows(tokenizer, len(TOKENS) + 127, tmp_path / "config.json")
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING):
+        convert.warn_unused_rows(tokenizer, 30522, tmp_path / "config.json")
+    [record] = caplog.records
+    assert (f"{tmp_path / 'vocab.txt'} has 9 tokens but {tmp_path / 'config.json'} says "
+            "vocab_size=30522: 30513 rows of the embedding table have no token") in record.getMessage()
