@@ -5,7 +5,8 @@ Ours: the published config (configs/modernbert.py) at a shape, `model.attention_
 (the CPU's), packed documents (4 per row), 30% of each row's tokens predicted, the real train
 step (StableAdamW). HF's: the same model as our `export` writes its config.json (our config ->
 families.get("modernbert").config_to_hf), random weights, AdamW, logits at the masked
-positions only (`sparse_prediction`, as ours), one sequence per row (its sdpa and eager paths
+positions only (`sparse_prediction`, as ours), attention dropout at our probabilities' rate
+(hf_peer_config), one sequence per row (its sdpa and eager paths
 have no segment ids; the unpadded path needs flash-attn, which has no CPU build), in each
 attention implementation asked for, and `torch.compile`d where asked. Both get the same ids
 and masked positions, one device, the machine's threads. Runs alternate (ours, each HF
@@ -30,6 +31,28 @@ HF_VARIANTS = ("sdpa", "eager", "sdpa+compile")
 SHAPES = {"mini": ("configs/modernbert.py:mini", 4096), "base": ("configs/modernbert.py:base", 1024)}
 
 
+def hf_peer_config(config, special_ids: dict[str, int]):
+    """transformers' ModernBertConfig for the peer that trains beside ours: our model as
+    `export` writes it (families.get("modernbert").config_to_hf), logits at the masked positions
+    only (`sparse_prediction`, as ours), and HF's one `attention_dropout` (it drops both the
+    attention probabilities and the attention output) at our probabilities' rate: export
+    writes the larger of our two rates, which for the published recipe (0.1 on the output, 0 on
+    the probabilities) had HF draw a dropout mask over every [rows, heads, T, T] probability
+    that ours never draws (HF's largest operator at 1,024 tokens, 29% of its step on this CPU:
+    benchmarks/results/modernbert_profile_mini_1024_hf_dropout_both.json). The output dropout
+    it then lacks is one mask over [rows, T, width] a layer."""
+    import transformers
+
+    from bert_jax.interop import families
+
+    cfg = models.split_model_config(config_lib.model_config(config))[1]
+    hf = families.get("modernbert").config_to_hf(config.model.name, cfg, special_ids)
+    hf["attention_dropout"] = cfg.attention_dropout_rate
+    hf_config = transformers.ModernBertConfig(**{k: v for k, v in hf.items() if k != "architectures"})
+    hf_config.sparse_prediction = True
+    return hf_config
+
+
 class HFModernBert:
     """HF's ModernBertForMaskedLM made from our `config`'s model (random weights) training on
     `batch` (our pretraining batch: its ids, masked positions and labels) with AdamW."""
@@ -39,17 +62,10 @@ class HFModernBert:
         import torch
         import transformers
 
-        from bert_jax.interop import families
-
         self.torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = torch.bfloat16 if config.dtype == "bfloat16" else None
-        cfg = models.split_model_config(config_lib.model_config(config))[1]
-        hf = families.get("modernbert").config_to_hf(config.model.name, cfg,
-                                                     {"pad": 0, "cls": 1, "sep": 2})
-        hf_config = transformers.ModernBertConfig(**{k: v for k, v in hf.items()
-                                                     if k != "architectures"})
-        hf_config.sparse_prediction = True
+        hf_config = hf_peer_config(config, {"pad": 0, "cls": 1, "sep": 2})
         hf_config._attn_implementation = attention
         model = transformers.ModernBertForMaskedLM(hf_config).to(self.device)
         self.model = torch.compile(model) if compile else model
