@@ -426,6 +426,15 @@ class Preemption:
         signal.raise_signal(signal.SIGTERM)  # to JAX's notifier: the processes agree on a step
 
     def __enter__(self):
+        if self.store is None and jax.process_count() > 1:
+            # JAX's preemption service off (JAX_ENABLE_PREEMPTION_SERVICE=false): no way to
+            # agree on a step, and a save made by one process alone waits for the others
+            # forever; so the signals keep their defaults and stop the process at once (its
+            # peers then stop with a line naming it), the checkpoints saved before kept.
+            log.warning("warning: JAX's preemption service is off in this multi-process run, so "
+                        "Ctrl-C or SIGTERM stops it without saving the step reached (the last "
+                        "checkpoint is kept); unset JAX_ENABLE_PREEMPTION_SERVICE to save on them")
+            return self
         if threading.current_thread() is threading.main_thread():
             self._old = {signal.SIGINT: signal.signal(signal.SIGINT, self._interrupt)}
             if self.store is None:  # (else JAX's own SIGTERM handler, which a Python one replaces)

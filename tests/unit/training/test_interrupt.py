@@ -87,3 +87,19 @@ def test_sigterm_in_one_of_several_processes_is_left_to_jaxs_notifier():
             assert not preemption.stopped_by_ctrl_c()  # a preemption: exit 0
     finally:
         signal.signal(signal.SIGTERM, jax_notifier)
+
+
+def test_without_jaxs_preemption_service_a_multi_process_run_keeps_the_default_signals(
+        monkeypatch, caplog):
+    """No store (JAX_ENABLE_PREEMPTION_SERVICE=false) in a run of several processes: no step can
+    be agreed, and a save of one process alone would wait for the others forever, so Ctrl-C and
+    SIGTERM keep their defaults (the process stops at once) and the run says so at its start."""
+    monkeypatch.setattr(train.jax, "process_count", lambda: 2)
+    sigint, sigterm = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with caplog.at_level("WARNING"), train.Preemption(_NoPeers()) as preemption:
+        assert signal.getsignal(signal.SIGINT) is sigint
+        assert signal.getsignal(signal.SIGTERM) is sigterm
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        assert not preemption.due(3) and not preemption.interrupted
+    assert "preemption service is off" in caplog.text
