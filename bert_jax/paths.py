@@ -85,6 +85,43 @@ def check_output(value: str | os.PathLike, what: str, kind: str) -> None:
             return
 
 
+# File kinds known by their name's ending (what bert_jax reads and writes, and common ones
+# beside them): an output named so is meant as a file of that kind, never a folder.
+FILE_EXTENSIONS = (".npy", ".npz", ".json", ".jsonl", ".txt", ".tsv", ".csv", ".png", ".svg",
+                   ".pdf", ".html", ".jpg", ".jpeg", ".gz", ".zip", ".tar", ".safetensors", ".bin",
+                   ".pt", ".pkl", ".h5", ".msgpack", ".py", ".model")
+
+
+def output_kind(value: str | os.PathLike, what: str, command: str, files: Sequence[str] = (),
+                other: str = "file") -> str:
+    """What `command` writes at the output `value` the user gave (`what`: its flag), by its
+    name: "file" for a name ending in one of `files` (its extensions; plot's .PNG is a .png),
+    else `other`: "folder" (a name without a file extension), "file" (any name not ending
+    like another kind of file, e.g. a translation's .de), or "" (none: only `files`). A name
+    ending in another kind of file (FILE_EXTENSIONS, any case) is a ValueError naming what
+    the command writes there, before anything is read: `embed --output v.npz` would make a
+    folder named v.npz. An existing folder is a folder (a run resumed into it)."""
+    name = os.path.basename(str(value).rstrip("/"))
+    ext = os.path.splitext(name)[1]
+    wanted = [f"a {e} file" for e in files] + (
+        ["a folder (a name without a file extension)"] if other == "folder" else [])
+    if ext in files:
+        return "file"
+    if ext.lower() in files:
+        if other != "folder":
+            return "file"
+        raise ValueError(f"{what}={value}: ends like a {ext.lower()} file but not in lowercase, which "
+                         f"{command} would write as a folder; give '{ext.lower()}' for one file, or a "
+                         "folder name without it")
+    if other == "folder" and not is_remote(value) and Path(value).is_dir():
+        return "folder"
+    if other and ext.lower() not in FILE_EXTENSIONS:
+        return other
+    shown = f"ends in {ext}" if ext else "has no file extension"
+    raise ValueError(f"{what}={value}: {shown}, which is not what {command} writes there; give "
+                     f"{' or '.join(wanted)}")
+
+
 def check_new_folder(value: str | os.PathLike, what: str, *, leftovers: Sequence[str] = ()) -> None:
     """An output folder the user gave (`what`: its flag or argument) that a command fills with
     files of its own (a checkpoint, its tokenizer, a Hugging Face folder, shards): missing or

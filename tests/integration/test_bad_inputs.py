@@ -715,6 +715,19 @@ FEATURES_CASES = [
          setup=lambda t, c: (features_input()(t, c), files(f="x")(t, c))),
     case("features-two-separators", FEATURES, 1, "{tmp}/in.txt:2: ' ||| ' 2 times", "fix that line",
          setup=features_input("the cat\na ||| b ||| c\n")),
+    # the default --layers (never given) beyond a 1-layer model: the default is named, not blamed
+    case("features-default-layers-beyond-model", FEATURES.replace(" --layers=-1", ""), 1,
+         "--layers is not given and its default -1,-2,-3,-4 asks for 4 layers", "has 1",
+         "give --layers (use -1..0", setup=features_input()),
+    # a list flag's item given twice or empty (options.list_items): one rule for every list flag
+    case("features-layers-repeated", FEATURES.replace("--layers=-1", "--layers=-1,-1"), 2,
+         "--layers='-1,-1': -1 is named twice", setup=features_input()),
+    case("features-layers-empty-item", FEATURES.replace("--layers=-1", "--layers=-1,"), 2,
+         "--layers='-1,': an empty item", setup=features_input()),
+    case("features-layers-one-layer-twice", FEATURES.replace("--layers=-1", "--layers=-1,0"), 1,
+         "--layers: -1 and 0 are the same layer of a 1-layer model", setup=features_input()),
+    case("plot-workdir-repeated", "plot --workdir {run},{run}/ --out {tmp}/p.png", 2,
+         "--workdir=", "is named twice (again as {run}/)"),
 ]
 
 class _Evil:
@@ -1005,6 +1018,16 @@ RUN_VALUE_CASES = [
          + " --config.data.train_file=p.jsonl,./p.jsonl", 1, "data.train_file='p.jsonl,./p.jsonl'",
          "{tmp}/data/p.jsonl is named twice: it would be read twice",
          setup=files(data__p_DOT_jsonl='{"query": "a cat", "positive": "the cat"}\n')),
+    # a JSON line cut short: json's reason whole, with its column (not "Invalid control character")
+    case("pair-file-line-cut-short", "train --config configs/embeddings.py:contrastive,tiny" + FINETUNE
+         + " --config.data.train_file=p.jsonl --config.data.dev_file=p.jsonl", 1,
+         "p.jsonl:2: line:", "expected a JSON object (Unterminated string starting at column 30)",
+         setup=files(data__p_DOT_jsonl='{"query": "a cat", "positive": "the cat"}\n'
+                     '{"query": "abc", "positive": "de\n')),
+    # an input with no text on any line: refused as an empty one (not a vector per blank line)
+    case("embed-input-all-blank", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output {tmp}/v.npy",
+         1, "--input={tmp}/in.txt: empty, no line to embed (no text on any line)",
+         setup=features_input("\n  \n\n")),
 ]
 
 TFDS_CASES = [
@@ -1131,6 +1154,9 @@ ATTENTION_CASES = [
            "--config.model.attention_block_size=256", 1, "min(model.attention_block_size=256, 384)"),
     case("attention-window-not-below-length", PRETRAIN + " --config.model.attention_window=16", 1,
          "model.attention_window=16", "sequence length 16", "model.attention_window=0"),
+    # `bert-jax attention`: an empty --pair is refused as an empty --text is (not [SEP] [SEP])
+    case("attention-pair-empty", "attention --checkpoint {ckpt} --text 'the cat' --pair ' ' --out "
+         "{tmp}/a.png", 1, "--pair is empty", "or leave --pair out"),
 ]
 PATTERN_CASES = [
     # attention patterns (models/attention.py), refused before anything compiles
@@ -1415,7 +1441,28 @@ OUTPUT_PATH_CASES = [
          "{tmp}/f", 1, "--output={tmp}/f is a file, not a folder", setup=A_FILE),
     case("embed-npy-not-in-lowercase", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
          "{tmp}/v.NPY", 1, "--output={tmp}/v.NPY: ends like a .npy file but not in lowercase",
-         "give '.npy' for one array file"),
+         "embed would write as a folder", "give '.npy' for one file"),
+    # an output named like a kind of file the command does not write there (paths.output_kind):
+    # a folder named v.npz, JSON lines in a .json, a figure format it cannot draw
+    case("embed-output-named-npz", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/v.npz", 1, "--output={tmp}/v.npz: ends in .npz, which is not what embed writes there",
+         "give a .npy file or a folder (a name without a file extension)", setup=features_input()),
+    case("features-output-named-json", FEATURES.replace("out.jsonl", "out.json"), 1,
+         "--output={tmp}/out.json: ends in .json", "give a .jsonl file", setup=features_input()),
+    case("mine-output-named-gz", "mine --checkpoint {ckpt} --input {tmp}/pairs.jsonl --output "
+         "{tmp}/m.jsonl.gz", 1, "--output={tmp}/m.jsonl.gz: ends in .gz", "give a .jsonl file"),
+    case("translate-output-named-npy", "translate --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/t.npy", 1, "--output={tmp}/t.npy: ends in .npy", "give a .txt file",
+         setup=features_input()),
+    case("plot-out-jpg", "plot --workdir {run} --out {tmp}/c.jpg", 1, "--out={tmp}/c.jpg: ends in .jpg",
+         "give a .png file or a .svg file or a .pdf file"),
+    case("attention-out-without-extension", "attention --checkpoint {ckpt} --text 'the cat' --out "
+         "{tmp}/a", 1, "--out={tmp}/a: has no file extension", "or a .html file"),
+    case("average-out-named-like-a-file", "average --workdir {run} --last 1 --out {tmp}/avg.json", 1,
+         "--out={tmp}/avg.json: ends in .json, which is not what average writes there",
+         "give a folder"),
+    case("convert-out-named-like-a-file", "convert hf:{hf} {tmp}/c.safetensors", 1,
+         "<out_dir>={tmp}/c.safetensors: ends in .safetensors", "give a folder"),
     case("embed-corpus-id-twice", "embed --checkpoint {ckpt} --input {tmp}/c.jsonl --output {tmp}/v",
          1, "c.jsonl:2: field '_id': 'a' twice (first on line 1)",
          setup=files(c_DOT_jsonl='{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n')),

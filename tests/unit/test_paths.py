@@ -86,3 +86,36 @@ def test_a_file_beside_an_output_may_exist_holding_exactly_what_would_be_written
     (tmp_path / "a.svg").write_text("a figure")  # the output itself: never, whatever it holds
     with pytest.raises(FileExistsError, match=f"^--out={tmp_path}/a.svg: already exists; plot"):
         paths.check_new_file(tmp_path / "a.svg", "--out", "plot", [beside], {beside: b"step,loss\n1,2.0\n"})
+
+
+@pytest.mark.parametrize("name, files, other, kind", [
+    ("v.npy", (".npy",), "folder", "file"),
+    ("shards", (".npy",), "folder", "folder"),
+    ("run-1.5", (), "folder", "folder"),  # a dot in a folder's name is no file extension
+    ("f.PNG", (".png", ".svg"), "", "file"),  # a figure's format, in any case
+    ("newstest.de", (".txt",), "file", "file"),  # a text file of any other name
+])
+def test_an_output_is_a_file_or_a_folder_by_its_name(tmp_path, name, files, other, kind):
+    assert paths.output_kind(tmp_path / name, "--output", "cmd", files, other) == kind
+
+
+@pytest.mark.parametrize("name, files, other, said", [
+    ("v.npz", (".npy",), "folder", "ends in .npz, which is not what cmd writes there; give a .npy "
+                                   "file or a folder (a name without a file extension)"),
+    ("v.NPY", (".npy",), "folder", "ends like a .npy file but not in lowercase"),
+    ("out.json", (".jsonl",), "file", "ends in .json, which is not what cmd writes there; give a "
+                                      ".jsonl file"),
+    ("out.jsonl.gz", (".jsonl",), "file", "ends in .gz"),
+    ("a", (".png",), "", "has no file extension, which is not what cmd writes there; give a .png file"),
+    ("vocab.txt", (), "folder", "ends in .txt, which is not what cmd writes there; give a folder"),
+])
+def test_an_output_named_like_another_kind_of_file_is_refused(tmp_path, name, files, other, said):
+    with pytest.raises(ValueError, match=f"^--output={tmp_path / name}: " + said.replace("(", r"\(")
+                       .replace(")", r"\)").replace(".", r"\.")):
+        paths.output_kind(tmp_path / name, "--output", "cmd", files, other)
+    assert not (tmp_path / name).exists()
+
+
+def test_an_existing_folder_named_like_a_file_is_a_folder(tmp_path):
+    (tmp_path / "old.npz").mkdir()  # written before names were checked: resumed, not refused
+    assert paths.output_kind(tmp_path / "old.npz", "--output", "embed", (".npy",), "folder") == "folder"
