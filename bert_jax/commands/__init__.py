@@ -38,6 +38,9 @@ class Command:
     # The path flags it writes to, each with the file extensions it writes there and what any
     # other name is: "folder", "file" or "" (paths.output_kind, then paths.check_output).
     writes: tuple[tuple[str, tuple[str, ...], str], ...] = ()
+    # The path flags it reads that must be of a kind (paths.path_kind): each with the kinds it
+    # takes ("folder": one of no kind known, which the reader itself judges) and their words.
+    reads: tuple[tuple[str, tuple[str, ...], str], ...] = ()
     # Flags it reads only in some combinations: (flag, where it is read, whether this run is one).
     read_only: tuple[tuple[str, str, Callable[[], bool]], ...] = ()
 
@@ -47,6 +50,11 @@ def _given(*names: str) -> Callable[[], bool]:
     return lambda: any(flags.FLAGS[name].value for name in names)
 
 
+# A checkpoint read (--checkpoint, a run's --workdir): a step folder, a sweep's, a
+# sentence-transformers or Hugging Face folder given instead is named with the way to one.
+CHECKPOINT = ("checkpoint", ("run", "folder"), "a checkpoint (a training run's folder or a "
+              "`bert-jax convert` output)")
+RUN = ("workdir", ("run", "folder"), "a training run's folder")
 FIGURES = (".png", ".svg", ".pdf")  # plot's and attention's figure files (viz/plots.FORMATS)
 
 
@@ -64,7 +72,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "compilation_cache_required"), (
         "bert-jax eval --workdir <dir> [--config <file>] [--step latest|best|all|N]",
         "             [--split dev|test|<file>]   (fine-tuning: <dir>/eval/step_N/, other splits "
-        "<dir>/eval/<split>/)"), compiles=True),
+        "<dir>/eval/<split>/)"), compiles=True,
+        reads=(("workdir", RUN[1], "a training run's folder (its checkpoints/ are evaluated)"),)),
     Command("sweep", sweep.cmd_sweep, ("config", "workdir", "print_commands"), (
         "bert-jax sweep --config configs/sweeps/glue.py:mrpc --workdir <dir> [--print_commands]",),
         writes=(("workdir", (), "folder"),)),
@@ -98,12 +107,13 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "bert-jax embed --checkpoint <dir> --input <txt|jsonl> --output <folder> [--shard_size N]",
         "             (shards of vectors with their ids; run again to resume)"),
         compiles=True, writes=(("output", (".npy",), "folder"),),
-        read_only=(("shard_size", "with a folder as --output (a .npy is one array)", _into_shards),)),
+        read_only=(("shard_size", "with a folder as --output (a .npy is one array)", _into_shards),),
+        reads=(CHECKPOINT,)),
     Command("mine", interop.cmd_mine, (
         "checkpoint", "input", "output", "negatives", "corpus", "batch_size", "compilation_cache",
         "compilation_cache_required"), (
         "bert-jax mine --checkpoint <dir> --input <pair file> --output <jsonl> [--negatives 5] "
-        "[--corpus <txt>]",), compiles=True, writes=(("output", (".jsonl",), "file"),)),
+        "[--corpus <txt>]",), compiles=True, writes=(("output", (".jsonl",), "file"),), reads=(CHECKPOINT,)),
     Command("eval-embeddings", interop.cmd_eval_embeddings, (
         "checkpoint", "sts", "beir", "split", "squad", "bm25", "pooling", "bootstrap", "batch_size",
         "compilation_cache", "compilation_cache_required"), (
@@ -115,31 +125,34 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             ("bm25", "with --beir or --squad (BM25 ranks retrieval sets, not --sts pairs)",
              _given("beir", "squad")),
             *((name, "with --checkpoint (BM25 alone encodes nothing)", _given("checkpoint"))
-              for name in ("pooling", "batch_size")))),
+              for name in ("pooling", "batch_size"))),
+        reads=(CHECKPOINT, ("beir", ("beir", "folder"), "a BEIR folder (corpus.jsonl, queries.jsonl, "
+                                                        "qrels/<split>.tsv)"))),
     Command("features", interop.cmd_features, (
         "checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
         "compilation_cache", "compilation_cache_required"), (
         "bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]",),
-        compiles=True, writes=(("output", (".jsonl",), "file"),)),
+        compiles=True, writes=(("output", (".jsonl",), "file"),), reads=(CHECKPOINT,)),
     Command("translate", translate.cmd_translate, (
         "checkpoint", "input", "output", "beam", "alpha", "reference", "batch_size",
         "compilation_cache", "compilation_cache_required"), (
         "bert-jax translate --checkpoint <dir> --input <txt> --output <txt> [--beam 4 --alpha 0.6]",
         "             [--reference <txt>]   (prints sacreBLEU against the reference)"), compiles=True,
-        writes=(("output", (".txt",), "file"),)),
+        writes=(("output", (".txt",), "file"),), reads=(CHECKPOINT,)),
     Command("average", training.cmd_average, ("workdir", "last", "out"), (
         "bert-jax average --workdir <dir> --last 5 --out <dir>   (a checkpoint of the mean weights)",),
-        writes=(("out", (), "folder"),)),
+        writes=(("out", (), "folder"),), reads=(RUN,)),
     Command("plot", viz.cmd_plot, ("workdir", "out", "x", "smoothing"), (
         "bert-jax plot --workdir <dir> [<dir> ...] [--out curves.png|.svg] [--x step|time|tokens]",
         "             [--smoothing 0.6]   (default out: <first dir>/plots/metrics.png, data in .csv "
-        "beside)"), writes=(("out", FIGURES, ""),)),
+        "beside)"), writes=(("out", FIGURES, ""),), reads=(RUN,)),
     Command("attention", viz.cmd_attention, (
         "checkpoint", "text", "pair", "out", "layer", "head_index", "step", "max_seq_length",
         "compilation_cache", "compilation_cache_required"), (
         "bert-jax attention --checkpoint <dir> --text \"...\" [--pair \"...\"] [--out a.png|a.html]",
         "             [--layer -1 --head_index 0]   (default: <dir>/plots/attention.png and .html;",
-        "             data in .json)"), compiles=True, writes=(("out", (*FIGURES, ".html"), ""),)),
+        "             data in .json)"), compiles=True, writes=(("out", (*FIGURES, ".html"), ""),),
+        reads=(CHECKPOINT,)),
 )}
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 
@@ -259,6 +272,11 @@ def check_path_flags(command: Command) -> None:
                 paths.check_given(value, f"--{name}")
             except ValueError as e:
                 raise app.UsageError(str(e)) from None
+    for name, kinds, give in command.reads:
+        value = flags.FLAGS[name].value
+        if value and (wrong := paths.wrong_kind(value, f"--{name}", kinds, give,
+                                                step_flag="step" in command.flags)):
+            raise ValueError(wrong)
     for name, files, other in command.writes:
         if flags.FLAGS[name].value is not None:
             value = flags.FLAGS[name].value

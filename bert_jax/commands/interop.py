@@ -101,6 +101,9 @@ def cmd_export(args: list[str]) -> None:
         raise app.UsageError("usage: bert-jax export <checkpoint_dir> hf:<out_dir> (or "
                              "st:<out_dir>, a sentence-transformers folder)")
     _check_arguments(args[0], args[1][3:], "export")
+    if wrong := paths.wrong_kind(args[0], "<checkpoint_dir>", ("run", "folder"), "a checkpoint (a "
+                                 "training run's folder or a `bert-jax convert` output)", step_flag=True):
+        raise ValueError(wrong)
     if STEP.value != "latest" and not STEP.value.isdigit():
         raise app.UsageError(f"--step={STEP.value!r}: export takes latest or a step number")
     step = None if STEP.value == "latest" else int(STEP.value)
