@@ -21,7 +21,7 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import models, specs
+from bert_jax import models, paths, specs
 from bert_jax.models import attention
 from bert_jax.models.config import DTYPES
 from bert_jax.specs import (
@@ -288,7 +288,8 @@ def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
                           "and give that path")
     path, _, arg = spec.partition(":")
     if not Path(path).is_file():
-        raise ConfigError(f"--config={spec}: no such file {path}")
+        raise ConfigError(paths.wrong_kind(path, "--config", ("file",), "a config file (path.py[:arg])")
+                          or f"--config={spec}: no such file {path}")
     if Path(path).suffix != ".py":
         raise ConfigError(f"--config={spec}: {path} is not a Python file; expected a config file "
                           "defining get_config(arg), e.g. configs/bert_pretrain.py:tiny")

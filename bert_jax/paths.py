@@ -85,6 +85,128 @@ def check_output(value: str | os.PathLike, what: str, kind: str) -> None:
             return
 
 
+# File kinds known by their name's ending (what bert_jax reads and writes, and common ones
+# beside them): an output named so is meant as a file of that kind, never a folder.
+FILE_EXTENSIONS = (".npy", ".npz", ".json", ".jsonl", ".txt", ".tsv", ".csv", ".png", ".svg",
+                   ".pdf", ".html", ".jpg", ".jpeg", ".gz", ".zip", ".tar", ".safetensors", ".bin",
+                   ".pt", ".pkl", ".h5", ".msgpack", ".py", ".model")
+
+
+def output_kind(value: str | os.PathLike, what: str, command: str, files: Sequence[str] = (),
+                other: str = "file") -> str:
+    """What `command` writes at the output `value` the user gave (`what`: its flag), by its
+    name: "file" for a name ending in one of `files` (its extensions; plot's .PNG is a .png),
+    else `other`: "folder" (a name without a file extension), "file" (any name not ending
+    like another kind of file, e.g. a translation's .de), or "" (none: only `files`). A name
+    ending in another kind of file (FILE_EXTENSIONS, any case) is a ValueError naming what
+    the command writes there, before anything is read: `embed --output v.npz` would make a
+    folder named v.npz. An existing folder is a folder (a run resumed into it)."""
+    name = os.path.basename(str(value).rstrip("/"))
+    ext = os.path.splitext(name)[1]
+    wanted = [f"a {e} file" for e in files] + (
+        ["a folder (a name without a file extension)"] if other == "folder" else [])
+    if ext in files:
+        return "file"
+    if ext.lower() in files:
+        if other != "folder":
+            return "file"
+        raise ValueError(f"{what}={value}: ends like a {ext.lower()} file but not in lowercase, which "
+                         f"{command} would write as a folder; give '{ext.lower()}' for one file, or a "
+                         "folder name without it")
+    if other == "folder" and not is_remote(value) and Path(value).is_dir():
+        return "folder"
+    if other and ext.lower() not in FILE_EXTENSIONS:
+        return other
+    shown = f"ends in {ext}" if ext else "has no file extension"
+    raise ValueError(f"{what}={value}: {shown}, which is not what {command} writes there; give "
+                     f"{' or '.join(wanted)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PathKind:
+    """What a path that exists is, for a message that says it is the wrong kind: `kind` names
+    it ("run" for a training workdir or a convert output, "step", "sweep", "sentence-transformers",
+    "hf", "beir", "qrels", "tokenizer", "tokenizer-file", "file", "folder"), `said` in words, and
+    `instead` the path of the kind it belongs to (a step's run, a qrels file's BEIR folder, a
+    tokenizer file's folder), with `detail` (the step, the split, a sweep's first trial)."""
+
+    kind: str
+    said: str
+    instead: str = ""
+    detail: str = ""
+
+
+_TOKENIZER_FILES = ("vocab.txt", "spm.model", "tokenizer.json", "merges.txt")
+
+
+def path_kind(value: str | os.PathLike) -> PathKind | None:
+    """What the local path `value` is (PathKind), by the files that make each kind: None when
+    nothing is there (or for a gs:// path: each look is a request there)."""
+    if is_remote(value):
+        return None
+    p = Path(value)
+    if p.is_file():
+        if p.parent.name == "qrels" and p.suffix == ".tsv":
+            return PathKind("qrels", "a BEIR qrels file", str(p.parent.parent), p.stem)
+        if p.name in _TOKENIZER_FILES:
+            return PathKind("tokenizer-file", "a tokenizer file", str(p.parent))
+        return PathKind("file", "a file")
+    if not p.is_dir():
+        return None
+    if p.parent.name == "checkpoints" and p.name.isdigit():
+        return PathKind("step", f"the folder of step {p.name} of a run", str(p.parent.parent), p.name)
+    if (p / "checkpoints").is_dir():
+        return PathKind("run", "a checkpoint's run folder")
+    if (p / "modules.json").is_file() or (p / "config_sentence_transformers.json").is_file():
+        return PathKind("sentence-transformers", "a sentence-transformers folder")
+    weights = any(p.glob("*.safetensors")) or (p / "pytorch_model.bin").is_file()
+    if (p / "config.json").is_file() and weights:
+        return PathKind("hf", "a Hugging Face model folder")
+    if (p / "qrels").is_dir():
+        return PathKind("beir", "a BEIR folder")
+    trials = sorted(t.name for t in p.iterdir() if (t / "trial_config.json").is_file())
+    if trials:
+        return PathKind("sweep", f"a sweep's folder ({len(trials)} trial{'s' * (len(trials) > 1)})",
+                        str(p / trials[0]))
+    if (p / "metrics.jsonl").is_file():
+        return PathKind("run", "a run folder")
+    if any((p / name).is_file() for name in _TOKENIZER_FILES):
+        return PathKind("tokenizer", "a tokenizer folder")
+    return PathKind("folder", "a folder")
+
+
+# How to get a path of the kind needed from one of another kind (`{p}`: the path given, and
+# the PathKind's `{instead}` and `{detail}`).
+_FIXES = {
+    "step": "give its run folder {instead}{step}",
+    "sweep": "give one of its trials' folders, e.g. {instead}",
+    "sentence-transformers": "convert it first: bert-jax convert st:{p} <dir>, then give <dir>",
+    "hf": "convert it first: bert-jax convert hf:{p} <dir>, then give <dir>",
+    "qrels": "give the BEIR folder {instead} with --split {detail}",
+    "tokenizer-file": "give its folder {instead}",
+}
+
+
+def wrong_kind(value: str | os.PathLike, what: str, wanted: Sequence[str], give: str, *,
+               step_flag: bool = False) -> str | None:
+    """The one line for `value` (the user's `what`: a flag or key, or "") when it exists but is not
+    of a kind in `wanted` (PathKind.kind names): "<what>=<value> is <its kind>, not <give>;
+    <how to get one>"; None when it is of one, or nothing is there (the reader's own message
+    says so). `step_flag`: the command takes --step (a step folder: its run with --step N)."""
+    found = path_kind(value)
+    if found is None or found.kind in wanted:
+        return None
+    step = f" with --step {found.detail}" if step_flag else " (which reads its latest step)"
+    fix = _FIXES.get(found.kind, "").format(p=value, instead=found.instead, detail=found.detail,
+                                             step=step)
+    named = f"{what}={value}" if what else str(value)
+    return f"{named} is {found.said}, not {give}" + (f"; {fix}" if fix else "")
+
+
+# The kinds of path that are folders (PathKind.kind), for a path where any folder may do.
+FOLDER_KINDS = ("folder", "run", "step", "sweep", "sentence-transformers", "hf", "beir", "tokenizer")
+
+
 def check_new_folder(value: str | os.PathLike, what: str, *, leftovers: Sequence[str] = ()) -> None:
     """An output folder the user gave (`what`: its flag or argument) that a command fills with
     files of its own (a checkpoint, its tokenizer, a Hugging Face folder, shards): missing or

@@ -35,8 +35,12 @@ class Command:
     flags: tuple[str, ...]  # the flags it reads, for `bert-jax <name> --help`
     usage: tuple[str, ...]  # its usage lines, for --help
     compiles: bool = False  # compiles a model: uses the persistent compilation cache
-    # The path flags it writes to, each "folder" or "file" (paths.check_output).
-    writes: tuple[tuple[str, str], ...] = ()
+    # The path flags it writes to, each with the file extensions it writes there and what any
+    # other name is: "folder", "file" or "" (paths.output_kind, then paths.check_output).
+    writes: tuple[tuple[str, tuple[str, ...], str], ...] = ()
+    # The path flags it reads that must be of a kind (paths.path_kind): each with the kinds it
+    # takes ("folder": one of no kind known, which the reader itself judges) and their words.
+    reads: tuple[tuple[str, tuple[str, ...], str], ...] = ()
     # Flags it reads only in some combinations: (flag, where it is read, whether this run is one).
     read_only: tuple[tuple[str, str, Callable[[], bool]], ...] = ()
 
@@ -44,6 +48,14 @@ class Command:
 def _given(*names: str) -> Callable[[], bool]:
     """Whether any of these flags has a value (a read_only condition)."""
     return lambda: any(flags.FLAGS[name].value for name in names)
+
+
+# A checkpoint read (--checkpoint, a run's --workdir): a step folder, a sweep's, a
+# sentence-transformers or Hugging Face folder given instead is named with the way to one.
+CHECKPOINT = ("checkpoint", ("run", "folder"), "a checkpoint (a training run's folder or a "
+              "`bert-jax convert` output)")
+RUN = ("workdir", ("run", "folder"), "a training run's folder")
+FIGURES = (".png", ".svg", ".pdf")  # plot's and attention's figure files (viz/plots.FORMATS)
 
 
 def _into_shards() -> bool:
@@ -55,21 +67,22 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("train", training.cmd_train, ("config", "workdir", "compilation_cache",
         "compilation_cache_required"), (
         "bert-jax train --config configs/bert_pretrain.py:tiny --workdir <dir> "
-        "[--config.train.steps=100]",), compiles=True, writes=(("workdir", "folder"),)),
+        "[--config.train.steps=100]",), compiles=True, writes=(("workdir", (), "folder"),)),
     Command("eval", training.cmd_eval, ("workdir", "config", "step", "split", "compilation_cache",
         "compilation_cache_required"), (
         "bert-jax eval --workdir <dir> [--config <file>] [--step latest|best|all|N]",
         "             [--split dev|test|<file>]   (fine-tuning: <dir>/eval/step_N/, other splits "
-        "<dir>/eval/<split>/)"), compiles=True),
+        "<dir>/eval/<split>/)"), compiles=True,
+        reads=(("workdir", RUN[1], "a training run's folder (its checkpoints/ are evaluated)"),)),
     Command("sweep", sweep.cmd_sweep, ("config", "workdir", "print_commands"), (
         "bert-jax sweep --config configs/sweeps/glue.py:mrpc --workdir <dir> [--print_commands]",),
-        writes=(("workdir", "folder"),)),
+        writes=(("workdir", (), "folder"),)),
     Command("vocab", data.cmd_vocab, ("input", "size", "type", "sp_model_type", "lowercase", "out"), (
         "bert-jax vocab --input 'books/*.txt' --size 8192 --type wordpiece --out <dir>",),
-        writes=(("out", "folder"),)),
+        writes=(("out", (), "folder"),)),
     Command("prepare", data.cmd_prepare, ("config", "out"), (
         "bert-jax prepare --config configs/bert_pretrain.py:base --out <dir>   (array_record shards)",),
-        writes=(("out", "folder"),)),
+        writes=(("out", (), "folder"),)),
     Command("info", cloud.cmd_info, ("config", "seq_len"), (
         "bert-jax info --config configs/bert_pretrain.py:base [--config.dtype=bfloat16]",)),
     Command("plan", cloud.cmd_plan, ("config", "topology", "slices", "mfu", "json"), (
@@ -93,13 +106,14 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "bert-jax embed --checkpoint <dir> --input <txt> --output <npy>   (a vector per line)",
         "bert-jax embed --checkpoint <dir> --input <txt|jsonl> --output <folder> [--shard_size N]",
         "             (shards of vectors with their ids; run again to resume)"),
-        compiles=True, read_only=(("shard_size", "with a folder as --output (a .npy is one array)",
-                                   _into_shards),)),
+        compiles=True, writes=(("output", (".npy",), "folder"),),
+        read_only=(("shard_size", "with a folder as --output (a .npy is one array)", _into_shards),),
+        reads=(CHECKPOINT,)),
     Command("mine", interop.cmd_mine, (
         "checkpoint", "input", "output", "negatives", "corpus", "batch_size", "compilation_cache",
         "compilation_cache_required"), (
         "bert-jax mine --checkpoint <dir> --input <pair file> --output <jsonl> [--negatives 5] "
-        "[--corpus <txt>]",), compiles=True, writes=(("output", "file"),)),
+        "[--corpus <txt>]",), compiles=True, writes=(("output", (".jsonl",), "file"),), reads=(CHECKPOINT,)),
     Command("eval-embeddings", interop.cmd_eval_embeddings, (
         "checkpoint", "sts", "beir", "split", "squad", "bm25", "pooling", "bootstrap", "batch_size",
         "compilation_cache", "compilation_cache_required"), (
@@ -111,31 +125,34 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             ("bm25", "with --beir or --squad (BM25 ranks retrieval sets, not --sts pairs)",
              _given("beir", "squad")),
             *((name, "with --checkpoint (BM25 alone encodes nothing)", _given("checkpoint"))
-              for name in ("pooling", "batch_size")))),
+              for name in ("pooling", "batch_size"))),
+        reads=(CHECKPOINT, ("beir", ("beir", "folder"), "a BEIR folder (corpus.jsonl, queries.jsonl, "
+                                                        "qrels/<split>.tsv)"))),
     Command("features", interop.cmd_features, (
         "checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
         "compilation_cache", "compilation_cache_required"), (
         "bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]",),
-        compiles=True, writes=(("output", "file"),)),
+        compiles=True, writes=(("output", (".jsonl",), "file"),), reads=(CHECKPOINT,)),
     Command("translate", translate.cmd_translate, (
         "checkpoint", "input", "output", "beam", "alpha", "reference", "batch_size",
         "compilation_cache", "compilation_cache_required"), (
         "bert-jax translate --checkpoint <dir> --input <txt> --output <txt> [--beam 4 --alpha 0.6]",
         "             [--reference <txt>]   (prints sacreBLEU against the reference)"), compiles=True,
-        writes=(("output", "file"),)),
+        writes=(("output", (".txt",), "file"),), reads=(CHECKPOINT,)),
     Command("average", training.cmd_average, ("workdir", "last", "out"), (
         "bert-jax average --workdir <dir> --last 5 --out <dir>   (a checkpoint of the mean weights)",),
-        writes=(("out", "folder"),)),
+        writes=(("out", (), "folder"),), reads=(RUN,)),
     Command("plot", viz.cmd_plot, ("workdir", "out", "x", "smoothing"), (
         "bert-jax plot --workdir <dir> [<dir> ...] [--out curves.png|.svg] [--x step|time|tokens]",
         "             [--smoothing 0.6]   (default out: <first dir>/plots/metrics.png, data in .csv "
-        "beside)"), writes=(("out", "file"),)),
+        "beside)"), writes=(("out", FIGURES, ""),), reads=(RUN,)),
     Command("attention", viz.cmd_attention, (
         "checkpoint", "text", "pair", "out", "layer", "head_index", "step", "max_seq_length",
         "compilation_cache", "compilation_cache_required"), (
         "bert-jax attention --checkpoint <dir> --text \"...\" [--pair \"...\"] [--out a.png|a.html]",
         "             [--layer -1 --head_index 0]   (default: <dir>/plots/attention.png and .html;",
-        "             data in .json)"), compiles=True, writes=(("out", "file"),)),
+        "             data in .json)"), compiles=True, writes=(("out", (*FIGURES, ".html"), ""),),
+        reads=(CHECKPOINT,)),
 )}
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 
@@ -210,7 +227,7 @@ def _named(error: BaseException, command: Command | None) -> BaseException | str
     flag = f"{file}: " if name is None else f"--{name}={value}: " + ("" if file == value else f"{file}: ")
     # else an argument's path, one the command chose, a run's or a checkpoint's files (read and
     # written: a resume, plots beside a checkpoint)
-    by_use = (_WRITE_ADVICE if name in ("out", "output", *(w for w, _ in command.writes))
+    by_use = (_WRITE_ADVICE if name in ("out", "output", *(w for w, *_ in command.writes))
               else {} if name in _READ_FLAGS else _ANY_ADVICE)
     advice = by_use.get(error.errno, _OS_ADVICE.get(error.errno))
     return f"{flag}{error.strerror.lower()}" + (f" ({advice})" if advice else "")
@@ -255,9 +272,16 @@ def check_path_flags(command: Command) -> None:
                 paths.check_given(value, f"--{name}")
             except ValueError as e:
                 raise app.UsageError(str(e)) from None
-    for name, kind in command.writes:
+    for name, kinds, give in command.reads:
+        value = flags.FLAGS[name].value
+        if value and (wrong := paths.wrong_kind(value, f"--{name}", kinds, give,
+                                                step_flag="step" in command.flags)):
+            raise ValueError(wrong)
+    for name, files, other in command.writes:
         if flags.FLAGS[name].value is not None:
-            paths.check_output(flags.FLAGS[name].value, f"--{name}", kind)
+            value = flags.FLAGS[name].value
+            kind = paths.output_kind(value, f"--{name}", command.name, files, other)
+            paths.check_output(value, f"--{name}", kind)
 
 
 # The least value of each count flag (a flag read by several commands means the same in each)

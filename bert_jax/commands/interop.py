@@ -30,19 +30,21 @@ from bert_jax.commands.options import (
     SQUAD,
     STEP,
     STS,
+    list_items,
     maybe_initialize_distributed,
     require,
 )
 
 
-def _check_arguments(source: str, out: str) -> None:
+def _check_arguments(source: str, out: str, command: str) -> None:
     """convert's and export's two paths, as the command table checks path flags: a bad one is
-    a bad argument, an <out_dir> that is a file (or inside one) an error."""
+    a bad argument, an <out_dir> named like a file, or that is a file (or inside one), an error."""
     for value, what in ((source, "<source>"), (out, "<out_dir>")):
         try:
             paths.check_given(value, what)
         except ValueError as e:
             raise app.UsageError(str(e)) from None
+    paths.output_kind(out, "<out_dir>", command, other="folder")
     paths.check_output(out, "<out_dir>", "folder")
 
 
@@ -69,7 +71,7 @@ def cmd_convert(args: list[str]) -> None:
         raise app.UsageError("usage: bert-jax convert hf:<huggingface_dir> <out_dir>, "
                              "tf:<original TF checkpoint folder or prefix> <out_dir>, or "
                              "st:<sentence-transformers folder> <out_dir>")
-    _check_arguments(args[0][3:], args[1])
+    _check_arguments(args[0][3:], args[1], "convert")
     _check_source_not_a_file(args[0])
     if args[0].startswith("st:"):
         from bert_jax.interop import sentence_models
@@ -98,7 +100,10 @@ def cmd_export(args: list[str]) -> None:
     if len(args) != 2 or not args[1].startswith(("hf:", "st:")):
         raise app.UsageError("usage: bert-jax export <checkpoint_dir> hf:<out_dir> (or "
                              "st:<out_dir>, a sentence-transformers folder)")
-    _check_arguments(args[0], args[1][3:])
+    _check_arguments(args[0], args[1][3:], "export")
+    if wrong := paths.wrong_kind(args[0], "<checkpoint_dir>", ("run", "folder"), "a checkpoint (a "
+                                 "training run's folder or a `bert-jax convert` output)", step_flag=True):
+        raise ValueError(wrong)
     if STEP.value != "latest" and not STEP.value.isdigit():
         raise app.UsageError(f"--step={STEP.value!r}: export takes latest or a step number")
     step = None if STEP.value == "latest" else int(STEP.value)
@@ -119,13 +124,13 @@ def cmd_features(args: list[str]) -> None:
     from bert_jax.interop import features
 
     try:
-        layers = [int(x) for x in LAYERS.value.split(",")]
+        layers = list_items("--layers", [LAYERS.value], int)
     except ValueError:
         raise app.UsageError(f"--layers={LAYERS.value!r}: expected integers like -1,-2") from None
     n = features.extract_features(
         require(CHECKPOINT, "features"), require(INPUT, "features"),
-        require(OUTPUT, "features"), layers=layers, max_seq_length=MAX_SEQ_LENGTH.value,
-        batch_size=8 if BATCH_SIZE.value is None else BATCH_SIZE.value)
+        require(OUTPUT, "features"), layers=layers if LAYERS.present else None,
+        max_seq_length=MAX_SEQ_LENGTH.value, batch_size=8 if BATCH_SIZE.value is None else BATCH_SIZE.value)
     print(json.dumps({"lines": n, "output": OUTPUT.value, "layers": layers}))
 
 
@@ -143,11 +148,7 @@ def cmd_embed(args: list[str]) -> None:
     source, output = require(CHECKPOINT, "embed"), require(OUTPUT, "embed")
     if args:
         raise app.UsageError(f"embed takes no arguments (got {args}); use --input and --output")
-    if output.lower().endswith(".npy") and not output.endswith(".npy"):
-        raise ValueError(f"--output={output}: ends like a .npy file but not in lowercase, which "
-                         "would be a folder of shards; give '.npy' for one array file, or a "
-                         "folder name without it")
-    paths.check_output(output, "--output", "file" if output.endswith(".npy") else "folder")
+    # (--output's name: a .npy file or a folder, checked with the command's other outputs)
     maybe_initialize_distributed("embed")  # several hosts: each embeds its shards
     if not output.endswith(".npy"):
         from bert_jax.interop import bulk_embed
@@ -169,8 +170,9 @@ def cmd_embed(args: list[str]) -> None:
                          "with its ids (--output <folder>); a .npy --output holds one vector per "
                          "text line")
     lines = [line.rstrip("\n") for line in text.utf8_lines(given)]
-    if not lines:
-        raise ValueError(f"--input={given}: empty, no line to embed; nothing written")
+    if not any(line.strip() for line in lines):  # (as features: a vector per blank line is none)
+        raise ValueError(f"--input={given}: empty, no line to embed (no text on any line); "
+                         "expected one sentence per line; nothing written")
     paths.make_output_folder(output, "--output")  # (after the input's checks: a refusal makes none)
     vectors = sentence_models.embed(source, lines, batch_size=BATCH_SIZE.value or 32,
                                     spec=_sentence_spec(source))

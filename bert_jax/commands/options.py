@@ -141,6 +141,28 @@ def require(flag, command: str):
     return value
 
 
+def list_items(flag: str, values: list[str], item=str, same=None) -> list:
+    """The items of a comma-separated list flag (`flag`: its name with --; `values`: its value
+    and any arguments listing more), each parsed by `item`: an empty item (`a,,b`, `a,`) or an
+    item named twice (by `same`'s key, e.g. the file it names) is a UsageError naming it, as
+    it would be read twice or silently dropped."""
+    seen: dict = {}
+    for value in values:
+        if not value.strip():
+            raise app.UsageError(f"{flag} is empty; give one or more items separated by commas")
+        for part in value.split(","):
+            if not part.strip():
+                raise app.UsageError(f"{flag}={value!r}: an empty item (two commas, or one at an "
+                                     "end); list each item once, separated by single commas")
+            key = (same or (lambda v: v))(item(part.strip()))
+            if key in seen:
+                raise app.UsageError(f"{flag}={value!r}: {seen[key]} is named twice"
+                                     + (f" (again as {part.strip()})" if part.strip() != seen[key] else "")
+                                     + "; list each item once")
+            seen[key] = part.strip()
+    return [item(p) for p in seen.values()]
+
+
 def maybe_initialize_distributed(command: str) -> None:
     """jax.distributed.initialize() when launched as one of several processes: Cloud TPU pod
     slices, SLURM, or JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID set by hand.

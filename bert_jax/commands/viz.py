@@ -18,6 +18,7 @@ from bert_jax.commands.options import (
     TEXT,
     WORKDIR,
     X,
+    list_items,
     require,
 )
 
@@ -25,9 +26,11 @@ from bert_jax.commands.options import (
 def cmd_plot(args: list[str]) -> None:
     """Draws training curves of one or more workdirs (loss, learning rate, task and eval
     metrics; phases marked) into one figure, with its data as CSV beside it."""
+    from bert_jax import paths
     from bert_jax.viz import plots
 
-    workdirs = [w for w in ([require(WORKDIR, "plot")] + args) for w in w.split(",") if w]
+    # (a run named twice would be drawn twice, one curve over the other)
+    workdirs = list_items("--workdir", [require(WORKDIR, "plot")] + args, same=paths.listed_as)
     print(json.dumps(plots.plot_workdirs(workdirs, OUT.value, x=X.value, smoothing=SMOOTHING.value)))
 
 

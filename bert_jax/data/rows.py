@@ -75,9 +75,10 @@ def jsonl_rows(f: Any, bad: BadRows) -> Iterator[tuple[int, dict[str, Any]]]:
         if not raw.strip():
             continue
         try:
-            row = json.loads(raw)
-        except json.JSONDecodeError as e:
-            bad.found(line, "line", raw.strip()[:60], f"a JSON object ({e.msg})")
+            row = json.loads(raw.rstrip("\r\n"))  # (its newline: no control character in it)
+        except json.JSONDecodeError as e:  # the decoder's reason whole, with its column
+            at = e.msg if e.msg.endswith(" at") else f"{e.msg} at"  # ("...starting at": json's own)
+            bad.found(line, "line", raw.strip()[:60], f"a JSON object ({at} column {e.colno})")
             continue
         if not isinstance(row, dict):
             bad.found(line, "line", type(row).__name__, "a JSON object")

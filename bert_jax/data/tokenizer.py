@@ -786,6 +786,8 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
                          f'add a {META_NAME} with "kind" to say which to use')
     kind = kind or (found[0] if found else None)
     if kind not in found:
+        if wrong := paths.wrong_kind(directory, "", paths.FOLDER_KINDS, "a tokenizer's folder"):
+            raise NotADirectoryError(wrong)  # (a vocab.txt given: its folder is meant)
         said = f" ({META_NAME} says kind={kind!r})" if kind else ""
         raise FileNotFoundError(f"no tokenizer in {directory}{said}: looked for {VOCAB_NAME} (WordPiece), "
                                 f"{SPM_NAME} (SentencePiece) and {BPE_MERGES} or {BPE_JSON} (byte-level BPE)")

@@ -49,11 +49,35 @@ def warn_if_cut(lengths: Sequence[int], max_seq_length: int, max_len: int, what:
                 f"{max_seq_length}; {advice}")
 
 
+DEFAULT_LAYERS = (-1, -2, -3, -4)  # the original extract_features.py's: the last four layers
+
+
+def check_layers(layers: Sequence[int] | None, num_layers: int, checkpoint_dir) -> None:
+    """--layers (None: not given, DEFAULT_LAYERS) within a `num_layers`-layer model, each layer
+    named once (-1 and 1 of a 2-layer model are one layer): else a ValueError naming them."""
+    given = DEFAULT_LAYERS if layers is None else layers
+    span = f"use -{num_layers}..{num_layers - 1}"
+    for i in given:
+        if not -num_layers <= i < num_layers:
+            if layers is None:
+                raise ValueError(
+                    f"--layers is not given and its default {','.join(map(str, DEFAULT_LAYERS))} asks "
+                    f"for {len(DEFAULT_LAYERS)} layers; the model in {checkpoint_dir} has "
+                    f"{num_layers}: give --layers ({span}, e.g. --layers=-1)")
+            raise ValueError(f"--layers: {i} is out of range for a {num_layers}-layer model ({span})")
+    seen: dict[int, int] = {}
+    for i in given:
+        if i % num_layers in seen:
+            raise ValueError(f"--layers: {seen[i % num_layers]} and {i} are the same layer of a "
+                             f"{num_layers}-layer model; name each layer once")
+        seen[i % num_layers] = i
+
+
 def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.PathLike,
-                     output_file: str | os.PathLike, layers: Sequence[int] = (-1, -2, -3, -4),
+                     output_file: str | os.PathLike, layers: Sequence[int] | None = None,
                      max_seq_length: int = 128, batch_size: int = 8) -> int:
     """Writes one JSON line per input line; returns the number of lines written. Every path may
-    be local or gs://."""
+    be local or gs://. `layers`: the encoder layers written (default DEFAULT_LAYERS)."""
     if not paths.path(input_file).is_file():
         raise FileNotFoundError(f"--input={input_file}: no such file; expected a text file with one "
                                 "example per line (`A ||| B` for pairs)")
@@ -77,11 +101,8 @@ def extract_features(checkpoint_dir: str | os.PathLike, input_file: str | os.Pat
     if fields.max_positions is not None and max_seq_length > fields.max_positions:
         raise ValueError(f"--max_seq_length={max_seq_length} exceeds the model's position table "
                          f"(max_len={fields.max_len} in {checkpoint_dir}); use at most {fields.max_len}")
-    num_layers = fields.num_layers
-    for i in layers:
-        if not -num_layers <= i < num_layers:
-            raise ValueError(f"--layers: {i} is out of range for a {num_layers}-layer model "
-                             f"(use -{num_layers}..{num_layers - 1})")
+    check_layers(layers, fields.num_layers, checkpoint_dir)
+    layers = DEFAULT_LAYERS if layers is None else layers
     tokenizer = tokenizer_lib.load_tokenizer(checkpoint_dir)
     tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
     _, model = state_lib.load_model(checkpoint_dir, model_cfg=model_cfg)

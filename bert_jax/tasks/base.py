@@ -140,9 +140,15 @@ class Task(abc.ABC):
 
     def read_file(self, path, split: str) -> list:
         """The examples of `split`'s file `path`, which must exist and hold one."""
-        if not path.is_file():
+        if not path.is_file():  # a folder there, or data.data_dir a file: said as such
             where = ("give an existing file" if split not in self.splits
                      else "check data.data_dir (and the file names)")
+            if wrong := paths.wrong_kind(path, "", ("file",), "a file"):
+                raise IsADirectoryError(f"{self.data.name} {split} file {wrong}; {where}")
+            under = self.data.data_dir and str(path).startswith(str(self.data.data_dir))
+            if under and (wrong := paths.wrong_kind(self.data.data_dir, "data.data_dir",
+                                                   paths.FOLDER_KINDS, "a folder")):
+                raise NotADirectoryError(f"{wrong}; give the folder that holds the {split} file")
             raise FileNotFoundError(f"{self.data.name} {split} file not found: {path}; {where}")
         examples = self.read(path, training=split == "train")
         if not examples:

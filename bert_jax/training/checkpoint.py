@@ -79,8 +79,8 @@ def manager(directory: str | os.PathLike, *, create: bool = False, read_only: bo
     """The Orbax manager of `<directory>/checkpoints` (every command builds its manager here).
     Without `create`, a directory with no checkpoints/ folder is an error naming it."""
     path = checkpoint_dir(directory)
-    if not create and not path.is_dir():
-        raise FileNotFoundError(
+    if not create and not path.is_dir():  # a step's, a sweep's or a Hugging Face folder: said so
+        raise FileNotFoundError(paths.wrong_kind(directory, "", ("run", "folder"), "a checkpoint") or
             f"{directory}: no checkpoints/ folder; expected a workdir or a `bert-jax convert` output")
     options = options or ocp.CheckpointManagerOptions(create=create, read_only=read_only,
                                                       async_options=async_options())

@@ -53,8 +53,9 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
     """{"model", "checkpoint", "step", "text", "pair", "maps": {name: {"queries": tokens,
     "keys": tokens, "probs": [L, N, T, S] float32}}, "default_map"} for one input (`layer`
     and `head`, the ones to draw large, are checked before the model runs)."""
-    if not text or not text.strip():
-        raise ValueError("--text is empty: give the sentence to look at, e.g. --text 'The cat sat.'")
+    _check_text(text, "--text", "the sentence to look at, e.g. --text 'The cat sat.'")
+    if pair is not None:  # given empty, it would be an empty segment B: [CLS] A [SEP] [SEP]
+        _check_text(pair, "--pair", "the second sentence (segment B), or leave --pair out")
     step = checkpoint.resolve_step(checkpoint_dir, step)
     config = checkpoint.read_config(checkpoint_dir, step)
     model_cfg = config["model"]
@@ -75,7 +76,11 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
     tokenizer.check_fits(fields.vocab_size, f"the model in {checkpoint_dir}")
     _, model = state_lib.load_model(checkpoint_dir, step, model_cfg)
     graphdef, params = nnx.split(model)
-    out: dict[str, Any] = {"model": name, "checkpoint": str(checkpoint_dir), "step": step,
+    # The checkpoint as one name however it was typed (runs/x, runs/x/, its absolute path): the
+    # data file of one run's maps holds the same bytes for each figure format (check_new_file).
+    where = str(checkpoint_dir)
+    where = where.rstrip("/") if paths.is_remote(where) else os.path.abspath(where)
+    out: dict[str, Any] = {"model": name, "checkpoint": where, "step": step,
                            "text": text, "pair": pair, "max_seq_length": max_len, "maps": {}}
     if not (seq2seq or lm):  # BERT: the encoder's self-attention over [CLS] A [SEP] (B [SEP])
         enc = tokenizer.encode_pair(text, pair, max_len)
@@ -144,6 +149,12 @@ def compute(checkpoint_dir: str, text: str, pair: str | None = None, *, step: in
         out["maps"]["causal self-attention"] = _map(tokens, tokens, run(params, jnp.asarray(ids[None])))
         out["default_map"] = "causal self-attention"
     return out
+
+
+def _check_text(value: str, flag: str, give: str) -> None:
+    """A text flag given empty or blank: an error naming it (`give`: what to give instead)."""
+    if not value.strip():
+        raise ValueError(f"{flag} is empty: give {give}")
 
 
 KEY_AXIS = "key (attended to)"

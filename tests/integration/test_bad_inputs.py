@@ -715,6 +715,22 @@ FEATURES_CASES = [
          setup=lambda t, c: (features_input()(t, c), files(f="x")(t, c))),
     case("features-two-separators", FEATURES, 1, "{tmp}/in.txt:2: ' ||| ' 2 times", "fix that line",
          setup=features_input("the cat\na ||| b ||| c\n")),
+    # the default --layers (never given) beyond a 1-layer model: the default is named, not blamed
+    case("features-checkpoint-a-hugging-face-folder", FEATURES.replace("{ckpt}", "{hf}"), 1,
+         "--checkpoint={hf} is a Hugging Face model folder", "convert it first: bert-jax convert "
+         "hf:{hf} <dir>", setup=features_input()),
+    case("features-default-layers-beyond-model", FEATURES.replace(" --layers=-1", ""), 1,
+         "--layers is not given and its default -1,-2,-3,-4 asks for 4 layers", "has 1",
+         "give --layers (use -1..0", setup=features_input()),
+    # a list flag's item given twice or empty (options.list_items): one rule for every list flag
+    case("features-layers-repeated", FEATURES.replace("--layers=-1", "--layers=-1,-1"), 2,
+         "--layers='-1,-1': -1 is named twice", setup=features_input()),
+    case("features-layers-empty-item", FEATURES.replace("--layers=-1", "--layers=-1,"), 2,
+         "--layers='-1,': an empty item", setup=features_input()),
+    case("features-layers-one-layer-twice", FEATURES.replace("--layers=-1", "--layers=-1,0"), 1,
+         "--layers: -1 and 0 are the same layer of a 1-layer model", setup=features_input()),
+    case("plot-workdir-repeated", "plot --workdir {run},{run}/ --out {tmp}/p.png", 2,
+         "--workdir=", "is named twice (again as {run}/)"),
 ]
 
 class _Evil:
@@ -779,6 +795,26 @@ EVAL_CASES = [
     case("eval-without-workdir", "eval", 2, "--workdir"),
     case("eval-unknown-override", "eval --workdir {run} --config configs/bert_pretrain.py:tiny "
          "--config.data.max_seq_len=8", 2, "data.max_seq_len", "max_seq_length"),
+    # a path that is there but of another kind than the one read (paths.path_kind): said as
+    # what it is, with the way to the kind needed, not "not found" or "no checkpoints/ folder"
+    case("eval-workdir-a-step-folder", "eval --workdir {run}/checkpoints/2", 1,
+         "--workdir={run}/checkpoints/2 is the folder of step 2 of a run, not a training run's folder",
+         "give its run folder {run} with --step 2"),
+    case("plot-workdir-a-sweep-folder", "plot --workdir {tmp}/sw --out {tmp}/p.png", 1,
+         "--workdir={tmp}/sw is a sweep's folder (1 trial), not a training run's folder",
+         "give one of its trials' folders, e.g. {tmp}/sw/lr1",
+         setup=files(sw__lr1__trial_config_DOT_json="{}")),
+    case("embed-checkpoint-a-sentence-transformers-folder", "embed --checkpoint {tmp}/st --input "
+         "{tmp}/in.txt --output {tmp}/v.npy", 1, "--checkpoint={tmp}/st is a sentence-transformers "
+         "folder, not a checkpoint", "convert it first: bert-jax convert st:{tmp}/st <dir>",
+         setup=lambda t, c: st_folder()(t, c)),
+    case("init-from-a-hugging-face-folder", PRETRAIN + " --config.init_from={hf}", 1,
+         "{hf} is a Hugging Face model folder, not a checkpoint", "bert-jax convert hf:{hf} <dir>"),
+    case("eval-embeddings-beir-a-qrels-file", "eval-embeddings --bm25 --beir {tmp}/beir/qrels/test.tsv",
+         1, "--beir={tmp}/beir/qrels/test.tsv is a BEIR qrels file, not a BEIR folder",
+         "give the BEIR folder {tmp}/beir with --split test", setup=lambda t, c: BEIR_FILES(t, c)),
+    case("config-a-folder", "eval --workdir {run} --config configs", 2,
+         "--config=configs is a folder, not a config file"),
 ]
 
 SWEEP_CASES = [
@@ -1005,6 +1041,28 @@ RUN_VALUE_CASES = [
          + " --config.data.train_file=p.jsonl,./p.jsonl", 1, "data.train_file='p.jsonl,./p.jsonl'",
          "{tmp}/data/p.jsonl is named twice: it would be read twice",
          setup=files(data__p_DOT_jsonl='{"query": "a cat", "positive": "the cat"}\n')),
+    # a JSON line cut short: json's reason whole, with its column (not "Invalid control character")
+    case("pair-file-line-cut-short", "train --config configs/embeddings.py:contrastive,tiny" + FINETUNE
+         + " --config.data.train_file=p.jsonl --config.data.dev_file=p.jsonl", 1,
+         "p.jsonl:2: line:", "expected a JSON object (Unterminated string starting at column 30)",
+         setup=files(data__p_DOT_jsonl='{"query": "a cat", "positive": "the cat"}\n'
+                     '{"query": "abc", "positive": "de\n')),
+    # an input with no text on any line: refused as an empty one (not a vector per blank line)
+    case("embed-input-all-blank", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output {tmp}/v.npy",
+         1, "--input={tmp}/in.txt: empty, no line to embed (no text on any line)",
+         setup=features_input("\n  \n\n")),
+    # a path of another kind than the key reads (paths.path_kind), said as what it is
+    case("pair-train-file-a-folder", "train --config configs/embeddings.py:contrastive,tiny" + FINETUNE
+         + " --config.data.train_file={tmp}/data --config.data.dev_file=p.jsonl", 1,
+         "pairs train file {tmp}/data is a folder, not a file",
+         setup=files(data__p_DOT_jsonl='{"query": "a cat", "positive": "the cat"}\n')),
+    case("pair-data-dir-a-file", "train --config configs/embeddings.py:contrastive,tiny" + FINETUNE
+         + " --config.data.train_file=p.jsonl --config.data.dev_file=p.jsonl", 1,
+         "data.data_dir={tmp}/data is a file, not a folder; give the folder that holds the train file",
+         setup=files(data='{"query": "a cat", "positive": "the cat"}\n')),
+    case("tokenizer-a-vocab-file", GLUE.replace("tokenizer={vocab}", "tokenizer={vocab}/vocab.txt"), 1,
+         "{vocab}/vocab.txt is a tokenizer file, not a tokenizer's folder; give its folder {vocab}",
+         setup=glue()),
 ]
 
 TFDS_CASES = [
@@ -1131,6 +1189,12 @@ ATTENTION_CASES = [
            "--config.model.attention_block_size=256", 1, "min(model.attention_block_size=256, 384)"),
     case("attention-window-not-below-length", PRETRAIN + " --config.model.attention_window=16", 1,
          "model.attention_window=16", "sequence length 16", "model.attention_window=0"),
+    # `bert-jax attention`: an empty --pair is refused as an empty --text is (not [SEP] [SEP])
+    case("attention-checkpoint-a-step-folder", "attention --checkpoint {run}/checkpoints/2 --text "
+         "'the cat' --out {tmp}/a.png", 1, "--checkpoint={run}/checkpoints/2 is the folder of step 2",
+         "give its run folder {run} with --step 2"),
+    case("attention-pair-empty", "attention --checkpoint {ckpt} --text 'the cat' --pair ' ' --out "
+         "{tmp}/a.png", 1, "--pair is empty", "or leave --pair out"),
 ]
 PATTERN_CASES = [
     # attention patterns (models/attention.py), refused before anything compiles
@@ -1415,7 +1479,28 @@ OUTPUT_PATH_CASES = [
          "{tmp}/f", 1, "--output={tmp}/f is a file, not a folder", setup=A_FILE),
     case("embed-npy-not-in-lowercase", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
          "{tmp}/v.NPY", 1, "--output={tmp}/v.NPY: ends like a .npy file but not in lowercase",
-         "give '.npy' for one array file"),
+         "embed would write as a folder", "give '.npy' for one file"),
+    # an output named like a kind of file the command does not write there (paths.output_kind):
+    # a folder named v.npz, JSON lines in a .json, a figure format it cannot draw
+    case("embed-output-named-npz", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/v.npz", 1, "--output={tmp}/v.npz: ends in .npz, which is not what embed writes there",
+         "give a .npy file or a folder (a name without a file extension)", setup=features_input()),
+    case("features-output-named-json", FEATURES.replace("out.jsonl", "out.json"), 1,
+         "--output={tmp}/out.json: ends in .json", "give a .jsonl file", setup=features_input()),
+    case("mine-output-named-gz", "mine --checkpoint {ckpt} --input {tmp}/pairs.jsonl --output "
+         "{tmp}/m.jsonl.gz", 1, "--output={tmp}/m.jsonl.gz: ends in .gz", "give a .jsonl file"),
+    case("translate-output-named-npy", "translate --checkpoint {ckpt} --input {tmp}/in.txt --output "
+         "{tmp}/t.npy", 1, "--output={tmp}/t.npy: ends in .npy", "give a .txt file",
+         setup=features_input()),
+    case("plot-out-jpg", "plot --workdir {run} --out {tmp}/c.jpg", 1, "--out={tmp}/c.jpg: ends in .jpg",
+         "give a .png file or a .svg file or a .pdf file"),
+    case("attention-out-without-extension", "attention --checkpoint {ckpt} --text 'the cat' --out "
+         "{tmp}/a", 1, "--out={tmp}/a: has no file extension", "or a .html file"),
+    case("average-out-named-like-a-file", "average --workdir {run} --last 1 --out {tmp}/avg.json", 1,
+         "--out={tmp}/avg.json: ends in .json, which is not what average writes there",
+         "give a folder"),
+    case("convert-out-named-like-a-file", "convert hf:{hf} {tmp}/c.safetensors", 1,
+         "<out_dir>={tmp}/c.safetensors: ends in .safetensors", "give a folder"),
     case("embed-corpus-id-twice", "embed --checkpoint {ckpt} --input {tmp}/c.jsonl --output {tmp}/v",
          1, "c.jsonl:2: field '_id': 'a' twice (first on line 1)",
          setup=files(c_DOT_jsonl='{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n')),
@@ -1630,7 +1715,7 @@ EMBED_CASES = [
          "--split dev", 1, "--beir={tmp}/beir: {tmp}/beir/qrels/dev.tsv: no such file or directory",
          setup=BEIR_FILES),
     case("eval-embeddings-beir-a-file", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/in.txt", 1,
-         "--beir={tmp}/in.txt: {tmp}/in.txt/corpus.jsonl: not a directory", setup=BEIR_FILES),
+         "--beir={tmp}/in.txt is a file, not a BEIR folder", setup=BEIR_FILES),
     case("eval-embeddings-beir-other-scheme", "eval-embeddings --checkpoint {ckpt} --beir s3://b/x", 2,
          "--beir=s3://b/x", "s3://"),
     case("eval-embeddings-qrels-of-another-corpus", "eval-embeddings --checkpoint {ckpt} --beir "
@@ -1916,7 +2001,7 @@ def test_an_output_file_in_a_missing_folder_gets_its_folder(shared, cli, tmp_pat
         "translate": "translate --checkpoint {mt} --input {tmp}/in.txt --output {out} --beam=1",
     }
     for name, argv in commands.items():
-        out = tmp_path / name / "new" / ("out.npy" if name == "embed" else "out.txt")
+        out = tmp_path / name / "new" / {"embed": "out.npy", "translate": "out.txt"}.get(name, "out.jsonl")
         code, _, err = cli(shlex.split(argv.format(**shared, tmp=tmp_path, out=out)))
         assert code == 0 and out.is_file() and out.stat().st_size > 0, (name, err)
 

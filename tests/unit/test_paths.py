@@ -86,3 +86,87 @@ def test_a_file_beside_an_output_may_exist_holding_exactly_what_would_be_written
     (tmp_path / "a.svg").write_text("a figure")  # the output itself: never, whatever it holds
     with pytest.raises(FileExistsError, match=f"^--out={tmp_path}/a.svg: already exists; plot"):
         paths.check_new_file(tmp_path / "a.svg", "--out", "plot", [beside], {beside: b"step,loss\n1,2.0\n"})
+
+
+@pytest.mark.parametrize("name, files, other, kind", [
+    ("v.npy", (".npy",), "folder", "file"),
+    ("shards", (".npy",), "folder", "folder"),
+    ("run-1.5", (), "folder", "folder"),  # a dot in a folder's name is no file extension
+    ("f.PNG", (".png", ".svg"), "", "file"),  # a figure's format, in any case
+    ("newstest.de", (".txt",), "file", "file"),  # a text file of any other name
+])
+def test_an_output_is_a_file_or_a_folder_by_its_name(tmp_path, name, files, other, kind):
+    assert paths.output_kind(tmp_path / name, "--output", "cmd", files, other) == kind
+
+
+@pytest.mark.parametrize("name, files, other, said", [
+    ("v.npz", (".npy",), "folder", "ends in .npz, which is not what cmd writes there; give a .npy "
+                                   "file or a folder (a name without a file extension)"),
+    ("v.NPY", (".npy",), "folder", "ends like a .npy file but not in lowercase"),
+    ("out.json", (".jsonl",), "file", "ends in .json, which is not what cmd writes there; give a "
+                                      ".jsonl file"),
+    ("out.jsonl.gz", (".jsonl",), "file", "ends in .gz"),
+    ("a", (".png",), "", "has no file extension, which is not what cmd writes there; give a .png file"),
+    ("vocab.txt", (), "folder", "ends in .txt, which is not what cmd writes there; give a folder"),
+])
+def test_an_output_named_like_another_kind_of_file_is_refused(tmp_path, name, files, other, said):
+    with pytest.raises(ValueError, match=f"^--output={tmp_path / name}: " + said.replace("(", r"\(")
+                       .replace(")", r"\)").replace(".", r"\.")):
+        paths.output_kind(tmp_path / name, "--output", "cmd", files, other)
+    assert not (tmp_path / name).exists()
+
+
+def test_an_existing_folder_named_like_a_file_is_a_folder(tmp_path):
+    (tmp_path / "old.npz").mkdir()  # written before names were checked: resumed, not refused
+    assert paths.output_kind(tmp_path / "old.npz", "--output", "embed", (".npy",), "folder") == "folder"
+
+
+def _made(root, *names: str):
+    for name in names:  # a name ending in / is a folder
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith("/"):
+            (root / name).mkdir()
+        else:
+            (root / name).write_text("x")
+    return root
+
+
+@pytest.mark.parametrize("files, at, kind, instead", [
+    (["run/checkpoints/4/"], "run/checkpoints/4", "step", "run"),
+    (["run/checkpoints/4/"], "run", "run", ""),
+    (["sw/lr1/trial_config.json", "sw/lr2/trial_config.json", "sw/results.csv"], "sw", "sweep", "sw/lr1"),
+    (["st/modules.json", "st/model.safetensors"], "st", "sentence-transformers", ""),
+    (["hf/config.json", "hf/model.safetensors"], "hf", "hf", ""),
+    (["beir/corpus.jsonl", "beir/qrels/test.tsv"], "beir", "beir", ""),
+    (["beir/corpus.jsonl", "beir/qrels/test.tsv"], "beir/qrels/test.tsv", "qrels", "beir"),
+    (["voc/vocab.txt"], "voc", "tokenizer", ""),
+    (["voc/vocab.txt"], "voc/vocab.txt", "tokenizer-file", "voc"),
+    (["d/notes.txt"], "d", "folder", ""),
+    (["d/notes.txt"], "d/notes.txt", "file", ""),
+])
+def test_a_path_is_described_by_the_files_that_make_its_kind(tmp_path, files, at, kind, instead):
+    _made(tmp_path, *files)
+    found = paths.path_kind(tmp_path / at)
+    assert (found.kind, found.instead) == (kind, str(tmp_path / instead) if instead else "")
+
+
+def test_nothing_there_has_no_kind(tmp_path):
+    assert paths.path_kind(tmp_path / "nope") is None
+    assert paths.wrong_kind(tmp_path / "nope", "--checkpoint", ("run",), "a checkpoint") is None
+
+
+def test_a_path_of_another_kind_is_named_with_the_way_to_the_kind_wanted(tmp_path):
+    _made(tmp_path, "run/checkpoints/4/", "sw/lr1/trial_config.json", "st/modules.json")
+    run, step = tmp_path / "run", tmp_path / "run/checkpoints/4"
+    assert paths.wrong_kind(run, "--checkpoint", ("run", "folder"), "a checkpoint") is None
+    assert paths.wrong_kind(step, "--checkpoint", ("run",), "a checkpoint", step_flag=True) == (
+        f"--checkpoint={step} is the folder of step 4 of a run, not a checkpoint; give its run "
+        f"folder {run} with --step 4")
+    assert paths.wrong_kind(step, "--checkpoint", ("run",), "a checkpoint").endswith(
+        f"give its run folder {run} (which reads its latest step)")
+    assert paths.wrong_kind(tmp_path / "sw", "--workdir", ("run",), "a run's folder") == (
+        f"--workdir={tmp_path / 'sw'} is a sweep's folder (1 trial), not a run's folder; give one "
+        f"of its trials' folders, e.g. {tmp_path / 'sw/lr1'}")
+    assert paths.wrong_kind(tmp_path / "st", "", ("run",), "a checkpoint") == (
+        f"{tmp_path / 'st'} is a sentence-transformers folder, not a checkpoint; convert it first: "
+        f"bert-jax convert st:{tmp_path / 'st'} <dir>, then give <dir>")

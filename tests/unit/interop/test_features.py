@@ -101,3 +101,19 @@ def test_attention_says_when_it_cuts_the_text(english_lines, spm_checkpoint, cap
         attention_maps.compute(str(spm_checkpoint), text, max_len=16)
     assert f"show its first 16 (--max_seq_length=16); raise --max_seq_length to see more (up to {MAX_LEN})" \
         in caplog.text
+
+
+@pytest.mark.parametrize("layers, said", [
+    (None, "--layers is not given and its default -1,-2,-3,-4 asks for 4 layers; the model in ck "
+           "has 2: give --layers (use -2..1, e.g. --layers=-1)"),
+    ((-1, 2), "--layers: 2 is out of range for a 2-layer model (use -2..1)"),
+    ((-1, 1), "--layers: -1 and 1 are the same layer of a 2-layer model; name each layer once"),
+])
+def test_layers_beyond_the_model_or_named_twice_are_refused(layers, said):
+    with pytest.raises(ValueError, match="^" + said.replace("(", r"\(").replace(")", r"\)")
+                       .replace(".", r"\.")):
+        features.check_layers(layers, 2, "ck")
+
+
+def test_the_default_layers_fit_a_model_of_four():
+    features.check_layers(None, 4, "ck")  # no error: -1..-4 are the four layers

@@ -336,3 +336,17 @@ def test_the_same_plot_in_a_second_format_shares_its_data_file_but_never_replace
                                               "exists and holds other data than plot would write"):
         plots.plot_workdirs([str(run)], str(tmp_path / "m.pdf"))
     assert (tmp_path / "m.csv").read_bytes() == data and not (tmp_path / "m.pdf").exists()
+
+
+def test_one_runs_maps_share_their_data_file_however_the_checkpoint_is_typed(cli, tmp_path, tokenizer_dir):
+    # The data file beside a figure names the checkpoint resolved: the same maps drawn in
+    # another format, from `runs/x/` or `runs/y/../x`, hold the same bytes (not "another run's").
+    ckpt = saved_model(tmp_path / "bert", "bert_classification", tokenizer_dir)
+    for typed, out in ((ckpt, "a.png"), (f"{ckpt}/", "a.svg"), (f"{tmp_path}/bert/../bert", "a.html")):
+        code, _, err = cli(["attention", f"--checkpoint={typed}", "--text=The cat sat.",
+                            f"--out={tmp_path / out}"])
+        assert code == 0, err
+    assert json.loads((tmp_path / "a.json").read_text())["checkpoint"] == str(ckpt)
+    # ... while other maps (another text) over that data file are still refused
+    code, _, err = cli(["attention", f"--checkpoint={ckpt}", "--text=A dog.", f"--out={tmp_path / 'a.pdf'}"])
+    assert code == 1 and "a.json already exists and holds other data than attention would write" in err
