@@ -340,7 +340,7 @@ def test_eval_embeddings_scores_bm25_alone_and_refuses_what_bm25_cannot_score(tm
             {"id": "q1", "question": "Where is the Eiffel tower?", "answers": []}]},
         {"context": "Turtles swim in the green sea.", "qas": [
             {"id": "q2", "question": "What do turtles do in the sea?", "answers": []}]}]}]}))
-    code, stdout, err = cli(["eval-embeddings", "--bm25", f"--squad={squad}", "--bootstrap=10"])
+    code, stdout, err = cli(["eval-embeddings", "--bm25", f"--squad={squad}", "--bootstrap=40"])
     assert code == 0, err
     got = json.loads(stdout.splitlines()[-1])
     assert got["squad_bm25"]["queries"] == 2 and got["squad_bm25"]["ndcg@10"] == 1.0
