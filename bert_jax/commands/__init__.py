@@ -287,7 +287,10 @@ def check_path_flags(command: Command) -> None:
 # The least value of each count flag (a flag read by several commands means the same in each)
 # that no library function checks itself (--beam, --last, --slices, --max_restarts: their
 # owners do, for callers of the API too).
-FLAG_LEAST = {"batch_size": 1, "shard_size": 1, "negatives": 1, "bootstrap": 1}
+FLAG_LEAST = {"batch_size": 1, "shard_size": 1, "negatives": 1, "bootstrap": 40}
+# Why a least value is above 1, said with the refusal.
+FLAG_WHY = {"bootstrap": ": a 95% interval's bounds are the 2.5% and 97.5% percentiles of the "
+            "resamples, and fewer than 40 leave no resample beyond them (1000 is the default)"}
 
 
 def check_flag_ranges(command: Command) -> None:
@@ -296,7 +299,7 @@ def check_flag_ranges(command: Command) -> None:
     for name in command.flags:
         value = flags.FLAGS[name].value if name in FLAG_LEAST else None
         if value is not None and value < FLAG_LEAST[name]:
-            raise ValueError(f"--{name}={value} must be >= {FLAG_LEAST[name]}")
+            raise ValueError(f"--{name}={value} must be >= {FLAG_LEAST[name]}{FLAG_WHY.get(name, '')}")
 
 
 def _one_line(error: BaseException) -> str:

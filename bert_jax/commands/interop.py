@@ -261,6 +261,7 @@ def cmd_eval_embeddings(args: list[str]) -> None:
                                      if name == "beir" else retrieval.squad_retrieval(data))
         asked = [q for q in queries if relevant.get(q)]
         ids = list(corpus)
+        retrieval.check_corpus(f"--{name}={data}", len(ids))
         size = {"queries": len(asked), "corpus": len(ids)}
         wanted = [relevant[q] for q in asked]
         if source is not None:

@@ -73,7 +73,7 @@ POOLING = flags.DEFINE_enum("pooling", None, ["cls", "mean", "max"], "embed, eva
 BM25 = flags.DEFINE_boolean("bm25", False, "eval-embeddings: also rank the retrieval sets by "
                             "BM25 (the bm25s package; without --checkpoint: BM25 only)")
 BOOTSTRAP = flags.DEFINE_integer("bootstrap", 1000, "eval-embeddings: resamples of the 95% "
-                                 "confidence intervals (seeded)")
+                                 "confidence intervals (seeded; at least 40)")
 TOPOLOGY = flags.DEFINE_string("topology", None, "plan: a Cloud TPU slice, e.g. v3-32, v4-32, "
                                "v5p-64, v5litepod-16, v6e-16")
 SLICES = flags.DEFINE_integer("slices", 1, "plan: number of such slices (multislice)")

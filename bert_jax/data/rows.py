@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
 from collections.abc import Iterator
 from typing import Any
 
-from bert_jax import paths
 from bert_jax.data import text
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class BadRows:
 
 def not_utf8(path: str | os.PathLike, error: UnicodeDecodeError | None = None) -> ValueError:
     """text.not_text's error for a file whose bytes do not decode, naming the first bad line."""
-    with paths.path(path).open("rb") as f:
+    with text.open_bytes(path) as f:
         for line, raw in enumerate(f, 1):
             try:
                 text.decode_line(path, line, raw)
@@ -66,6 +66,16 @@ def utf8_errors(path: str | os.PathLike) -> Iterator[None]:
         yield
     except UnicodeDecodeError as e:
         raise not_utf8(path, e) from None
+
+
+@contextlib.contextmanager
+def open_text(path: str | os.PathLike, encoding: str = "utf-8", newline: str | None = None
+              ) -> Iterator[io.TextIOWrapper]:
+    """The file as text (Python's open() with `encoding` and `newline`), plain or .gz, local
+    or gs://, under utf8_errors: the one way every task-file reader (pairs, STS and GLUE, BEIR,
+    SQuAD, SWAG, NER) opens its file, so each reads a gzipped file as its plain text."""
+    with utf8_errors(path), text.open_bytes(path) as raw:
+        yield io.TextIOWrapper(raw, encoding=encoding, newline=newline)
 
 
 def jsonl_rows(f: Any, bad: BadRows) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -11,6 +11,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterator
+from typing import IO
 
 from bert_jax import paths
 
@@ -83,8 +84,9 @@ def decode_line(path: str | os.PathLike, number: int, raw: bytes) -> str:
 
 def check_start(path: str | os.PathLike, size: int = 1 << 16) -> None:
     """A binary or UTF-16 file stopped before a text-mode reader reads it: its first `size`
-    bytes hold a NUL byte or a UTF-16 byte-order mark (not_text names the line)."""
-    with paths.path(path).open("rb") as f:
+    bytes (decompressed, for a .gz) hold a NUL byte or a UTF-16 byte-order mark (not_text
+    names the line)."""
+    with open_bytes(path) as f:
         head = f.read(size)
     for number, line in enumerate(head.split(b"\n"), 1):
         if b"\x00" in line or number == 1 and line.startswith((b"\xff\xfe", b"\xfe\xff")):
@@ -108,6 +110,18 @@ def gzip_errors(path: str | os.PathLike) -> Iterator[None]:
                          ".gz suffix if it is plain text") from None
 
 
+@contextlib.contextmanager
+def open_bytes(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+    """The file's bytes, local or gs://, decompressed when its name ends .gz (gzip's errors
+    then as gzip_errors' one line): what every reader of text files reads."""
+    with paths.path(path).open("rb") as raw:
+        if not str(path).endswith(".gz"):
+            yield raw
+            return
+        with gzip_errors(path), gzip.open(raw) as f:
+            yield f
+
+
 def utf8_lines(path: str) -> Iterator[str]:
     """The lines of a UTF-8 text file, plain or .gz (local or gs://), as text-mode reading gives
     them: the one reader of text files for vocab, prepare and training. A binary or UTF-16
@@ -115,8 +129,7 @@ def utf8_lines(path: str) -> Iterator[str]:
     STRAY_LINES of the lines are replaced with one warning naming the first, more stop too."""
     bad: list[tuple[int, bytes, UnicodeDecodeError]] = []
     number = 0
-    with (paths.path(path).open("rb") as raw, (gzip.open(raw) if path.endswith(".gz") else raw) as f,
-          gzip_errors(path)):
+    with open_bytes(path) as f:
         for number, line in enumerate(f, 1):
             try:
                 text = line.decode("utf-8")

@@ -20,7 +20,7 @@ from etils import epath
 
 from bert_jax import config as config_lib
 from bert_jax import paths, specs
-from bert_jax.data.rows import BadRows, utf8_errors
+from bert_jax.data.rows import BadRows, open_text
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.specs import RunSpec
 from bert_jax.tasks import scoring
@@ -136,7 +136,7 @@ def read_glue(task: str, path: str | Path, *, skip_bad_rows: bool | None = False
     spec, path = task_spec(task), paths.path(path)
     bad = BadRows(path, skip_bad_rows, GlueFormatError)
     # utf-8-sig drops MRPC's byte order mark; QUOTE_NONE because GLUE text has unbalanced quotes.
-    with utf8_errors(path), paths.open(path, encoding="utf-8-sig", newline="") as f:
+    with open_text(path, "utf-8-sig", newline="") as f:
         rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         first = next(rows, None)
         if first is None:

@@ -13,7 +13,7 @@ import numpy as np
 
 from bert_jax import config as config_lib
 from bert_jax import paths, specs
-from bert_jax.data.rows import BadRows, utf8_errors
+from bert_jax.data.rows import BadRows, open_text
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.specs import RunSpec
 from bert_jax.tasks.base import Task, register
@@ -64,7 +64,7 @@ def read_columns(path: str | os.PathLike, *, tag_column: int = -1,
         words, tags, bad_sentence = [], [], False
 
     # utf-8-sig: a leading BOM would otherwise become part of the first word.
-    with utf8_errors(path), paths.open(path, encoding="utf-8-sig") as f:
+    with open_text(path, "utf-8-sig") as f:
         for lineno, raw in enumerate(f, 1):
             line = raw.rstrip("\r\n")
             if not line.strip():

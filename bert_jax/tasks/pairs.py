@@ -24,6 +24,7 @@ Recall@k, MAP@100 as sentence-transformers' InformationRetrievalEvaluator, main 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy as np
 from bert_jax import config as config_lib
 from bert_jax import paths, specs
 from bert_jax.data import finetune
-from bert_jax.data.rows import BadRows, jsonl_rows, utf8_errors
+from bert_jax.data.rows import BadRows, jsonl_rows, open_text
 from bert_jax.tasks import retrieval, scoring, squad
 from bert_jax.tasks.base import Task, register
 
@@ -71,7 +72,21 @@ def _text(row: dict, keys: tuple[str, ...], line: int, bad: BadRows) -> str | No
     return value
 
 
-def _example(row: dict, line: int, guid: str, bad: BadRows, num_negatives: int) -> Example | None:
+def _score(value: Any, text: bool) -> float | None:
+    """A row's score as a finite float, or None when it is not one: a JSON number (not true or
+    false, nor a string), or in a TSV file the column's text of a number."""
+    if text and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        return None
+    return float(value)
+
+
+def _example(row: dict, line: int, guid: str, bad: BadRows, num_negatives: int,
+             text_scores: bool = False) -> Example | None:
     query, positive = _text(row, QUERY_KEYS, line, bad), _text(row, POSITIVE_KEYS, line, bad)
     if query is None or positive is None:
         return None
@@ -87,14 +102,11 @@ def _example(row: dict, line: int, guid: str, bad: BadRows, num_negatives: int) 
                   f"{num_negatives} (set it lower, or give each row that many)")
         return None
     score = row.get("score")
-    if score is not None:
-        try:
-            score = float(score)
-            if not np.isfinite(score):
-                raise ValueError
-        except (TypeError, ValueError):
-            bad.found(line, "field 'score'", row.get("score"), "a finite number")
-            return None
+    if score is not None and (score := _score(row["score"], text_scores)) is None:
+        found = json.dumps(row["score"]) if isinstance(row["score"], bool) else row["score"]
+        bad.found(line, "field 'score'", found, "a finite number" + (
+            "" if text_scores else " (a JSON number, not a string or true/false)"))
+        return None
     return Example(guid, query, positive, tuple(negatives), score)
 
 
@@ -135,7 +147,7 @@ def read_pairs(path, *, num_negatives: int = 0, skip_bad_rows: bool | None = Fal
     read outside a run's config (`mine`), where BadRows' hint is to fix the row."""
     path = paths.path(path)
     bad = BadRows(path, skip_bad_rows, PairsFormatError)
-    with utf8_errors(path), paths.open(path, encoding="utf-8-sig") as f:
+    with open_text(path, "utf-8-sig") as f:
         head = f.read(4096)
         f.seek(0)
         if not head.strip():
@@ -143,9 +155,10 @@ def read_pairs(path, *, num_negatives: int = 0, skip_bad_rows: bool | None = Fal
                                    "TSV with a header, or SQuAD JSON")
         if head.lstrip().startswith("{") and '"paragraphs"' in head:
             return _squad_pairs(path, num_negatives)
-        rows = jsonl_rows(f, bad) if head.lstrip().startswith("{") else _tsv_rows(f, path, bad)
+        jsonl = head.lstrip().startswith("{")
+        rows = jsonl_rows(f, bad) if jsonl else _tsv_rows(f, path, bad)
         out = [e for line, row in rows
-               if (e := _example(row, line, f"{path.stem}-{line}", bad, num_negatives))]
+               if (e := _example(row, line, f"{path.stem}-{line}", bad, num_negatives, not jsonl))]
     bad.warn("read_pairs", f"{bad.count} malformed row(s) of {path}")
     if out and len({e.score is None for e in out}) > 1:
         raise PairsFormatError(f"{path}: some rows have a score and some not; a file is either "
@@ -168,8 +181,10 @@ def beir_source(path) -> tuple[Any, str] | None:
 def beir_pairs(folder, split: str) -> list[Example]:
     """Each query of a BEIR folder's qrels/<split>.tsv with each of its relevant documents
     (score > 0) as a pair, in the qrels' order of queries (a query's documents by id);
-    relevant ids the corpus lacks are left out."""
-    corpus, queries, relevant = retrieval.read_beir(folder, split)
+    relevant ids the corpus lacks are left out (and said)."""
+    corpus, queries, relevant = retrieval.read_beir(
+        folder, split, missing="left out of training, having no document to pair the query with; "
+        "remove those rows to silence this")
     return [Example(f"{qid}-{doc}", queries[qid], corpus[doc], (), None)
             for qid, docs in relevant.items() for doc in sorted(docs) if doc in corpus]
 
@@ -244,8 +259,38 @@ class PairsTask(Task):
         return self._examples[split]
 
     def examples_limited(self, split: str):
-        return self.examples(split) if split == "train" and len(self.train_files()) > 1 else (
-            super().examples_limited(split))
+        """The examples the split trains or evaluates on; for training, each file's (after
+        data.max_train_examples) checked to give a batch something to compare
+        (check_distinct)."""
+        if split != "train":
+            return super().examples_limited(split)
+        if len(self.train_files()) < 2:
+            out = super().examples_limited(split)
+            self.check_distinct(self.path(split), out)
+            return out
+        out = self.examples(split)
+        for name, part in zip(self.train_files(), self._files):
+            self.check_distinct(self.file(name), part)
+        return out
+
+    def check_distinct(self, path, examples: list[Example]) -> None:
+        """Training examples of `path` from which a batch learns something: for the in-batch
+        objectives without hard negatives, at least 2 distinct queries and positives (with one
+        pair, a batch is that pair repeated: no negative, loss 0); a ConfigError naming the
+        file and the keys that chose them."""
+        if examples[0].score is not None or self.data.num_negatives:
+            return  # (cosent: scores that differ, checked as the file is read)
+        queries = len({e.query for e in examples})
+        positives = len({e.positive for e in examples})
+        if min(queries, positives) < 2:
+            limit = self.data.max_train_examples
+            raise config_lib.ConfigError(
+                f"{path}: {len(examples)} training pair(s)"
+                + (f" (data.max_train_examples={limit})" if 0 < limit <= len(examples) else "")
+                + f" with {queries} distinct query(ies) and {positives} distinct positive(s); "
+                f"train.objective={self.config.train.objective or 'contrastive'!r} takes a query's "
+                "negatives from the other pairs of its batch, so at least 2 distinct pairs are "
+                "needed (or hard negatives: data.num_negatives): give data.train_file more pairs")
 
     def train_datasets(self) -> tuple[tuple[int, ...], str]:
         if len(self.train_files()) < 2:
@@ -291,8 +336,16 @@ class PairsTask(Task):
             raise PairsFormatError(f"{path}: {kind}, but train.objective={objective!r} trains on "
                                    f"{'scored pairs' if objective == 'cosent' else 'queries with positives'}"
                                    f"; give {other}")
+        if training and objective == "cosent" and (neg := next((e for e in out if e.negatives), None)):
+            raise PairsFormatError(
+                f"{path}:{neg.guid.rsplit('-', 1)[-1]}: negatives given, but "
+                "train.objective='cosent' trains on scored pairs and reads no negatives; give a "
+                "file without a negative column (or train.objective=contrastive on unscored pairs)")
         if out and out[0].score is not None:
-            retrieval.check_scores_differ(path, [e.score for e in out])
+            retrieval.check_scores_differ(path, [e.score for e in out],
+                                          least=2 if training else retrieval.MIN_STS_PAIRS)
+        elif out and not training:
+            retrieval.check_corpus(path, len({e.positive for e in out}))
         return out
 
     def encode(self, examples, training: bool) -> tuple[dict[str, np.ndarray], Any]:

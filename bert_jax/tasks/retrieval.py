@@ -22,7 +22,7 @@ import numpy as np
 
 from bert_jax import paths
 from bert_jax.config import MissingExtra
-from bert_jax.data.rows import utf8_errors
+from bert_jax.data.rows import open_text
 from bert_jax.tasks import glue, scoring, squad
 
 # InformationRetrievalEvaluator's defaults, with recall also at 100 (the issue's table).
@@ -242,19 +242,32 @@ def read_sts(path: str | os.PathLike) -> tuple[list[str], list[str], list[float]
     examples = glue.read_glue("stsb", path, skip_bad_rows=None)  # no config: no key skips
     if any(e.label is None for e in examples):
         raise ValueError(f"{path}: no score column (a test file?); STS needs the gold scores")
-    scores = check_scores_differ(path, [e.label for e in examples])
+    scores = check_scores_differ(path, [e.label for e in examples], least=MIN_STS_PAIRS)
     return [e.text_a for e in examples], [e.text_b for e in examples], scores
 
 
-def check_scores_differ(path, scores: Sequence[float]) -> Sequence[float]:
-    """`scores`, the gold scores of a file of scored pairs, when at least two differ; else a
-    ValueError naming the file: the Spearman and Pearson of constant scores are undefined
-    (scoring's nan), and CoSENT learns nothing from pairs none of which ranks above another."""
+# The fewest pairs an STS evaluation correlates: any 2 points lie on a line, so Pearson and
+# Spearman of 2 pairs are +1 or -1 whatever the model.
+MIN_STS_PAIRS = 3
+# The fewest documents a retrieval evaluation ranks: with one, every query ranks it first and
+# every @k metric is 1 whatever the model.
+MIN_CORPUS = 2
+
+
+def check_scores_differ(path, scores: Sequence[float], least: int = 2) -> Sequence[float]:
+    """`scores`, the gold scores of a file of scored pairs, when there are at least `least`
+    (MIN_STS_PAIRS to evaluate on) and two differ; else a ValueError naming the file: the
+    Spearman and Pearson of constant scores are undefined (scoring's nan), those of 2 pairs
+    are +-1, and CoSENT learns nothing from pairs none of which ranks above another."""
     if len(set(scores)) < 2:
         found = f"{len(scores)} pair(s), every score {scores[0]}" if scores else "no pairs"
         raise ValueError(f"{path}: {found}; scored pairs are ranked and correlated by their "
                          "scores, which must differ: give a file of pairs with varied scores "
                          "(as the STS-B train.tsv and dev.tsv)")
+    if len(scores) < least:
+        raise ValueError(f"{path}: {len(scores)} pairs; Pearson and Spearman of fewer than "
+                         f"{least} pairs are +1 or -1 whatever the model: give a file of at "
+                         f"least {least} scored pairs (as the STS-B dev.tsv)")
     return scores
 
 
@@ -279,6 +292,10 @@ def beir_record(path, line_no: int, line: str, fields: Sequence[str],
         if not isinstance(record.get(field) or "", str):
             raise ValueError(f"{path}:{line_no}: field {field!r} is not a string (found "
                              f"{record[field]!r}); give a string, null, or no {field}")
+    if not " ".join(record.get(f) or "" for f in (*optional, *fields)).strip():
+        also = "".join(f" (and no {f})" for f in optional)
+        raise ValueError(f"{path}:{line_no}: field {fields[0]!r} is empty{also}: nothing to "
+                         "embed; remove the record or give it a text")
     return record
 
 
@@ -292,7 +309,7 @@ def _jsonl(path, fields: Sequence[str], optional: Sequence[str] = ()) -> dict[st
     """id -> record of a JSON-lines file whose records have "_id" and `fields` (strings)
     (beir_record)."""
     out: dict[str, dict] = {}
-    with utf8_errors(path), paths.open(path, encoding="utf-8") as f:
+    with open_text(path, "utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -303,6 +320,15 @@ def _jsonl(path, fields: Sequence[str], optional: Sequence[str] = ()) -> dict[st
     return out
 
 
+def check_corpus(where, documents: int) -> None:
+    """A retrieval set of `where` (a file or folder) whose corpus holds at least MIN_CORPUS
+    documents; else a ValueError naming it: one document ranks first for every query."""
+    if documents < MIN_CORPUS:
+        raise ValueError(f"{where}: a corpus of {documents} document(s): every query ranks it "
+                         f"first, so every @k metric is 1 whatever the model; give at least "
+                         f"{MIN_CORPUS} distinct documents")
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -311,12 +337,17 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def read_beir(folder: str | os.PathLike, split: str = "test"
+MISSING_SCORED = ("scored as a miss, as BEIR and sentence-transformers score it; remove those rows "
+                  "to leave them out")
+
+
+def read_beir(folder: str | os.PathLike, split: str = "test", missing: str = MISSING_SCORED
               ) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
     """(corpus id -> "title text", query id -> text, query id -> relevant corpus ids) of a BEIR
     folder: corpus.jsonl, queries.jsonl and qrels/<split>.tsv (query-id, corpus-id, score; a
     header row; score > 0 is relevant). The corpus text is the title and the text joined by a
-    space, stripped, as BEIR's sentence-transformers examples build it."""
+    space, stripped, as BEIR's sentence-transformers examples build it. A relevant id the
+    corpus lacks is said once, with `missing` (what becomes of it, and what to do)."""
     root = paths.path(folder)
     corpus = {i: document_text(r) for i, r in _jsonl(root / "corpus.jsonl", ["text"], ["title"]).items()}
     queries = {i: r["text"] for i, r in _jsonl(root / "queries.jsonl", ["text"]).items()}
@@ -325,7 +356,7 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
     scored: dict[tuple[str, str], tuple[int, float]] = {}  # (query, document) -> (line, score)
     absent: list[tuple[int, str]] = []  # (line, corpus id) of relevant ids the corpus lacks
     unasked: list[tuple[int, str]] = []  # (line, query id) of qrels rows queries.jsonl lacks
-    with utf8_errors(qrels_file), paths.open(qrels_file, encoding="utf-8") as f:
+    with open_text(qrels_file, "utf-8") as f:
         for line_no, line in enumerate(f, 1):
             cols = line.rstrip("\n").split("\t")
             if line_no == 1:  # the header, which BEIR's loader skips unread: a row there is lost
@@ -376,9 +407,8 @@ def read_beir(folder: str | os.PathLike, split: str = "test"
                          f"(e.g. {example!r}): the qrels of another corpus; every score would be 0")
     if absent:  # (published sets have a few: ArguAna's test qrels name a document it lacks)
         logging.getLogger(__name__).warning(
-            "%s:%d: corpus-id %r is not in %s (%d relevant row(s) like it): scored as a miss, as "
-            "BEIR and sentence-transformers score it; remove those rows to leave them out",
-            qrels_file, *absent[0], root / "corpus.jsonl", len(absent))
+            "%s:%d: corpus-id %r is not in %s (%d relevant row(s) like it): %s", qrels_file,
+            *absent[0], root / "corpus.jsonl", len(absent), missing)
     return corpus, queries, relevant
 
 
@@ -396,4 +426,7 @@ def squad_retrieval(path: str | os.PathLike
         corpus[pid] = context
         queries[qid] = question
         relevant.setdefault(qid, set()).add(pid)
+    if not queries:
+        raise ValueError(f"{path}: no question with a paragraph; nothing to retrieve (give a "
+                         "SQuAD file whose paragraphs have questions)")
     return corpus, queries, relevant

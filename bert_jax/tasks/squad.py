@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_jax import paths, specs
-from bert_jax.data.rows import BadRows, utf8_errors
+from bert_jax.data.rows import BadRows, open_text
 from bert_jax.data.tokenizer import SP_SPACE, Tokenizer
 from bert_jax.data.wordpiece import SPECIAL_TOKENS, reference_basic_tokenize
 from bert_jax.specs import RunSpec
@@ -71,7 +71,7 @@ def _field(obj: object, key: str, typ: type, where: str, path: Path) -> object:
 def _load_json(path: Path) -> list:
     """The file's "data" list (the articles)."""
     try:
-        with utf8_errors(path), paths.open(path, encoding="utf-8") as f:
+        with open_text(path, "utf-8") as f:
             doc = json.load(f)
     except json.JSONDecodeError as e:
         raise SquadFormatError(f"{path}: not a SQuAD JSON file: {e.msg} at line {e.lineno} column "

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax import paths, specs
-from bert_jax.data.rows import BadRows, jsonl_rows, utf8_errors
+from bert_jax.data.rows import BadRows, jsonl_rows, open_text
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.tasks import scoring
 from bert_jax.tasks.base import Task, register
@@ -67,7 +67,7 @@ def read_swag(path: str | Path, *, skip_bad_rows: bool = False) -> list[Example]
     path = paths.path(path)
     bad = BadRows(path, skip_bad_rows, SwagFormatError)
     examples: list[Example] = []
-    with utf8_errors(path), paths.open(path, encoding="utf-8-sig", newline="") as f:
+    with open_text(path, "utf-8-sig", newline="") as f:
         is_json = f.read(1) == "{"  # swagaf CSV starts with its header's empty index column name
         f.seek(0)
         for i, (line, row) in enumerate((jsonl_rows if is_json else _csv_rows)(f, bad)):

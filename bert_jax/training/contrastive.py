@@ -29,6 +29,7 @@ import optax
 from flax import nnx
 
 from bert_jax import models, specs
+from bert_jax.config import ConfigError
 from bert_jax.specs import RunSpec
 from bert_jax.training import objectives
 
@@ -111,6 +112,23 @@ class _Contrastive(objectives.Objective):
         cfg = models.split_model_config(model_cfg)[1]  # the typed fields, defaults from there
         self.dims = cfg.matryoshka_dims or (cfg.emb_dim,)
         self.scale = cfg.similarity_scale
+
+    def check(self, config: RunSpec) -> None:
+        """A batch the loss learns from: in-batch negatives need a second pair when no hard
+        negatives are given (one pair alone has no negative: loss 0), CoSENT a second pair to
+        rank against, and reads no negatives."""
+        negatives = specs.data(config.data).keys.num_negatives
+        if self.scored and negatives:
+            raise ConfigError(f"data.num_negatives={negatives}: train.objective="
+                              f"{self.objective_name!r} trains on scored pairs and reads no "
+                              "negatives; set --config.data.num_negatives=0")
+        if config.train.batch_size < 2 and (self.scored or not negatives):
+            raise ConfigError(
+                f"train.batch_size={config.train.batch_size}: train.objective="
+                f"{self.objective_name!r} " + (
+                    "ranks the pairs of a batch against each other" if self.scored else
+                    "takes a query's negatives from the other pairs of its batch (none given: "
+                    "data.num_negatives=0)") + "; set train.batch_size >= 2")
 
     def documents(self, config: RunSpec) -> int:
         """Documents per query in a training batch: the positive and data.num_negatives."""
@@ -212,8 +230,9 @@ class _Contrastive(objectives.Objective):
     def forward_from(self, vecs: dict[str, Array], model: nnx.Module) -> dict[str, Array]:
         """forward's outputs from embeddings already computed (GradCache's second step)."""
         log_scale = getattr(model, "log_scale", None)
-        # a learned scale stays at most 100, as CLIP's logit scale
-        scale = (jnp.exp(jnp.minimum(log_scale[...], jnp.log(100.0))) if log_scale is not None
+        # a learned scale stays at most the cap (a start above it is refused in the config)
+        cap = jnp.log(models.config.LEARNED_SCALE_CAP)
+        scale = (jnp.exp(jnp.minimum(log_scale[...], cap)) if log_scale is not None
                  else jnp.float32(self.scale))
         # one per example, as evaluation keeps every output by example
         return {**vecs, "scale": jnp.broadcast_to(scale, vecs["query"].shape[:1])}

@@ -94,6 +94,10 @@ class Objective:
         """Whether this run's batches come in several row counts (packed fine-tuning)."""
         return False
 
+    def check(self, config: RunSpec) -> None:
+        """A ConfigError for a training config this objective cannot learn from (setup.check,
+        before the mesh's and the data's checks); none by default."""
+
     def evaluator(self, config: RunSpec) -> str:
         """The kind of evaluator (evaluate.EVALUATORS) for runs without a fine-tuning task."""
         return "loss"

@@ -38,6 +38,8 @@ def check(spec: RunSpec, *, platform: str, devices: int, processes: int, trainin
         attention.check_platform(spec.model.attention_kernel, platform)
     except ValueError as e:
         raise config_lib.ConfigError(str(e)) from None
+    if training:
+        objectives.for_config(spec).check(spec)
     config_lib.validate(spec, devices, processes, training=training)
     if training and reads_data and not objectives.makes_own_batches(objectives.for_config(spec)):
         pipelines.check_source(spec)

@@ -1682,6 +1682,18 @@ def nan_shard(folder: Path) -> None:
     np.savez(folder / "part-00001-of-00002.npz", ids=ids, vectors=np.full_like(vectors, np.nan))
 
 
+# Embedding training with its own dev file; 8 distinct pairs (QUERIES is one pair 8 times).
+TRAIN_PAIRS = PAIRS.replace("dev_file=train.tsv", "dev_file=dev.tsv")
+DISTINCT = "query\tpositive\n" + "".join(f"q{i} the cat\tp{i} a dog\n" for i in range(8))
+SCORED_JSONL = "".join(json.dumps({"sentence1": f"the cat {i}", "sentence2": "a dog", "score": s}) + "\n"
+                       for i, s in enumerate([1.0, 4.0, True, 2.0]))
+
+
+def beir_with(**named: str | bytes) -> Callable[[Path, dict], None]:
+    """BEIR_FILES, then `files(**named)` over them."""
+    return lambda tmp, ctx: (BEIR_FILES(tmp, ctx), files(**named)(tmp, ctx))
+
+
 EMBED_MANIFEST = {"format": 1, "checkpoint": "/x", "step": 0, "input": "/x/in.txt", "fingerprint": "0",
                   "rows": 1, "shard_size": 1, "shards": 1,
                   "sentence": {"normalize": False, "max_seq_length": 512, "do_lower_case": False}}
@@ -1731,7 +1743,7 @@ EMBED_CASES = [
              BEIR_FILES(tmp, ctx), write(tmp / "beir" / "corpus.jsonl",
                                          '{"_id": "d1", "title": 5, "text": "the cat sat"}\n'))),
     case("eval-embeddings-bootstrap-zero", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
-         "--bootstrap=0", 1, "--bootstrap=0 must be >= 1", setup=BEIR_FILES),
+         "--bootstrap=0", 1, "--bootstrap=0 must be >= 40", setup=BEIR_FILES),
     case("eval-embeddings-squad-without-paragraphs", "eval-embeddings --checkpoint {ckpt} --squad "
          "{tmp}/sq.json", 1, "sq.json: data[0].paragraphs is missing",
          setup=files(sq_DOT_json='{"data": [{"title": "t"}]}')),
@@ -1748,7 +1760,7 @@ EMBED_CASES = [
     # the pair file's kind and the objective agree, said before anything compiles
     case("pairs-cosent-on-unscored", PAIRS.replace("{loss}", "cosent"), 1,
          "data/train.tsv: pairs without a score, but train.objective='cosent' trains on scored pairs",
-         setup=files(data__train_DOT_tsv=QUERIES)),
+         setup=files(data__train_DOT_tsv=DISTINCT)),
     case("pairs-contrastive-on-scored", PAIRS.replace("{loss}", "contrastive"), 1,
          "data/train.tsv: scored pairs, but train.objective='contrastive' trains on queries with "
          "positives", setup=files(data__train_DOT_tsv=SCORED)),
@@ -1812,6 +1824,56 @@ EMBED_CASES = [
          "--negatives=2", 1, "p.jsonl: 2 of 2 queries have fewer than 2 negatives", "--negatives=1",
          "nothing written", setup=files(p_DOT_jsonl='{"query": "the cat", "positive": "a dog"}\n'
                                                     '{"query": "the mat", "positive": "a hat"}\n')),
+    # a contrastive batch with nothing to compare: refused before training, naming the keys
+    case("pairs-one-distinct-pair", TRAIN_PAIRS.replace("{loss}", "contrastive"), 1,
+         "data/train.tsv: 8 training pair(s) with 1 distinct query(ies) and 1 distinct positive(s)",
+         "at least 2 distinct pairs", "data.train_file",
+         setup=files(data__train_DOT_tsv=QUERIES, data__dev_DOT_tsv=DISTINCT)),
+    case("pairs-gz-cut-to-one-pair", TRAIN_PAIRS.replace("{loss}", "contrastive").replace(
+         "train.tsv", "train.tsv.gz") + " --config.data.max_train_examples=1", 1,
+         "data/train.tsv.gz: 1 training pair(s) (data.max_train_examples=1)",
+         setup=files(data__train_DOT_tsv_DOT_gz=gzip.compress(DISTINCT.encode()),
+                     data__dev_DOT_tsv=DISTINCT)),
+    case("pairs-batch-of-one", TRAIN_PAIRS.replace("{loss}", "contrastive").replace(
+         "batch_size=8", "batch_size=1"), 1, "train.batch_size=1: train.objective='contrastive' takes "
+         "a query's negatives from the other pairs of its batch", "set train.batch_size >= 2",
+         setup=files(data__train_DOT_tsv=DISTINCT, data__dev_DOT_tsv=DISTINCT)),
+    case("pairs-learned-scale-above-its-cap", TRAIN_PAIRS.replace("{loss}", "contrastive")
+         + " --config.model.learn_scale=True --config.model.similarity_scale=200", 1,
+         "model.similarity_scale=200 is above the learned scale's cap 100",
+         setup=files(data__train_DOT_tsv=DISTINCT, data__dev_DOT_tsv=DISTINCT)),
+    # cosent reads scored pairs only: negatives given to it are named, not dropped or blamed on rows
+    case("pairs-cosent-num-negatives", PAIRS.replace("{loss}", "cosent") + " --config.data.num_negatives=1",
+         1, "data.num_negatives=1: train.objective='cosent' trains on scored pairs and reads no "
+         "negatives", setup=files(data__train_DOT_tsv=SCORED)),
+    case("pairs-cosent-negative-column", PAIRS.replace("{loss}", "cosent"), 1,
+         "data/train.tsv:2: negatives given, but train.objective='cosent'", "reads no negatives",
+         setup=files(data__train_DOT_tsv="sentence1\tsentence2\tnegative\tscore\n" + "".join(
+             f"the cat {i}\ta dog\ta hat\t{i}.0\n" for i in range(4)))),
+    case("pairs-score-true", PAIRS.replace("{loss}", "cosent"), 1,
+         "data/train.tsv:3: field 'score': found 'true', expected a finite number (a JSON number",
+         setup=files(data__train_DOT_tsv=SCORED_JSONL)),
+    # BEIR texts follow the rule of every reader: an empty one is refused by file, line, field
+    case("eval-embeddings-beir-empty-query", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
+         "--bootstrap=40", 1, "{tmp}/beir/queries.jsonl:1: field 'text' is empty: nothing to embed",
+         setup=beir_with(beir__queries_DOT_jsonl='{"_id": "q1", "text": " "}\n')),
+    # statistics that could not come out otherwise: refused, with the least that means something
+    case("eval-embeddings-bootstrap-too-few", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
+         "--bootstrap=39", 1, "--bootstrap=39 must be >= 40: a 95% interval's bounds", setup=BEIR_FILES),
+    case("eval-embeddings-corpus-of-one", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
+         "--bootstrap=40", 1, "--beir={tmp}/beir: a corpus of 1 document(s)", "every @k metric is 1",
+         setup=BEIR_FILES),
+    case("eval-embeddings-sts-two-pairs-gz", "eval-embeddings --checkpoint {ckpt} --sts {tmp}/sts.tsv.gz",
+         1, "{tmp}/sts.tsv.gz: 2 pairs; Pearson and Spearman of fewer than 3 pairs are +1 or -1",
+         setup=files(sts_DOT_tsv_DOT_gz=gzip.compress(
+             (STSB_ROWS.format(1.0) + STSB_ROWS.format(4.0).splitlines(True)[1]).encode()))),
+    case("eval-embeddings-squad-no-questions", "eval-embeddings --checkpoint {ckpt} --squad {tmp}/sq.json",
+         1, "{tmp}/sq.json: no question with a paragraph; nothing to retrieve",
+         setup=files(sq_DOT_json='{"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": []}]}]}')),
+    case("mine-gz-input", "mine --checkpoint {ckpt} --input {tmp}/p.jsonl.gz --output {tmp}/m.jsonl "
+         "--negatives=2", 1, "p.jsonl.gz: 2 of 2 queries have fewer than 2 negatives",
+         setup=files(p_DOT_jsonl_DOT_gz=gzip.compress(b'{"query": "the cat", "positive": "a dog"}\n'
+                                                      b'{"query": "the mat", "positive": "a hat"}\n'))),
 ]
 
 # One list per area, so that a new area is a new list here and in test_the_table_covers_every_area.
@@ -2070,7 +2132,7 @@ def test_eval_embeddings_says_when_every_pair_has_the_same_cosine(shared, cli, t
     rows = "".join(STSB_ROWS.format(score).splitlines(True)[1] for score in (1.0, 2.0, 3.0))
     sts = write(tmp_path / "sts.tsv", STSB_ROWS.format(4.0) + rows)
     code, out, err = cli(["eval-embeddings", f"--checkpoint={shared['ckpt']}", f"--sts={sts}",
-                          "--bootstrap=10"])
+                          "--bootstrap=40"])
     assert code == 0 and err.startswith(f"warning: --sts={sts}: the model predicts ") and (
         "for every one of its 4 pair(s)" in err) and len(err.splitlines()) == 1, err
     got = json.loads(out.splitlines()[-1])["sts"]

@@ -74,3 +74,36 @@ def test_text_of_another_encoding_is_named_by_what_its_bytes_look_like(tmp_path,
     assert str(e.value).startswith(f"{path}:7: not UTF-8") and says in str(e.value), str(e.value)
     if "East Asian" in str(e.value) or "alphabet" in str(e.value):
         assert "cp1252" not in str(e.value)
+
+
+def test_every_task_file_reader_reads_a_gz_as_its_plain_text(tmp_path):
+    """rows.open_text: a gzipped pair, STS, SQuAD or GLUE file reads as its plain text (the
+    binary check reads the decompressed bytes); a damaged one, or one holding binary, is named."""
+    from bert_jax.tasks import pairs, retrieval
+
+    stsb = ("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+            + "".join(f"{i}\tmain\tf\t2012\t{i}\ts\ts\tthe cat {i}\tthe dog\t{i}.5\n" for i in range(3)))
+    squad = ('{"data": [{"title": "t", "paragraphs": [{"context": "The cat sat.", "qas": [{"id": "q1", '
+             '"question": "Who sat?", "answers": [{"text": "cat", "answer_start": 4}]}]}]}]}')
+    readers = {
+        "p.jsonl": ('{"query": "the cat", "positive": "a dog", "negatives": ["a hat"]}\n',
+                    lambda p: [(e.query, e.positive, e.negatives) for e in pairs.read_pairs(p)]),
+        "sts.tsv": (stsb, retrieval.read_sts),
+        "sq.json": (squad, retrieval.squad_retrieval),
+        "sst2.tsv": ("sentence\tlabel\nthe cat\t1\n",
+                     lambda p: [(e.text_a, e.label) for e in glue.read_glue("sst2", p)]),
+    }
+    for name, (content, read) in readers.items():
+        plain = tmp_path / name
+        plain.write_text(content, encoding="utf-8")
+        packed = tmp_path / f"{name}.gz"
+        packed.write_bytes(gzip.compress(content.encode()))
+        assert read(packed) == read(plain), name
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(b'{"query": "the cat", "positive": "a dog"}\n' * 50)[:40])
+    with pytest.raises(ValueError, match=rf"{cut}: not a readable gzip file"):
+        pairs.read_pairs(cut)
+    binary = tmp_path / "bin.tsv.gz"
+    binary.write_bytes(gzip.compress(b"query\tpositive\nthe\x00cat\tdog\n"))
+    with pytest.raises(ValueError, match=rf"{binary}:2: a NUL byte"):
+        pairs.read_pairs(binary)

@@ -340,7 +340,7 @@ def test_eval_embeddings_scores_bm25_alone_and_refuses_what_bm25_cannot_score(tm
             {"id": "q1", "question": "Where is the Eiffel tower?", "answers": []}]},
         {"context": "Turtles swim in the green sea.", "qas": [
             {"id": "q2", "question": "What do turtles do in the sea?", "answers": []}]}]}]}))
-    code, stdout, err = cli(["eval-embeddings", "--bm25", f"--squad={squad}", "--bootstrap=10"])
+    code, stdout, err = cli(["eval-embeddings", "--bm25", f"--squad={squad}", "--bootstrap=40"])
     assert code == 0, err
     got = json.loads(stdout.splitlines()[-1])
     assert got["squad_bm25"]["queries"] == 2 and got["squad_bm25"]["ndcg@10"] == 1.0
@@ -351,3 +351,45 @@ def test_eval_embeddings_scores_bm25_alone_and_refuses_what_bm25_cannot_score(tm
     assert code != 0 and "--sts needs --checkpoint" in err
     code, _, err = cli(["eval-embeddings", "--bm25", f"--squad={squad}", "--batch_size=4"])
     assert code == 2 and "--batch_size: `eval-embeddings` reads it only with --checkpoint" in err
+
+
+def test_beir_texts_must_not_be_empty_and_sets_too_small_to_score_are_refused(tmp_path, caplog):
+    """One rule for every reader of BEIR records (embed's too): an empty query, or a document
+    with neither text nor title, is refused by file, line and field; STS of fewer than 3 pairs
+    and a corpus of 1 document are refused (their metrics are +-1 or 1 whatever the model)."""
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "A title", "text": ""}\n'
+                                           '{"_id": "d2", "text": "b"}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "c"}\n{"_id": "q2", "text": " "}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    with pytest.raises(ValueError, match=r"queries.jsonl:2: field 'text' is empty: nothing to embed"):
+        retrieval.read_beir(tmp_path)
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "c"}\n')
+    assert retrieval.read_beir(tmp_path)[0] == {"d1": "A title", "d2": "b"}  # a title alone is text
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": null, "text": ""}\n')
+    with pytest.raises(ValueError, match=r"corpus.jsonl:1: field 'text' is empty \(and no title\)"):
+        retrieval.read_beir(tmp_path)
+    with pytest.raises(ValueError, match=r"x.tsv: 2 pairs; Pearson and Spearman of fewer than 3"):
+        retrieval.check_scores_differ("x.tsv", [1.0, 2.0], least=retrieval.MIN_STS_PAIRS)
+    assert retrieval.check_scores_differ("x.tsv", [1.0, 2.0]) == [1.0, 2.0]  # (training: 2 rank)
+    with pytest.raises(ValueError, match=r"x.tsv: 2 pair\(s\), every score 1.0"):  # (the cause first)
+        retrieval.check_scores_differ("x.tsv", [1.0, 1.0], least=retrieval.MIN_STS_PAIRS)
+    with pytest.raises(ValueError, match=r"--beir=b: a corpus of 1 document\(s\)"):
+        retrieval.check_corpus("--beir=b", 1)
+    retrieval.check_corpus("--beir=b", 2)
+
+
+def test_squad_without_questions_is_named_and_beir_training_words_a_missing_document(tmp_path, caplog):
+    from bert_jax.tasks import pairs
+
+    squad = tmp_path / "sq.json"
+    squad.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": []}]}]}))
+    with pytest.raises(ValueError, match=rf"{squad}: no question with a paragraph; nothing to retrieve"):
+        retrieval.squad_retrieval(squad)
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": "b"}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "c"}\n')
+    (tmp_path / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td9\t1\n")
+    assert [(e.query, e.positive) for e in pairs.beir_pairs(tmp_path, "train")] == [("c", "a")]
+    said = [r.getMessage() for r in caplog.records if "corpus-id 'd9'" in r.getMessage()]
+    assert len(said) == 1 and "left out of training" in said[0] and "scored" not in said[0], said

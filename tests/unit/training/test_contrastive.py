@@ -3,6 +3,7 @@ on the same embeddings; on 8 devices equal to one device holding the whole batch
 loss and gradient equal to the whole batch's."""
 
 import functools
+import re
 
 import jax
 import numpy as np
@@ -195,3 +196,25 @@ def test_eight_devices_and_gradcache_equal_one_device_holding_the_batch(objectiv
     assert float(loss) > 0 and np.isfinite(float(loss))
     if "model.learn_scale=True" in overrides:  # the scale is learned: it has a gradient
         assert abs(float(grads["log_scale"])) > 0
+
+
+@pytest.mark.parametrize("objective,overrides,says", [
+    ("contrastive", ("train.batch_size=1",), "train.batch_size=1: train.objective='contrastive' takes "
+     "a query's negatives from the other pairs of its batch"),
+    ("cosent", ("train.batch_size=1",), "train.batch_size=1: train.objective='cosent' ranks the pairs"),
+    ("cosent", ("data.num_negatives=1",), "data.num_negatives=1: train.objective='cosent' trains on "
+     "scored pairs and reads no negatives"),
+    ("contrastive", ("model.learn_scale=True", "model.similarity_scale=150"),
+     "model.similarity_scale=150 is above the learned scale's cap 100"),
+])
+def test_a_config_the_loss_cannot_learn_from_is_refused_before_the_mesh(objective, overrides, says):
+    """One pair a batch has no in-batch negative (loss 0) and nothing for CoSENT to rank; a
+    learned scale starts at most at its cap (else the run trains with another value)."""
+    with pytest.raises((config_lib.ConfigError, ValueError), match=re.escape(says)):
+        config = _config(objective, *overrides)
+        objectives.for_config(config).check(config)
+
+
+def test_a_batch_of_one_query_with_hard_negatives_is_allowed():
+    config = _config("contrastive", "train.batch_size=1", "data.num_negatives=1")
+    objectives.for_config(config).check(config)
