@@ -433,10 +433,11 @@ def check_axis_rules(rules) -> None:
                               f"to replicate)")
 
 
-def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int,
+def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int | None,
              num_processes: int = 1, *, training: bool = True) -> None:
     """Checks that need no compile: lengths, mesh and batch divisibility (types, ranges and
-    the model's fields: resolve); `training=False` (evaluation) skips the training-only ones.
+    the model's fields: resolve); `training=False` (evaluation) skips the training-only ones;
+    `num_devices` None (no devices: `bert-jax info`): the mesh's form only, one batch shard.
     (Each choice is checked by its owner: model fields by their family's config
     (models/config.py), optimizer and schedule by optim.make_optimizer.)"""
     spec = resolve(config)
@@ -455,11 +456,21 @@ def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int,
         attention.check_data(model, packed=data.packed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if model.max_positions is not None and max(lengths) > model.max_positions:
-        raise ConfigError(f"data.max_seq_length={max(lengths)} exceeds the model's position table "
-                          f"(model.max_len={model.max_len}); use at most {model.max_len}")
+    # A model without a position table (rope) still declares its context in model.max_len:
+    # its checkpoint and an export (max_position_embeddings) say it.
+    limit = model.max_len if model.max_positions is None else model.max_positions
+    if max(lengths) > limit:
+        which = ("data.max_seq_length" if lengths[0] == max(lengths) else
+                 f"data.phases[{[p.seq_len for p in spec.phases].index(max(lengths))}] length")
+        table = ("the model's position table" if model.max_positions is not None
+                 else "the context the model declares")
+        raise ConfigError(f"{which}={max(lengths)} exceeds {table} (model.max_len={model.max_len}"
+                          f"); use at most {limit}, or raise model.max_len")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    if num_devices is None:  # the devices the mesh's fixed sizes name (a -1 filled with 1)
+        num_devices = math.prod(n for n in (spec.mesh.data, spec.mesh.fsdp, spec.mesh.tensor)
+                                if n > 0)
     sizes = mesh_shape(spec.mesh, num_devices)
     check_axis_rules(spec.logical_axis_rules)
     shards = sizes["data"] * sizes["fsdp"]
@@ -484,12 +495,16 @@ def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int,
 
 
 def say_phases_after_the_end(spec: RunSpec) -> None:
-    """A warning naming each data.phases entry that starts at or after train.steps: it never runs
-    in this run (a later run with more steps may reach it). train.steps 0: set from train.epochs
-    later, not compared."""
+    """A warning naming each data.phases entry and each schedule.stages entry that starts at or
+    after train.steps: it never runs in this run (a later run with more steps may reach it).
+    train.steps 0: set from train.epochs later, not compared. (A stage's keys are checked by
+    training/optim.py; one that is not a dict with a whole start_step is left to it.)"""
     steps = spec.train.steps
-    late = [f"data.phases[{i}] (step {p.start_step})" for i, p in enumerate(spec.phases)
-            if steps >= 1 and p.start_step >= steps]
+    starts = [(f"data.phases[{i}]", p.start_step) for i, p in enumerate(spec.phases)]
+    starts += [(f"schedule.stages[{i}]", stage.get("start_step"))
+               for i, stage in enumerate(spec.schedule.stages) if isinstance(stage, Mapping)]
+    late = [f"{where} (step {start})" for where, start in starts
+            if steps >= 1 and isinstance(start, int) and start >= steps]
     if late:
         log.warning(f"warning: {', '.join(late)}: starts at or after train.steps={steps}, never "
                     f"reached in this run; drop it, or raise train.steps past it")

@@ -1064,6 +1064,19 @@ INFO_CASES = [
     # the value checks of train and plan (info prints a model that no run would train)
     case("info-learning-rate-nan", INFO + " --config.optimizer.learning_rate=nan", 1,
          "optimizer.learning_rate=nan: a finite number is needed"),
+    # the config checks of train and plan (setup.check), but the platform's and the devices'
+    case("info-objective-unknown", "info --config configs/embeddings.py:hinge,tiny", 1,
+         "train.objective='hinge'", "choose one of"),
+    case("info-data-mix-unknown", "info --config configs/embeddings.py:cosent,tiny "
+         "--config.data.mix=random", 1, "data.mix='random'", "'round_robin'"),
+    case("info-stage-not-a-dict", "info --config configs/modernbert.py:tiny --config.schedule.stages="
+         "'(\"a\",)' --config.schedule.name=warmup_linear --config.schedule.warmup_steps=10 "
+         "--config.schedule.decay_fraction=0.0", 1, "schedule.stages[0]='a'", "each stage is a dict"),
+    case("info-optimizer-unknown", INFO + " --config.optimizer.name=adamx", 1,
+         "optimizer.name='adamx'", "choose one of"),
+    case("info-rope-context-below-rows", "info --config configs/modernbert.py:tiny "
+         "--config.model.max_len=64", 1, "data.max_seq_length=128", "model.max_len=64",
+         "use at most 64"),
 ]
 
 PREPARE_CASES = [

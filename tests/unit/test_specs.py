@@ -92,7 +92,8 @@ def test_a_phase_starting_at_or_after_train_steps_is_said_as_never_running(monke
 
     def say(steps: int) -> None:
         config_lib.say_phases_after_the_end(type("Spec", (), {
-            "train": type("Train", (), {"steps": steps})(), "phases": phases})())
+            "train": type("Train", (), {"steps": steps})(), "phases": phases,
+            "schedule": type("Schedule", (), {"stages": ()})()})())
     say(11)
     say(0)
     assert warned == []
