@@ -1127,6 +1127,9 @@ LAUNCH_CASES = [
     case("launch-max-restarts-negative", LAUNCH + " --max_restarts=-1", 1, "--max_restarts=-1", ">= 0"),
     case("launch-poll-seconds-zero", LAUNCH + " --poll_seconds 0", 1, "--poll_seconds=0.0", "> 0"),
     case("launch-poll-seconds-nan", LAUNCH + " --poll_seconds nan", 1, "--poll_seconds=nan"),
+    # a gs:// URL without a bucket, refused as every path flag is (even in a dry run)
+    case("launch-workdir-without-bucket", LAUNCH_DATA.replace("gs://b/run", "gs://"),
+         2, "--workdir=gs://", "no bucket", "gs://BUCKET/path"),
 ]
 
 ATTENTION_CASES = [

@@ -86,3 +86,11 @@ def test_a_file_beside_an_output_may_exist_holding_exactly_what_would_be_written
     (tmp_path / "a.svg").write_text("a figure")  # the output itself: never, whatever it holds
     with pytest.raises(FileExistsError, match=f"^--out={tmp_path}/a.svg: already exists; plot"):
         paths.check_new_file(tmp_path / "a.svg", "--out", "plot", [beside], {beside: b"step,loss\n1,2.0\n"})
+
+
+@pytest.mark.parametrize("value", ["gs://", "gs:///run", "gs:///"])
+def test_a_cloud_storage_url_without_a_bucket_is_refused(value):
+    with pytest.raises(ValueError) as refused:
+        paths.check_given(value, "--workdir")
+    assert str(refused.value) == f"--workdir={value}: no bucket; give gs://BUCKET/path"
+    paths.check_given("gs://b/run", "--workdir")  # a bucket: accepted
