@@ -13,8 +13,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.util
+import json
 import logging
 import math
+import shlex
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -298,7 +300,11 @@ def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     if not callable(getattr(module, "get_config", None)):
         raise ConfigError(f"--config={spec}: {path} defines no get_config(arg); expected a config "
                           "file like those in configs/")
-    config = module.get_config(arg) if arg else module.get_config()
+    try:
+        config = module.get_config(arg) if arg else module.get_config()
+    except ValueError as e:  # (how a config file refuses a variant it does not know)
+        given = f"its argument {arg!r} (after the ':')" if arg else "get_config() without an argument"
+        raise ConfigError(f"--config={spec}: {given}: {e}") from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"--config={spec}: get_config returned a {type(config).__name__}, expected "
                           "an ml_collections.ConfigDict")
@@ -340,12 +346,16 @@ def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
         if not isinstance(node, ml_collections.ConfigDict) or name not in node:
             valid = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
             if where == "config" and {"grid", "overrides"} <= set(valid):  # a sweep config
-                grid = f"in the grid, --config.grid.{key}='({text},)' (one trial per value)"
-                # (a key the grid holds, as the seed always, cannot also be an override)
-                other = "" if key in node["grid"] else (
-                    f", or in overrides, --config.overrides='(\"{key}={text}\",)'")
+                # (a key the grid holds, as the seed always, cannot also be an override; a flag
+                # cannot add a key to the grid)
+                how = (f"set a trial's {key} in the grid, {grid_flag(key, text)} (one trial per "
+                       f"value)" if key in node["grid"] else f"set {key} for every trial by adding "
+                       f"it to the sweep's overrides, "
+                       f"{overrides_flag(node['overrides'], f'{key}={text}')}")
                 raise ConfigError(f"unknown config key {key!r}: a sweep config has only {valid}; "
-                                  f"set a trial's {key} {grid}{other}")
+                                  f"{how}")
+            if where == "config.grid" and "seed" in node:  # a sweep's grid: whole run keys
+                raise ConfigError(_not_in_grid(config, ".".join([name, *names]), key, text))
             raise ConfigError(f"unknown config key {key!r}: {where} has no {name!r}; "
                               f"valid keys there: {valid}")
         if not names:
@@ -362,6 +372,51 @@ def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
     except (ValueError, SyntaxError) as e:
         raise ConfigError(f"--config.{key}={text!r}: expected {type(old).__name__} "
                           f"like the default {old!r} ({e})") from None
+
+
+def grid_flag(key: str, text: str) -> str:
+    """The flag that sets a sweep grid's `key` to the one value written `text` (as a
+    `--config.key=value` flag or a sweep's override writes it), quoted for a shell."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text  # (a string, as a flag writes it unquoted)
+    return f"--config.grid.{key}={shlex.quote(_tuple_text((value,)))}"
+
+
+def _tuple_text(values: Sequence[Any]) -> str:
+    """A tuple as a flag writes it, strings in double quotes (so that the shell's single
+    quotes hold it as it is)."""
+    shown = [json.dumps(v) if isinstance(v, str) else repr(v) for v in values]
+    return "(" + ", ".join(shown) + ("," if len(shown) == 1 else "") + ")"
+
+
+def overrides_flag(overrides: Sequence[str], item: str) -> str:
+    """The flag that sets a sweep's overrides to `overrides` plus `item` ("key=value"): the
+    flag replaces the whole tuple, so the items the sweep already has are kept in it."""
+    kept = [o for o in overrides if o.partition("=")[0] != item.partition("=")[0]]
+    return f"--config.overrides={shlex.quote(_tuple_text((*kept, item)))}"
+
+
+def _not_in_grid(sweep, rest: str, key: str, text: str) -> str:
+    """What is wrong with `--config.grid.<rest>` that names no key of a `sweep` config's grid: the
+    first part of it that no grid key has (a typo of a grid key's), the grid's keys, and how a
+    key that is not in the grid is swept or set."""
+    parts, grid = rest.split("."), sweep["grid"]
+    same = max(next((i for i, (a, b) in enumerate(zip(parts, k.split("."))) if a != b),
+                    min(len(parts), len(k.split(".")))) for k in grid.keys())
+    under = f" under {'.'.join(parts[:same])!r}" if same else ""
+    try:
+        values = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        values = (text,)
+    one = values[0] if isinstance(values, (tuple, list)) and len(values) == 1 else "<value>"
+    return (f"unknown config key {key!r}: config.grid has no {rest!r} ({parts[same]!r} is not a "
+            f"part of any grid key{under}; the grid's keys: {sorted(grid.keys())}). A flag sets "
+            f"the values of the grid's keys only: to sweep {rest}, add it to the grid of a copy of "
+            f"the sweep file (a new axis, one trial per value); to give it one value in every "
+            f"trial, add it to the sweep's overrides, "
+            f"{overrides_flag(sweep['overrides'], f'{rest}={one}')}")
 
 
 def _check_model_reads(model_name, field: str, text: str) -> None:

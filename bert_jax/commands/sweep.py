@@ -142,6 +142,12 @@ def check_sweep(sweep, spec: str = "the sweep config") -> list[dict[str, Any]]:
         raise ValueError(f"grid.{twice[0]}={tuple(sweep.grid[twice[0]])!r} repeats a value: each "
                          "trial is one combination, run once; list each value once")
     check_overrides(sweep, spec)
+    try:  # the base itself (the sweep's own argument chose it): not a trial's fault
+        config_lib.load(sweep.base)
+    except Exception as e:  # noqa: BLE001 (a config file can raise anything; say which file)
+        message = e if isinstance(e, config_lib.ConfigError) else f"{type(e).__name__}: {e}"
+        raise ValueError(f"sweep {spec}: its base run {sweep.base} cannot be loaded ({message}); "
+                         "check the sweep's --config argument (or --config.base)") from None
     configs = []
     for setting in trials(sweep):
         items = [*sweep.overrides, *(f"{k}={_fmt(v)}" for k, v in setting.items())]
@@ -169,7 +175,7 @@ def check_overrides(sweep, spec: str) -> None:
             raise ValueError(
                 f"sweep {spec}: overrides sets {key}={value} but the grid sets {key} too (grid.{key}="
                 f"{tuple(sweep.grid[key])!r} would replace it in every trial): give its values in "
-                f"the grid instead, --config.grid.{key}='({value},)', and drop it from overrides")
+                f"the grid instead, {config_lib.grid_flag(key, value)}, and drop it from overrides")
 
 
 def differing_keys(before: dict, now: dict) -> list[str]:

@@ -230,6 +230,9 @@ CONFIG_CASES = [
          setup=files(c_DOT_py="def get_config(arg=None):\n    return 1 / 0\n")),
     case("config-space-form-missing", "info --config configs/nope.py:base", 2, "configs/nope.py"),
     case("pretrain-variant-huge", "info --config configs/bert_pretrain.py:huge", 2, "huge", "choose one of"),
+    case("pretrain-variant-named-as-the-argument", "info --config configs/bert_pretrain.py:huge", 2,
+         "--config=configs/bert_pretrain.py:huge: its argument 'huge' (after the ':'): unknown BERT "
+         "size 'huge'"),
     case("wmt-variant-huge", "info --config configs/wmt.py:huge", 2, "huge", "choose one of"),
     case("glue-task-mrcp", "train --config configs/glue.py:mrcp --workdir {tmp}/w", 2, "mrcp", "mrpc"),
     case("glue-size-huge", "info --config configs/glue.py:sst2,huge", 2, "huge", "choose one of"),
@@ -820,6 +823,17 @@ SWEEP_CASES = [
     case("sweep-seed-flag", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
          "--config.seed=3", 2, "unknown config key 'seed'", "--config.grid.seed='(3,)'"),
     # (the first trial is good: refused before it runs, else this would train it)
+    # a typo in a grid key names its wrong part; a run key the grid lacks gets the overrides flag
+    case("sweep-grid-key-typo", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
+         "--print_commands --config.grid.optimizer.learnin_rate=\"(1e-3,)\"", 2,
+         "'learnin_rate' is not a part of any grid key under 'optimizer'", "a copy of the sweep file"),
+    case("sweep-run-key-flag", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
+         "--print_commands --config.train.steps=3", 2, "unknown config key 'train.steps'",
+         "--config.overrides='(\"train.steps=3\",)'"),
+    # the sweep's own argument is wrong, not a trial
+    case("sweep-argument-typo", "sweep --config configs/sweeps/glue.py:mrpcx --workdir {tmp}/s "
+         "--print_commands", 1, "its argument 'mrpcx'", "unknown GLUE task 'mrpcx'",
+         "check the sweep's --config argument"),
     case("sweep-start-trial-train-refuses", "sweep --config configs/sweeps/glue.py:mrpc,tiny "
          "--workdir {tmp}/s --config.grid.optimizer.learning_rate=\"(2e-5, -1.0)\"", 1,
          "trial learning_rate=-1_seed=0", "optimizer.learning_rate=-1.0 must be > 0"),
