@@ -378,10 +378,10 @@ def grid_flag(key: str, text: str) -> str:
     """The flag that sets a sweep grid's `key` to the one value written `text` (as a
     `--config.key=value` flag or a sweep's override writes it), quoted for a shell."""
     try:
-        value = ast.literal_eval(text)
+        literal = not isinstance(ast.literal_eval(text), str)
     except (ValueError, SyntaxError):
-        value = text  # (a string, as a flag writes it unquoted)
-    return f"--config.grid.{key}={shlex.quote(_tuple_text((value,)))}"
+        literal = False  # (a string, as a flag writes it unquoted)
+    return f"--config.grid.{key}={shlex.quote(f'({text if literal else json.dumps(text)},)')}"
 
 
 def _tuple_text(values: Sequence[Any]) -> str:
