@@ -1242,6 +1242,16 @@ MODERN_OPTIM_CASES = [
     case("stage-out-of-order", PRETRAIN + " --config.schedule.warmup_steps=10 "
          "--config.schedule.stages=\"({{'start_step': 0}}, {{'start_step': 0}})\"", 1,
          "schedule.stages[1].start_step=0 is not after"),
+    # a stage's warmup longer than the stage never reaches its peak (the next stage starts first)
+    case("stage-warmup-longer-than-the-stage", PRETRAIN + " --config.schedule.warmup_steps=10 "
+         "--config.schedule.stages=\"({{'start_step': 0, 'warmup_steps': 5}}, {{'start_step': 1}})\"",
+         1, "schedule.stages[0].warmup_steps=5 exceeds the length of schedule.stages[0] (steps 0-1)",
+         "start schedule.stages[1] later"),
+    # the config file's own schedule keys beside stages: the flags that reset them are named
+    case("stages-on-a-config-with-its-own-schedule", "train --config configs/modernbert.py:tiny "
+         "--workdir {tmp}/w --config.schedule.stages=\"({{'start_step': 0}},)\"", 1,
+         "schedule.name='wsd'", "reset these to their defaults: --config.schedule.name=warmup_linear "
+         "--config.schedule.warmup_steps=10 --config.schedule.decay_fraction=0.0"),
 ]
 
 
@@ -1530,6 +1540,10 @@ MODERN_ENCODER_CASES = [
          "data.phases[0]", "model.positions='learned'"),
     case("unknown-encoder-size", "info --config configs/glue.py:sst2,modernbert-huge", 2,
          "'huge'", "modernbert"),
+    # a rope model declares its context in model.max_len (its checkpoint, an export): rows longer
+    case("rope-rows-longer-than-max-len", "train --config configs/modernbert.py:tiny --workdir "
+         "{tmp}/w --config.model.max_len=64", 1, "data.max_seq_length=128",
+         "the context the model declares (model.max_len=64)", "use at most 64"),
 ]
 
 def modernbert_checkpoint(**changes):
