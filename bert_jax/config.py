@@ -25,7 +25,7 @@ import ml_collections
 
 from bert_jax import models, specs
 from bert_jax.models import attention
-from bert_jax.models.config import DTYPES
+from bert_jax.models.config import DTYPES, MODERNBERT_FIXED
 from bert_jax.specs import (
     ConfigError,
     DecodeSpec,
@@ -521,6 +521,14 @@ def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int | Non
                  else "the context the model declares")
         raise ConfigError(f"{which}={max(lengths)} exceeds {table} (model.max_len={model.max_len}"
                           f"); use at most {limit}, or raise model.max_len")
+    if training and isinstance(model, models.BertConfig) and model.hf_family == "modernbert":
+        # (a stored model of an older version is still evaluated: training only)
+        for key, fixed in MODERNBERT_FIXED.items():
+            if getattr(model, key) != fixed:
+                raise ConfigError(
+                    f"model.{key}={getattr(model, key)!r} with model.hf_family='modernbert': Hugging "
+                    f"Face's ModernBERT always has {key}={fixed!r} (the model could not be exported "
+                    f"or read back as one); set --config.model.{key}={fixed}")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
     if num_devices is None:  # the devices the mesh's fixed sizes name (a -1 filled with 1)

@@ -46,6 +46,11 @@ POSITIONS = ("learned", "sinusoidal", "rope")
 
 # The Hugging Face checkpoint families of the BERT models (bert_jax/interop/families: one file each).
 HF_FAMILIES = ("bert", "roberta", "modernbert")
+# What HF's ModernBERT classes always are (the rest of our switches they express): a model that
+# declares hf_family='modernbert' trains only with these (config.validate), so that it exports.
+MODERNBERT_FIXED = {"positions": "rope", "task_head": "modernbert", "norm": "pre",
+                    "normalization": "layernorm", "mlp_layer": "glu", "embedding_norm": True,
+                    "type_vocab_size": 0, "position_offset": 0, "attention_pattern": "full"}
 
 
 # A field's declared type: the values it takes, and how a message names them.

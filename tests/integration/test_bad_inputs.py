@@ -1540,6 +1540,11 @@ MODERN_ENCODER_CASES = [
          "data.phases[0]", "model.positions='learned'"),
     case("unknown-encoder-size", "info --config configs/glue.py:sst2,modernbert-huge", 2,
          "'huge'", "modernbert"),
+    # a field Hugging Face's ModernBERT fixes, on a model declaring that family: refused before
+    # training, not first at export
+    case("modernbert-with-token-types", MODERN + " --config.model.type_vocab_size=2", 1,
+         "model.type_vocab_size=2 with model.hf_family='modernbert'", "type_vocab_size=0",
+         "--config.model.type_vocab_size=0"),
     # a rope model declares its context in model.max_len (its checkpoint, an export): rows longer
     case("rope-rows-longer-than-max-len", "train --config configs/modernbert.py:tiny --workdir "
          "{tmp}/w --config.model.max_len=64", 1, "data.max_seq_length=128",
