@@ -13,8 +13,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.util
+import json
 import logging
 import math
+import shlex
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import ml_collections
 
 from bert_jax import models, paths, specs
 from bert_jax.models import attention
-from bert_jax.models.config import DTYPES
+from bert_jax.models.config import DTYPES, MODERNBERT_FIXED
 from bert_jax.specs import (
     ConfigError,
     DecodeSpec,
@@ -299,7 +301,11 @@ def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     if not callable(getattr(module, "get_config", None)):
         raise ConfigError(f"--config={spec}: {path} defines no get_config(arg); expected a config "
                           "file like those in configs/")
-    config = module.get_config(arg) if arg else module.get_config()
+    try:
+        config = module.get_config(arg) if arg else module.get_config()
+    except ValueError as e:  # (how a config file refuses a variant it does not know)
+        given = f"its argument {arg!r} (after the ':')" if arg else "get_config() without an argument"
+        raise ConfigError(f"--config={spec}: {given}: {e}") from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"--config={spec}: get_config returned a {type(config).__name__}, expected "
                           "an ml_collections.ConfigDict")
@@ -341,12 +347,16 @@ def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
         if not isinstance(node, ml_collections.ConfigDict) or name not in node:
             valid = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
             if where == "config" and {"grid", "overrides"} <= set(valid):  # a sweep config
-                grid = f"in the grid, --config.grid.{key}='({text},)' (one trial per value)"
-                # (a key the grid holds, as the seed always, cannot also be an override)
-                other = "" if key in node["grid"] else (
-                    f", or in overrides, --config.overrides='(\"{key}={text}\",)'")
+                # (a key the grid holds, as the seed always, cannot also be an override; a flag
+                # cannot add a key to the grid)
+                how = (f"set a trial's {key} in the grid, {grid_flag(key, text)} (one trial per "
+                       f"value)" if key in node["grid"] else f"set {key} for every trial by adding "
+                       f"it to the sweep's overrides, "
+                       f"{overrides_flag(node['overrides'], f'{key}={text}')}")
                 raise ConfigError(f"unknown config key {key!r}: a sweep config has only {valid}; "
-                                  f"set a trial's {key} {grid}{other}")
+                                  f"{how}")
+            if where == "config.grid" and "seed" in node:  # a sweep's grid: whole run keys
+                raise ConfigError(_not_in_grid(config, ".".join([name, *names]), key, text))
             raise ConfigError(f"unknown config key {key!r}: {where} has no {name!r}; "
                               f"valid keys there: {valid}")
         if not names:
@@ -363,6 +373,51 @@ def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
     except (ValueError, SyntaxError) as e:
         raise ConfigError(f"--config.{key}={text!r}: expected {type(old).__name__} "
                           f"like the default {old!r} ({e})") from None
+
+
+def grid_flag(key: str, text: str) -> str:
+    """The flag that sets a sweep grid's `key` to the one value written `text` (as a
+    `--config.key=value` flag or a sweep's override writes it), quoted for a shell."""
+    try:
+        literal = not isinstance(ast.literal_eval(text), str)
+    except (ValueError, SyntaxError):
+        literal = False  # (a string, as a flag writes it unquoted)
+    return f"--config.grid.{key}={shlex.quote(f'({text if literal else json.dumps(text)},)')}"
+
+
+def _tuple_text(values: Sequence[Any]) -> str:
+    """A tuple as a flag writes it, strings in double quotes (so that the shell's single
+    quotes hold it as it is)."""
+    shown = [json.dumps(v) if isinstance(v, str) else repr(v) for v in values]
+    return "(" + ", ".join(shown) + ("," if len(shown) == 1 else "") + ")"
+
+
+def overrides_flag(overrides: Sequence[str], item: str) -> str:
+    """The flag that sets a sweep's overrides to `overrides` plus `item` ("key=value"): the
+    flag replaces the whole tuple, so the items the sweep already has are kept in it."""
+    kept = [o for o in overrides if o.partition("=")[0] != item.partition("=")[0]]
+    return f"--config.overrides={shlex.quote(_tuple_text((*kept, item)))}"
+
+
+def _not_in_grid(sweep, rest: str, key: str, text: str) -> str:
+    """What is wrong with `--config.grid.<rest>` that names no key of a `sweep` config's grid: the
+    first part of it that no grid key has (a typo of a grid key's), the grid's keys, and how a
+    key that is not in the grid is swept or set."""
+    parts, grid = rest.split("."), sweep["grid"]
+    same = max(next((i for i, (a, b) in enumerate(zip(parts, k.split("."))) if a != b),
+                    min(len(parts), len(k.split(".")))) for k in grid.keys())
+    under = f" under {'.'.join(parts[:same])!r}" if same else ""
+    try:
+        values = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        values = (text,)
+    one = values[0] if isinstance(values, (tuple, list)) and len(values) == 1 else "<value>"
+    return (f"unknown config key {key!r}: config.grid has no {rest!r} ({parts[same]!r} is not a "
+            f"part of any grid key{under}; the grid's keys: {sorted(grid.keys())}). A flag sets "
+            f"the values of the grid's keys only: to sweep {rest}, add it to the grid of a copy of "
+            f"the sweep file (a new axis, one trial per value); to give it one value in every "
+            f"trial, add it to the sweep's overrides, "
+            f"{overrides_flag(sweep['overrides'], f'{rest}={one}')}")
 
 
 def _check_model_reads(model_name, field: str, text: str) -> None:
@@ -434,10 +489,11 @@ def check_axis_rules(rules) -> None:
                               f"to replicate)")
 
 
-def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int,
+def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int | None,
              num_processes: int = 1, *, training: bool = True) -> None:
     """Checks that need no compile: lengths, mesh and batch divisibility (types, ranges and
-    the model's fields: resolve); `training=False` (evaluation) skips the training-only ones.
+    the model's fields: resolve); `training=False` (evaluation) skips the training-only ones;
+    `num_devices` None (no devices: `bert-jax info`): the mesh's form only, one batch shard.
     (Each choice is checked by its owner: model fields by their family's config
     (models/config.py), optimizer and schedule by optim.make_optimizer.)"""
     spec = resolve(config)
@@ -456,11 +512,29 @@ def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int,
         attention.check_data(model, packed=data.packed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if model.max_positions is not None and max(lengths) > model.max_positions:
-        raise ConfigError(f"data.max_seq_length={max(lengths)} exceeds the model's position table "
-                          f"(model.max_len={model.max_len}); use at most {model.max_len}")
+    # A model without a position table (rope) still declares its context in model.max_len:
+    # its checkpoint and an export (max_position_embeddings) say it.
+    limit = model.max_len if model.max_positions is None else model.max_positions
+    if max(lengths) > limit:
+        which = ("data.max_seq_length" if lengths[0] == max(lengths) else
+                 f"data.phases[{[p.seq_len for p in spec.phases].index(max(lengths))}] length")
+        table = ("the model's position table" if model.max_positions is not None
+                 else "the context the model declares")
+        raise ConfigError(f"{which}={max(lengths)} exceeds {table} (model.max_len={model.max_len}"
+                          f"); use at most {limit}, or raise model.max_len")
+    if training and isinstance(model, models.BertConfig) and model.hf_family == "modernbert":
+        # (a stored model of an older version is still evaluated: training only)
+        for key, fixed in MODERNBERT_FIXED.items():
+            if getattr(model, key) != fixed:
+                raise ConfigError(
+                    f"model.{key}={getattr(model, key)!r} with model.hf_family='modernbert': Hugging "
+                    f"Face's ModernBERT always has {key}={fixed!r} (the model could not be exported "
+                    f"or read back as one); set --config.model.{key}={fixed}")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    if num_devices is None:  # the devices the mesh's fixed sizes name (a -1 filled with 1)
+        num_devices = math.prod(n for n in (spec.mesh.data, spec.mesh.fsdp, spec.mesh.tensor)
+                                if n > 0)
     sizes = mesh_shape(spec.mesh, num_devices)
     check_axis_rules(spec.logical_axis_rules)
     shards = sizes["data"] * sizes["fsdp"]
@@ -485,12 +559,16 @@ def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int,
 
 
 def say_phases_after_the_end(spec: RunSpec) -> None:
-    """A warning naming each data.phases entry that starts at or after train.steps: it never runs
-    in this run (a later run with more steps may reach it). train.steps 0: set from train.epochs
-    later, not compared."""
+    """A warning naming each data.phases entry and each schedule.stages entry that starts at or
+    after train.steps: it never runs in this run (a later run with more steps may reach it).
+    train.steps 0: set from train.epochs later, not compared. (A stage's keys are checked by
+    training/optim.py; one that is not a dict with a whole start_step is left to it.)"""
     steps = spec.train.steps
-    late = [f"data.phases[{i}] (step {p.start_step})" for i, p in enumerate(spec.phases)
-            if steps >= 1 and p.start_step >= steps]
+    starts = [(f"data.phases[{i}]", p.start_step) for i, p in enumerate(spec.phases)]
+    starts += [(f"schedule.stages[{i}]", stage.get("start_step"))
+               for i, stage in enumerate(spec.schedule.stages) if isinstance(stage, Mapping)]
+    late = [f"{where} (step {start})" for where, start in starts
+            if steps >= 1 and isinstance(start, int) and start >= steps]
     if late:
         log.warning(f"warning: {', '.join(late)}: starts at or after train.steps={steps}, never "
                     f"reached in this run; drop it, or raise train.steps past it")

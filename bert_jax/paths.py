@@ -52,10 +52,13 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")  # a URL's start: "gs://",
 def check_given(value: str, what: str) -> None:
     """A path the user gave (`what`: its flag, e.g. "--workdir"): a local path or a gs:// URL.
     Empty, another scheme (s3://, http://), or a Cloud Storage URL miswritten (GS://, gs:/x)
-    is a ValueError naming it, rather than a folder of that name made here."""
+    is a ValueError naming it, rather than a folder of that name made here; so is gs:// without
+    a bucket."""
     if not value.strip():
         raise ValueError(f"{what} is empty; give a local path or a gs:// URL")
     scheme = _SCHEME.match(value)
+    if value.startswith("gs://") and not value[len("gs://"):].split("/")[0]:
+        raise ValueError(f"{what}={value}: no bucket; give gs://BUCKET/path")
     if scheme is None or value.startswith("gs://"):
         return
     if scheme.group(1).lower() == "gs":

@@ -54,6 +54,12 @@ def valid(default: Any, values: str) -> Any:
     return dataclasses.field(default=default, metadata={"valid": values})
 
 
+def one_of(default: str, choices: tuple[str, ...]) -> Any:
+    """A string field with its default and the values it may take: read refuses any other,
+    naming them (so every command that reads the section, `bert-jax info` too, refuses it)."""
+    return dataclasses.field(default=default, metadata={"choices": tuple(choices)})
+
+
 def _within(value: float, values: str) -> bool:
     if values == "any":
         return True
@@ -405,4 +411,7 @@ def read(record: type, values: Mapping[str, Any], where: str):
             shown = f"in {values}" if values[0] in "[(" else values
             raise ConfigError(f"{where}.{f.name}={typed[f.name]} must be {shown}; the default is "
                               f"{f.default}")
+        choices = f.metadata.get("choices")
+        if choices and f.name in typed and typed[f.name] not in choices:
+            raise ConfigError(f"{where}.{f.name}={typed[f.name]!r}; choose one of {list(choices)}")
     return record(**typed)

@@ -39,10 +39,14 @@ from bert_jax.paths import REPO as ROOT  # the checkout launch runs from (tests 
 def cmd_info(args: list[str]) -> None:
     """Prints the model, its parameter count per module and total, and FLOPs per token."""
     from bert_jax import models
-    from bert_jax.config import model_config, resolve
+    from bert_jax.config import check_overrides_read, model_config, resolve
+    from bert_jax.training import setup
 
     config = require(CONFIG, "info")
-    resolve(config)  # the values train and plan refuse (types, ranges) are refused here too
+    # The config checks train and plan run (not the platform's or the devices': no run here)
+    spec = resolve(config)
+    check_overrides_read(spec, LoadedConfig.set_by_user())
+    setup.check(spec, platform=None, devices=None, processes=1, reads_data=False)
     if SEQ_LEN.value is not None and SEQ_LEN.value < 1:
         raise app.UsageError(f"--seq_len={SEQ_LEN.value}: tokens per sequence, >= 1 (leave it "
                              "out for the config's data.max_seq_length)")

@@ -101,12 +101,25 @@ def command(sweep, setting: dict[str, Any], workdir: str | Path) -> list[str]:
 
 
 def finished(trial_dir: Path) -> dict | None:
-    """The trial's summary if it ran to its last step, else None."""
+    """The trial's summary if it ran to its last step, else None (no summary, or one that does
+    not read: damaged_summary says so; running the trial again rewrites it)."""
+    path = trial_dir / SUMMARY
+    if not path.is_file() or damaged_summary(trial_dir):
+        return None
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    return summary if summary.get("step") == summary.get("steps") and not summary.get("preempted") else None
+
+
+def damaged_summary(trial_dir: Path) -> str | None:
+    """What is wrong with the trial's summary.json when it is there but not a JSON object."""
     path = trial_dir / SUMMARY
     if not path.is_file():
         return None
-    summary = json.loads(path.read_text())
-    return summary if summary.get("step") == summary.get("steps") and not summary.get("preempted") else None
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # (not JSON, not UTF-8)
+        return f"{path}: not valid JSON ({str(e)[:80]})"
+    return None if isinstance(summary, dict) else f"{path}: not a JSON object"
 
 
 def error_line(log_file: Path) -> str:
@@ -142,6 +155,12 @@ def check_sweep(sweep, spec: str = "the sweep config") -> list[dict[str, Any]]:
         raise ValueError(f"grid.{twice[0]}={tuple(sweep.grid[twice[0]])!r} repeats a value: each "
                          "trial is one combination, run once; list each value once")
     check_overrides(sweep, spec)
+    try:  # the base itself (the sweep's own argument chose it): not a trial's fault
+        config_lib.load(sweep.base)
+    except Exception as e:  # noqa: BLE001 (a config file can raise anything; say which file)
+        message = e if isinstance(e, config_lib.ConfigError) else f"{type(e).__name__}: {e}"
+        raise ValueError(f"sweep {spec}: its base run {sweep.base} cannot be loaded ({message}); "
+                         "check the sweep's --config argument (or --config.base)") from None
     configs = []
     for setting in trials(sweep):
         items = [*sweep.overrides, *(f"{k}={_fmt(v)}" for k, v in setting.items())]
@@ -169,7 +188,7 @@ def check_overrides(sweep, spec: str) -> None:
             raise ValueError(
                 f"sweep {spec}: overrides sets {key}={value} but the grid sets {key} too (grid.{key}="
                 f"{tuple(sweep.grid[key])!r} would replace it in every trial): give its values in "
-                f"the grid instead, --config.grid.{key}='({value},)', and drop it from overrides")
+                f"the grid instead, {config_lib.grid_flag(key, value)}, and drop it from overrides")
 
 
 def differing_keys(before: dict, now: dict) -> list[str]:
@@ -240,6 +259,9 @@ def run_sweep(sweep, workdir: str, print_commands: bool = False, spec: str = "th
         if finished(trial_dir):
             log.info(f"[{i + 1}/{len(settings)}] {trial_dir.name}: finished before, skipped")
             continue
+        if damaged := damaged_summary(trial_dir):
+            log.info(f"[{i + 1}/{len(settings)}] {damaged}: running the trial again (it resumes "
+                     "from its checkpoint; a finished one only rewrites its summary.json)")
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / FAILED).unlink(missing_ok=True)  # tried again: its cause may be fixed
         (trial_dir / TRIAL).write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")

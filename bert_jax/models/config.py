@@ -48,6 +48,11 @@ POSITIONS = ("learned", "sinusoidal", "rope")
 HF_FAMILIES = ("bert", "roberta", "modernbert")
 # A learned similarity scale (model.learn_scale) stays at most this, as CLIP's logit scale.
 LEARNED_SCALE_CAP = 100.0
+# What HF's ModernBERT classes always are (the rest of our switches they express): a model that
+# declares hf_family='modernbert' trains only with these (config.validate), so that it exports.
+MODERNBERT_FIXED = {"positions": "rope", "task_head": "modernbert", "norm": "pre",
+                    "normalization": "layernorm", "mlp_layer": "glu", "embedding_norm": True,
+                    "type_vocab_size": 0, "position_offset": 0, "attention_pattern": "full"}
 
 
 # A field's declared type: the values it takes, and how a message names them.

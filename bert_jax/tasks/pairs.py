@@ -210,7 +210,7 @@ class PairsTask(Task):
         num_negatives: int = specs.valid(0, ">= 0")  # hard negatives per query in a batch
         # Several training files (train_file "a.jsonl,b.tsv"): each batch from one of them,
         # proportional (by their sizes) or round_robin (in turn); data/finetune.py
-        mix: str = "proportional"
+        mix: str = specs.one_of("proportional", finetune.MIXES)
 
     @property
     def main_metric(self) -> str:
@@ -237,9 +237,6 @@ class PairsTask(Task):
         if len(files) > 1 and self.data.pack:
             raise config_lib.ConfigError(f"data.train_file names {len(files)} files, which are "
                                          "batched unpacked: set --config.data.pack=false")
-        if self.data.mix not in finetune.MIXES:
-            raise config_lib.ConfigError(f"data.mix={self.data.mix!r}; choose one of "
-                                         f"{list(finetune.MIXES)}")
 
     def train_files(self) -> list[str]:
         """data.train_file's files: one, or several separated by commas."""

@@ -323,7 +323,13 @@ def read_config(directory: str | os.PathLike, step: int | None = None) -> dict[s
             raise ValueError(f"{checkpoint_dir(directory)}/{step}: its stored config has no model "
                              "section; the checkpoint is damaged or not one of ours")
         # Checkpoints saved before the per-family model configs store every model's fields.
-        return {**config, "model": models.stored_model_config(config["model"])}
+        model = models.stored_model_config(config["model"])
+        try:  # (a value edited by hand there is the file's, not a flag the user gave)
+            models.split_model_config(model)
+        except ValueError as e:
+            raise ConfigError(f"{checkpoint_dir(directory)}/{step}/config/metadata (the config stored "
+                              f"with the checkpoint, not a flag): {e}; restore the file") from None
+        return {**config, "model": model}
 
 
 def restore_params(directory: str | os.PathLike, abstract_params: dict,

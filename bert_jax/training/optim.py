@@ -66,8 +66,7 @@ def make_schedule(schedule_cfg, learning_rate: float, total_steps: int,
                          f"for {list(_WARMUP_FACTOR)}")
     ramp = warmup_factor or (lambda c: _warmup(c, warmup))
     lr, total = float(learning_rate), int(total_steps)
-    if name not in SCHEDULES:
-        raise ValueError(f"{where}.name={name!r}; choose one of {list(SCHEDULES)}")
+    _check_name(name, SCHEDULES, where)
     if lr < 0:
         raise ValueError(f"optimizer.learning_rate={lr} must be >= 0")
     if name in ("rsqrt_paper", "warmup_rsqrt") and warmup < 1:
@@ -156,6 +155,22 @@ def _wsd(schedule_cfg, lr: float, total: int, warmup: int, where: str, length: s
     return schedule
 
 
+def _check_name(name: str, names: tuple[str, ...], where: str) -> None:
+    if name not in names:
+        raise specs.ConfigError(f"{where}.name={name!r}; choose one of {list(names)}")
+
+
+def check(spec: specs.RunSpec) -> None:
+    """The optimizer and schedule choices that need no step count (setup.check runs them before
+    a fine-tuning run's train.steps is known; make_optimizer checks the rest): the optimizer's
+    name, schedule.stages as a whole (stages) and each stage's schedule name."""
+    opt = specs.read(specs.OptimizerSpec, spec.optimizer, "optimizer")
+    sched = specs.read(specs.ScheduleSpec, spec.schedule, "schedule")
+    _check_name(opt.name, OPTIMIZERS, "optimizer")
+    for i, stage in enumerate(stages(opt, sched)):
+        _check_name(stage.name, SCHEDULES, f"schedule.stages[{i}]" if sched.stages else "schedule")
+
+
 def stages(opt, sched) -> tuple[specs.StageSpec, ...]:
     """The run's schedule as stages: schedule.stages (each checked), or one stage from step 0
     with the schedule section's keys and the optimizer's learning rate and weight decay."""
@@ -164,12 +179,15 @@ def stages(opt, sched) -> tuple[specs.StageSpec, ...]:
                 if hasattr(sched, f.name)}
         return (specs.StageSpec(**{**keys, "start_step": 0, "learning_rate": opt.learning_rate,
                                    "weight_decay": opt.weight_decay}),)
-    unused = [f"schedule.{f.name}={getattr(sched, f.name)!r}" for f in dataclasses.fields(sched)
+    unused = [f for f in dataclasses.fields(sched)
               if f.name != "stages" and getattr(sched, f.name) != f.default]
-    if unused:
-        raise specs.ConfigError(f"{', '.join(unused)} with schedule.stages: each stage has its own "
-                                f"schedule keys, and these would not be used; set them in the "
-                                f"stages (schedule.stages[i].<key>)")
+    if unused:  # (a config file's own schedule keys too: the flags that reset them are named)
+        shown = ", ".join(f"schedule.{f.name}={getattr(sched, f.name)!r}" for f in unused)
+        reset = " ".join(f"--config.schedule.{f.name}={f.default}" for f in unused)
+        raise specs.ConfigError(f"{shown} with schedule.stages: each stage has its own schedule "
+                                f"keys, and these would not be used; set them in the stages "
+                                f"(schedule.stages[i].<key>) and reset these to their defaults: "
+                                f"{reset}")
     out = []
     for i, given in enumerate(sched.stages):
         if not isinstance(given, Mapping):
@@ -213,6 +231,12 @@ def staged(runs: tuple[specs.StageSpec, ...], total_steps: int, d_model: int | N
         where = f"schedule.stages[{i}]" if given else "schedule"
         length = (f"the length of {where} (steps {stage.start_step}-{end})"
                   if given and len(runs) > 1 else "train.steps")
+        if i + 1 < len(runs) and stage.warmup_steps > end - stage.start_step:
+            # (the last stage's warmup is the run's: checked against train.steps by its schedule)
+            raise specs.ConfigError(
+                f"{where}.warmup_steps={stage.warmup_steps} exceeds {length}, "
+                f"{end - stage.start_step} steps: its learning rate would never reach its peak; "
+                f"shorten the warmup, or start schedule.stages[{i + 1}] later")
         keys = {f.name: getattr(stage, f.name) for f in dataclasses.fields(specs.ScheduleSpec)
                 if hasattr(stage, f.name)}
         ramp = None
@@ -410,8 +434,7 @@ def _base_optimizer(opt, schedule: optax.Schedule, runs: tuple[specs.StageSpec, 
                 raise ValueError(f"schedule.stages[{i}].weight_decay={stage.weight_decay} differs "
                                  f"from optimizer.weight_decay={wd}: a weight decay per stage is "
                                  f"stable_adamw's (decoupled, per peak lr); drop the stage's")
-    if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer.name={name!r}; choose one of {list(OPTIMIZERS)}")
+    _check_name(name, OPTIMIZERS, "optimizer")
     if name in ("adam", "sgd") and wd:
         raise ValueError(f"optimizer.weight_decay={wd} with optimizer.name={name!r}, which has "
                          f"no weight decay: set it to 0, or use optimizer.name='adam_weight_decay' "

@@ -24,24 +24,32 @@ from bert_jax.training import input as pipelines
 from bert_jax.training import objectives, optim, state
 
 
-def check(spec: RunSpec, *, platform: str, devices: int, processes: int, training: bool = True,
-          reads_data: bool = True) -> None:
+def check(spec: RunSpec, *, platform: str | None, devices: int | None, processes: int,
+          training: bool = True, reads_data: bool = True) -> None:
     """Every check of `spec` that needs no compile (its types, ranges and model fields were
     checked by config.resolve), in one order: whether the attention kernel runs on `platform`
     ('cpu', 'gpu', 'tpu'; first: on another platform the kernel's other refusals, e.g.
     cuDNN's of dropout, are beside the point), lengths, mesh and batch divisibility
     (config.validate, attention's refusals included), then (a training run that `reads_data`
     from its data source: plan reads none, nor does an objective that makes its own batches)
-    whether its data is named and its TFDS data prepared."""
+    whether its data is named and its TFDS data prepared. A training run's objective and its
+    optimizer and schedule choices (optim.check) are checked too. `platform` and `devices`
+    None (`bert-jax info`: a config, no run): the kernel's platform and the mesh's sizes are
+    not checked, every other check is."""
     spec = config_lib.resolve(spec)  # (a RunSpec as it is; a test may give a config)
-    try:
-        attention.check_platform(spec.model.attention_kernel, platform)
-    except ValueError as e:
-        raise config_lib.ConfigError(str(e)) from None
-    if training:
-        objectives.for_config(spec).check(spec)
+    if platform is not None:
+        try:
+            attention.check_platform(spec.model.attention_kernel, platform)
+        except ValueError as e:
+            raise config_lib.ConfigError(str(e)) from None
+    objective = objectives.for_config(spec) if training else None
+    if objective is not None:
+        objective.check(spec)
     config_lib.validate(spec, devices, processes, training=training)
-    if training and reads_data and not objectives.makes_own_batches(objectives.for_config(spec)):
+    if objective is None:
+        return
+    optim.check(spec)
+    if reads_data and not objectives.makes_own_batches(objective):
         pipelines.check_source(spec)
 
 

@@ -564,7 +564,9 @@ def _train(config: RunSpec, workdir: str, task, started: float) -> dict[str, Any
         start, train_state, data_state = restore_or_init(config, ckpt, engine, config_json)
         if start >= t.steps:
             log.info(f"already trained: checkpoint step {start} >= train.steps={t.steps}")
-            return {"step": start, "preempted": False}
+            summary = {"step": start, "preempted": False, "steps": t.steps, "best_metric": best_metric}
+            _repair_summary(workdir, summary)
+            return summary
         clock = goodput.Clock(workdir, start_step=start, started=started,
                               enabled=jax.process_index() == 0)
         if clock.redone_steps:
@@ -595,6 +597,26 @@ def _train(config: RunSpec, workdir: str, task, started: float) -> dict[str, Any
         (workdir_path(workdir) / "summary.json").write_text(
             json_dumps(summary, indent=1) + "\n")
     return summary
+
+
+def _repair_summary(workdir: str, summary: dict[str, Any]) -> None:
+    """A finished run's summary.json, when missing, unreadable or not saying that it finished,
+    rewritten from its last checkpoint (`summary`: step, steps, best metric; a sweep reads it to
+    count the run finished); one that says so is kept as it is."""
+    path = workdir_path(workdir) / "summary.json"
+    try:
+        old = json.loads(path.read_text())
+        said = {k: old.get(k) for k in ("step", "steps", "preempted")} if isinstance(old, dict) else old
+        if said == {k: summary[k] for k in ("step", "steps", "preempted")}:
+            return
+        why = f"did not say this run finished ({json_dumps(said)[:80]})"
+    except FileNotFoundError:
+        why = "was missing"
+    except ValueError as e:  # (not JSON, not UTF-8)
+        why = f"was not valid JSON ({str(e)[:80]})"
+    if jax.process_index() == 0:
+        path.write_text(json_dumps(summary, indent=1) + "\n")
+        log.info(f"{path} {why}: rewritten from checkpoint step {summary['step']}")
 
 
 def train_and_evaluate(config, workdir: str, set_by_user: Collection[str] = (),

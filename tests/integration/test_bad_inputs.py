@@ -230,6 +230,9 @@ CONFIG_CASES = [
          setup=files(c_DOT_py="def get_config(arg=None):\n    return 1 / 0\n")),
     case("config-space-form-missing", "info --config configs/nope.py:base", 2, "configs/nope.py"),
     case("pretrain-variant-huge", "info --config configs/bert_pretrain.py:huge", 2, "huge", "choose one of"),
+    case("pretrain-variant-named-as-the-argument", "info --config configs/bert_pretrain.py:huge", 2,
+         "--config=configs/bert_pretrain.py:huge: its argument 'huge' (after the ':'): unknown BERT "
+         "size 'huge'"),
     case("wmt-variant-huge", "info --config configs/wmt.py:huge", 2, "huge", "choose one of"),
     case("glue-task-mrcp", "train --config configs/glue.py:mrcp --workdir {tmp}/w", 2, "mrcp", "mrpc"),
     case("glue-size-huge", "info --config configs/glue.py:sst2,huge", 2, "huge", "choose one of"),
@@ -856,6 +859,17 @@ SWEEP_CASES = [
     case("sweep-seed-flag", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
          "--config.seed=3", 2, "unknown config key 'seed'", "--config.grid.seed='(3,)'"),
     # (the first trial is good: refused before it runs, else this would train it)
+    # a typo in a grid key names its wrong part; a run key the grid lacks gets the overrides flag
+    case("sweep-grid-key-typo", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
+         "--print_commands --config.grid.optimizer.learnin_rate=\"(1e-3,)\"", 2,
+         "'learnin_rate' is not a part of any grid key under 'optimizer'", "a copy of the sweep file"),
+    case("sweep-run-key-flag", "sweep --config configs/sweeps/glue.py:mrpc,tiny --workdir {tmp}/s "
+         "--print_commands --config.train.steps=3", 2, "unknown config key 'train.steps'",
+         "--config.overrides='(\"train.steps=3\",)'"),
+    # the sweep's own argument is wrong, not a trial
+    case("sweep-argument-typo", "sweep --config configs/sweeps/glue.py:mrpcx --workdir {tmp}/s "
+         "--print_commands", 1, "its argument 'mrpcx'", "unknown GLUE task 'mrpcx'",
+         "check the sweep's --config argument"),
     case("sweep-start-trial-train-refuses", "sweep --config configs/sweeps/glue.py:mrpc,tiny "
          "--workdir {tmp}/s --config.grid.optimizer.learning_rate=\"(2e-5, -1.0)\"", 1,
          "trial learning_rate=-1_seed=0", "optimizer.learning_rate=-1.0 must be > 0"),
@@ -1122,6 +1136,19 @@ INFO_CASES = [
     # the value checks of train and plan (info prints a model that no run would train)
     case("info-learning-rate-nan", INFO + " --config.optimizer.learning_rate=nan", 1,
          "optimizer.learning_rate=nan: a finite number is needed"),
+    # the config checks of train and plan (setup.check), but the platform's and the devices'
+    case("info-objective-unknown", "info --config configs/embeddings.py:hinge,tiny", 1,
+         "train.objective='hinge'", "choose one of"),
+    case("info-data-mix-unknown", "info --config configs/embeddings.py:cosent,tiny "
+         "--config.data.mix=random", 1, "data.mix='random'", "'round_robin'"),
+    case("info-stage-not-a-dict", "info --config configs/modernbert.py:tiny --config.schedule.stages="
+         "'(\"a\",)' --config.schedule.name=warmup_linear --config.schedule.warmup_steps=10 "
+         "--config.schedule.decay_fraction=0.0", 1, "schedule.stages[0]='a'", "each stage is a dict"),
+    case("info-optimizer-unknown", INFO + " --config.optimizer.name=adamx", 1,
+         "optimizer.name='adamx'", "choose one of"),
+    case("info-rope-context-below-rows", "info --config configs/modernbert.py:tiny "
+         "--config.model.max_len=64", 1, "data.max_seq_length=128", "model.max_len=64",
+         "use at most 64"),
 ]
 
 PREPARE_CASES = [
@@ -1172,6 +1199,9 @@ LAUNCH_CASES = [
     case("launch-max-restarts-negative", LAUNCH + " --max_restarts=-1", 1, "--max_restarts=-1", ">= 0"),
     case("launch-poll-seconds-zero", LAUNCH + " --poll_seconds 0", 1, "--poll_seconds=0.0", "> 0"),
     case("launch-poll-seconds-nan", LAUNCH + " --poll_seconds nan", 1, "--poll_seconds=nan"),
+    # a gs:// URL without a bucket, refused as every path flag is (even in a dry run)
+    case("launch-workdir-without-bucket", LAUNCH_DATA.replace("gs://b/run", "gs://"),
+         2, "--workdir=gs://", "no bucket", "gs://BUCKET/path"),
 ]
 
 ATTENTION_CASES = [
@@ -1276,6 +1306,16 @@ MODERN_OPTIM_CASES = [
     case("stage-out-of-order", PRETRAIN + " --config.schedule.warmup_steps=10 "
          "--config.schedule.stages=\"({{'start_step': 0}}, {{'start_step': 0}})\"", 1,
          "schedule.stages[1].start_step=0 is not after"),
+    # a stage's warmup longer than the stage never reaches its peak (the next stage starts first)
+    case("stage-warmup-longer-than-the-stage", PRETRAIN + " --config.schedule.warmup_steps=10 "
+         "--config.schedule.stages=\"({{'start_step': 0, 'warmup_steps': 5}}, {{'start_step': 1}})\"",
+         1, "schedule.stages[0].warmup_steps=5 exceeds the length of schedule.stages[0] (steps 0-1)",
+         "start schedule.stages[1] later"),
+    # the config file's own schedule keys beside stages: the flags that reset them are named
+    case("stages-on-a-config-with-its-own-schedule", "train --config configs/modernbert.py:tiny "
+         "--workdir {tmp}/w --config.schedule.stages=\"({{'start_step': 0}},)\"", 1,
+         "schedule.name='wsd'", "reset these to their defaults: --config.schedule.name=warmup_linear "
+         "--config.schedule.warmup_steps=10 --config.schedule.decay_fraction=0.0"),
 ]
 
 
@@ -1585,6 +1625,15 @@ MODERN_ENCODER_CASES = [
          "data.phases[0]", "model.positions='learned'"),
     case("unknown-encoder-size", "info --config configs/glue.py:sst2,modernbert-huge", 2,
          "'huge'", "modernbert"),
+    # a field Hugging Face's ModernBERT fixes, on a model declaring that family: refused before
+    # training, not first at export
+    case("modernbert-with-token-types", MODERN + " --config.model.type_vocab_size=2", 1,
+         "model.type_vocab_size=2 with model.hf_family='modernbert'", "type_vocab_size=0",
+         "--config.model.type_vocab_size=0"),
+    # a rope model declares its context in model.max_len (its checkpoint, an export): rows longer
+    case("rope-rows-longer-than-max-len", "train --config configs/modernbert.py:tiny --workdir "
+         "{tmp}/w --config.model.max_len=64", 1, "data.max_seq_length=128",
+         "the context the model declares (model.max_len=64)", "use at most 64"),
 ]
 
 def modernbert_checkpoint(**changes):

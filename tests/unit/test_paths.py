@@ -170,3 +170,9 @@ def test_a_path_of_another_kind_is_named_with_the_way_to_the_kind_wanted(tmp_pat
     assert paths.wrong_kind(tmp_path / "st", "", ("run",), "a checkpoint") == (
         f"{tmp_path / 'st'} is a sentence-transformers folder, not a checkpoint; convert it first: "
         f"bert-jax convert st:{tmp_path / 'st'} <dir>, then give <dir>")
+@pytest.mark.parametrize("value", ["gs://", "gs:///run", "gs:///"])
+def test_a_cloud_storage_url_without_a_bucket_is_refused(value):
+    with pytest.raises(ValueError) as refused:
+        paths.check_given(value, "--workdir")
+    assert str(refused.value) == f"--workdir={value}: no bucket; give gs://BUCKET/path"
+    paths.check_given("gs://b/run", "--workdir")  # a bucket: accepted

@@ -92,10 +92,26 @@ def test_a_phase_starting_at_or_after_train_steps_is_said_as_never_running(monke
 
     def say(steps: int) -> None:
         config_lib.say_phases_after_the_end(type("Spec", (), {
-            "train": type("Train", (), {"steps": steps})(), "phases": phases})())
+            "train": type("Train", (), {"steps": steps})(), "phases": phases,
+            "schedule": type("Schedule", (), {"stages": ()})()})())
     say(11)
     say(0)
     assert warned == []
     say(3)
     assert warned == ["warning: data.phases[1] (step 3), data.phases[2] (step 10): starts at or after "
                       "train.steps=3, never reached in this run; drop it, or raise train.steps past it"]
+
+
+def test_a_stage_starting_at_or_after_train_steps_is_said_as_a_phase_is(monkeypatch):
+    """schedule.stages[i] at or after train.steps never runs in this run: the same warning as a
+    length phase's, naming it."""
+    from bert_jax import config as config_lib
+
+    warned = []
+    monkeypatch.setattr(config_lib.log, "warning", warned.append)
+    config = config_lib.load("configs/bert_pretrain.py:tiny", [
+        "train.steps=4", "schedule.warmup_steps=10",
+        "schedule.stages=({'start_step': 0}, {'start_step': 2}, {'start_step': 100})"])
+    config_lib.say_phases_after_the_end(config_lib.resolve(config))
+    assert warned == ["warning: schedule.stages[2] (step 100): starts at or after train.steps=4, "
+                      "never reached in this run; drop it, or raise train.steps past it"]

@@ -20,6 +20,7 @@ from bert_jax.interop.families.bert import (
     hf_labels,
     num_labels,
 )
+from bert_jax.models.config import MODERNBERT_FIXED
 
 # HF ModernBERT's tensor names (its encoder's relative to `model.` in its task models) -> the
 # BERT names of convert.py's tables, for both directions; {i}: the layer; a tuple: one fused tensor,
@@ -105,10 +106,7 @@ def _thetas(hf: dict[str, Any]) -> tuple[float, float]:
     return thetas[0], thetas[1]
 
 
-# What HF's ModernBERT classes always are (the rest of our switches they express).
-VALUES = {"positions": "rope", "task_head": "modernbert", "norm": "pre",
-          "normalization": "layernorm", "mlp_layer": "glu", "embedding_norm": True,
-          "type_vocab_size": 0, "position_offset": 0, "attention_pattern": "full"}
+VALUES = MODERNBERT_FIXED  # what HF's ModernBERT classes always are
 
 
 def _renames(model_name: str, num_layers: int) -> list[tuple[str, str | tuple[str, ...], bool]]:

@@ -59,10 +59,11 @@ def test_a_key_given_twice_in_a_sweeps_overrides_is_not_blamed_on_the_grid():
 
 @pytest.mark.parametrize("key, hint", [
     ("seed", "set a trial's seed in the grid, --config.grid.seed='(3,)' (one trial per value)"),
-    ("train.steps", "set a trial's train.steps in the grid, --config.grid.train.steps='(3,)' (one "
-                    "trial per value), or in overrides, --config.overrides='(\"train.steps=3\",)'"),
+    # (not in the grid: a flag cannot add it there; the overrides flag keeps the sweep's own)
+    ("train.steps", "set train.steps for every trial by adding it to the sweep's overrides, "
+                    "--config.overrides='(\"train.steps=3\",)'"),
 ])
-def test_a_run_key_given_to_a_sweep_config_names_grid_and_overrides(key, hint):
+def test_a_run_key_given_to_a_sweep_config_names_grid_or_overrides(key, hint):
     config = sweep.sweep_config(str(REPO / "configs/glue.py:sst2,tiny"), {})
     with pytest.raises(config_lib.ConfigError) as e:
         config_lib.set_value(config, key, "3")

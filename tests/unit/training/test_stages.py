@@ -210,6 +210,36 @@ def test_schedule_keys_beside_stages_are_refused():
         optim.make_optimizer(config)
 
 
+def test_the_refusal_of_schedule_keys_beside_stages_names_flags_that_clear_it():
+    """The refusal names each key the config file sets with the flag that resets it to its
+    default; given those flags, the same stages are accepted."""
+    stages = "({'start_step': 0, 'name': 'constant', 'learning_rate': 1e-3},)"
+    with pytest.raises(specs.ConfigError) as refused:
+        optim.make_optimizer(config_lib.load("configs/modernbert.py:tiny",
+                                             ["train.steps=4", f"schedule.stages={stages}"]))
+    flags = refused.value.args[0].split("reset these to their defaults: ")[1].split()
+    assert flags == ["--config.schedule.name=warmup_linear", "--config.schedule.warmup_steps=10",
+                     "--config.schedule.decay_fraction=0.0"]
+    config = config_lib.load("configs/modernbert.py:tiny", [
+        "train.steps=4", f"schedule.stages={stages}", *(f.removeprefix("--config.") for f in flags)])
+    optim.make_optimizer(config)  # accepted
+
+
+def test_a_warmup_longer_than_its_stage_is_refused_naming_the_stage():
+    """A stage that ends before its warmup does never reaches its peak: refused; the last
+    stage's warmup is the run's (train.steps may grow), as without stages."""
+    config = config_lib.load("configs/bert_pretrain.py:tiny", ["train.steps=10"])
+    config.schedule = config_lib.section(specs.ScheduleSpec)
+    config.schedule.stages = ({"start_step": 0, "name": "constant", "warmup_steps": 3},
+                              {"start_step": 2, "name": "constant"})
+    with pytest.raises(specs.ConfigError, match=r"schedule.stages\[0\].warmup_steps=3 exceeds the "
+                       r"length of schedule.stages\[0\] \(steps 0-2\), 2 steps"):
+        optim.make_optimizer(config)
+    config.schedule.stages = ({"start_step": 0, "name": "constant", "warmup_steps": 2},
+                              {"start_step": 2, "name": "constant", "warmup_steps": 20})
+    optim.make_optimizer(config)
+
+
 def test_a_phase_with_its_own_microbatch():
     """A phase written as a dict may set its microbatch: its batch is that many rows a
     microbatch, and the stream changes with it."""
