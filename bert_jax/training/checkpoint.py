@@ -218,7 +218,15 @@ def resolve_step(directory: str | os.PathLike, step: int | None = None) -> int:
 def _resolve_step(mngr: ocp.CheckpointManager, directory, step: int | None) -> int:
     steps = mngr.all_steps()
     if not steps:
-        raise FileNotFoundError(f"{checkpoint_dir(directory)}: no complete checkpoint; give the "
+        where = checkpoint_dir(directory)
+        aside = sorted(p.name for p in where.glob("*.unreadable")) if where.is_dir() else []
+        if aside:  # a resume that could not restore them renamed them
+            raise FileNotFoundError(
+                f"{where}: no complete checkpoint, only {', '.join(aside)} (set aside by a train "
+                f"resume that could not restore it: its log says why); if its params are intact, "
+                f"rename it back to {aside[-1].removesuffix('.unreadable')} to read them, else give "
+                f"the workdir of a run that saved one")
+        raise FileNotFoundError(f"{where}: no complete checkpoint; give the "
                                 "workdir of a run that saved one, or a `bert-jax convert` output")
     if step is None:
         return max(steps)
@@ -450,6 +458,7 @@ class TrainCheckpointer:
         written when it was saved (checked first: such files may restore without an error)."""
         steps = sorted(self.manager.all_steps(), reverse=True)
         for step in steps:
+            self._refuse_weights_only(step)
             try:
                 verified = verify(self.path / str(step))
                 if not verified:
@@ -497,6 +506,23 @@ class TrainCheckpointer:
                 f"restored); refusing to start over from step 0 in this workdir. Use a new "
                 f"--workdir, or move the *.unreadable folders away to start over here")
         return None
+
+    def _refuse_weights_only(self, step: int) -> None:
+        """A step whose params are there but not the rest of a training state (a convert or
+        average output, or a copy without its opt_state) is no damaged checkpoint: it is an
+        error naming what is missing and the way to train from its weights, and it is left
+        where it is (eval and export read it)."""
+        step_dir = self.path / str(step)
+        if not (step_dir / "params").is_dir():
+            return
+        missing = [item for item in ("opt_state", "data") if not (step_dir / item).is_dir()]
+        if missing:
+            raise ConfigError(
+                f"checkpoint {step_dir} has its params but no {' and no '.join(missing)} folder "
+                f"(weights only: a convert or average output, or a copy without them), so "
+                f"training cannot resume from it; to train from its weights, give "
+                f"--config.init_from={self.path.parent} with a new --workdir (or restore "
+                f"{step_dir / missing[0]} from a copy)")
 
     def _set_aside(self, step: int, problem: str) -> None:
         """Renames checkpoint `step` to `<step>.unreadable` (kept for inspection, out of

@@ -579,6 +579,16 @@ CHECKPOINT_CASES = [
          "init_from={ft}: parameter classifier/bias has shape (2,) in the checkpoint but (1,) here",
          "--config.init_mode=transplant", setup=glue(train=STSB_ROWS.format(1.0),
                                                       dev=STSB_ROWS.format(2.0), task="STS-B")),
+    # a resume on a step with its weights but not its optimizer state: refused, the step left in
+    # place (eval and export read its params); steps a resume set aside are named by eval
+    case("resume-checkpoint-without-optimizer-state", PRETRAIN.replace("{tmp}/w", "{tmp}/run")
+         .replace("steps=2", "steps=3"), 1, "checkpoint {tmp}/run/checkpoints/2 has its params but "
+         "no opt_state folder", "--config.init_from={tmp}/run with a new --workdir",
+         setup=copy_of("run", lambda d: shutil.rmtree(d / "checkpoints" / "2" / "opt_state"))),
+    case("eval-only-steps-set-aside", "eval --workdir {tmp}/run", 1,
+         "run/checkpoints: no complete checkpoint, only 1.unreadable, 2.unreadable", "rename it back",
+         setup=copy_of("run", *(lambda d, s=s: (d / "checkpoints" / s).rename(
+             d / "checkpoints" / f"{s}.unreadable") for s in "12"))),
     case("features-corrupted-checkpoint", "features --checkpoint {tmp}/run --input {tmp}/in.txt "
          "--output {tmp}/o.jsonl --layers=-1", 1, "run/checkpoints/2", setup=lambda t, c: (
              copy_of("run", corrupt_params)(t, c), features_input()(t, c))),
