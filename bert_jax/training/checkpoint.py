@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import json
 import logging
 import math
 import os
@@ -86,7 +87,28 @@ def manager(directory: str | os.PathLike, *, create: bool = False, read_only: bo
                                                       async_options=async_options())
     _use_retry_policy()
     _gate_replica_parallel_writes()
-    return ocp.CheckpointManager(path, options=options, item_handlers=item_handlers or _handlers())
+    try:
+        return ocp.CheckpointManager(path, options=options, item_handlers=item_handlers or _handlers())
+    except ValueError as e:  # Orbax reads every step's metrics when it lists the steps
+        bad = _unreadable_metrics(path)
+        if bad is None:
+            raise
+        raise ValueError(f"{bad}: not valid JSON ({e}); a step's metrics file is damaged: restore "
+                         f"it from a copy, or move the step folder {bad.parent.parent} out of "
+                         f"{path}") from None
+
+
+def _unreadable_metrics(path: epath.Path) -> epath.Path | None:
+    """The first `<step>/metrics/metrics` file under `path` that is not JSON, or None."""
+    for step_dir in sorted(path.iterdir(), key=lambda p: p.name):
+        metrics = step_dir / "metrics" / "metrics"
+        try:
+            json.loads(metrics.read_text())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except (ValueError, UnicodeDecodeError):
+            return metrics
+    return None
 
 
 # In a one-process run, an array replicated over devices is written by its replicas together,

@@ -589,6 +589,10 @@ CHECKPOINT_CASES = [
          "run/checkpoints: no complete checkpoint, only 1.unreadable, 2.unreadable", "rename it back",
          setup=copy_of("run", *(lambda d, s=s: (d / "checkpoints" / s).rename(
              d / "checkpoints" / f"{s}.unreadable") for s in "12"))),
+    # a step's metrics file (Orbax reads every step's when it lists them) that is not JSON
+    case("eval-step-metrics-not-json", "eval --workdir {tmp}/run", 1,
+         "run/checkpoints/2/metrics/metrics: not valid JSON", "restore it from a copy",
+         setup=copy_of("run", replace("checkpoints/2/metrics/metrics", "garbage"))),
     case("features-corrupted-checkpoint", "features --checkpoint {tmp}/run --input {tmp}/in.txt "
          "--output {tmp}/o.jsonl --layers=-1", 1, "run/checkpoints/2", setup=lambda t, c: (
              copy_of("run", corrupt_params)(t, c), features_input()(t, c))),
