@@ -972,6 +972,10 @@ AVERAGE_CASES = [
          "run/checkpoints/2", "restore the folder", "move it out of", setup=copy_of("run", corrupt_params)),
     case("average-damaged-older", "average --workdir {tmp}/run --last 2 --out {tmp}/avg", 1,
          "run/checkpoints/1", "--last 1", setup=copy_of("run", corrupt_params_of(1))),
+    # one checkpoint counted twice: a step folder linked to another
+    case("average-step-linked-to-another", "average --workdir {tmp}/run --last 3 --out {tmp}/avg", 1,
+         "run/checkpoints: steps 2 and 3 are the same folder", "remove the link",
+         setup=copy_of("run", lambda d: (d / "checkpoints" / "3").symlink_to(d / "checkpoints" / "2"))),
 ]
 
 LAUNCH = ("launch --config configs/bert_pretrain.py:tiny --topology v4-8 --workdir gs://b/run "
