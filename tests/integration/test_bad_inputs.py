@@ -589,6 +589,18 @@ CHECKPOINT_CASES = [
          "run/checkpoints: no complete checkpoint, only 1.unreadable, 2.unreadable", "rename it back",
          setup=copy_of("run", *(lambda d, s=s: (d / "checkpoints" / s).rename(
              d / "checkpoints" / f"{s}.unreadable") for s in "12"))),
+    # a checkpoint's vocab.txt edited after it was saved (cut short; a token replaced by a second
+    # [UNK]): refused against the checkpoint's own record of it, both files named
+    case("features-checkpoint-vocab-cut-short", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
+         "{tmp}/ckpt/vocab.txt: ", " tokens, but {tmp}/ckpt/bert_jax_tokenizer.json records vocab_size=",
+         "restore them from a copy", setup=lambda t, c: (copy_of("ckpt", lambda d: write(
+             d / "vocab.txt", "".join((d / "vocab.txt").read_text().splitlines(True)[:-3])))(t, c),
+             features_input()(t, c))),
+    case("features-checkpoint-vocab-token-replaced", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
+         "{tmp}/ckpt/vocab.txt: its content differs from the one {tmp}/ckpt/bert_jax_tokenizer.json "
+         "records", setup=lambda t, c: (copy_of("ckpt", lambda d: write(
+             d / "vocab.txt", (d / "vocab.txt").read_text().replace("\nthe\n", "\n[UNK]\n")))(t, c),
+             features_input()(t, c))),
     # a step's metrics file (Orbax reads every step's when it lists them) that is not JSON
     case("eval-step-metrics-not-json", "eval --workdir {tmp}/run", 1,
          "run/checkpoints/2/metrics/metrics: not valid JSON", "restore it from a copy",
