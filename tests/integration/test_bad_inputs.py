@@ -1563,6 +1563,11 @@ MODERNBERT_HF_CASES = [
          "config.json: rope_parameters.full_attention.rope_type='yarn'", "'default'",
          setup=copy_of("hf", hf_config(model_type="modernbert", rope_parameters={
              "full_attention": {"rope_type": "yarn", "factor": 4.0}}))),
+    # a local window wider than the model's positions (stored as a window no run accepts)
+    case("convert-modernbert-window-past-the-positions", MODERNBERT, 1,
+         "config.json: local_attention=100000 exceeds max_position_embeddings=", "came with the weights",
+         setup=copy_of("hf", hf_config(model_type="modernbert", layer_types=["sliding_attention"],
+                                     local_attention=100000))),
     # export of what HF's ModernBERT classes cannot express, naming the field
     case("export-modernbert-rmsnorm", "export {tmp}/mb hf:{tmp}/out", 1,
          "Hugging Face ModernBERT", "model.normalization='rmsnorm' (HF ModernBERT: 'layernorm')",
