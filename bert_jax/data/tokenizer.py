@@ -788,9 +788,14 @@ def has_tokenizer(directory: str | Path) -> bool:
     return bool(_kinds_found(paths.path(directory)))
 
 
-def required_dir(directory: str | Path, key: str = "data.tokenizer") -> str | Path:
-    """`directory`, or a ValueError naming `key` when it is empty."""
+def required_dir(directory: str | Path, key: str = "data.tokenizer", init_from: str = "") -> str | Path:
+    """`directory`, or a ValueError naming `key` when it is empty (and the run's `init_from`
+    folder where that holds a tokenizer: the one its model was trained with)."""
     if not str(directory):
+        if init_from and has_tokenizer(init_from):
+            raise ValueError(f"{key} is empty: set --config.{key}={init_from} (init_from's folder "
+                             "holds the tokenizer its model was trained with; this run does not "
+                             "take it by itself)")
         raise ValueError(f"{key} is empty: set --config.{key}=<directory with vocab.txt or spm.model> "
                          "(`bert-jax vocab` makes one)")
     return directory
