@@ -480,7 +480,7 @@ class TrainCheckpointer:
         written when it was saved (checked first: such files may restore without an error)."""
         steps = sorted(self.manager.all_steps(), reverse=True)
         for step in steps:
-            self._refuse_weights_only(step)
+            self._refuse_weights_only(step, config)
             try:
                 verified = verify(self.path / str(step))
                 if not verified:
@@ -529,16 +529,18 @@ class TrainCheckpointer:
                 f"--workdir, or move the *.unreadable folders away to start over here")
         return None
 
-    def _refuse_weights_only(self, step: int) -> None:
+    def _refuse_weights_only(self, step: int, config: dict | None) -> None:
         """A step whose params are there but not the rest of a training state (a convert or
         average output, or a copy without its opt_state) is no damaged checkpoint: it is an
-        error naming what is missing and the way to train from its weights, and it is left
-        where it is (eval and export read it)."""
+        error naming what is missing and the way to train from its weights (after the stored
+        config's own, of another run), and it is left where it is (eval and export read it)."""
         step_dir = self.path / str(step)
         if not (step_dir / "params").is_dir():
             return
         missing = [item for item in ("opt_state", "data") if not (step_dir / item).is_dir()]
         if missing:
+            if config is not None:
+                self._check_same_run(step, config)
             raise ConfigError(
                 f"checkpoint {step_dir} has its params but no {' and no '.join(missing)} folder "
                 f"(weights only: a convert or average output, or a copy without them), so "
