@@ -51,8 +51,8 @@ def _choose_steps(workdir: str, mngr, last: int) -> list[int]:
     steps = sorted(mngr.all_steps())
     where = checkpoint.checkpoint_dir(workdir)
     if not steps:
-        raise ValueError(f"{where}: no complete checkpoint to average; give the workdir of a "
-                         "run that saved some")
+        raise ValueError(str(checkpoint.no_checkpoint(workdir, "no complete checkpoint to average",
+                                                      "give the workdir of a run that saved some")))
     if len(steps) < last:
         raise ValueError(f"{where}: only {len(steps)} checkpoint(s) (steps "
                          f"{', '.join(map(str, steps))}), fewer than --last {last}; use "

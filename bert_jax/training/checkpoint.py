@@ -237,19 +237,25 @@ def resolve_step(directory: str | os.PathLike, step: int | None = None) -> int:
         return _resolve_step(mngr, directory, step)
 
 
+def no_checkpoint(directory, what: str = "no complete checkpoint",
+                  advice: str = "give the workdir of a run that saved one, or a `bert-jax convert` "
+                                "output") -> FileNotFoundError:
+    """The error for a workdir without a complete checkpoint, naming the steps a train resume
+    set aside as `<step>.unreadable` where there are some (and how to read them again)."""
+    where = checkpoint_dir(directory)
+    aside = sorted(p.name for p in where.glob("*.unreadable")) if where.is_dir() else []
+    if aside:  # a resume that could not restore them renamed them
+        return FileNotFoundError(
+            f"{where}: {what}, only {', '.join(aside)} (set aside by a train resume that could "
+            f"not restore it: its log says why); if its params are intact, rename it back to "
+            f"{aside[-1].removesuffix('.unreadable')} to read them, else {advice}")
+    return FileNotFoundError(f"{where}: {what}; {advice}")
+
+
 def _resolve_step(mngr: ocp.CheckpointManager, directory, step: int | None) -> int:
     steps = mngr.all_steps()
     if not steps:
-        where = checkpoint_dir(directory)
-        aside = sorted(p.name for p in where.glob("*.unreadable")) if where.is_dir() else []
-        if aside:  # a resume that could not restore them renamed them
-            raise FileNotFoundError(
-                f"{where}: no complete checkpoint, only {', '.join(aside)} (set aside by a train "
-                f"resume that could not restore it: its log says why); if its params are intact, "
-                f"rename it back to {aside[-1].removesuffix('.unreadable')} to read them, else give "
-                f"the workdir of a run that saved one")
-        raise FileNotFoundError(f"{where}: no complete checkpoint; give the "
-                                "workdir of a run that saved one, or a `bert-jax convert` output")
+        raise no_checkpoint(directory)
     if step is None:
         return max(steps)
     if step not in steps:

@@ -87,6 +87,10 @@ def test_workdir_without_checkpoints(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(ValueError, match="no complete checkpoint"):
         average.average_checkpoints(tmp_path, 1, tmp_path / "avg")
+    (tmp_path / "checkpoints" / "4.unreadable").mkdir()  # set aside by a resume: named
+    with pytest.raises(ValueError, match=r"no complete checkpoint to average, only 4\.unreadable "
+                                         r"\(set aside by a train resume.*rename it back to 4"):
+        average.average_checkpoints(tmp_path, 1, tmp_path / "avg")
 
 
 def test_checkpoints_of_different_shapes(tmp_path):
