@@ -566,7 +566,7 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
                              f"{tokenizer.vocab_file.name} that came with the model")
         if name == "bert_pretraining" and (no_mask := tokenizer.missing(("[MASK]",))):
             raise ValueError(f"{tokenizer.vocab_file}: the vocab has no mask token ({no_mask[0]}), "
-                             f"which this masked-LM model ({', '.join(architectures(hf_cfg))}) is "
+                             f"which this masked-LM model ({', '.join(architectures(hf_cfg)) or name}) is "
                              f"trained to fill; use the tokenizer files that came with the model, "
                              f"or convert its encoder alone with --head bert")
         in_file = list(weights)
