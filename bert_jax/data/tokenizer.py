@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import heapq
 import itertools
 import json
@@ -42,6 +43,9 @@ HF_SOURCE_NAME = "hf_source_tokenizer_config.json"
 SP_SPACE = "\u2581"  # "▁": SentencePiece's marker for a preceding space, i.e. a word start
 # Byte-level BPE (GPT-2, RoBERTa): HF's fast tokenizer.json, or the vocab.json + merges.txt pair.
 BPE_JSON, BPE_VOCAB, BPE_MERGES = JSON_NAME, "vocab.json", "merges.txt"
+# The files of each kind whose SHA-256 bert_jax_tokenizer.json records (_write_meta).
+RECORDED_FILES = {"wordpiece": (VOCAB_NAME,), "sentencepiece": (SPM_NAME,),
+                  "bpe": (BPE_JSON, BPE_VOCAB, BPE_MERGES)}
 Kind = Literal["wordpiece", "sentencepiece", "bpe"]
 
 
@@ -213,9 +217,40 @@ def train_vocab(inputs: Iterable[str], *, size: int, kind: Kind, out_dir: str | 
 
 def _write_meta(directory: Path, kind: Kind, lowercase: bool, vocab_size: int, **options: bool) -> None:
     """bert_jax_tokenizer.json: what load_tokenizer needs beyond the vocab file (the options too,
-    so that a tokenizer saved with a run or by convert tokenizes the same when loaded)."""
-    meta = {"kind": kind, "lowercase": lowercase, "vocab_size": vocab_size, **options}
+    so that a tokenizer saved with a run or by convert tokenizes the same when loaded), and the
+    vocab's size and files' SHA-256 (RECORDED_FILES), which load_tokenizer checks: a vocab file
+    changed after it was saved would give a model trained with it other ids, silently."""
+    digests = {name: _sha256(directory / name) for name in RECORDED_FILES[kind]
+               if (directory / name).is_file()}
+    meta = {"kind": kind, "lowercase": lowercase, "vocab_size": vocab_size, **options, "sha256": digests}
     (directory / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _check_record(tok: Tokenizer) -> None:
+    """A tokenizer against its folder's bert_jax_tokenizer.json (written with it): its number of
+    tokens, and the SHA-256 of its files where the record holds them (folders saved before it
+    did are checked by the count alone). A disagreement is a ValueError naming both files."""
+    meta = _metadata(tok.directory)
+    record = tok.directory / META_NAME
+    fix = (f"the tokenizer files were changed after they were saved, and a model trained with them "
+           f"would read other ids: restore them from a copy of the folder; if you edited a vocab "
+           f"folder on purpose (not a checkpoint's), delete \"vocab_size\" and \"sha256\" from {record}")
+    recorded = meta.get("vocab_size")  # (absent: a folder written before the record held it)
+    if type(recorded) is int and recorded != tok.vocab_size:
+        raise ValueError(f"{tok.vocab_file}: {tok.vocab_size} tokens, but {record} records "
+                         f"vocab_size={recorded}; {fix}")
+    digests = meta.get("sha256", {})
+    if not isinstance(digests, dict):
+        raise ValueError(f"{record}: sha256={digests!r}, expected an object of file names and "
+                         f"digests; fix the file or remove the key")
+    for name, digest in sorted(digests.items()):
+        if (tok.directory / name).is_file() and _sha256(tok.directory / name) != digest:
+            raise ValueError(f"{tok.directory / name}: its content differs from the one {record} "
+                             f"records (SHA-256); {fix}")
 
 
 # transformers' clean_up_tokenization (tokenization_utils_base.py): what HF's slow BertTokenizer,
@@ -753,9 +788,14 @@ def has_tokenizer(directory: str | Path) -> bool:
     return bool(_kinds_found(paths.path(directory)))
 
 
-def required_dir(directory: str | Path, key: str = "data.tokenizer") -> str | Path:
-    """`directory`, or a ValueError naming `key` when it is empty."""
+def required_dir(directory: str | Path, key: str = "data.tokenizer", init_from: str = "") -> str | Path:
+    """`directory`, or a ValueError naming `key` when it is empty (and the run's `init_from`
+    folder where that holds a tokenizer: the one its model was trained with)."""
     if not str(directory):
+        if init_from and has_tokenizer(init_from):
+            raise ValueError(f"{key} is empty: set --config.{key}={init_from} (init_from's folder "
+                             "holds the tokenizer its model was trained with; this run does not "
+                             "take it by itself)")
         raise ValueError(f"{key} is empty: set --config.{key}=<directory with vocab.txt or spm.model> "
                          "(`bert-jax vocab` makes one)")
     return directory
@@ -795,14 +835,17 @@ def load_tokenizer(directory: str | Path, *, lowercase: bool | None = None,
         if lowercase or final_sigma is not None or keep_special_tokens is not None:
             raise ValueError(f"{directory}: lowercase, final_sigma and keep_special_tokens are "
                              "WordPiece options; a byte-level BPE tokenizer keeps the text as it is")
-        return _ByteLevelBPE(directory)
-    if kind == "sentencepiece":
+        tok: Tokenizer = _ByteLevelBPE(directory)
+    elif kind == "sentencepiece":
         if final_sigma is not None or keep_special_tokens is not None:
             raise ValueError(f"{directory / SPM_NAME}: final_sigma and keep_special_tokens are "
                              "WordPiece options; a sentencepiece model fixes its normalization and "
                              "never makes its special pieces from text")
-        return _SentencePiece(directory, lowercase)
-    return _WordPiece(directory, lowercase, final_sigma, keep_special_tokens)
+        tok = _SentencePiece(directory, lowercase)
+    else:
+        tok = _WordPiece(directory, lowercase, final_sigma, keep_special_tokens)
+    _check_record(tok)
+    return tok
 
 
 def load_hf_tokenizer(directory: str | Path, prefer: Kind = "wordpiece") -> Tokenizer:

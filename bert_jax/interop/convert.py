@@ -32,6 +32,7 @@ from flax import nnx, traverse_util
 
 from bert_jax import models, paths
 from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.data.wordpiece import tokenizer_json_state
 from bert_jax.interop import families
 from bert_jax.interop.hf_weights import load_hf_weights, resolve_model_dir
 from bert_jax.interop.tf_checkpoint import read_tf_checkpoint
@@ -435,6 +436,51 @@ def _local_source(source: str | os.PathLike) -> Iterator[str | os.PathLike]:
                                 "original TensorFlow BERT checkpoint")
 
 
+def check_tokenizer_json(tokenizer: tokenizer_lib.Tokenizer) -> None:
+    """Where an HF folder's vocab.txt, which convert reads, has a tokenizer.json beside it (what
+    transformers' AutoTokenizer loads first): the two must be one tokenizer, WordPiece with the
+    same token at every id, or the converted model would tokenize otherwise than the HF one.
+    One that is not (unreadable, another model type, a token missing, an id repeated, out of
+    range or on another token) is a ValueError naming the file, the field and the token."""
+    path = tokenizer.vocab_file.with_name(tokenizer_lib.BPE_JSON)
+    if tokenizer.kind != "wordpiece" or tokenizer.vocab_file.name != tokenizer_lib.VOCAB_NAME \
+            or not path.is_file():
+        return
+    vocab_file, pieces = tokenizer.vocab_file, tokenizer.pieces
+    advice = (f"transformers loads {path.name} before {vocab_file.name}, so the two must be one "
+              f"tokenizer: use the files that came with the model (download them again), or remove "
+              f"the one that is not the model's")
+    state = tokenizer_json_state(path)
+    kind = state["model"]["type"]
+    if kind != "WordPiece":
+        raise ValueError(f"{path}: model.type={kind!r}, but {vocab_file} is a WordPiece vocab; {advice}")
+    ids = state["model"].get("vocab")
+    added = state.get("added_tokens") or []
+    if not isinstance(ids, dict) or not isinstance(added, list) or not all(
+            isinstance(a, dict) for a in added):
+        raise ValueError(f"{path}: model.vocab is not an object of tokens and ids, or added_tokens "
+                         f"not a list of objects; {advice}")
+    entries = [("model.vocab", t, i) for t, i in ids.items()]
+    entries += [("added_tokens", a.get("content"), a.get("id")) for a in added]
+    added_ids: dict[int, str] = {}
+    for field, token, i in entries:
+        if type(i) is not int or not 0 <= i < len(pieces):
+            raise ValueError(f"{path}: {field}: {token!r} has the id {i!r}, outside {vocab_file}'s "
+                             f"{len(pieces)} tokens (ids 0 to {len(pieces) - 1}); {advice}")
+        if field == "added_tokens" and added_ids.setdefault(i, token) != token:
+            raise ValueError(f"{path}: added_tokens: {added_ids[i]!r} and {token!r} both have the "
+                             f"id {i}; {advice}")
+        if pieces[i] != token:
+            raise ValueError(f"{path}: {field}: {token!r} has the id {i}, but line {i + 1} of "
+                             f"{vocab_file} is {pieces[i]!r}; {advice}")
+    known = set(ids) | set(added_ids.values())
+    lacking = [(line, t) for line, t in enumerate(pieces, 1) if t not in known]
+    if lacking:
+        line, token = lacking[0]
+        raise ValueError(f"{path}: model.vocab lacks {token!r} (line {line} of {vocab_file}; "
+                         f"{len(lacking)} token(s) missing); {advice}")
+
+
 def warn_repeated_tokens(tokenizer: tokenizer_lib.Tokenizer) -> None:
     """One warning where a WordPiece vocab.txt has a token on two lines: not refused, as some
     published vocabs have one and transformers reads it the same way (the earlier line's row of
@@ -511,12 +557,18 @@ def convert_hf(source: str | os.PathLike, out: str | os.PathLike, name: str | No
             raise ValueError(f"{tokenizer.vocab_file} has {tokenizer.vocab_size} tokens but the model "
                              f"config says vocab_size={model_cfg['vocab_size']}; use the "
                              f"{tokenizer.vocab_file.name} that came with the model")
+        check_tokenizer_json(tokenizer)
         warn_repeated_tokens(tokenizer)
         warn_unused_rows(tokenizer, model_cfg["vocab_size"], _config_file(origin))
         if missing_tokens := tokenizer.missing():  # every input would fail, after the conversion
             raise ValueError(f"{tokenizer.vocab_file}: the vocab lacks {', '.join(missing_tokens)}, "
                              "which every input of this model holds; use the "
                              f"{tokenizer.vocab_file.name} that came with the model")
+        if name == "bert_pretraining" and (no_mask := tokenizer.missing(("[MASK]",))):
+            raise ValueError(f"{tokenizer.vocab_file}: the vocab has no mask token ({no_mask[0]}), "
+                             f"which this masked-LM model ({', '.join(architectures(hf_cfg)) or name}) is "
+                             f"trained to fill; use the tokenizer files that came with the model, "
+                             f"or convert its encoder alone with --head bert")
         in_file = list(weights)
         weights, file_names = family.from_hf(weights, name, model_cfg["num_layers"])
         # (the tensors from_hf did not take too: a layer past the config's count)

@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -147,6 +148,17 @@ def keep_source_settings(source_file: os.PathLike, directory: os.PathLike) -> No
         specials_file.write_text(json.dumps(written, indent=2) + "\n", "utf-8")
 
 
+def save_safetensors(tensors: dict[str, Any], path: Path) -> None:
+    """Writes `tensors` as a safetensors file with the mode any other file gets (0666 less the
+    umask): the safetensors library writes through a private temporary file (mode 0600), and
+    a folder exported to share must be readable by those the umask lets read it."""
+    # transformers refuses safetensors files without format metadata.
+    safetensors.numpy.save_file(tensors, path, metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | None = None
               ) -> dict[str, Any]:
     """Writes checkpoint `step` (latest by default) of `source` as a Hugging Face folder `out`;
@@ -188,8 +200,7 @@ def export_hf(source: str | os.PathLike, out: str | os.PathLike, step: int | Non
     with paths.staged_output(out) as local:
         local.mkdir(parents=True, exist_ok=True)
         (local / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        # transformers refuses safetensors files without format metadata.
-        safetensors.numpy.save_file(tensors, local / "model.safetensors", metadata={"format": "pt"})
+        save_safetensors(tensors, local / "model.safetensors")
         if written and kind == "wordpiece":
             write_hf_tokenizer(tokenizer, config["max_position_embeddings"], local)
         elif written:

@@ -5,6 +5,7 @@ reads checkpoints takes."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 from bert_jax import paths, trees
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.paths import workdir_path
-from bert_jax.training import checkpoint
+from bert_jax.training import checkpoint, integrity
 
 
 def _metadata(mngr, step: int) -> dict[tuple[str, ...], Any]:
@@ -50,8 +51,8 @@ def _choose_steps(workdir: str, mngr, last: int) -> list[int]:
     steps = sorted(mngr.all_steps())
     where = checkpoint.checkpoint_dir(workdir)
     if not steps:
-        raise ValueError(f"{where}: no complete checkpoint to average; give the workdir of a "
-                         "run that saved some")
+        raise ValueError(str(checkpoint.no_checkpoint(workdir, "no complete checkpoint to average",
+                                                      "give the workdir of a run that saved some")))
     if len(steps) < last:
         raise ValueError(f"{where}: only {len(steps)} checkpoint(s) (steps "
                          f"{', '.join(map(str, steps))}), fewer than --last {last}; use "
@@ -67,6 +68,53 @@ def _advice(workdir: str, step: int, steps: list[int]) -> str:
     skip = (f"use --last {newer} to average only the newer ones" if newer else
             f"move it out of {checkpoint.checkpoint_dir(workdir)} to average the ones before it")
     return f"restore the folder from a copy, or {skip}"
+
+
+def _refuse_same_files(workdir: str, steps: list[int]) -> None:
+    """Two of `steps` that are one folder (a step folder linked to another) or hold the same
+    params files (a copy: their checksums agree) would be one checkpoint counted twice; a step
+    folder that is a link to a folder of another step name would average under a wrong step."""
+    where = checkpoint.checkpoint_dir(workdir)
+    seen: dict[str, int] = {}
+    for step in steps:
+        folder = where / str(step)
+        if not paths.is_remote(folder):
+            real = os.path.realpath(folder)
+            if real in seen:
+                raise ValueError(f"{where}: steps {seen[real]} and {step} are the same folder "
+                                 f"({real}), which would count one checkpoint twice; remove the "
+                                 f"link, or average with a smaller --last")
+            seen[real] = step
+            if os.path.islink(folder) and os.path.basename(real) != str(step):
+                raise ValueError(f"{folder} is a link to {real}, a checkpoint of another step; "
+                                 f"average reads each step's own folder: remove the link")
+        try:  # a copy of another step: the same params files (checksums.json, when saved with it)
+            listed = json.loads((folder / integrity.MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        params = json.dumps(sorted((k, v) for k, v in listed.items() if k.startswith("params/")))
+        if params in seen:
+            raise ValueError(f"{where}: steps {seen[params]} and {step} hold the same params files "
+                             f"(their {integrity.MANIFEST} agree): one checkpoint copied, which would "
+                             f"count twice; remove the copy, or average with a smaller --last")
+        seen[params] = step
+
+
+def _refuse_other_models(workdir: str, steps: list[int]) -> None:
+    """Checkpoints whose stored models differ in a field a resume also refuses to change
+    (checkpoint.STATE_FIELDS: a size, the pooling, the head; not dropout) are not one
+    model's, even with params of the same shapes: refused naming the steps and the fields.
+    The average is saved with the newest step's config."""
+    newest = steps[-1]
+    want = checkpoint.read_config(workdir, newest)["model"]
+    for step in steps[:-1]:
+        diff = checkpoint.changed_fields(checkpoint.read_config(workdir, step)["model"], want,
+                                         checkpoint.STATE_FIELDS, "model.")
+        if diff:
+            diff = diff.replace("in the checkpoint", f"in {step}").replace(" here", f" in {newest}")
+            raise ValueError(f"{checkpoint.checkpoint_dir(workdir)}: checkpoints {step} and {newest} "
+                             f"hold different models ({diff}); average only checkpoints of one "
+                             "model, with a smaller --last")
 
 
 def average_checkpoints(workdir: str | os.PathLike, last: int, out: str | os.PathLike) -> dict[str, Any]:
@@ -91,6 +139,8 @@ def average_checkpoints(workdir: str | os.PathLike, last: int, out: str | os.Pat
                                  f"be read ({type(e).__name__}: {str(e)[:200]}); the checkpoint is "
                                  f"damaged: {_advice(workdir, s, steps)}") from None
     newest = steps[-1]
+    _refuse_same_files(workdir, steps)
+    _refuse_other_models(workdir, steps)
     want = _signature(metas[newest])
     for step in steps[:-1]:
         have = _signature(metas[step])

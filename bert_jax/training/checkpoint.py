@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import json
 import logging
 import math
 import os
@@ -86,7 +87,28 @@ def manager(directory: str | os.PathLike, *, create: bool = False, read_only: bo
                                                       async_options=async_options())
     _use_retry_policy()
     _gate_replica_parallel_writes()
-    return ocp.CheckpointManager(path, options=options, item_handlers=item_handlers or _handlers())
+    try:
+        return ocp.CheckpointManager(path, options=options, item_handlers=item_handlers or _handlers())
+    except ValueError as e:  # Orbax reads every step's metrics when it lists the steps
+        bad = _unreadable_metrics(path)
+        if bad is None:
+            raise
+        raise ValueError(f"{bad}: not valid JSON ({e}); a step's metrics file is damaged: restore "
+                         f"it from a copy, or move the step folder {bad.parent.parent} out of "
+                         f"{path}") from None
+
+
+def _unreadable_metrics(path: epath.Path) -> epath.Path | None:
+    """The first `<step>/metrics/metrics` file under `path` that is not JSON, or None."""
+    for step_dir in sorted(path.iterdir(), key=lambda p: p.name):
+        metrics = step_dir / "metrics" / "metrics"
+        try:
+            json.loads(metrics.read_text())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except (ValueError, UnicodeDecodeError):
+            return metrics
+    return None
 
 
 # In a one-process run, an array replicated over devices is written by its replicas together,
@@ -215,11 +237,25 @@ def resolve_step(directory: str | os.PathLike, step: int | None = None) -> int:
         return _resolve_step(mngr, directory, step)
 
 
+def no_checkpoint(directory, what: str = "no complete checkpoint",
+                  advice: str = "give the workdir of a run that saved one, or a `bert-jax convert` "
+                                "output") -> FileNotFoundError:
+    """The error for a workdir without a complete checkpoint, naming the steps a train resume
+    set aside as `<step>.unreadable` where there are some (and how to read them again)."""
+    where = checkpoint_dir(directory)
+    aside = sorted(p.name for p in where.glob("*.unreadable")) if where.is_dir() else []
+    if aside:  # a resume that could not restore them renamed them
+        return FileNotFoundError(
+            f"{where}: {what}, only {', '.join(aside)} (set aside by a train resume that could "
+            f"not restore it: its log says why); if its params are intact, rename it back to "
+            f"{aside[-1].removesuffix('.unreadable')} to read them, else {advice}")
+    return FileNotFoundError(f"{where}: {what}; {advice}")
+
+
 def _resolve_step(mngr: ocp.CheckpointManager, directory, step: int | None) -> int:
     steps = mngr.all_steps()
     if not steps:
-        raise FileNotFoundError(f"{checkpoint_dir(directory)}: no complete checkpoint; give the "
-                                "workdir of a run that saved one, or a `bert-jax convert` output")
+        raise no_checkpoint(directory)
     if step is None:
         return max(steps)
     if step not in steps:
@@ -456,6 +492,7 @@ class TrainCheckpointer:
         written when it was saved (checked first: such files may restore without an error)."""
         steps = sorted(self.manager.all_steps(), reverse=True)
         for step in steps:
+            self._refuse_weights_only(step, config)
             try:
                 verified = verify(self.path / str(step))
                 if not verified:
@@ -503,6 +540,25 @@ class TrainCheckpointer:
                 f"restored); refusing to start over from step 0 in this workdir. Use a new "
                 f"--workdir, or move the *.unreadable folders away to start over here")
         return None
+
+    def _refuse_weights_only(self, step: int, config: dict | None) -> None:
+        """A step whose params are there but not the rest of a training state (a convert or
+        average output, or a copy without its opt_state) is no damaged checkpoint: it is an
+        error naming what is missing and the way to train from its weights (after the stored
+        config's own, of another run), and it is left where it is (eval and export read it)."""
+        step_dir = self.path / str(step)
+        if not (step_dir / "params").is_dir():
+            return
+        missing = [item for item in ("opt_state", "data") if not (step_dir / item).is_dir()]
+        if missing:
+            if config is not None:
+                self._check_same_run(step, config)
+            raise ConfigError(
+                f"checkpoint {step_dir} has its params but no {' and no '.join(missing)} folder "
+                f"(weights only: a convert or average output, or a copy without them), so "
+                f"training cannot resume from it; to train from its weights, give "
+                f"--config.init_from={self.path.parent} with a new --workdir (or restore "
+                f"{step_dir / missing[0]} from a copy)")
 
     def _set_aside(self, step: int, problem: str) -> None:
         """Renames checkpoint `step` to `<step>.unreadable` (kept for inspection, out of

@@ -230,6 +230,8 @@ def check_source(config: RunSpec) -> None:
     spec = specs.data(config.data)
     if not spec.finetuning:
         source = sources.get(spec.source)
+        if source.kind != "batches":  # (check_named's own, naming init_from's tokenizer too)
+            tokenizer_lib.required_dir(spec.keys.tokenizer, init_from=config.init_from)
         source.check_named(spec.keys)  # (launch checks this too, where the data is not)
         source.check(spec.keys)
 

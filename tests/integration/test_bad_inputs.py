@@ -582,6 +582,38 @@ CHECKPOINT_CASES = [
          "init_from={ft}: parameter classifier/bias has shape (2,) in the checkpoint but (1,) here",
          "--config.init_mode=transplant", setup=glue(train=STSB_ROWS.format(1.0),
                                                       dev=STSB_ROWS.format(2.0), task="STS-B")),
+    # a resume on a step with its weights but not its optimizer state: refused, the step left in
+    # place (eval and export read its params); steps a resume set aside are named by eval
+    case("resume-checkpoint-without-optimizer-state", PRETRAIN.replace("{tmp}/w", "{tmp}/run")
+         .replace("steps=2", "steps=3"), 1, "checkpoint {tmp}/run/checkpoints/2 has its params but "
+         "no opt_state folder", "--config.init_from={tmp}/run with a new --workdir",
+         setup=copy_of("run", lambda d: shutil.rmtree(d / "checkpoints" / "2" / "opt_state"))),
+    case("eval-only-steps-set-aside", "eval --workdir {tmp}/run", 1,
+         "run/checkpoints: no complete checkpoint, only 1.unreadable, 2.unreadable", "rename it back",
+         setup=copy_of("run", *(lambda d, s=s: (d / "checkpoints" / s).rename(
+             d / "checkpoints" / f"{s}.unreadable") for s in "12"))),
+    # a checkpoint's vocab.txt edited after it was saved (cut short; a token replaced by a second
+    # [UNK]): refused against the checkpoint's own record of it, both files named
+    case("features-checkpoint-vocab-cut-short", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
+         "{tmp}/ckpt/vocab.txt: ", " tokens, but {tmp}/ckpt/bert_jax_tokenizer.json records vocab_size=",
+         "restore them from a copy", setup=lambda t, c: (copy_of("ckpt", lambda d: write(
+             d / "vocab.txt", "".join((d / "vocab.txt").read_text().splitlines(True)[:-3])))(t, c),
+             features_input()(t, c))),
+    case("features-checkpoint-vocab-token-replaced", FEATURES.replace("{ckpt}", "{tmp}/ckpt"), 1,
+         "{tmp}/ckpt/vocab.txt: its content differs from the one {tmp}/ckpt/bert_jax_tokenizer.json "
+         "records", setup=lambda t, c: (copy_of("ckpt", lambda d: write(
+             d / "vocab.txt", (d / "vocab.txt").read_text().replace("\nthe\n", "\n[UNK]\n")))(t, c),
+             features_input()(t, c))),
+    # pretraining from a checkpoint without data.tokenizer: the advice names init_from's own
+    case("pretrain-init-from-without-tokenizer", "train --config configs/bert_pretrain.py:tiny "
+         "--workdir {tmp}/w " + SMALL_MODEL + " --config.init_from={ckpt} --config.data.name=text "
+         "--config.data.train_files={tmp}/corpus/a.txt", 1,
+         "data.tokenizer is empty: set --config.data.tokenizer={ckpt} (init_from's folder holds",
+         setup=corpus()),
+    # a step's metrics file (Orbax reads every step's when it lists them) that is not JSON
+    case("eval-step-metrics-not-json", "eval --workdir {tmp}/run", 1,
+         "run/checkpoints/2/metrics/metrics: not valid JSON", "restore it from a copy",
+         setup=copy_of("run", replace("checkpoints/2/metrics/metrics", "garbage"))),
     case("features-corrupted-checkpoint", "features --checkpoint {tmp}/run --input {tmp}/in.txt "
          "--output {tmp}/o.jsonl --layers=-1", 1, "run/checkpoints/2", setup=lambda t, c: (
              copy_of("run", corrupt_params)(t, c), features_input()(t, c))),
@@ -654,8 +686,13 @@ CONVERT_CASES = [
              ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(200)]) + "\n"))),
     case("convert-vocab-without-cls-and-sep", "convert hf:{tmp}/hf {tmp}/out", 1,
          "hf/vocab.txt: the vocab lacks [CLS], [SEP], which every input", "came with the model",
-         setup=copy_of("hf", replace("vocab.txt", "\n".join(
+         setup=copy_of("hf", remove("tokenizer.json"), replace("vocab.txt", "\n".join(
              ["[PAD]", "[UNK]", "[MASK]"] + [f"w{i}" for i in range(60)]) + "\n"))),
+    # a masked-LM model whose vocab has no mask token: it could never be trained or used as one
+    case("convert-masked-lm-without-mask-token", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/vocab.txt: the vocab has no mask token ([MASK])", "masked-LM model (BertForPreTraining)",
+         "--head bert", setup=copy_of("hf", remove("tokenizer.json"), lambda d: write(
+             d / "vocab.txt", (d / "vocab.txt").read_text().replace("[MASK]\n", "")))),
     case("convert-no-vocab", "convert hf:{tmp}/hf {tmp}/out", 1, "vocab.txt",
          setup=copy_of("hf", remove("vocab.txt"), remove("tokenizer.json"))),
     case("convert-unknown-head", "convert hf:{hf} {tmp}/out --head bert_regression", 1,
@@ -1008,6 +1045,10 @@ AVERAGE_CASES = [
          "run/checkpoints/2", "restore the folder", "move it out of", setup=copy_of("run", corrupt_params)),
     case("average-damaged-older", "average --workdir {tmp}/run --last 2 --out {tmp}/avg", 1,
          "run/checkpoints/1", "--last 1", setup=copy_of("run", corrupt_params_of(1))),
+    # one checkpoint counted twice: a step folder linked to another
+    case("average-step-linked-to-another", "average --workdir {tmp}/run --last 3 --out {tmp}/avg", 1,
+         "run/checkpoints: steps 2 and 3 are the same folder", "remove the link",
+         setup=copy_of("run", lambda d: (d / "checkpoints" / "3").symlink_to(d / "checkpoints" / "2"))),
 ]
 
 LAUNCH = ("launch --config configs/bert_pretrain.py:tiny --topology v4-8 --workdir gs://b/run "
@@ -1413,7 +1454,43 @@ def roberta_bpe_files(vocab_json: str, merges: str | bytes):
 BPE_VOCAB = json.dumps({t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "a", "b", "ab"])})
 
 
+def edited_tokenizer_json(change: Callable[[dict], None]):
+    """A setup: a copy of the HF folder whose tokenizer.json (beside its vocab.txt) is changed
+    by `change` (its parsed content, in place)."""
+    def edit(folder: Path) -> None:
+        state = json.loads((folder / "tokenizer.json").read_text())
+        change(state)
+        (folder / "tokenizer.json").write_text(json.dumps(state))
+    return copy_of("hf", edit)
+
+
+def without_mask(state: dict) -> None:
+    del state["model"]["vocab"]["[MASK]"]
+    state["added_tokens"] = [a for a in state["added_tokens"] if a["content"] != "[MASK]"]
+
+
 TOKENIZER_JSON_CASES = [
+    # a tokenizer.json beside the vocab.txt convert reads (transformers loads it first): it must
+    # be the same tokenizer, or the converted model tokenizes otherwise than the HF one
+    case("convert-tokenizer-json-beside-vocab-not-json", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/tokenizer.json", "not valid JSON",
+         setup=copy_of("hf", replace("tokenizer.json", '{"version":'))),
+    case("convert-tokenizer-json-beside-vocab-unigram", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/tokenizer.json: model.type='Unigram', but {tmp}/hf/vocab.txt is a WordPiece vocab",
+         "transformers loads tokenizer.json before vocab.txt",
+         setup=edited_tokenizer_json(lambda s: s["model"].update(type="Unigram"))),
+    case("convert-tokenizer-json-beside-vocab-no-mask", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/tokenizer.json: model.vocab lacks '[MASK]' (line 5 of {tmp}/hf/vocab.txt",
+         setup=edited_tokenizer_json(without_mask)),
+    case("convert-tokenizer-json-beside-vocab-repeated-id", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/tokenizer.json: added_tokens: '[PAD]' and '[UNK]' both have the id 0",
+         setup=edited_tokenizer_json(lambda s: s["added_tokens"][1].update(id=0))),
+    case("convert-tokenizer-json-beside-vocab-id-out-of-range", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/tokenizer.json: model.vocab: 'the' has the id 9000, outside {tmp}/hf/vocab.txt's",
+         setup=edited_tokenizer_json(lambda s: s["model"]["vocab"].update(the=9000))),
+    case("convert-tokenizer-json-beside-vocab-other-id", "convert hf:{tmp}/hf {tmp}/out", 1,
+         "hf/tokenizer.json: model.vocab: '[PAD]' has the id 5, but line 6 of {tmp}/hf/vocab.txt is",
+         setup=edited_tokenizer_json(lambda s: s["model"]["vocab"].update({"[PAD]": 5}))),
     # a tokenizer.json that is not one, in an HF folder (convert) or a checkpoint: the file and
     # what to do, never the tokenizers library's bare message
     case("convert-tokenizer-json-not-json", "convert hf:{tmp}/hf {tmp}/out", 1, "hf/tokenizer.json",
@@ -1667,6 +1744,11 @@ MODERNBERT_HF_CASES = [
          "config.json: rope_parameters.full_attention.rope_type='yarn'", "'default'",
          setup=copy_of("hf", hf_config(model_type="modernbert", rope_parameters={
              "full_attention": {"rope_type": "yarn", "factor": 4.0}}))),
+    # a local window wider than the model's positions (stored as a window no run accepts)
+    case("convert-modernbert-window-past-the-positions", MODERNBERT, 1,
+         "config.json: local_attention=100000 exceeds max_position_embeddings=", "came with the weights",
+         setup=copy_of("hf", hf_config(model_type="modernbert", layer_types=["sliding_attention"],
+                                     local_attention=100000))),
     # export of what HF's ModernBERT classes cannot express, naming the field
     case("export-modernbert-rmsnorm", "export {tmp}/mb hf:{tmp}/out", 1,
          "Hugging Face ModernBERT", "model.normalization='rmsnorm' (HF ModernBERT: 'layernorm')",

@@ -74,6 +74,12 @@ def _pattern(hf: dict[str, Any]) -> tuple[int, int]:
     if not isinstance(local, int) or isinstance(local, bool) or local < 2:
         raise ValueError(f"config.json: local_attention={local!r}, expected an integer >= 2 (the "
                          "window over both sides; ModernBERT's is 128)")
+    positions = hf.get("max_position_embeddings", 8192)
+    if isinstance(positions, int) and local > positions:  # (a window wider than any input)
+        raise ValueError(f"config.json: local_attention={local} exceeds max_position_embeddings="
+                         f"{positions}: the window (over both sides) must fit in the model's "
+                         "positions; use the config.json that came with the weights (ModernBERT's "
+                         "is 128)")
     globals_ = [i for i, kind in enumerate(kinds) if kind == _GLOBAL]
     # Ours: layer i is global when i % every == 0 (every=0: none); a lone layer 0: every = layers.
     every = 0 if not globals_ else (globals_[1] if len(globals_) > 1 else layers)

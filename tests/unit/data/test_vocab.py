@@ -1,5 +1,6 @@
 """Vocab training and load_tokenizer on real text, against a pure-Python BERT reference."""
 
+import hashlib
 import json
 import pickle
 import re
@@ -100,8 +101,9 @@ def test_wordpiece_train_and_parity(lowercase, tmp_path, train_text, test_text):
     assert any(t.startswith("##") for t in vocab)
     assert any(t != t.lower() for t in vocab[5:]) == (not lowercase)
     meta = json.loads((out / META_NAME).read_text("utf-8"))
+    digest = hashlib.sha256((out / "vocab.txt").read_bytes()).hexdigest()
     assert meta == {"kind": "wordpiece", "lowercase": lowercase, "vocab_size": 2000,
-                    "final_sigma": True, "keep_special_tokens": False}
+                    "final_sigma": True, "keep_special_tokens": False, "sha256": {"vocab.txt": digest}}
     tok = load_tokenizer(out)
     assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
     assert tok.special_ids == {0, 1, 2, 3, 4} and tok.lowercase == lowercase
@@ -140,7 +142,9 @@ def test_sentencepiece_train_round_trip(model_type, lowercase, tmp_path, train_t
     assert (out / "spm.model").is_file() and (out / "spm.vocab").is_file()
     assert not (out / "vocab.txt").exists()
     meta = json.loads((out / META_NAME).read_text("utf-8"))
-    assert meta == {"kind": "sentencepiece", "lowercase": lowercase, "vocab_size": 1000}
+    digest = hashlib.sha256((out / "spm.model").read_bytes()).hexdigest()
+    assert meta == {"kind": "sentencepiece", "lowercase": lowercase, "vocab_size": 1000,
+                    "sha256": {"spm.model": digest}}
     tok = load_tokenizer(out)
     assert (tok.kind, tok.vocab_size, tok.lowercase) == ("sentencepiece", 1000, lowercase)
     assert tok.tokens(range(5)) == list(SPECIAL_TOKENS)
@@ -268,3 +272,29 @@ def test_bad_inputs(tmp_path, english_lines):
     (tmp_path / META_NAME).write_text('{"kind": "sentencepiece"}')
     with pytest.raises(FileNotFoundError, match="kind='sentencepiece'.*spm.model"):
         load_tokenizer(tmp_path)
+
+
+def test_a_vocab_file_changed_after_it_was_saved_is_refused(tmp_path, train_text):
+    # bert_jax_tokenizer.json records the vocab's size and its files' SHA-256: a vocab.txt cut
+    # short, or with a token replaced, would give a model trained with it other ids.
+    out = train_vocab(iter(train_text), size=500, kind="wordpiece", out_dir=tmp_path / "wp")
+    lines = (out / "vocab.txt").read_text("utf-8").splitlines(keepends=True)
+    assert len(lines) == 500
+    (out / "vocab.txt").write_text("".join(lines[:300]), "utf-8")
+    with pytest.raises(ValueError, match=r"wp/vocab\.txt: 300 tokens, but .*wp/bert_jax_tokenizer\.json "
+                                         r"records vocab_size=500; .*restore them"):
+        load_tokenizer(out)
+    (out / "vocab.txt").write_text("".join([*lines[:100], "[UNK]\n", *lines[101:]]), "utf-8")
+    with pytest.raises(ValueError, match=r"wp/vocab\.txt: its content differs from the one .*"
+                                         r"bert_jax_tokenizer\.json records \(SHA-256\)"):
+        load_tokenizer(out)
+    # A folder saved before the record held digests: the count alone is checked.
+    meta = json.loads((out / META_NAME).read_text("utf-8"))
+    del meta["sha256"]
+    (out / META_NAME).write_text(json.dumps(meta), "utf-8")
+    assert load_tokenizer(out).vocab_size == 500
+    # The advice works: without the recorded size and digests, an edited vocab folder loads.
+    (out / "vocab.txt").write_text("".join(lines[:300]), "utf-8")
+    del meta["vocab_size"]
+    (out / META_NAME).write_text(json.dumps(meta), "utf-8")
+    assert load_tokenizer(out).vocab_size == 300

@@ -1,6 +1,9 @@
 """What convert says of a vocab.txt against the weights it comes with."""
 
+import json
 import logging
+
+import pytest
 
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import convert
@@ -38,3 +41,28 @@ def test_a_table_with_more_rows_than_padding_leaves_is_said_with_both_counts(tmp
     [record] = caplog.records
     assert (f"{tmp_path / 'vocab.txt'} has 9 tokens but {tmp_path / 'config.json'} says "
             "vocab_size=30522: 30513 rows of the embedding table have no token") in record.getMessage()
+
+
+def _tokenizer_json(folder, vocab: dict, added: list[str] = ()) -> None:
+    """A tokenizer.json as transformers writes a BERT's: WordPiece, the specials also added."""
+    state = {"model": {"type": "WordPiece", "vocab": vocab},
+             "added_tokens": [{"id": vocab[t], "content": t} for t in added]}
+    (folder / "tokenizer.json").write_text(json.dumps(state), "utf-8")
+
+
+def test_a_tokenizer_json_beside_the_vocab_must_be_the_same_tokenizer(tmp_path):
+    """transformers loads tokenizer.json first: one that agrees with vocab.txt (a repeated line
+    too, whose later id HF keeps) passes; one with a token on another id is refused."""
+    lines = [t if t != "in" else "the" for t in TOKENS]  # 'the' on lines 6 and 8
+    (tmp_path / "vocab.txt").write_text("\n".join(lines) + "\n", "utf-8")
+    as_hf = {t: i for i, t in enumerate(lines)}  # (the later id wins, as in HF's load_vocab)
+    assert as_hf["the"] == 7
+    _tokenizer_json(tmp_path, as_hf, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    convert.check_tokenizer_json(tokenizer_lib.load_hf_tokenizer(tmp_path))
+    _tokenizer_json(tmp_path, {**as_hf, "[PAD]": 3, "[SEP]": 0})
+    with pytest.raises(ValueError, match=r"tokenizer\.json: model\.vocab: '\[PAD\]' has the id 3, "
+                                         r"but line 4 of .*vocab\.txt is '\[SEP\]'"):
+        convert.check_tokenizer_json(tokenizer_lib.load_hf_tokenizer(tmp_path))
+    _tokenizer_json(tmp_path, {t: i for t, i in as_hf.items() if t != "sat"})
+    with pytest.raises(ValueError, match=r"model\.vocab lacks 'sat' \(line 9 of"):
+        convert.check_tokenizer_json(tokenizer_lib.load_hf_tokenizer(tmp_path))

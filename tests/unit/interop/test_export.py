@@ -322,3 +322,16 @@ def test_export_command(tmp_path):
                            str(tmp_path / "hf2")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode != 0 and "usage: bert-jax export <checkpoint_dir> hf:<out_dir>" in proc.stderr
+
+
+def test_exported_weights_get_the_mode_of_any_other_file(tmp_path):
+    # The safetensors library writes through a 0600 temporary file; an exported folder is
+    # shared, so its weights get 0666 less the umask, as config.json does.
+    old = os.umask(0o022)
+    try:
+        export.save_safetensors({"w": np.zeros(3, np.float32)}, tmp_path / "model.safetensors")
+        (tmp_path / "config.json").write_text("{}")
+    finally:
+        os.umask(old)
+    assert oct((tmp_path / "model.safetensors").stat().st_mode & 0o777) == "0o644"
+    assert oct((tmp_path / "config.json").stat().st_mode & 0o777) == "0o644"

@@ -192,6 +192,17 @@ def test_layer_patterns_convert_and_come_back(pattern, window, every, hf_tokeniz
     assert back["layer_types"] == transformers.ModernBertConfig(**cfg).layer_types
 
 
+def test_a_window_wider_than_the_positions_is_refused(hf_tokenizer):
+    # local_attention is over both sides: 2 x our window; one past the positions fits no input.
+    cfg = modernbert_config(hf_tokenizer, layer_types=["sliding_attention"] * 4).to_dict()
+    positions = cfg["max_position_embeddings"]
+    assert convert.model_config_from_hf({**cfg, "local_attention": positions}, "bert")[
+        "attention_window"] == positions // 2
+    with pytest.raises(ValueError, match=rf"local_attention={positions + 2} exceeds "
+                                         rf"max_position_embeddings={positions}"):
+        convert.model_config_from_hf({**cfg, "local_attention": positions + 2}, "bert")
+
+
 def test_attention_dropout_maps_to_both_of_ours_and_back(hf_tokenizer):
     """HF's attention_dropout drops the probabilities and, in ModernBertAttention, the output
     projection's output (`self.out_drop = nn.Dropout(config.attention_dropout)`, applied to

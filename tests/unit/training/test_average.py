@@ -1,5 +1,7 @@
 """Checkpoint averaging on a tiny Transformer workdir (3 checkpoints, trained in-process)."""
 
+import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -85,6 +87,10 @@ def test_workdir_without_checkpoints(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(ValueError, match="no complete checkpoint"):
         average.average_checkpoints(tmp_path, 1, tmp_path / "avg")
+    (tmp_path / "checkpoints" / "4.unreadable").mkdir()  # set aside by a resume: named
+    with pytest.raises(ValueError, match=r"no complete checkpoint to average, only 4\.unreadable "
+                                         r"\(set aside by a train resume.*rename it back to 4"):
+        average.average_checkpoints(tmp_path, 1, tmp_path / "avg")
 
 
 def test_checkpoints_of_different_shapes(tmp_path):
@@ -95,3 +101,33 @@ def test_checkpoints_of_different_shapes(tmp_path):
     with pytest.raises(ValueError, match=r"checkpoints 1 and 2 hold different params.*w: "
                                          r"\(\(2, 3\), 'float32'\) vs \(\(2, 4\)"):
         average.average_checkpoints(run, 2, tmp_path / "avg")
+
+
+def _copy(workdir: Path, tmp_path: Path) -> Path:
+    shutil.copytree(workdir, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_step_linked_or_copied_from_another_is_refused(workdir, tmp_path):
+    run = _copy(workdir, tmp_path)
+    (run / "checkpoints" / "8").symlink_to(run / "checkpoints" / "6")
+    with pytest.raises(ValueError, match=r"steps 6 and 8 are the same folder"):
+        average.average_checkpoints(run, 2, tmp_path / "avg")
+    (run / "checkpoints" / "8").unlink()
+    shutil.copytree(run / "checkpoints" / "4", run / "checkpoints" / "8")
+    with pytest.raises(ValueError, match=r"steps 4 and 8 hold the same params files"):
+        average.average_checkpoints(run, 3, tmp_path / "avg")
+    assert not (tmp_path / "avg").exists()
+
+
+def test_checkpoints_of_different_model_configs_are_refused(workdir, tmp_path):
+    run = _copy(workdir, tmp_path)
+    step = run / "checkpoints" / "4"
+    stored = json.loads((step / "config" / "metadata").read_text())
+    stored["model"]["share_embeddings"] = not stored["model"]["share_embeddings"]
+    (step / "config" / "metadata").write_text(json.dumps(stored))
+    (step / "checksums.json").unlink()  # (an edit whose checksum was updated: read unverified)
+    with pytest.raises(ValueError, match=r"checkpoints 4 and 6 hold different models \(model\."
+                                         r"share_embeddings: (True|False) in 4, (True|False) in 6\)"):
+        average.average_checkpoints(run, 2, tmp_path / "avg")
+    assert average.average_checkpoints(run, 1, tmp_path / "avg")["steps"] == [6]
