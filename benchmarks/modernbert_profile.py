@@ -1,5 +1,5 @@
 """Where the time of a ModernBERT train step goes, ours beside HF's, in one process
-(docs/speed.md, "Where the rest of the gap is"): the two steps compiled/built on the same
+(docs/speed.md, "The peer corrected"): the two steps compiled/built on the same
 batch (modernbench.bench_config, packed documents; HF's ModernBertForMaskedLM with sdpa and
 logits at the masked positions), run in turns, then one profile of each: XLA's thunks by
 kind (its trace) and torch's operators (torch.profiler), each as milliseconds a step and
