@@ -210,7 +210,7 @@ def test_no_readable_checkpoint_left_never_restarts_from_zero(trained, tmp_path)
 def test_sequence_longer_than_the_position_table_fails_before_anything(tmp_path):
     with pytest.raises(config_lib.ConfigError, match=r"data.max_seq_length=600 exceeds .*max_len=512"):
         train.train_and_evaluate(small("data.max_seq_length=600"), str(tmp_path))
-    with pytest.raises(config_lib.ConfigError, match="max_seq_length=1024"):
+    with pytest.raises(config_lib.ConfigError, match=r"data.phases\[1\] length=1024 exceeds .*max_len=512"):
         train.train_and_evaluate(small("data.phases=((0, 128, 20), (2, 1024, 80))"), str(tmp_path))
     assert not (tmp_path / "checkpoints").exists()
 
