@@ -513,9 +513,10 @@ def validate(config: RunSpec | ml_collections.ConfigDict, num_devices: int | Non
     except ValueError as e:
         raise ConfigError(str(e)) from None
     # A model without a position table (rope) still declares its context in model.max_len:
-    # its checkpoint and an export (max_position_embeddings) say it.
+    # its checkpoint and an export (max_position_embeddings) say it. Held to it in training
+    # only: a run trained past it before this check (nothing failed) is still evaluated.
     limit = model.max_len if model.max_positions is None else model.max_positions
-    if max(lengths) > limit:
+    if max(lengths) > limit and (training or model.max_positions is not None):
         which = ("data.max_seq_length" if lengths[0] == max(lengths) else
                  f"data.phases[{[p.seq_len for p in spec.phases].index(max(lengths))}] length")
         table = ("the model's position table" if model.max_positions is not None

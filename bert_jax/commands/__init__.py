@@ -55,6 +55,9 @@ def _given(*names: str) -> Callable[[], bool]:
 CHECKPOINT = ("checkpoint", ("run", "folder"), "a checkpoint (a training run's folder or a "
               "`bert-jax convert` output)")
 RUN = ("workdir", ("run", "folder"), "a training run's folder")
+# JSON-lines outputs (features, mine): named .jsonl, or .json as they were before the names
+# were checked (the file is JSON lines either way)
+JSON_LINES = (".jsonl", ".json")
 FIGURES = (".png", ".svg", ".pdf")  # plot's and attention's figure files (viz/plots.FORMATS)
 
 
@@ -113,7 +116,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "checkpoint", "input", "output", "negatives", "corpus", "batch_size", "compilation_cache",
         "compilation_cache_required"), (
         "bert-jax mine --checkpoint <dir> --input <pair file> --output <jsonl> [--negatives 5] "
-        "[--corpus <txt>]",), compiles=True, writes=(("output", (".jsonl",), "file"),), reads=(CHECKPOINT,)),
+        "[--corpus <txt>]",), compiles=True, writes=(("output", JSON_LINES, "file"),), reads=(CHECKPOINT,)),
     Command("eval-embeddings", interop.cmd_eval_embeddings, (
         "checkpoint", "sts", "beir", "split", "squad", "bm25", "pooling", "bootstrap", "batch_size",
         "compilation_cache", "compilation_cache_required"), (
@@ -132,7 +135,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         "checkpoint", "input", "output", "layers", "max_seq_length", "batch_size",
         "compilation_cache", "compilation_cache_required"), (
         "bert-jax features --checkpoint <dir> --input <txt> --output <jsonl> [--layers -1,-2,-3,-4]",),
-        compiles=True, writes=(("output", (".jsonl",), "file"),), reads=(CHECKPOINT,)),
+        compiles=True, writes=(("output", JSON_LINES, "file"),), reads=(CHECKPOINT,)),
     Command("translate", translate.cmd_translate, (
         "checkpoint", "input", "output", "beam", "alpha", "reference", "batch_size",
         "compilation_cache", "compilation_cache_required"), (

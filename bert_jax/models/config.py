@@ -234,11 +234,6 @@ class BertConfig(ModelConfig):
         if self.position_offset >= self.max_len:
             raise ValueError(f"model.position_offset={self.position_offset} leaves no position of "
                              f"the max_len={self.max_len} table; it must be < max_len")
-        if self.learn_scale and self.similarity_scale > LEARNED_SCALE_CAP:
-            raise ValueError(f"model.similarity_scale={self.similarity_scale:g} is above the "
-                             f"learned scale's cap {LEARNED_SCALE_CAP:g} (model.learn_scale=True); "
-                             f"start it at most at {LEARNED_SCALE_CAP:g}, or set learn_scale=False "
-                             "for a fixed scale")
         dims = tuple(int(d) for d in (self.matryoshka_dims or ()))  # JSON gives a list
         object.__setattr__(self, "matryoshka_dims", dims)
         if any(not 1 <= d <= self.emb_dim for d in dims) or len(set(dims)) != len(dims):

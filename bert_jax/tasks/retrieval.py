@@ -25,6 +25,8 @@ from bert_jax.config import MissingExtra
 from bert_jax.data.rows import open_text
 from bert_jax.tasks import glue, scoring, squad
 
+log = logging.getLogger(__name__)
+
 # InformationRetrievalEvaluator's defaults, with recall also at 100 (the issue's table).
 ACCURACY_AT = (1, 3, 5, 10)
 RECALL_AT = (1, 3, 5, 10, 100)
@@ -272,11 +274,14 @@ def check_scores_differ(path, scores: Sequence[float], least: int = 2) -> Sequen
 
 
 def beir_record(path, line_no: int, line: str, fields: Sequence[str],
-                optional: Sequence[str] = ()) -> dict:
+                optional: Sequence[str] = (), *, empty_ok: bool = False) -> dict:
     """One line of a BEIR JSON-lines file as its record, which must have "_id" and `fields`
     (strings), and may have `optional` (strings or null: a corpus's "title"); anything else is
-    a ValueError naming the file, line and field. A byte order mark opening line 1 (as Windows
-    editors save UTF-8) is dropped, as the pair and text readers drop it."""
+    a ValueError naming the file, line and field, as is a record whose text is empty unless
+    `empty_ok` (a corpus read for retrieval: published BEIR corpora hold such documents, FiQA
+    five, which BEIR and sentence-transformers embed as empty texts and rank). A byte order
+    mark opening line 1 (as Windows editors save UTF-8) is dropped, as the pair and text
+    readers drop it."""
     try:
         record = json.loads(line.removeprefix("\ufeff") if line_no == 1 else line)
     except ValueError as e:
@@ -292,7 +297,7 @@ def beir_record(path, line_no: int, line: str, fields: Sequence[str],
         if not isinstance(record.get(field) or "", str):
             raise ValueError(f"{path}:{line_no}: field {field!r} is not a string (found "
                              f"{record[field]!r}); give a string, null, or no {field}")
-    if not " ".join(record.get(f) or "" for f in (*optional, *fields)).strip():
+    if not empty_ok and not " ".join(record.get(f) or "" for f in (*optional, *fields)).strip():
         also = "".join(f" (and no {f})" for f in optional)
         raise ValueError(f"{path}:{line_no}: field {fields[0]!r} is empty{also}: nothing to "
                          "embed; remove the record or give it a text")
@@ -305,7 +310,8 @@ def document_text(record: dict) -> str:
     return f"{record.get('title') or ''} {record['text']}".strip()
 
 
-def _jsonl(path, fields: Sequence[str], optional: Sequence[str] = ()) -> dict[str, dict]:
+def _jsonl(path, fields: Sequence[str], optional: Sequence[str] = (), *,
+           empty_ok: bool = False) -> dict[str, dict]:
     """id -> record of a JSON-lines file whose records have "_id" and `fields` (strings)
     (beir_record)."""
     out: dict[str, dict] = {}
@@ -313,7 +319,7 @@ def _jsonl(path, fields: Sequence[str], optional: Sequence[str] = ()) -> dict[st
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            record = beir_record(path, line_no, line, fields, optional)
+            record = beir_record(path, line_no, line, fields, optional, empty_ok=empty_ok)
             if record["_id"] in out:
                 raise ValueError(f"{path}:{line_no}: field '_id': {record['_id']!r} twice")
             out[record["_id"]] = record
@@ -349,7 +355,11 @@ def read_beir(folder: str | os.PathLike, split: str = "test", missing: str = MIS
     space, stripped, as BEIR's sentence-transformers examples build it. A relevant id the
     corpus lacks is said once, with `missing` (what becomes of it, and what to do)."""
     root = paths.path(folder)
-    corpus = {i: document_text(r) for i, r in _jsonl(root / "corpus.jsonl", ["text"], ["title"]).items()}
+    corpus = {i: document_text(r) for i, r in _jsonl(root / "corpus.jsonl", ["text"], ["title"],
+                                                      empty_ok=True).items()}
+    if empty := sum(1 for text in corpus.values() if not text):
+        log.warning(f"warning: {root / 'corpus.jsonl'}: {empty} document(s) with no title and no "
+                    "text, embedded as empty texts (as BEIR does)")
     queries = {i: r["text"] for i, r in _jsonl(root / "queries.jsonl", ["text"]).items()}
     qrels_file = root / "qrels" / f"{split}.tsv"
     relevant: dict[str, set[str]] = {}

@@ -117,6 +117,14 @@ class _Contrastive(objectives.Objective):
         """A batch the loss learns from: in-batch negatives need a second pair when no hard
         negatives are given (one pair alone has no negative: loss 0), CoSENT a second pair to
         rank against, and reads no negatives."""
+        model = config.model
+        # (a training check, not the model config's: a checkpoint saved before the cap was
+        # refused, which started at 150 and was clipped to 100, still reads)
+        if model.learn_scale and model.similarity_scale > models.config.LEARNED_SCALE_CAP:
+            cap = models.config.LEARNED_SCALE_CAP
+            raise ConfigError(f"model.similarity_scale={model.similarity_scale:g} is above the "
+                              f"learned scale's cap {cap:g} (model.learn_scale=True); start it at "
+                              f"most at {cap:g}, or set learn_scale=False for a fixed scale")
         negatives = specs.data(config.data).keys.num_negatives
         if self.scored and negatives:
             raise ConfigError(f"data.num_negatives={negatives}: train.objective="

@@ -600,14 +600,15 @@ def _train(config: RunSpec, workdir: str, task, started: float) -> dict[str, Any
 
 
 def _repair_summary(workdir: str, summary: dict[str, Any]) -> None:
-    """A finished run's summary.json, when missing, unreadable or not saying that it finished,
-    rewritten from its last checkpoint (`summary`: step, steps, best metric; a sweep reads it to
-    count the run finished); one that says so is kept as it is."""
+    """A finished run's summary.json, when missing, unreadable or not saying that it finished
+    at its last checkpoint's step, rewritten from that checkpoint (`summary`: step, steps, best
+    metric; a sweep reads it to count the run finished); one that says so is kept as it is,
+    its eval, metrics and goodput with it, even where train.steps is now given otherwise."""
     path = workdir_path(workdir) / "summary.json"
     try:
         old = json.loads(path.read_text())
-        said = {k: old.get(k) for k in ("step", "steps", "preempted")} if isinstance(old, dict) else old
-        if said == {k: summary[k] for k in ("step", "steps", "preempted")}:
+        said = {k: old.get(k) for k in ("step", "preempted")} if isinstance(old, dict) else old
+        if said == {k: summary[k] for k in ("step", "preempted")}:
             return
         why = f"did not say this run finished ({json_dumps(said)[:80]})"
     except FileNotFoundError:

@@ -1598,14 +1598,16 @@ OUTPUT_PATH_CASES = [
          "{tmp}/v.NPY", 1, "--output={tmp}/v.NPY: ends like a .npy file but not in lowercase",
          "embed would write as a folder", "give '.npy' for one file"),
     # an output named like a kind of file the command does not write there (paths.output_kind):
-    # a folder named v.npz, JSON lines in a .json, a figure format it cannot draw
+    # a folder named v.npz, vectors' name for JSON lines, a figure format it cannot draw
     case("embed-output-named-npz", "embed --checkpoint {ckpt} --input {tmp}/in.txt --output "
          "{tmp}/v.npz", 1, "--output={tmp}/v.npz: ends in .npz, which is not what embed writes there",
          "give a .npy file or a folder (a name without a file extension)", setup=features_input()),
-    case("features-output-named-json", FEATURES.replace("out.jsonl", "out.json"), 1,
-         "--output={tmp}/out.json: ends in .json", "give a .jsonl file", setup=features_input()),
+    case("features-output-named-npy", FEATURES.replace("out.jsonl", "out.npy"), 1,
+         "--output={tmp}/out.npy: ends in .npy", "give a .jsonl file or a .json file",
+         setup=features_input()),
     case("mine-output-named-gz", "mine --checkpoint {ckpt} --input {tmp}/pairs.jsonl --output "
-         "{tmp}/m.jsonl.gz", 1, "--output={tmp}/m.jsonl.gz: ends in .gz", "give a .jsonl file"),
+         "{tmp}/m.jsonl.gz", 1, "--output={tmp}/m.jsonl.gz: ends in .gz",
+         "give a .jsonl file or a .json file"),
     case("translate-output-named-npy", "translate --checkpoint {ckpt} --input {tmp}/in.txt --output "
          "{tmp}/t.npy", 1, "--output={tmp}/t.npy: ends in .npy", "give a .txt file",
          setup=features_input()),
@@ -1984,7 +1986,8 @@ EMBED_CASES = [
     case("pairs-score-true", PAIRS.replace("{loss}", "cosent"), 1,
          "data/train.tsv:3: field 'score': found 'true', expected a finite number (a JSON number",
          setup=files(data__train_DOT_tsv=SCORED_JSONL)),
-    # BEIR texts follow the rule of every reader: an empty one is refused by file, line, field
+    # An empty BEIR query is refused by file, line, field (an empty document is not:
+    # tests/unit/tasks/test_retrieval.py)
     case("eval-embeddings-beir-empty-query", "eval-embeddings --checkpoint {ckpt} --beir {tmp}/beir "
          "--bootstrap=40", 1, "{tmp}/beir/queries.jsonl:1: field 'text' is empty: nothing to embed",
          setup=beir_with(beir__queries_DOT_jsonl='{"_id": "q1", "text": " "}\n')),

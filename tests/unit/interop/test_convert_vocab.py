@@ -66,3 +66,21 @@ def test_a_tokenizer_json_beside_the_vocab_must_be_the_same_tokenizer(tmp_path):
     _tokenizer_json(tmp_path, {t: i for t, i in as_hf.items() if t != "sat"})
     with pytest.raises(ValueError, match=r"model\.vocab lacks 'sat' \(line 9 of"):
         convert.check_tokenizer_json(tokenizer_lib.load_hf_tokenizer(tmp_path))
+
+
+def test_tokens_added_past_the_vocab_are_said_not_refused(tmp_path, caplog):
+    """tokenizer.add_tokens then save_pretrained: vocab.txt keeps its lines, the new tokens sit
+    in tokenizer.json's added_tokens past them (the table grew by their rows)."""
+    (tmp_path / "vocab.txt").write_text("\n".join(TOKENS) + "\n", "utf-8")
+    vocab = {t: i for i, t in enumerate(TOKENS)}
+    state = {"model": {"type": "WordPiece", "vocab": vocab},
+             "added_tokens": [{"id": vocab["[PAD]"], "content": "[PAD]"},
+                              {"id": len(TOKENS), "content": "[E1]"}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(state), "utf-8")
+    with caplog.at_level(logging.WARNING):
+        convert.check_tokenizer_json(tokenizer_lib.load_hf_tokenizer(tmp_path))
+    assert "added_tokens: 1 token(s) past" in caplog.text and "'[E1]'" in caplog.text
+    state["added_tokens"].append({"id": -1, "content": "[E2]"})  # an id no table has: refused
+    (tmp_path / "tokenizer.json").write_text(json.dumps(state), "utf-8")
+    with pytest.raises(ValueError, match=r"added_tokens: '\[E2\]' has the id -1, outside"):
+        convert.check_tokenizer_json(tokenizer_lib.load_hf_tokenizer(tmp_path))

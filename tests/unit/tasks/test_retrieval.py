@@ -189,6 +189,24 @@ def test_beir_files_with_a_byte_order_mark_read_as_without(tmp_path):
     assert retrieval.read_beir(tmp_path) == ({"d1": "a cat"}, {"q1": "cat?"}, {"q1": {"d1"}})
 
 
+def test_a_document_without_title_or_text_is_kept_and_said_an_empty_query_refused(tmp_path, caplog):
+    """Published corpora hold documents with an empty title and text (FiQA: five,
+    beir-cellar/beir#158), which BEIR embeds as empty texts: kept, said in one warning. A query
+    without text has nothing to ask: refused by file, line and field."""
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "", "text": "a cat"}\n'
+                                           '{"_id": "7915", "title": "", "text": ""}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "cat?"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    with caplog.at_level("WARNING"):
+        corpus, _, _ = retrieval.read_beir(tmp_path)
+    assert corpus == {"d1": "a cat", "7915": ""}
+    assert "corpus.jsonl: 1 document(s) with no title and no text" in caplog.text
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": " "}\n')
+    with pytest.raises(ValueError, match=r"queries.jsonl:1: field 'text' is empty"):
+        retrieval.read_beir(tmp_path)
+
+
 def test_qrels_rows_of_queries_the_file_lacks_are_left_out_and_said(tmp_path, caplog):
     """A query-id the queries file lacks has no text to embed: its rows are left out, said once
     (a published set has them: NFCorpus's test qrels name PLAIN-2, beir-cellar/beir#202)."""
@@ -354,8 +372,8 @@ def test_eval_embeddings_scores_bm25_alone_and_refuses_what_bm25_cannot_score(tm
 
 
 def test_beir_texts_must_not_be_empty_and_sets_too_small_to_score_are_refused(tmp_path, caplog):
-    """One rule for every reader of BEIR records (embed's too): an empty query, or a document
-    with neither text nor title, is refused by file, line and field; STS of fewer than 3 pairs
+    """An empty query is refused by file, line and field, and so is a document with neither
+    text nor title where embed reads it; STS of fewer than 3 pairs
     and a corpus of 1 document are refused (their metrics are +-1 or 1 whatever the model)."""
     (tmp_path / "qrels").mkdir()
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "A title", "text": ""}\n'
@@ -366,9 +384,10 @@ def test_beir_texts_must_not_be_empty_and_sets_too_small_to_score_are_refused(tm
         retrieval.read_beir(tmp_path)
     (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "c"}\n')
     assert retrieval.read_beir(tmp_path)[0] == {"d1": "A title", "d2": "b"}  # a title alone is text
-    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": null, "text": ""}\n')
+    # embed refuses a document with neither (retrieval keeps it: the test above)
     with pytest.raises(ValueError, match=r"corpus.jsonl:1: field 'text' is empty \(and no title\)"):
-        retrieval.read_beir(tmp_path)
+        retrieval.beir_record("corpus.jsonl", 1, '{"_id": "d1", "title": null, "text": ""}',
+                              ["text"], ["title"])
     with pytest.raises(ValueError, match=r"x.tsv: 2 pairs; Pearson and Spearman of fewer than 3"):
         retrieval.check_scores_differ("x.tsv", [1.0, 2.0], least=retrieval.MIN_STS_PAIRS)
     assert retrieval.check_scores_differ("x.tsv", [1.0, 2.0]) == [1.0, 2.0]  # (training: 2 rank)

@@ -215,6 +215,14 @@ def test_a_config_the_loss_cannot_learn_from_is_refused_before_the_mesh(objectiv
         objectives.for_config(config).check(config)
 
 
+def test_a_model_config_with_a_scale_above_the_cap_still_reads():
+    """The cap is a training check: a run's stored model config from before it (a learned scale
+    started at 150, clipped to 100 while training) reads, so its checkpoints evaluate."""
+    spec = config_lib.resolve(_config("contrastive", "model.learn_scale=True",
+                                      "model.similarity_scale=150"))
+    assert spec.model.similarity_scale == 150 and spec.model.learn_scale
+
+
 def test_a_batch_of_one_query_with_hard_negatives_is_allowed():
     config = _config("contrastive", "train.batch_size=1", "data.num_negatives=1")
     objectives.for_config(config).check(config)

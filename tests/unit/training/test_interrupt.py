@@ -95,11 +95,16 @@ def test_without_jaxs_preemption_service_a_multi_process_run_keeps_the_default_s
     be agreed, and a save of one process alone would wait for the others forever, so Ctrl-C and
     SIGTERM keep their defaults (the process stops at once) and the run says so at its start."""
     monkeypatch.setattr(train.jax, "process_count", lambda: 2)
-    sigint, sigterm = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with caplog.at_level("WARNING"), train.Preemption(_NoPeers()) as preemption:
-        assert signal.getsignal(signal.SIGINT) is sigint
-        assert signal.getsignal(signal.SIGTERM) is sigterm
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
-        assert not preemption.due(3) and not preemption.interrupted
+    # Python's own Ctrl-C handler, as in a `bert-jax` process (a pytest-xdist worker has another)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sigterm = signal.getsignal(signal.SIGTERM)
+        with caplog.at_level("WARNING"), train.Preemption(_NoPeers()) as preemption:
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert signal.getsignal(signal.SIGTERM) is sigterm
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+            assert not preemption.due(3) and not preemption.interrupted
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert "preemption service is off" in caplog.text

@@ -25,3 +25,13 @@ def test_a_summary_that_says_the_run_finished_is_kept(tmp_path):
     path.write_text(kept)
     train._repair_summary(str(tmp_path), DONE)
     assert path.read_text() == kept
+
+
+def test_a_finished_runs_summary_is_kept_when_train_steps_is_now_given_lower(tmp_path):
+    """Trained to 6, then run again with train.steps=4 ("already trained"): its summary still
+    says it finished at its last checkpoint, and its eval, metrics and goodput stay."""
+    path = tmp_path / "summary.json"
+    kept = json.dumps({"step": 6, "steps": 6, "preempted": False, "eval": {"eval/loss": 2.0}})
+    path.write_text(kept)
+    train._repair_summary(str(tmp_path), {**DONE, "step": 6})
+    assert path.read_text() == kept
