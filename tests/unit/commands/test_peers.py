@@ -68,7 +68,9 @@ for fd in os.listdir("/proc/self/fd"):
         sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
     except OSError:
         pass
-print(f"watching {sockets}", flush=True)  # one write: processes share a pipe
+# One write of the whole line (processes share a pipe): print() writes the text and its end
+# apart, which an unbuffered stdout (PYTHONUNBUFFERED) sends as two writes that interleave.
+os.write(1, f"watching {sockets}\n".encode())
 for line in sys.stdin:
     if line == "finish\n":
         peers.finished()
