@@ -466,15 +466,15 @@ def check_tokenizer_json(tokenizer: tokenizer_lib.Tokenizer) -> None:
     # Tokens added after the vocab (tokenizer.add_tokens, then save_pretrained) sit past
     # vocab.txt's ids, in the rows the model's table grew by: transformers' tokenizer produces
     # them, ours (reading vocab.txt) splits them as text. Said, not refused.
-    beyond = [token for field, token, i in entries if field == "added_tokens" and type(i) is int
-              and i >= len(pieces) and isinstance(token, str)]
-    if beyond:
+    def past(field, i) -> bool:
+        return field == "added_tokens" and type(i) is int and i >= len(pieces)
+
+    if beyond := [token for field, token, i in entries if past(field, i)]:
         log.warning(f"warning: {path}: added_tokens: {len(beyond)} token(s) past {vocab_file}'s "
                     f"{len(pieces)} (e.g. {beyond[0]!r}): bert_jax's tokenizer reads "
                     f"{vocab_file.name}, so it splits them as ordinary text; their rows of the "
                     "embedding table are converted all the same")
-        entries = [(field, token, i) for field, token, i in entries if not (
-            field == "added_tokens" and type(i) is int and i >= len(pieces))]
+        entries = [(field, token, i) for field, token, i in entries if not past(field, i)]
     for field, token, i in entries:
         if type(i) is not int or not 0 <= i < len(pieces):
             raise ValueError(f"{path}: {field}: {token!r} has the id {i!r}, outside {vocab_file}'s "
